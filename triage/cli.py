@@ -1,0 +1,51 @@
+"""The `triage` command line: one click group; each area registers its commands."""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+# Each module in triage/commands/ exposes `register(group)`; the list keeps the order of --help.
+COMMAND_MODULES = [
+    "triage.commands.kb",
+    "triage.commands.server",
+    "triage.commands.capture",
+    "triage.commands.engine",
+    "triage.commands.decisions",
+    "triage.commands.search",
+    "triage.commands.ui",
+]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--database",
+    envvar="TRIAGE_DATABASE_URL",
+    default=None,
+    help="SQLAlchemy URL of the knowledge base (default: SQLite file in the data directory).",
+)
+@click.pass_context
+def cli(ctx: click.Context, database: str | None) -> None:
+    """Incident knowledge base and root-cause triage for llama-server."""
+    ctx.ensure_object(dict)
+    ctx.obj["database"] = database
+
+
+def _register_all() -> None:
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # area not built yet
+                continue
+            raise
+        module.register(cli)
+
+
+_register_all()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli()

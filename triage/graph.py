@@ -1,0 +1,248 @@
+"""The cause graph: incidents, symptoms, causes, probes, evidence and decisions (networkx).
+
+Pure: built from an incident record (the dict `kb.files.load_record` returns, the same
+shape as an incident file's front matter) and exported to DOT, GraphML and node-link JSON.
+
+Node ids are namespaced strings (`cause:reasoning-exhausts-budget`, `evidence:E4`, ...) so
+that several incidents can share one graph (family links) without clashes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from io import BytesIO
+from typing import Any
+
+import networkx as nx
+
+STATUS_COLOURS = {
+    "confirmed": "#c0392b",
+    "suspected": "#e67e22",
+    "rejected": "#7f8c8d",
+}
+KIND_SHAPES = {
+    "incident": "doubleoctagon",
+    "symptom": "ellipse",
+    "cause": "box",
+    "probe": "hexagon",
+    "evidence": "note",
+    "decision": "component",
+}
+EDGE_STYLES = {
+    "explains": "solid",
+    "supports": "solid",
+    "refutes": "dashed",
+    "context": "dotted",
+    "tested-by": "dotted",
+    "same-family": "bold",
+    "decided": "solid",
+    "observed": "solid",
+}
+
+
+def _prefix(slug: str, local: bool) -> str:
+    return "" if local else f"{slug}/"
+
+
+def build_graph(record: dict[str, Any], *, local_ids: bool = True) -> nx.MultiDiGraph:
+    """The cause graph of one incident record."""
+    graph: nx.MultiDiGraph = nx.MultiDiGraph()
+    add_incident(graph, record, local_ids=local_ids)
+    return graph
+
+
+def add_incident(graph: nx.MultiDiGraph, record: dict[str, Any], *, local_ids: bool) -> str:
+    """Add one incident's nodes and edges; returns the incident node id."""
+    slug = str(record.get("slug", "incident"))
+    p = _prefix(slug, local_ids)
+    incident_node = f"incident:{slug}"
+    graph.add_node(
+        incident_node,
+        kind="incident",
+        label=str(record.get("title", slug)),
+        status=str(record.get("status", "")),
+    )
+    evidence_ids = {str(e.get("id")) for e in record.get("evidence") or []}
+
+    def evidence_node(key: str) -> str:
+        node = f"{p}evidence:{key}"
+        if node not in graph:
+            item = next(
+                (e for e in record.get("evidence") or [] if str(e.get("id")) == key), None
+            )
+            graph.add_node(
+                node,
+                kind="evidence",
+                label=f"{key}: {_short((item or {}).get('summary', ''))}",
+                evidence_kind=str((item or {}).get("kind", "")),
+            )
+        return node
+
+    for symptom in record.get("symptoms") or []:
+        node = f"{p}symptom:{symptom.get('id')}"
+        graph.add_node(node, kind="symptom", label=_short(symptom.get("description", "")))
+        graph.add_edge(incident_node, node, relation="observed")
+        for key in symptom.get("evidence") or []:
+            if key in evidence_ids:
+                graph.add_edge(evidence_node(key), node, relation="supports")
+
+    for cause in record.get("causes") or []:
+        node = f"{p}cause:{cause.get('id')}"
+        graph.add_node(
+            node,
+            kind="cause",
+            label=str(cause.get("title") or cause.get("id")),
+            status=str(cause.get("status", "")),
+            basis=str(cause.get("basis", "")),
+            catalogue=str(cause.get("catalogue", cause.get("id"))),
+        )
+        if cause.get("status") != "rejected":
+            for symptom in record.get("symptoms") or []:
+                graph.add_edge(node, f"{p}symptom:{symptom.get('id')}", relation="explains")
+        if not record.get("symptoms"):
+            graph.add_edge(node, incident_node, relation="explains")
+        parent = cause.get("catalogue")
+        if parent and parent != cause.get("id"):
+            graph.add_edge(node, f"{p}cause:{parent}", relation="context")
+        for link in cause.get("evidence") or []:
+            key = str(link.get("id"))
+            if key not in evidence_ids:
+                continue
+            relation = str(link.get("relation", "context"))
+            graph.add_edge(evidence_node(key), node, relation=relation)
+        if cause.get("deciding_probe"):
+            probe = f"{p}probe:{cause['deciding_probe']}"
+            graph.add_node(probe, kind="probe", label=str(cause["deciding_probe"]))
+            graph.add_edge(node, probe, relation="tested-by")
+
+    for arm in arm_summaries(record):
+        probe = f"{p}probe:{arm['arm']}"
+        label = f"{arm['arm']}: {arm.get('failures')}/{arm.get('n')}"
+        graph.add_node(probe, kind="probe", label=label, decision=str(arm.get("decision", "")))
+        graph.add_edge(probe, evidence_node(arm["evidence_id"]), relation="supports")
+
+    for index, decision in enumerate(record.get("decisions") or []):
+        node = f"{p}decision:{index + 1}"
+        graph.add_node(
+            node,
+            kind="decision",
+            label=f"{decision.get('kind')} {str(decision.get('at', ''))[:10]}",
+            decision=str(decision.get("kind", "")),
+        )
+        graph.add_edge(incident_node, node, relation="decided")
+
+    for link in record.get("family") or []:
+        other = f"{link.get('incident')}/cause:{link.get('other_cause')}"
+        if local_ids and other not in graph:
+            graph.add_node(
+                other,
+                kind="cause",
+                label=f"{link.get('other_cause')} ({link.get('incident')})",
+                status="",
+                external=True,
+            )
+        graph.add_edge(f"{p}cause:{link.get('cause')}", other, relation="same-family")
+    return incident_node
+
+
+def arm_summaries(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Probe-arm summaries recorded by the engine (evidence payload type `arm`)."""
+    arms = []
+    for item in record.get("evidence") or []:
+        payload = item.get("payload") or {}
+        if payload.get("type") == "arm" and payload.get("arm"):
+            arms.append({**payload, "evidence_id": str(item.get("id"))})
+    return arms
+
+
+def family_graph(records: list[dict[str, Any]]) -> nx.MultiDiGraph:
+    """Several incidents in one graph, joined by their same-family links."""
+    graph: nx.MultiDiGraph = nx.MultiDiGraph()
+    for record in records:
+        add_incident(graph, record, local_ids=False)
+    return graph
+
+
+def _short(text: Any, limit: int = 60) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _dot_quote(value: str) -> str:
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def to_dot(graph: nx.MultiDiGraph) -> str:
+    """Graphviz DOT text; every label is quoted, so user text cannot inject DOT or HTML."""
+    lines = [
+        "digraph cause_graph {",
+        "  rankdir=LR;",
+        '  node [fontname="Helvetica", fontsize=10, style=filled, fillcolor="#ffffff"];',
+        '  edge [fontname="Helvetica", fontsize=8];',
+    ]
+    for node, data in sorted(graph.nodes(data=True)):
+        kind = str(data.get("kind", ""))
+        attrs = {
+            "label": str(data.get("label", node)),
+            "shape": KIND_SHAPES.get(kind, "ellipse"),
+        }
+        status = str(data.get("status", ""))
+        if kind == "cause" and status in STATUS_COLOURS:
+            attrs["fillcolor"] = STATUS_COLOURS[status]
+            attrs["fontcolor"] = "#ffffff"
+        elif kind == "incident":
+            attrs["fillcolor"] = "#2c3e50"
+            attrs["fontcolor"] = "#ffffff"
+        elif kind == "decision":
+            attrs["fillcolor"] = "#f1c40f"
+        rendered = ", ".join(f"{k}={_dot_quote(v)}" for k, v in attrs.items())
+        lines.append(f"  {_dot_quote(str(node))} [{rendered}];")
+    for source, target, data in sorted(
+        graph.edges(data=True), key=lambda e: (str(e[0]), str(e[1]), str(e[2]))
+    ):
+        relation = str(data.get("relation", ""))
+        style = EDGE_STYLES.get(relation, "solid")
+        lines.append(
+            f"  {_dot_quote(str(source))} -> {_dot_quote(str(target))} "
+            f"[label={_dot_quote(relation)}, style={_dot_quote(style)}];"
+        )
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def to_graphml(graph: nx.MultiDiGraph) -> str:
+    """GraphML text (attribute values stringified, as GraphML wants scalars)."""
+    clean: nx.MultiDiGraph = nx.MultiDiGraph()
+    for node, data in graph.nodes(data=True):
+        clean.add_node(str(node), **{k: str(v) for k, v in data.items()})
+    for source, target, data in graph.edges(data=True):
+        clean.add_edge(str(source), str(target), **{k: str(v) for k, v in data.items()})
+    buffer = BytesIO()
+    nx.write_graphml(clean, buffer)
+    return buffer.getvalue().decode("utf-8")
+
+
+def to_node_link(graph: nx.MultiDiGraph) -> dict[str, Any]:
+    """Node-link JSON (the d3 shape), edges under `links`."""
+    data: dict[str, Any] = nx.node_link_data(graph, edges="links")
+    return json.loads(json.dumps(data, default=str))
+
+
+def summary(graph: nx.MultiDiGraph) -> dict[str, Any]:
+    """Counts for the diagnosis JSON: nodes by kind, edges by relation, causes by status."""
+    nodes = Counter(str(d.get("kind", "")) for _, d in graph.nodes(data=True))
+    edges = Counter(str(d.get("relation", "")) for _, _, d in graph.edges(data=True))
+    statuses = Counter(
+        str(d.get("status", ""))
+        for _, d in graph.nodes(data=True)
+        if d.get("kind") == "cause" and not d.get("external")
+    )
+    return {
+        "nodes": graph.number_of_nodes(),
+        "edges": graph.number_of_edges(),
+        "nodes_by_kind": dict(sorted(nodes.items())),
+        "edges_by_relation": dict(sorted(edges.items())),
+        "causes_by_status": dict(sorted(statuses.items())),
+    }

@@ -1,0 +1,258 @@
+"""`stack.toml`: how the failing server runs and what to compare it with."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+
+# Flags that switch speculative decoding on or configure it: `spec-off` strips them.
+# Value-taking flags (flag, value) vs switches; both the long and the short spellings.
+SPEC_VALUE_FLAGS = {
+    "--spec-type",
+    "--spec-draft-model",
+    "-md",
+    "--model-draft",
+    "--spec-draft-n-max",
+    "--spec-draft-n-min",
+    "--draft",
+    "--draft-n",
+    "--draft-max",
+    "--draft-min",
+    "--draft-n-min",
+    "--spec-draft-p-min",
+    "--draft-p-min",
+    "--spec-draft-p-split",
+    "--draft-p-split",
+    "--spec-draft-ngl",
+    "-ngld",
+    "--gpu-layers-draft",
+    "--n-gpu-layers-draft",
+    "--spec-draft-device",
+    "-devd",
+    "--device-draft",
+    "--spec-draft-threads",
+    "-td",
+    "--threads-draft",
+    "--spec-draft-threads-batch",
+    "-tbd",
+    "--threads-batch-draft",
+    "--spec-draft-type-k",
+    "-ctkd",
+    "--cache-type-k-draft",
+    "--spec-draft-type-v",
+    "-ctvd",
+    "--cache-type-v-draft",
+    "--spec-draft-sampling",
+    "--spec-synth-len",
+    "--spec-synth-rates",
+}
+SPEC_SWITCH_FLAGS = {"--spec-default", "--spec-draft-backend-sampling"}
+SPEC_PREFIXES = ("--spec-",)
+
+
+class StackError(Exception):
+    """A stack file that cannot be used; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """One way to launch llama-server (or a running one at `url`)."""
+
+    binary: Path | None = None
+    model: Path | None = None
+    args: tuple[str, ...] = ()
+    url: str | None = None
+
+    def with_args(self, args: list[str] | tuple[str, ...]) -> ServerConfig:
+        return replace(self, args=tuple(args))
+
+    def key(self) -> str:
+        """Identity of the launch: configurations with the same key share one server."""
+        return json.dumps(
+            [str(self.binary or ""), str(self.model or ""), list(self.args), self.url or ""]
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "binary": str(self.binary) if self.binary else None,
+            "model": str(self.model) if self.model else None,
+            "args": list(self.args),
+            "url": self.url,
+        }
+
+
+@dataclass(frozen=True)
+class Stack:
+    server: ServerConfig
+    alternate_model: Path | None = None
+    alternate_binary: Path | None = None
+    known_good: ServerConfig | None = None
+    max_requests: int | None = None
+    timeout_s: float | None = None
+    seed: int | None = None
+    source: str = ""
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def speculative(self) -> bool:
+        return has_spec_flags(self.server.args)
+
+
+def has_spec_flags(args: tuple[str, ...] | list[str]) -> bool:
+    stripped = strip_spec_flags(args)
+    if len(stripped) != len(args):
+        # `--spec-type none` alone does not switch speculative decoding on.
+        spec_type = _flag_value(args, "--spec-type")
+        return not (spec_type == "none" and not _flag_value(args, "-md", "--model-draft",
+                                                              "--spec-draft-model"))
+    return False
+
+
+def _flag_value(args: tuple[str, ...] | list[str], *names: str) -> str | None:
+    for index, arg in enumerate(args):
+        for name in names:
+            if arg == name and index + 1 < len(args):
+                return args[index + 1]
+            if arg.startswith(name + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def strip_spec_flags(args: tuple[str, ...] | list[str]) -> list[str]:
+    """The argument list with every speculative-decoding flag (and its value) removed."""
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in SPEC_VALUE_FLAGS:
+            skip = "=" not in arg
+            continue
+        if name in SPEC_SWITCH_FLAGS or name.startswith("--no-spec-"):
+            continue
+        if name.startswith(SPEC_PREFIXES):
+            # An unknown --spec-* flag: assume it takes a value unless written with "=".
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    return out
+
+
+def set_flag(args: tuple[str, ...] | list[str], flag: str, value: str, *aliases: str) -> list[str]:
+    """Replace (or append) `flag value`, removing any alias spellings of it."""
+    names = {flag, *aliases}
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in names:
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    return [*out, flag, value]
+
+
+@lru_cache(maxsize=1)
+def _validator() -> Draft202012Validator:
+    schema = json.loads(
+        resources.files("kb").joinpath("schemas/stack.schema.json").read_text("utf-8")
+    )
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+
+def _resolve(base: Path, value: str | None) -> Path | None:
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else (base / path).resolve()
+
+
+def _resolve_binary(base: Path, value: str | None) -> Path | None:
+    # A bare command name (no slash) is looked up later on PATH/the build cache, not here.
+    if value and "/" not in value:
+        return Path(value)
+    return _resolve(base, value)
+
+
+def parse_stack(text: str, *, base: Path, source: str = "<stack>") -> Stack:
+    """Parse and validate stack TOML text; relative paths resolve against `base`."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise StackError(f"{source}: not valid TOML: {exc}") from None
+    error = best_match(_validator().iter_errors(data))
+    if error is not None:
+        raise StackError(f"{source}: {error.json_path}: {error.message}")
+    server = data["server"]
+    config = ServerConfig(
+        binary=_resolve_binary(base, server.get("binary")),
+        model=_resolve(base, server.get("model")),
+        args=tuple(server.get("args", [])),
+        url=server.get("url"),
+    )
+    alternates = data.get("alternates", {})
+    known = data.get("known_good")
+    known_good = None
+    if known is not None:
+        known_good = ServerConfig(
+            binary=_resolve_binary(base, known.get("binary")) or config.binary,
+            model=_resolve(base, known.get("model")) or config.model,
+            args=tuple(known.get("args", list(config.args))),
+        )
+    probes = data.get("probes", {})
+    stack = Stack(
+        server=config,
+        alternate_model=_resolve(base, alternates.get("model")),
+        alternate_binary=_resolve_binary(base, alternates.get("binary")),
+        known_good=known_good,
+        max_requests=probes.get("max_requests"),
+        timeout_s=probes.get("timeout_s"),
+        seed=probes.get("seed"),
+        source=source,
+        raw=data,
+    )
+    _check_files(stack, source)
+    return stack
+
+
+def _check_files(stack: Stack, source: str) -> None:
+    checks = [
+        ("$.server.model", stack.server.model),
+        ("$.alternates.model", stack.alternate_model),
+        ("$.known_good.model", stack.known_good.model if stack.known_good else None),
+    ]
+    for path, value in checks:
+        if value is not None and not value.is_file():
+            raise StackError(f"{source}: {path}: model file not found: {value}")
+    for path, value in [
+        ("$.server.binary", stack.server.binary),
+        ("$.alternates.binary", stack.alternate_binary),
+    ]:
+        if value is not None and "/" in str(value) and not value.is_file():
+            raise StackError(f"{source}: {path}: binary not found: {value}")
+
+
+def load_stack(path: Path | str) -> Stack:
+    """Read a stack.toml file."""
+    path = Path(path)
+    try:
+        text = path.read_text("utf-8")
+    except FileNotFoundError:
+        raise StackError(f"{path}: no such file") from None
+    except UnicodeDecodeError:
+        raise StackError(f"{path}: not UTF-8 text") from None
+    return parse_stack(text, base=path.resolve().parent, source=str(path))

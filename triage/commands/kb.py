@@ -1,0 +1,167 @@
+"""`triage import`, `triage export`, `triage incidents list|show`: incident files and records."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+from sqlalchemy.exc import SQLAlchemyError
+
+from kb.files import export_all, export_incident, import_paths, list_records, load_record
+from kb.models import CAUSE_STATUSES, INCIDENT_STATUSES
+from kb.store import Store, StoreError, redact_url
+
+
+@contextmanager
+def _store(ctx: click.Context) -> Iterator[Store]:
+    """The store named by --database / TRIAGE_DATABASE_URL; errors become clean messages."""
+    url = (ctx.obj or {}).get("database")
+    try:
+        store = Store(url)
+    except SQLAlchemyError as exc:
+        raise click.ClickException(f"cannot open the knowledge base: {exc}") from None
+    try:
+        yield store
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from None
+    except SQLAlchemyError as exc:
+        raise click.ClickException(
+            f"database error on {redact_url(store.url)}: {exc.__class__.__name__}: {exc}"
+        ) from None
+    finally:
+        store.close()
+
+
+def _echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+@click.command("import")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--dry-run", is_flag=True, help="Validate and roll back: nothing is stored.")
+@click.pass_context
+def import_command(ctx: click.Context, paths: tuple[Path, ...], dry_run: bool) -> None:
+    """Import incident files (and every *.md in given directories) in one transaction.
+
+    Every file is validated first; on any error nothing is stored and the message names
+    the file and the field.
+    """
+    with _store(ctx) as store:
+        slugs = import_paths(store, paths, dry_run=dry_run)
+    verb = "would import" if dry_run else "imported"
+    click.echo(f"{verb} {len(slugs)} incident(s)")
+    for slug in slugs:
+        click.echo(f"  {slug}")
+
+
+@click.command("export")
+@click.argument("slugs", nargs=-1)
+@click.option(
+    "--out",
+    "out_dir",
+    default="incidents",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory to write <slug>.md files into.",
+)
+@click.pass_context
+def export_command(ctx: click.Context, slugs: tuple[str, ...], out_dir: Path) -> None:
+    """Write stored incidents (all, or the SLUGS given) as incident files."""
+    with _store(ctx) as store:
+        if slugs:
+            paths = [export_incident(store, slug, out_dir) for slug in slugs]
+        else:
+            paths = export_all(store, out_dir)
+    click.echo(f"wrote {len(paths)} file(s)")
+    for path in paths:
+        click.echo(f"  {path}")
+
+
+@click.group("incidents")
+def incidents_group() -> None:
+    """Stored incidents."""
+
+
+@incidents_group.command("list")
+@click.option(
+    "--status", type=click.Choice(INCIDENT_STATUSES), help="Only incidents in this status."
+)
+@click.option("--cause", help="Only incidents with this cause (catalogue id or cause id).")
+@click.option(
+    "--cause-status",
+    type=click.Choice(CAUSE_STATUSES),
+    help="Only incidents with a cause in this status.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def list_command(
+    ctx: click.Context,
+    status: str | None,
+    cause: str | None,
+    cause_status: str | None,
+    as_json: bool,
+) -> None:
+    """List incidents, oldest first."""
+    with _store(ctx) as store, store.session(readonly=True) as session:
+        rows = list_records(session, status=status, cause=cause, cause_status=cause_status)
+    if as_json:
+        _echo_json(rows)
+        return
+    if not rows:
+        click.echo("no incidents")
+        return
+    for row in rows:
+        decision = f" [{row['decision']}]" if row["decision"] else ""
+        click.echo(f"{row['slug']}  {row['status']}{decision}  {row['title']}")
+
+
+def _cause_line(cause: dict[str, Any]) -> str:
+    refines = "" if cause["catalogue"] == cause["id"] else f" (refines {cause['catalogue']})"
+    return f"  {cause['status']:<9} {cause['id']}{refines} [{cause['basis']}]: {cause['title']}"
+
+
+@incidents_group.command("show")
+@click.argument("slug")
+@click.option("--json", "as_json", is_flag=True, help="Print the full record as JSON.")
+@click.pass_context
+def show_command(ctx: click.Context, slug: str, as_json: bool) -> None:
+    """Show one incident: stack, causes with status, decisions."""
+    with _store(ctx) as store, store.session(readonly=True) as session:
+        record = load_record(session, slug)
+    if as_json:
+        _echo_json(record)
+        return
+    click.echo(f"{record['slug']}: {record['title']}")
+    closed = f", closed {record['closed']}" if record.get("closed") else ""
+    click.echo(f"status {record['status']}, opened {record['opened']}{closed}")
+    stack = record.get("stack", {})
+    if stack:
+        parts = [str(stack[k]) for k in ("model", "weights", "server_build") if k in stack]
+        click.echo("stack: " + "; ".join(parts))
+    if record.get("causes"):
+        click.echo("causes:")
+        for cause in record["causes"]:
+            click.echo(_cause_line(cause))
+    for decision in record.get("decisions", []):
+        revisit = f", revisit on {decision['revisit_on']}" if decision.get("revisit_on") else ""
+        click.echo(
+            f"decision {decision['kind']} at {decision['at']}{revisit}: {decision['rationale']}"
+        )
+        if decision.get("fix"):
+            verified = "verified" if decision["verified"] else "not verified"
+            click.echo(f"  fix ({verified}): {decision['fix']}")
+        if decision.get("tradeoff"):
+            click.echo(f"  tradeoff: {decision['tradeoff']}")
+    for link in record.get("family", []):
+        click.echo(f"same family: {link['cause']} ~ {link['incident']} / {link['other_cause']}")
+
+
+def register(group: click.Group) -> None:
+    """Add the knowledge-base commands to the `triage` group."""
+    group.add_command(import_command)
+    group.add_command(export_command)
+    group.add_command(incidents_group)

@@ -1,0 +1,319 @@
+"""Start and stop llama-server variants: argv lists, loopback, a free port, health wait, logs.
+
+Every server started here is stopped again: by the `launch` context manager (also on
+exceptions and KeyboardInterrupt), by `RunningServer.stop`, and as a last resort by an
+atexit hook that stops whatever is still registered. Stopping is SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+LOOPBACK = "127.0.0.1"
+# Flags the launcher owns; a spec that sets them would fight over the listening socket.
+RESERVED_FLAGS = frozenset({"--host", "--port", "-m", "--model"})
+STOP_GRACE_SECONDS = 5.0
+HEALTH_POLL_SECONDS = 0.05
+
+
+class ServerStartError(RuntimeError):
+    """llama-server did not become healthy (bad spec, exit during load, timeout)."""
+
+
+class ServerCrashed(RuntimeError):
+    """A running llama-server exited without being asked to."""
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """One server configuration: which binary, which weights, which extra flags."""
+
+    binary: Path
+    model: Path
+    args: list[str] = field(default_factory=list)
+
+    def argv(self, port: int, host: str = LOOPBACK) -> list[str]:
+        """The exact argv the launcher runs (no shell is involved)."""
+        clashes = sorted(RESERVED_FLAGS.intersection(self.args))
+        if clashes:
+            raise ServerStartError(
+                f"server args must not set {', '.join(clashes)}: the launcher chooses the "
+                "model, host and port"
+            )
+        return [
+            str(self.binary),
+            "-m", str(self.model),
+            "--host", host,
+            "--port", str(port),
+            *self.args,
+        ]
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A port that was free a moment ago (bind to port 0 and let the kernel choose)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+def port_in_use(port: int, host: str = LOOPBACK) -> bool:
+    """True when something already listens on host:port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def _read_tail(path: Path, lines: int) -> str:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 64 * 1024))
+            data = handle.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-lines:])
+
+
+class RunningServer:
+    """A llama-server process started by `launch`/`start`."""
+
+    def __init__(
+        self,
+        spec: ServerSpec,
+        process: subprocess.Popen[bytes],
+        host: str,
+        port: int,
+        log_path: Path,
+        argv: list[str],
+    ) -> None:
+        self.spec = spec
+        self.process = process
+        self.host = host
+        self.port = port
+        self.log_path = log_path
+        self.argv = argv
+        self.started_at = time.monotonic()
+        self.launch_seconds: float | None = None
+        self._stopping = False
+        self._lock = threading.Lock()
+
+    @property
+    def pid(self) -> int:
+        """Process id of the server."""
+        return self.process.pid
+
+    @property
+    def base_url(self) -> str:
+        """http://host:port of the server."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit code once the process has ended, else None."""
+        return self.process.poll()
+
+    def alive(self) -> bool:
+        """True while the process runs."""
+        return self.process.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the server log."""
+        return _read_tail(self.log_path, lines)
+
+    def check(self) -> None:
+        """Raise ServerCrashed if the server has exited without `stop`."""
+        code = self.process.poll()
+        if code is not None and not self._stopping:
+            raise ServerCrashed(
+                f"llama-server (pid {self.pid}, port {self.port}) exited with code {code}; "
+                f"log {self.log_path}:\n{self.log_tail(25)}"
+            )
+
+    def stop(self, grace: float = STOP_GRACE_SECONDS) -> int | None:
+        """SIGTERM, wait up to `grace` seconds, then SIGKILL; returns the exit code."""
+        with self._lock:
+            self._stopping = True
+            if self.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self.process.send_signal(signal.SIGTERM)
+                try:
+                    self.process.wait(timeout=grace)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        self.process.kill()
+                    self.process.wait(timeout=grace)
+            _REGISTRY.discard(self)
+            return self.process.returncode
+
+    def __repr__(self) -> str:
+        state = "running" if self.alive() else f"exited {self.returncode}"
+        return f"<RunningServer pid={self.pid} {self.base_url} {state}>"
+
+
+class _Registry:
+    """Servers not yet stopped; the atexit hook stops them."""
+
+    def __init__(self) -> None:
+        self._servers: set[RunningServer] = set()
+        self._lock = threading.Lock()
+
+    def add(self, server: RunningServer) -> None:
+        with self._lock:
+            self._servers.add(server)
+
+    def discard(self, server: RunningServer) -> None:
+        with self._lock:
+            self._servers.discard(server)
+
+    def running(self) -> list[RunningServer]:
+        with self._lock:
+            return list(self._servers)
+
+    def stop_all(self) -> None:
+        for server in self.running():
+            with contextlib.suppress(Exception):
+                server.stop(grace=2.0)
+
+
+_REGISTRY = _Registry()
+atexit.register(_REGISTRY.stop_all)
+
+
+def running_servers() -> list[RunningServer]:
+    """Servers started by this process and not stopped yet."""
+    return _REGISTRY.running()
+
+
+def _child_env() -> dict[str, str]:
+    # llama-server reads LLAMA_ARG_* from the environment; a stray LLAMA_ARG_PORT or
+    # LLAMA_ARG_MODEL would silently change the variant under test.
+    return {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
+
+
+def _wait_healthy(server: RunningServer, ready_timeout: float) -> None:
+    deadline = time.monotonic() + ready_timeout
+    url = f"{server.base_url}/health"
+    last_status = "no answer"
+    with httpx.Client(timeout=2.0, trust_env=False) as client:
+        while True:
+            code = server.process.poll()
+            if code is not None:
+                raise ServerStartError(_exit_message(server, code))
+            try:
+                response = client.get(url)
+                if response.status_code == 200:
+                    return
+                last_status = f"HTTP {response.status_code}"  # 503 while loading
+            except httpx.HTTPError as exc:
+                last_status = type(exc).__name__
+            if time.monotonic() >= deadline:
+                raise ServerStartError(
+                    f"llama-server on port {server.port} not healthy within {ready_timeout:g}s "
+                    f"(last /health: {last_status}); log {server.log_path}:\n"
+                    f"{server.log_tail(25)}"
+                )
+            time.sleep(HEALTH_POLL_SECONDS)
+
+
+def _exit_message(server: RunningServer, code: int) -> str:
+    tail = server.log_tail(25)
+    hint = ""
+    if "couldn't bind" in tail or "Address already in use" in tail:
+        hint = f" (port {server.port} on {server.host} is already in use)"
+    return (
+        f"llama-server exited with code {code} during startup{hint}; "
+        f"argv {server.argv}; log {server.log_path}:\n{tail}"
+    )
+
+
+def start(
+    spec: ServerSpec,
+    log_dir: Path,
+    ready_timeout: float = 60.0,
+    *,
+    port: int | None = None,
+    host: str = LOOPBACK,
+    metrics: bool = True,
+) -> RunningServer:
+    """Start a server and wait until /health is 200; the caller must `stop()` it."""
+    binary = Path(spec.binary)
+    if not binary.is_file() or not os.access(binary, os.X_OK):
+        raise ServerStartError(f"llama-server binary not found or not executable: {binary}")
+    if not Path(spec.model).is_file():
+        raise ServerStartError(f"model file not found: {spec.model}")
+    if port is not None and port_in_use(port, host):
+        raise ServerStartError(f"port {port} on {host} is already in use")
+    chosen_port = port if port is not None else free_port(host)
+    full_spec = spec
+    if metrics and "--metrics" not in spec.args:
+        full_spec = ServerSpec(spec.binary, spec.model, [*spec.args, "--metrics"])
+    argv = full_spec.argv(chosen_port, host)
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"llama-server-{chosen_port}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    with log_path.open("wb") as log_file:
+        log_file.write(f"# argv: {argv}\n".encode())
+        log_file.flush()
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=_child_env(),
+            # Own session: a Ctrl-C in the terminal reaches Python, which stops the server
+            # in order, instead of killing the server under a request.
+            start_new_session=True,
+        )
+    server = RunningServer(full_spec, process, host, chosen_port, log_path, argv)
+    _REGISTRY.add(server)
+    try:
+        _wait_healthy(server, ready_timeout)
+    except BaseException:
+        server.stop(grace=2.0)
+        raise
+    server.launch_seconds = time.monotonic() - server.started_at
+    return server
+
+
+@contextlib.contextmanager
+def launch(
+    spec: ServerSpec,
+    log_dir: Path,
+    ready_timeout: float = 60.0,
+    *,
+    port: int | None = None,
+    host: str = LOOPBACK,
+    metrics: bool = True,
+) -> Iterator[RunningServer]:
+    """Context manager: a healthy server for the block, stopped afterwards whatever happens."""
+    attempts = 1 if port is not None else 3
+    for attempt in range(attempts):
+        try:
+            server = start(
+                spec, log_dir, ready_timeout, port=port, host=host, metrics=metrics
+            )
+            break
+        except ServerStartError as exc:
+            # A free port can be taken between our probe and the server's bind: retry.
+            if "already in use" not in str(exc) or attempt == attempts - 1:
+                raise
+    try:
+        yield server
+    finally:
+        server.stop()

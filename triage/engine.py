@@ -216,15 +216,17 @@ def classify_reply(request: dict[str, Any], status: int | None, body: Any,
                    elapsed: float, *, timed_out: bool = False) -> tuple[bool, list[str]]:
     """Is this reply a failure, and which failure kinds does it show? (capture + symptoms)"""
     from triage.capture import CaptureError, exchange_from_http
-    from triage.symptoms import failure_kinds
+    from triage.symptoms import USER_FACING_KINDS, failure_kinds
 
     try:
         exchange = exchange_from_http(request, body, status=status, elapsed_ms=elapsed * 1000,
                                       timed_out=timed_out)
     except CaptureError:
         return True, ["http-error"]
-    kinds = sorted(failure_kinds(exchange))
-    return bool(kinds), kinds
+    kinds = failure_kinds(exchange)
+    # A reply fails when its user would see it broken; diagnostic kinds (length-stop,
+    # runaway reasoning) are kept to explain the failure but do not fail a good answer.
+    return bool(kinds & USER_FACING_KINDS), sorted(kinds)
 
 
 def _message(body: Any) -> dict[str, Any]:
@@ -640,8 +642,7 @@ class Diagnoser:
                 rendered = await client.apply_template(probes.template_body(self.request))
                 off = await client.apply_template(
                     probes.template_body(probes.thinking_off(self.request)))
-                prompt = str(rendered.get("prompt", ""))
-                prompt_off = str(off.get("prompt", ""))
+                prompt, prompt_off = str(rendered), str(off)
                 self.observations["template-render"] = {
                     "name": "template-render",
                     "thinking_on": probes.thinking_on_in_prompt(prompt),
@@ -726,8 +727,7 @@ class Diagnoser:
                 facts.setdefault("errors", []).append(f"{path}: {exc}")
         if all(metas):
             a, b = metas
-            facts["quantization"] = [getattr(a, "file_type_name", None),
-                                     getattr(b, "file_type_name", None)]
+            facts["quantization"] = [a.quantization, b.quantization]
             facts["chat_template_sha256"] = [a.chat_template_sha256, b.chat_template_sha256]
             if a.chat_template_sha256 != b.chat_template_sha256:
                 differs.append("the chat template")
@@ -736,7 +736,7 @@ class Diagnoser:
             client = LlamaClient(server.base_url, timeout=self.options.request_timeout)
             try:
                 rendered = await client.apply_template(probes.template_body(self.request))
-                thinking.append(probes.thinking_on_in_prompt(str(rendered.get("prompt", ""))))
+                thinking.append(probes.thinking_on_in_prompt(str(rendered)))
             except LlamaClientError:
                 thinking.append(None)
             finally:

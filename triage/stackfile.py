@@ -54,6 +54,18 @@ SPEC_VALUE_FLAGS = {
     "--spec-synth-len",
     "--spec-synth-rates",
 }
+# Flags whose value is a file: relative values resolve against the stack file's folder.
+PATH_VALUE_FLAGS = {
+    "-md",
+    "--model-draft",
+    "--spec-draft-model",
+    "-mm",
+    "--mmproj",
+    "--lora",
+    "--chat-template-file",
+    "--grammar-file",
+    "--slot-save-path",
+}
 SPEC_SWITCH_FLAGS = {"--spec-default", "--spec-draft-backend-sampling"}
 SPEC_PREFIXES = ("--spec-",)
 
@@ -188,6 +200,26 @@ def _resolve_binary(base: Path, value: str | None) -> Path | None:
     return _resolve(base, value)
 
 
+def _resolve_args(base: Path, args: list[str]) -> tuple[str, ...]:
+    out: list[str] = []
+    resolve_next = False
+    for arg in args:
+        if resolve_next:
+            out.append(str(_resolve(base, arg)))
+            resolve_next = False
+            continue
+        name, eq, value = arg.partition("=")
+        if name in PATH_VALUE_FLAGS:
+            if eq:
+                out.append(f"{name}={_resolve(base, value)}")
+            else:
+                out.append(arg)
+                resolve_next = True
+            continue
+        out.append(arg)
+    return tuple(out)
+
+
 def parse_stack(text: str, *, base: Path, source: str = "<stack>") -> Stack:
     """Parse and validate stack TOML text; relative paths resolve against `base`."""
     try:
@@ -201,7 +233,7 @@ def parse_stack(text: str, *, base: Path, source: str = "<stack>") -> Stack:
     config = ServerConfig(
         binary=_resolve_binary(base, server.get("binary")),
         model=_resolve(base, server.get("model")),
-        args=tuple(server.get("args", [])),
+        args=_resolve_args(base, server.get("args", [])),
         url=server.get("url"),
     )
     alternates = data.get("alternates", {})
@@ -211,7 +243,7 @@ def parse_stack(text: str, *, base: Path, source: str = "<stack>") -> Stack:
         known_good = ServerConfig(
             binary=_resolve_binary(base, known.get("binary")) or config.binary,
             model=_resolve(base, known.get("model")) or config.model,
-            args=tuple(known.get("args", list(config.args))),
+            args=_resolve_args(base, known["args"]) if "args" in known else config.args,
         )
     probes = data.get("probes", {})
     stack = Stack(

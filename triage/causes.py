@@ -320,8 +320,8 @@ def _speculative(arms: dict[str, ArmOutcome], reproduces: bool, obs: Observation
         return Verdict(
             cause, "rejected",
             f"the failure rate is unchanged without it: {off.kn()} vs baseline {base.kn()}"
-            f"{divergence}; speculative decoding preserves the distribution, so diverging "
-            "token streams alone are not a cause",
+            f"{divergence}; speculative decoding preserves the distribution, so committed "
+            "token streams may differ without changing how often the request fails",
             refutes=["spec-off"], supports=[], deciding_probe="spec-off",
         )
     return _suspect(cause, f"undecided at the cap: spec-off {off.kn()}{divergence}",

@@ -49,3 +49,7 @@ _register_all()
 def main() -> None:
     """Console-script entry point."""
     cli()
+
+
+if __name__ == "__main__":
+    main()

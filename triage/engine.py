@@ -417,6 +417,7 @@ class Diagnoser:
                             "seed": self.options.seed,
                         },
                         "exchange_evidence": self.evidence_keys.get("exchange"),
+                        "findings": self.findings,
                     },
                 )
                 session.add(run)
@@ -764,28 +765,45 @@ class Diagnoser:
         log_dir = self.log_dir / f"run-{self.run_id}"
         log_dir.mkdir(parents=True, exist_ok=True)
         try:
-            with ExitStack() as stack:
-                self._emit("launch", "starting the incident's server")
-                try:
-                    base = stack.enter_context(open_server(
-                        self.stack.server, log_dir / "incident", self.options.ready_timeout))
-                except Exception as exc:
-                    raise EngineError(f"the incident's server did not start: {exc}") from exc
-                self.servers[incident_key] = base
-                for arm in self.arms.values():
-                    if arm.level == "request":
-                        arm.launch_seconds = base.launch_seconds
-                asyncio.run(self._observe_incident_server(base))
-                transforms = {a.name: a.transform for a in request_arms}
-                asyncio.run(self._run_sequential(
-                    base, {name: base for name in transforms}, transforms))
-                for sarm in server_arms:
-                    self._run_server_arm(sarm.name, sarm.config, base, log_dir)
-                if kg_dims:
-                    self._known_good_search(kg_dims, base, log_dir)
-        finally:
-            diagnosis = self._finish()
-        return diagnosis
+            self._run_all(request_arms, server_arms, kg_dims, incident_key, log_dir)
+        except KeyboardInterrupt:
+            self._set_state("interrupted")
+            raise
+        except EngineError:
+            self._set_state("failed", finished=True)
+            raise
+        return self._finish()
+
+    def _set_state(self, state: str, *, finished: bool = False) -> None:
+        with self.store.session() as session:
+            run = session.get(TriageRun, self.run_id)
+            if run is not None:
+                run.state = state
+                if finished:
+                    run.finished_at = utcnow()
+                session.add(run)
+
+    def _run_all(self, request_arms: list[probes.RequestArm], server_arms: list[probes.ServerArm],
+                 kg_dims: dict[str, tuple[Any, Any]], incident_key: str, log_dir: Path) -> None:
+        with ExitStack() as stack:
+            self._emit("launch", "starting the incident's server")
+            try:
+                base = stack.enter_context(open_server(
+                    self.stack.server, log_dir / "incident", self.options.ready_timeout))
+            except Exception as exc:
+                raise EngineError(f"the incident's server did not start: {exc}") from exc
+            self.servers[incident_key] = base
+            for arm in self.arms.values():
+                if arm.level == "request":
+                    arm.launch_seconds = base.launch_seconds
+            asyncio.run(self._observe_incident_server(base))
+            transforms = {a.name: a.transform for a in request_arms}
+            asyncio.run(self._run_sequential(
+                base, {name: base for name in transforms}, transforms))
+            for sarm in server_arms:
+                self._run_server_arm(sarm.name, sarm.config, base, log_dir)
+            if kg_dims:
+                self._known_good_search(kg_dims, base, log_dir)
 
     def _run_server_arm(self, name: str, config: ServerConfig, base: Server,
                         log_dir: Path) -> None:
@@ -1118,7 +1136,10 @@ def resume(store: Store, run: TriageRun, stack: Stack, *, options: DiagnoseOptio
         assert incident is not None
         slug = incident.slug
     diagnoser = Diagnoser(store, stack, dict(run.plan["request"]), incident=slug,
+                          findings=list(run.plan.get("findings") or []),
                           options=options, progress=progress, run_id=run.id)
+    if run.plan.get("exchange_evidence"):
+        diagnoser.evidence_keys["exchange"] = str(run.plan["exchange_evidence"])
     return diagnoser.run()
 
 

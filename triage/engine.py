@@ -48,6 +48,9 @@ class DiagnoseOptions:
     divergence_seeds: int = 4
     log_dir: Path | None = None
     actor: str = ACTOR
+    # Cumulative replays at which arms are examined; default: stats.look_schedule(cap).
+    # A single look (e.g. [30]) is a fixed-sample design, for comparison benchmarks.
+    looks: list[int] | None = None
 
 
 @dataclass
@@ -352,7 +355,7 @@ class Diagnoser:
             self.options.seed = stack.seed
         self.progress = progress or (lambda event: None)
         self.run_id = run_id
-        self.schedule = look_schedule(self.options.max_requests)
+        self.schedule = self.options.looks or look_schedule(self.options.max_requests)
         self.arms: dict[str, ArmState] = {}
         self.observations: dict[str, dict[str, Any]] = {}
         self.evidence_keys: dict[str, str] = {}  # arm/observation name -> evidence key

@@ -1,0 +1,760 @@
+"""Failure families: stack/exchange signatures, similar past incidents, family links.
+
+A signature is what "have we seen this before?" compares:
+
+    finding kinds     the failed checks of an exchange / an incident's symptom kinds
+    confirmed causes  catalogue ids of causes with status `confirmed`
+    fingerprint       model family (gemma, qwen, llama, ... from the model or weights name),
+                      server build number, speculative decoding on/off, thinking default
+                      on/off
+
+Similarity is a weighted Jaccard index over the signature's elements (each kind, each
+confirmed cause, and one element per known fingerprint field such as `family=qwen`):
+
+    similarity(Q, P) = sum of weights of elements in both / sum of weights in either
+
+with the weights in WEIGHTS (a confirmed cause counts double a finding kind, a shared
+thinking default as much as a kind, model family, speculative decoding and build less).
+A dimension the query does not know (no findings, no causes, unknown fingerprint field)
+is left out of the comparison on both sides. Unknowns on the past incident's side still
+count in the union: it explains less of what we know now. A fresh capture has no
+confirmed causes yet; until it has, the causes its findings name directly stand in for
+them (IMPLIED_CAUSES: a `reasoning-exhausted-budget` finding *is* the observation of the
+`reasoning-exhausts-budget` mechanism), so a capture matches past incidents by mechanism
+even when their recorded symptoms use other words.
+
+Every incident has one compact row in `incidentsignature` (created by migration
+0002_search): bit masks of the known kinds and causes, the texts of all of them, counts
+and the fingerprint fields. Triggers mark the row stale whenever the incident's stack,
+symptoms or causes change; `refresh_signatures` recomputes stale rows (the write paths of
+this module and the `triage family` command call it). `similar_incidents` scores fresh
+rows in one SQL statement (a scan of 100k narrow rows with bit tests) and stale rows in
+Python with the same formula, so results never depend on whether a refresh has run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    and_,
+    bindparam,
+    case,
+    cast,
+    literal,
+    literal_column,
+    or_,
+    update,
+)
+from sqlalchemy.sql.elements import ColumnElement
+from sqlmodel import Field, Session, SQLModel, select
+
+from kb.models import CAUSE_CATALOGUE_IDS, Cause, FamilyLink, Incident, Symptom
+from kb.store import StoreError, require_incident
+
+__all__ = [
+    "FINDING_KINDS",
+    "IMPLIED_CAUSES",
+    "MODEL_FAMILIES",
+    "WEIGHTS",
+    "FamilyMatch",
+    "IncidentSignature",
+    "Signature",
+    "incident_signature",
+    "incident_stack",
+    "link_family",
+    "refresh_signatures",
+    "signature",
+    "similar_incidents",
+    "similarity",
+    "stack_fingerprint",
+]
+
+# Finding kinds with a fixed bit in `kinds_mask` (any other kind is matched by its text).
+FINDING_KINDS = (
+    "empty-content",
+    "length-stop",
+    "reasoning-exhausted-budget",
+    "runaway-reasoning",
+    "tool-args-invalid-json",
+    "tool-args-schema-violation",
+    "tool-markup-leaked",
+    "parse-failure",
+    "truncated-stream",
+    "http-error",
+    "timeout",
+)
+KIND_BITS = {kind: 1 << index for index, kind in enumerate(FINDING_KINDS)}
+CAUSE_BITS = {cause: 1 << index for index, cause in enumerate(CAUSE_CATALOGUE_IDS)}
+
+# Finding kinds that are direct observations of one catalogue cause (see module docstring).
+IMPLIED_CAUSES = {
+    "reasoning-exhausted-budget": "reasoning-exhausts-budget",
+    "parse-failure": "output-parsing",
+    "tool-markup-leaked": "output-parsing",
+}
+
+WEIGHTS = {
+    "kind": 1.0,
+    "cause": 2.0,
+    "model_family": 0.5,
+    "server_build": 0.25,
+    "spec": 0.5,
+    "thinking": 1.0,
+}
+FINGERPRINT_FIELDS = ("model_family", "server_build", "spec", "thinking")
+
+# Looked for in the file name of the model/weights, at a word start; "llama" only when no
+# other family is named (it matches inside words: codellama, tinyllama).
+MODEL_FAMILIES = (
+    "gemma",
+    "qwen",
+    "mixtral",
+    "mistral",
+    "ministral",
+    "deepseek",
+    "phi",
+    "gpt-oss",
+    "glm",
+    "granite",
+    "command-r",
+    "falcon",
+    "olmo",
+    "smollm",
+    "internlm",
+    "minicpm",
+    "exaone",
+    "hunyuan",
+    "kimi",
+    "yi",
+    "llama",
+)
+_FAMILY_PATTERNS = [
+    (name, re.compile(("" if name == "llama" else r"(?<![a-z])") + re.escape(name)))
+    for name in MODEL_FAMILIES
+]
+# Stack keys read for each fingerprint field, in order of preference.
+_MODEL_KEYS = ("model", "weights", "model_path", "model_name")
+_BUILD_KEYS = ("server_build", "build", "build_info", "build_number", "system_fingerprint")
+_SPEC_KEYS = ("speculative", "spec", "speculative_decoding")
+_THINKING_KEYS = ("thinking_default", "thinking", "enable_thinking")
+# Server flags that turn speculative decoding on (`--spec-type none` does not).
+_SPEC_FLAGS = ("--spec-type", "-md", "--model-draft", "--draft-model", "-hfd", "--hf-repo-draft")
+_ON = {"on", "true", "yes", "1", "enabled", "enable"}
+_OFF = {"off", "false", "no", "0", "none", "disabled", "disable"}
+_UNKNOWN = {"", "not", "unknown", "n", "na", "unrecorded", "null"}
+
+
+class IncidentSignature(SQLModel, table=True):
+    """The stored signature of one incident (see the module docstring)."""
+
+    incident_id: int = Field(
+        sa_column=Column(
+            Integer, ForeignKey("incident.id", ondelete="CASCADE"), primary_key=True
+        )
+    )
+    stale: bool = Field(default=True, sa_column=Column(Boolean, nullable=False))
+    kinds_mask: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
+    causes_mask: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
+    kinds: str = Field(default="", sa_column=Column(Text, nullable=False))
+    causes: str = Field(default="", sa_column=Column(Text, nullable=False))
+    model_family: str = Field(default="", sa_column=Column(String(50), nullable=False))
+    server_build: str = Field(default="", sa_column=Column(String(50), nullable=False))
+    spec: str = Field(default="", sa_column=Column(String(8), nullable=False))
+    thinking: str = Field(default="", sa_column=Column(String(8), nullable=False))
+    kinds_count: int = Field(default=0, sa_column=Column(Integer, nullable=False))
+    causes_count: int = Field(default=0, sa_column=Column(Integer, nullable=False))
+
+
+_SIGNATURES = IncidentSignature.__table__  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class Signature:
+    """Finding kinds, confirmed causes and the stack fingerprint of an exchange or incident."""
+
+    kinds: frozenset[str] = frozenset()
+    causes: frozenset[str] = frozenset()
+    model_family: str = ""
+    server_build: str = ""
+    spec: str = ""  # "on" | "off" | "" (unknown)
+    thinking: str = ""  # "on" | "off" | "" (unknown)
+
+    def fingerprint(self) -> dict[str, str]:
+        return {name: getattr(self, name) for name in FINGERPRINT_FIELDS}
+
+    def compared_causes(self) -> frozenset[str]:
+        """The causes compared when this is the query: confirmed, else implied by findings."""
+        if self.causes:
+            return self.causes
+        return frozenset(IMPLIED_CAUSES[kind] for kind in self.kinds if kind in IMPLIED_CAUSES)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kinds": sorted(self.kinds),
+            "causes": sorted(self.causes),
+            **self.fingerprint(),
+        }
+
+
+@dataclass(frozen=True)
+class FamilyMatch:
+    """A past incident similar to the query signature, with what they share."""
+
+    slug: str
+    title: str
+    status: str
+    score: float
+    shared_kinds: list[str] = field(default_factory=list)
+    shared_causes: list[str] = field(default_factory=list)
+    shared_stack: list[str] = field(default_factory=list)  # e.g. ["spec=off", "thinking=on"]
+    confirmed_causes: list[str] = field(default_factory=list)
+    model_family: str = ""
+    linked: bool = False  # a FamilyLink already joins a cause of each incident
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------ signatures (pure)
+
+
+def _switch(value: Any) -> str:
+    """The switch as on/off/"" (unknown) from a bool or a word; other words (a spec type) are on."""
+    if value is None or value == "":
+        return ""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    # Free text is read by its first word: "on: the template enables thinking" is on,
+    # "draft-MTP speculative decoding" is on, "not recorded" is unknown.
+    first = re.match(r"\s*([a-z0-9]*)", str(value).lower())
+    word = first.group(1) if first else ""
+    if word in _UNKNOWN:
+        return ""
+    if word in _OFF:
+        return "off"
+    return "on"
+
+
+def _args(stack: Mapping[str, Any]) -> list[str] | None:
+    """Server arguments from `flags` or `args` (a list or one shell string); None if absent."""
+    found: list[str] | None = None
+    for key in ("flags", "args"):
+        value = stack.get(key)
+        if value is None:
+            continue
+        found = found or []
+        if isinstance(value, str):
+            try:
+                found.extend(shlex.split(value))
+            except ValueError:
+                found.extend(value.split())
+        else:
+            found.extend(str(item) for item in value)
+    return found
+
+
+def _flag_value(args: Sequence[str], *names: str) -> str | None:
+    """The value of the last `--name VALUE` or `--name=VALUE` among `args`."""
+    value: str | None = None
+    for index, arg in enumerate(args):
+        for name in names:
+            if arg == name:
+                value = args[index + 1] if index + 1 < len(args) else ""
+            elif arg.startswith(name + "="):
+                value = arg.split("=", 1)[1]
+    return value
+
+
+def model_family(*names: str) -> str:
+    """The model family in the first name that has one (file names and model ids)."""
+    for name in names:
+        base = os.path.basename(str(name or "").rstrip("/")).lower()
+        if not base:
+            continue
+        # The family named first wins ("deepseek-r1-distill-qwen" is deepseek).
+        found = [
+            (match.start(), family)
+            for family, pattern in _FAMILY_PATTERNS
+            if family != "llama" and (match := pattern.search(base))
+        ]
+        if found:
+            return min(found)[1]
+        if "llama" in base:
+            return "llama"
+    return ""
+
+
+def server_build(value: Any) -> str:
+    """A build number ("b9586", "9586 (abc)", "llama.cpp b11434") as digits, else the text."""
+    text = str(value or "").strip().lower()
+    if not text:
+        return ""
+    number = re.search(r"(?<![0-9a-f])b?(\d{3,})", text)
+    return number.group(1) if number else text[:50]
+
+
+def stack_fingerprint(stack: Mapping[str, Any]) -> dict[str, str]:
+    """Model family, build, spec on/off and thinking default from a stack dict.
+
+    Keys read: `model_family` or the file names in model/weights/model_path/model_name;
+    server_build/build/build_info/system_fingerprint (or `b<digits>` in the binary path);
+    speculative/spec (bool or word) else the server flags (`flags` or `args`:
+    --spec-type other than none, -md, --model-draft); thinking_default/thinking/
+    enable_thinking (bool or word) else the flags (--reasoning on|off, --reasoning-budget 0,
+    --chat-template-kwargs with enable_thinking). Unknown fields are "".
+    """
+    family = str(stack.get("model_family") or "").strip().lower()
+    if not family:
+        family = model_family(*(str(stack.get(key) or "") for key in _MODEL_KEYS))
+
+    build = ""
+    for key in _BUILD_KEYS:
+        build = server_build(stack.get(key))
+        if build:
+            break
+    if not build and stack.get("binary"):
+        match = re.search(r"(?:^|[^a-z0-9])b(\d{3,})", str(stack["binary"]).lower())
+        build = match.group(1) if match else ""
+
+    args = _args(stack)
+    spec = next((_switch(stack.get(key)) for key in _SPEC_KEYS if key in stack), "")
+    if not spec and args:  # no flags recorded is unknown, not "off"
+        spec_type = _flag_value(args, "--spec-type")
+        on = any(arg in _SPEC_FLAGS[1:] or arg.startswith(("--model-draft=",)) for arg in args)
+        if spec_type is not None and spec_type.strip().lower() not in _OFF:
+            on = True
+        spec = "on" if on else "off"
+
+    thinking = next((_switch(stack.get(key)) for key in _THINKING_KEYS if key in stack), "")
+    if not thinking and args:
+        reasoning = _flag_value(args, "--reasoning")
+        budget = _flag_value(args, "--reasoning-budget")
+        kwargs = _flag_value(args, "--chat-template-kwargs") or ""
+        kwargs_thinking = re.search(r'"enable_thinking"\s*:\s*(true|false)', kwargs)
+        if kwargs_thinking:
+            thinking = "on" if kwargs_thinking.group(1) == "true" else "off"
+        elif reasoning is not None and reasoning.strip().lower() in _OFF | _ON:
+            thinking = _switch(reasoning)
+        elif budget is not None and budget.strip() == "0":
+            thinking = "off"
+    return {"model_family": family, "server_build": build, "spec": spec, "thinking": thinking}
+
+
+def signature(
+    finding_kinds: Iterable[str], confirmed_causes: Iterable[str], stack: Mapping[str, Any]
+) -> Signature:
+    """The signature of an exchange or incident (see `stack_fingerprint` for `stack`)."""
+    return Signature(
+        kinds=frozenset(k.strip() for k in finding_kinds if k and k.strip()),
+        causes=frozenset(c.strip() for c in confirmed_causes if c and c.strip()),
+        **stack_fingerprint(stack),
+    )
+
+
+def incident_stack(incident: Incident) -> dict[str, Any]:
+    """The stack dict of a stored incident: its stack columns plus its free-form extras."""
+    return {
+        "model": incident.model,
+        "weights": incident.weights,
+        "server_build": incident.server_build,
+        "flags": list(incident.flags or []),
+        **(incident.stack or {}),
+    }
+
+
+def _elements(sig: Signature, *, as_query: bool = False) -> dict[str, float]:
+    causes = sig.compared_causes() if as_query else sig.causes
+    elements = {f"kind:{kind}": WEIGHTS["kind"] for kind in sig.kinds}
+    elements.update({f"cause:{cause}": WEIGHTS["cause"] for cause in causes})
+    for name, value in sig.fingerprint().items():
+        if value:
+            elements[f"{name}={value}"] = WEIGHTS[name]
+    return elements
+
+
+def _compared(query: Signature) -> set[str]:
+    dims = {name for name, value in query.fingerprint().items() if value}
+    if query.kinds:
+        dims.add("kinds")
+    if query.compared_causes():
+        dims.add("causes")
+    return dims
+
+
+def _dimension(element: str) -> str:
+    if element.startswith("kind:"):
+        return "kinds"
+    if element.startswith("cause:"):
+        return "causes"
+    return element.split("=", 1)[0]
+
+
+def similarity(query: Signature, past: Signature) -> float:
+    """Weighted Jaccard of two signatures over the dimensions the query knows (see module)."""
+    dims = _compared(query)
+    mine = _elements(query, as_query=True)
+    theirs = {e: w for e, w in _elements(past).items() if _dimension(e) in dims}
+    shared = sum(weight for element, weight in mine.items() if element in theirs)
+    union = sum(mine.values()) + sum(theirs.values()) - shared
+    return shared / union if union > 0 else 0.0
+
+
+# ------------------------------------------------------------------ stored signatures
+
+
+def _split(text: str) -> frozenset[str]:
+    return frozenset(part for part in (text or "").split(",") if part)
+
+
+def _from_row(row: Any) -> Signature:
+    return Signature(
+        kinds=_split(row.kinds),
+        causes=_split(row.causes),
+        model_family=row.model_family,
+        server_build=row.server_build,
+        spec=row.spec,
+        thinking=row.thinking,
+    )
+
+
+def _computed(session: Session, incident_ids: Sequence[int]) -> dict[int, Signature]:
+    """Signatures of stored incidents computed from their rows (three queries)."""
+    if not incident_ids:
+        return {}
+    ids = list(incident_ids)
+    kinds: dict[int, set[str]] = {i: set() for i in ids}
+    causes: dict[int, set[str]] = {i: set() for i in ids}
+    for incident_id, kind in session.exec(
+        select(Symptom.incident_id, Symptom.kind).where(Symptom.incident_id.in_(ids))  # type: ignore[attr-defined]
+    ).all():
+        if kind:
+            kinds[incident_id].add(kind)
+    for incident_id, catalogue_id in session.exec(
+        select(Cause.incident_id, Cause.catalogue_id).where(
+            Cause.incident_id.in_(ids),  # type: ignore[attr-defined]
+            Cause.status == "confirmed",
+        )
+    ).all():
+        causes[incident_id].add(catalogue_id)
+    incidents = session.exec(select(Incident).where(Incident.id.in_(ids))).all()  # type: ignore[union-attr]
+    return {
+        incident.id: signature(kinds[incident.id], causes[incident.id], incident_stack(incident))
+        for incident in incidents
+        if incident.id is not None
+    }
+
+
+def incident_signature(session: Session, slug: str) -> Signature:
+    """The signature of a stored incident, from its current rows."""
+    incident = require_incident(session, slug)
+    assert incident.id is not None
+    return _computed(session, [incident.id])[incident.id]
+
+
+def _row_values(sig: Signature) -> dict[str, Any]:
+    return {
+        "stale": False,
+        "kinds_mask": sum(KIND_BITS.get(kind, 0) for kind in sig.kinds),
+        "causes_mask": sum(CAUSE_BITS.get(cause, 0) for cause in sig.causes),
+        # Kinds and causes are ids without commas (schema: [A-Za-z0-9._-]); drop any that
+        # are not, rather than corrupt the list.
+        "kinds": ",".join(sorted(k for k in sig.kinds if "," not in k)),
+        "causes": ",".join(sorted(c for c in sig.causes if "," not in c)),
+        "model_family": sig.model_family[:50],
+        "server_build": sig.server_build[:50],
+        "spec": sig.spec[:8],
+        "thinking": sig.thinking[:8],
+        "kinds_count": len(sig.kinds),
+        "causes_count": len(sig.causes),
+    }
+
+
+def refresh_signatures(
+    session: Session, incident_ids: Iterable[int] | None = None, *, batch: int = 2000
+) -> int:
+    """Recompute stale signatures (or those of `incident_ids`); the number written.
+
+    Rows are locked before the incident's rows are read (PostgreSQL), so a writer that
+    changes the incident meanwhile waits and marks the row stale again afterwards.
+    """
+    if incident_ids is not None:
+        pending = sorted(set(incident_ids))
+    else:
+        pending = list(
+            session.exec(
+                select(IncidentSignature.incident_id)
+                .where(IncidentSignature.stale == True)  # noqa: E712 (SQL expression)
+                .order_by(IncidentSignature.incident_id)
+            ).all()
+        )
+    written = 0
+    statement = (
+        update(_SIGNATURES)
+        .where(_SIGNATURES.c.incident_id == bindparam("b_incident_id"))
+        .values({name: bindparam(name) for name in _row_values(Signature())})
+    )
+    for start in range(0, len(pending), batch):
+        chunk = pending[start : start + batch]
+        locked = list(
+            session.exec(
+                select(IncidentSignature.incident_id)
+                .where(IncidentSignature.incident_id.in_(chunk))  # type: ignore[attr-defined]
+                .order_by(IncidentSignature.incident_id)
+                .with_for_update()
+            ).all()
+        )
+        computed = _computed(session, locked)
+        rows = [{"b_incident_id": i, **_row_values(sig)} for i, sig in computed.items()]
+        if rows:
+            session.connection().execute(statement, rows)
+            written += len(rows)
+    return written
+
+
+# ------------------------------------------------------------------ matching
+
+
+def _contains(column: Any, item: str) -> ColumnElement[bool]:
+    """`item` is one of the comma-separated ids in `column` (exact, no wildcards)."""
+    return (literal(",") + column + literal(",")).contains(f",{item},", autoescape=True)
+
+
+def _score_expression(query: Signature) -> ColumnElement[float]:
+    """SQL for `similarity(query, row)`, the same formula as the Python function."""
+    t = _SIGNATURES.c
+    zero = literal_column("0.0")
+    shared: list[ColumnElement[Any]] = []
+    theirs: list[ColumnElement[Any]] = []
+    for kind in sorted(query.kinds):
+        test = (
+            t.kinds_mask.op("&")(literal_column(str(KIND_BITS[kind]))) != 0
+            if kind in KIND_BITS
+            else _contains(t.kinds, kind)
+        )
+        shared.append(case((test, literal(WEIGHTS["kind"], Float)), else_=zero))
+    for cause in sorted(query.compared_causes()):
+        test = (
+            t.causes_mask.op("&")(literal_column(str(CAUSE_BITS[cause]))) != 0
+            if cause in CAUSE_BITS
+            else _contains(t.causes, cause)
+        )
+        shared.append(case((test, literal(WEIGHTS["cause"], Float)), else_=zero))
+    if query.kinds:
+        theirs.append(cast(t.kinds_count, Float) * literal(WEIGHTS["kind"], Float))
+    if query.compared_causes():
+        theirs.append(cast(t.causes_count, Float) * literal(WEIGHTS["cause"], Float))
+    for name, value in query.fingerprint().items():
+        if not value:
+            continue
+        column = t[name]
+        weight = literal(WEIGHTS[name], Float)
+        shared.append(case((column == value, weight), else_=zero))
+        theirs.append(case((column != "", weight), else_=zero))
+    mine = sum(_elements(query, as_query=True).values())
+    shared_sum = sum(shared[1:], shared[0]) if shared else zero
+    theirs_sum = sum(theirs[1:], theirs[0]) if theirs else zero
+    union = literal(mine, Float) + theirs_sum - shared_sum
+    return case((union > 0, shared_sum / union), else_=zero)
+
+
+def _linked_incidents(session: Session, incident_id: int, others: Sequence[int]) -> set[int]:
+    """Which of `others` share a FamilyLink (either direction) with `incident_id`."""
+    if not others:
+        return set()
+    from_cause = Cause.__table__.alias("from_cause")  # type: ignore[attr-defined]
+    to_cause = Cause.__table__.alias("to_cause")  # type: ignore[attr-defined]
+    links = FamilyLink.__table__  # type: ignore[attr-defined]
+    statement = (
+        select(from_cause.c.incident_id, to_cause.c.incident_id)
+        .select_from(links)
+        .join(from_cause, from_cause.c.id == links.c.from_cause_id)
+        .join(to_cause, to_cause.c.id == links.c.to_cause_id)
+        .where(
+            or_(
+                and_(
+                    from_cause.c.incident_id == incident_id,
+                    to_cause.c.incident_id.in_(list(others)),
+                ),
+                and_(
+                    to_cause.c.incident_id == incident_id,
+                    from_cause.c.incident_id.in_(list(others)),
+                ),
+            )
+        )
+    )
+    linked: set[int] = set()
+    for a, b in session.connection().execute(statement):
+        linked.add(b if a == incident_id else a)
+    return linked
+
+
+def similar_incidents(
+    session: Session,
+    query: Signature,
+    limit: int = 10,
+    *,
+    exclude_slug: Optional[str] = None,
+    min_score: float = 0.1,
+) -> list[FamilyMatch]:
+    """Past incidents most similar to `query`, best first (score >= `min_score`).
+
+    `exclude_slug` leaves out the incident the query came from and reports which matches
+    are already linked to it as the same family.
+    """
+    limit = max(1, int(limit))
+    if not _elements(query, as_query=True):
+        return []
+    exclude_id: int | None = None
+    if exclude_slug is not None:
+        exclude_id = require_incident(session, exclude_slug).id
+    t = _SIGNATURES.c
+    score = _score_expression(query).label("score")
+    statement = (
+        select(
+            t.incident_id,
+            score,
+            t.kinds,
+            t.causes,
+            t.model_family,
+            t.server_build,
+            t.spec,
+            t.thinking,
+        )
+        .where(t.stale == False)  # noqa: E712 (SQL expression)
+        .order_by(score.desc(), t.incident_id.desc())
+        .limit(limit)
+    )
+    if exclude_id is not None:
+        statement = statement.where(t.incident_id != exclude_id)
+    scored: dict[int, tuple[float, Signature]] = {}
+    for row in session.connection().execute(statement):
+        scored[int(row.incident_id)] = (float(row.score), _from_row(row))
+
+    # Stale rows: scored from the incident's rows, with the Python formula.
+    stale_ids = [
+        i
+        for i in session.exec(
+            select(IncidentSignature.incident_id).where(
+                IncidentSignature.stale == True  # noqa: E712 (SQL expression)
+            )
+        ).all()
+        if i != exclude_id
+    ]
+    for incident_id, sig in _computed(session, stale_ids).items():
+        scored[incident_id] = (similarity(query, sig), sig)
+
+    ranked = sorted(scored.items(), key=lambda item: (-item[1][0], -item[0]))
+    ranked = [item for item in ranked if item[1][0] >= min_score][:limit]
+    if not ranked:
+        return []
+    ids = [incident_id for incident_id, _ in ranked]
+    incidents = {
+        row[0]: row
+        for row in session.exec(
+            select(Incident.id, Incident.slug, Incident.title, Incident.status).where(
+                Incident.id.in_(ids)  # type: ignore[union-attr]
+            )
+        ).all()
+    }
+    linked = _linked_incidents(session, exclude_id, ids) if exclude_id is not None else set()
+    matches = []
+    query_stack = query.fingerprint()
+    for incident_id, (value_score, sig) in ranked:
+        if incident_id not in incidents:
+            continue
+        _id, slug, title, status = incidents[incident_id]
+        matches.append(
+            FamilyMatch(
+                slug=slug,
+                title=title,
+                status=status,
+                score=round(value_score, 4),
+                shared_kinds=sorted(query.kinds & sig.kinds),
+                shared_causes=sorted(query.compared_causes() & sig.causes),
+                shared_stack=[
+                    f"{name}={value}"
+                    for name, value in sig.fingerprint().items()
+                    if value and query_stack[name] == value
+                ],
+                confirmed_causes=sorted(sig.causes),
+                model_family=sig.model_family,
+                linked=incident_id in linked,
+            )
+        )
+    return matches
+
+
+# ------------------------------------------------------------------ family links
+
+
+def _cause(session: Session, incident: Incident, cause: str) -> Cause:
+    """A cause of `incident` by key, else by catalogue id if exactly one cause has it."""
+    rows = session.exec(
+        select(Cause).where(
+            Cause.incident_id == incident.id,
+            or_(Cause.key == cause, Cause.catalogue_id == cause),  # type: ignore[arg-type]
+        )
+    ).all()
+    by_key = [row for row in rows if row.key == cause]
+    if by_key:
+        return by_key[0]
+    if len(rows) == 1:
+        return rows[0]
+    if not rows:
+        raise StoreError(f"incident {incident.slug!r} has no cause {cause!r}")
+    keys = sorted(row.key for row in rows)
+    raise StoreError(f"incident {incident.slug!r}: {cause!r} is ambiguous (causes {keys})")
+
+
+def link_family(
+    session: Session,
+    from_slug: str,
+    from_cause: str,
+    to_slug: str,
+    to_cause: str,
+    note: str = "",
+) -> FamilyLink:
+    """Record that a cause of one incident is the same failure family as a cause of another.
+
+    Causes are named by key or catalogue id. Links are undirected: if the pair is already
+    linked either way, that link is returned (its note replaced when `note` is given).
+    """
+    source = require_incident(session, from_slug)
+    target = require_incident(session, to_slug)
+    if source.id == target.id:
+        raise StoreError("a family link joins causes of two different incidents")
+    a = _cause(session, source, from_cause)
+    b = _cause(session, target, to_cause)
+    assert a.id is not None and b.id is not None
+    existing = session.exec(
+        select(FamilyLink).where(
+            or_(
+                and_(FamilyLink.from_cause_id == a.id, FamilyLink.to_cause_id == b.id),
+                and_(FamilyLink.from_cause_id == b.id, FamilyLink.to_cause_id == a.id),
+            )
+        )
+    ).first()
+    if existing is not None:
+        if note and existing.note != note:
+            existing.note = note
+            session.add(existing)
+            session.flush()
+        return existing
+    link = FamilyLink(from_cause_id=a.id, to_cause_id=b.id, note=note)
+    session.add(link)
+    session.flush()
+    return link

@@ -39,6 +39,7 @@ __all__ = [
     "parse_pair",
     "parse_pair_document",
     "parse_sse",
+    "read_file",
     "redact_headers",
     "redact_json",
     "redact_text",
@@ -1005,8 +1006,8 @@ def _reassemble_sse(
         raise CaptureError(
             file, line_offset + 1 if line_offset else None, "SSE transcript has no data events"
         )
-    if state.chunks == 0 and state.error is None and not state.cut_mid_event:
-        if state.done:
+    if not state.choices and state.error is None and not state.cut_mid_event:
+        if state.done and state.chunks == 0:
             raise CaptureError(file, None, "SSE transcript holds only [DONE], no chunks")
         raise CaptureError(file, None, "SSE transcript has no chat completion chunks")
     response = state.response()
@@ -1148,9 +1149,9 @@ def _exchange_from_record(
                 where("$.response"),
                 "no response, and no status, error or timeout to explain it",
             )
-        body = _Body(
-            error=_normalise_error(raw_error, in_stream=False) if raw_error is not None else None
-        )
+        # A timeout explains the missing body; its error text is not a server error.
+        explained = raw_error is not None and not timed_out
+        body = _Body(error=_normalise_error(raw_error, in_stream=False) if explained else None)
         if status is not None and status >= 400 and body.error is None:
             body.error = {
                 "message": f"HTTP {status}",
@@ -1759,7 +1760,7 @@ def _har_entry(
         )
     if isinstance(content, dict) and content.get("encoding") == "base64":
         try:
-            decoded = base64.b64decode(body_text, validate=False)
+            decoded = base64.b64decode("".join(body_text.split()), validate=True)
         except (binascii.Error, ValueError):
             raise CaptureError(
                 file, f"{path}.response.content.text", "response body is not valid base64"
@@ -1830,13 +1831,15 @@ def detect_format(data: bytes | str, file: str = "") -> str:
     return "pair"
 
 
-def _read_file(path: str | Path) -> bytes:
+def read_file(path: str | Path) -> bytes:
+    """A capture file's bytes, refusing directories and files over MAX_CAPTURE_BYTES."""
     p = Path(path)
     name = str(path)
     try:
         size = p.stat().st_size
-    except OSError as exc:
-        raise CaptureError(name, None, f"cannot open: {exc.strerror or exc}") from None
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise CaptureError(name, None, f"cannot open: {reason}") from None
     if p.is_dir():
         raise CaptureError(name, None, "is a directory")
     if size > MAX_CAPTURE_BYTES:
@@ -1907,9 +1910,9 @@ def load_file(
 ) -> list[Exchange]:
     """Read a capture file (and its companion response/request file) into exchanges."""
     name = str(path)
-    data = _read_file(path)
-    response_data = _read_file(response) if response is not None else None
-    request_data = _read_file(request) if request is not None else None
+    data = read_file(path)
+    response_data = read_file(response) if response is not None else None
+    request_data = read_file(request) if request is not None else None
     return parse(
         data,
         format=format,

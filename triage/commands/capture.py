@@ -1,0 +1,311 @@
+"""`triage capture` (store failing exchanges as evidence) and `triage check` (classify only)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from sqlalchemy.exc import SQLAlchemyError
+
+from kb.store import Store, StoreError, add_evidence, get_incident, redact_url
+from triage.capture import (
+    FORMATS,
+    CaptureError,
+    Exchange,
+    detect_format,
+    parse,
+    read_file,
+)
+from triage.symptoms import Finding, classify
+
+FORMAT_CHOICES = ("auto", *FORMATS)
+# Exit status for bad input or a refused write (click's own usage errors also exit 2).
+EXIT_INPUT_ERROR = 2
+
+
+@dataclass
+class Classified:
+    """One captured exchange and its findings."""
+
+    exchange: Exchange
+    findings: list[Finding]
+
+    @property
+    def symptoms(self) -> list[str]:
+        return [f.kind for f in self.findings if not f.passed]
+
+    def label(self) -> str:
+        where = f" ({self.exchange.location})" if self.exchange.location else ""
+        return f"{self.exchange.source_file}#{self.exchange.index}{where}"
+
+    def to_dict(self) -> dict[str, Any]:
+        ex = self.exchange
+        return {
+            "file": ex.source_file,
+            "index": ex.index,
+            "location": ex.location,
+            "format": ex.source_format,
+            "status": ex.status,
+            "sha256": ex.sha256,
+            "symptoms": self.symptoms,
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(EXIT_INPUT_ERROR)
+
+
+def _kind(data: bytes, path: Path, fmt: str) -> str:
+    """The role of one file: a format, or a bare `request` / `response` body."""
+    detected = detect_format(data, str(path))
+    if fmt == "auto":
+        return detected
+    if fmt == "pair":
+        return detected if detected in ("request", "response") else "pair"
+    return fmt
+
+
+def collect(
+    files: tuple[Path, ...],
+    fmt: str,
+    request: Path | None,
+    response: Path | None,
+) -> list[Exchange]:
+    """Parse every file (pairing bare request/response bodies); raises CaptureError."""
+    if not files and request is None and response is None:
+        raise click.UsageError("give at least one FILE (or --request REQ --response RESP)")
+    if not files:
+        if request is None or response is None:
+            raise click.UsageError("without FILE arguments give both --request and --response")
+        return parse(
+            read_file(response),
+            format="pair",
+            file=str(response),
+            request=read_file(request),
+            request_file=str(request),
+        )
+    loaded = [(path, read_file(path)) for path in files]
+    kinds = [_kind(data, path, fmt) for path, data in loaded]
+    request_data = read_file(request) if request is not None else None
+    response_data = read_file(response) if response is not None else None
+    used = {"request": request is None, "response": response is None}
+    exchanges: list[Exchange] = []
+    i = 0
+    while i < len(loaded):
+        path, data = loaded[i]
+        kind = kinds[i]
+        if kind == "request":
+            # Its response: the next FILE (two-file pair), else --response.
+            if i + 1 < len(loaded) and kinds[i + 1] in ("response", "pair", "sse"):
+                next_path, next_data = loaded[i + 1]
+                exchanges += parse(
+                    next_data,
+                    format="sse" if kinds[i + 1] == "sse" else "pair",
+                    file=str(next_path),
+                    request=data,
+                    request_file=str(path),
+                )
+                i += 2
+                continue
+            if response_data is None or used["response"]:
+                raise CaptureError(
+                    str(path),
+                    None,
+                    "this is a request body: give its response as the next FILE or --response",
+                )
+            used["response"] = True
+            exchanges += parse(
+                data,
+                format="pair",
+                file=str(path),
+                response=response_data,
+                response_file=str(response),
+            )
+        elif kind in ("response", "sse"):
+            attach = request_data if request_data is not None and not used["request"] else None
+            if attach is not None:
+                used["request"] = True
+            exchanges += parse(
+                data,
+                format="sse" if kind == "sse" else "pair",
+                file=str(path),
+                request=attach,
+                request_file=str(request) if attach is not None else None,
+            )
+        elif kind == "curl":
+            attach = response_data if response_data is not None and not used["response"] else None
+            if attach is not None:
+                used["response"] = True
+            exchanges += parse(
+                data,
+                format="curl",
+                file=str(path),
+                response=attach,
+                response_file=str(response) if attach is not None else None,
+                base_dir=path.parent,
+            )
+        else:
+            exchanges += parse(data, format=kind, file=str(path), base_dir=path.parent)
+        i += 1
+    if not used["response"]:
+        raise click.UsageError(f"--response {response} was not used by any FILE")
+    if not used["request"]:
+        raise click.UsageError(f"--request {request} was not used by any FILE")
+    return exchanges
+
+
+def _classify_all(exchanges: list[Exchange]) -> list[Classified]:
+    return [Classified(ex, classify(ex)) for ex in exchanges]
+
+
+def _print_human(items: list[Classified], stored: dict[int, str] | None = None) -> None:
+    for n, item in enumerate(items):
+        ex = item.exchange
+        status = f"HTTP {ex.status}" if ex.status else "HTTP ?"
+        parts = [item.label(), f"[{ex.source_format}]", status]
+        if stored is not None:
+            parts.append(f"-> {stored[n]}")
+        failed = [f for f in item.findings if not f.passed]
+        verdict = ("FAIL: " + ", ".join(item.symptoms)) if failed else "ok: no symptoms"
+        click.echo(f"{' '.join(parts)}  {verdict}")
+        for finding in failed:
+            where = f"  at {finding.where}" if finding.where else ""
+            click.echo(f"  x {finding.kind:<27} {finding.reason}{where}")
+
+
+def _options(func: Any) -> Any:
+    func = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")(func)
+    func = click.option(
+        "--response",
+        "response",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="Response body for a curl FILE or a bare request FILE.",
+    )(func)
+    func = click.option(
+        "--request",
+        "request",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="Request body for a bare response FILE or an SSE transcript.",
+    )(func)
+    func = click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(FORMAT_CHOICES),
+        default="auto",
+        show_default=True,
+        help="Input format (auto-detected by default).",
+    )(func)
+    func = click.argument("files", nargs=-1, type=click.Path(path_type=Path))(func)
+    return func
+
+
+@click.command("check")
+@_options
+def check_command(
+    files: tuple[Path, ...],
+    fmt: str,
+    request: Path | None,
+    response: Path | None,
+    as_json: bool,
+) -> None:
+    """Classify captured exchanges and print their findings (nothing is stored).
+
+    FILE is a JSON request/response pair ({"request":..,"response":..} or a request FILE
+    followed by its response FILE), a curl command (with --response or its output pasted
+    after it), an SSE transcript, a HAR file or a JSONL log. Bad input exits with status 2.
+    """
+    try:
+        exchanges = collect(files, fmt, request, response)
+    except CaptureError as exc:
+        _fail(str(exc))
+    items = _classify_all(exchanges)
+    if as_json:
+        click.echo(json.dumps([item.to_dict() for item in items], indent=2, ensure_ascii=False))
+    else:
+        _print_human(items)
+
+
+@click.command("capture")
+@_options
+@click.option("--incident", "incident_slug", help="Attach the evidence to this incident.")
+@click.pass_context
+def capture_command(
+    ctx: click.Context,
+    files: tuple[Path, ...],
+    fmt: str,
+    request: Path | None,
+    response: Path | None,
+    as_json: bool,
+    incident_slug: str | None,
+) -> None:
+    """Store captured exchanges (redacted, with their findings) as evidence.
+
+    Accepts the same inputs as `triage check`. All files go in one transaction: on any
+    error nothing is stored and the message names the file and the line or JSON path.
+    """
+    try:
+        exchanges = collect(files, fmt, request, response)
+    except CaptureError as exc:
+        _fail(str(exc))
+    items = _classify_all(exchanges)
+    url = (ctx.obj or {}).get("database")
+    keys: dict[int, str] = {}
+    try:
+        store = Store(url)
+    except SQLAlchemyError as exc:
+        _fail(f"cannot open the knowledge base: {exc.__class__.__name__}")
+    try:
+        with store.session() as session:
+            incident_id = None
+            if incident_slug:
+                incident = get_incident(session, incident_slug)
+                if incident is None:
+                    raise StoreError(f"no incident with slug {incident_slug!r}")
+                incident_id = incident.id
+            for n, item in enumerate(items):
+                ex = item.exchange
+                kinds = ", ".join(item.symptoms) or "no symptoms"
+                evidence = add_evidence(
+                    session,
+                    incident_id=incident_id,
+                    kind="exchange",
+                    summary=f"captured {ex.source_format} exchange {item.label()}: {kinds}",
+                    payload={
+                        "exchange": ex.to_dict(),
+                        "findings": [f.to_dict() for f in item.findings],
+                        "symptoms": item.symptoms,
+                    },
+                    source=f"{ex.source_format}:{ex.source_file}"
+                    + (f":{ex.location}" if ex.location else ""),
+                )
+                keys[n] = evidence.key
+    except StoreError as exc:
+        _fail(str(exc))
+    except SQLAlchemyError as exc:
+        _fail(f"database error on {redact_url(store.url)}: {exc.__class__.__name__}")
+    finally:
+        store.close()
+    if as_json:
+        out = []
+        for n, item in enumerate(items):
+            data = item.to_dict()
+            data["evidence"] = keys[n]
+            data["incident"] = incident_slug
+            out.append(data)
+        click.echo(json.dumps(out, indent=2, ensure_ascii=False))
+    else:
+        _print_human(items, keys)
+        target = f" on incident {incident_slug}" if incident_slug else ""
+        click.echo(f"stored {len(items)} exchange(s){target}")
+
+
+def register(group: click.Group) -> None:
+    """Add `capture` and `check` to the CLI group."""
+    group.add_command(capture_command)
+    group.add_command(check_command)

@@ -1,0 +1,228 @@
+"""What the UI writes, and the one adapter to the engine.
+
+Pages call these; each write is one `kb` transaction. Decisions go through
+`kb.decisions.record_decision` (the same rules as `triage decide`); a status override goes
+through `kb.store.record_status_change`, so it lands in the cause's history like an engine
+change.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+from sqlmodel import col, select
+
+from kb import decisions as kb_decisions
+from kb.models import CAUSE_STATUSES, DECISION_KINDS, Cause
+from kb.store import Store, StoreError, record_status_change, require_incident
+
+
+class ActionError(Exception):
+    """A write the UI refuses before it reaches the store; the message says what is missing."""
+
+
+@dataclass
+class DecisionInput:
+    """A decision as typed into the Incident page's form."""
+
+    kind: str
+    by: str
+    rationale: str
+    tradeoff: str = ""
+    fix: str = ""
+    revisit_on: date | None = None
+    # Triggers in the CLI's syntax (kb.decisions.TRIGGER_SYNTAX), one per entry.
+    triggers: list[str] = field(default_factory=list)
+    evidence_keys: list[str] = field(default_factory=list)
+    # Record a FIXED decision even when the evidence does not verify it (labelled unverified).
+    force: bool = False
+
+    def problems(self) -> list[str]:
+        """What the form is missing, before kb checks the rest (status, evidence, triggers)."""
+        found = []
+        if self.kind not in DECISION_KINDS:
+            found.append(f"decision must be one of {', '.join(DECISION_KINDS)}")
+        if not self.by.strip():
+            found.append("say who decides")
+        if not self.rationale.strip():
+            found.append("say why")
+        return found
+
+
+def record_decision(store: Store, slug: str, decision: DecisionInput) -> None:
+    """Record PARKED / FIXED / REOPENED through kb.decisions (which moves the incident status)."""
+    problems = decision.problems()
+    if problems:
+        raise ActionError("; ".join(problems))
+    with store.session() as session:
+        kb_decisions.record_decision(
+            session,
+            slug,
+            decision.kind,
+            rationale=decision.rationale,
+            tradeoff=decision.tradeoff,
+            fix=decision.fix,
+            by=decision.by,
+            revisit_on=decision.revisit_on,
+            triggers=[t.strip() for t in decision.triggers if t.strip()],
+            evidence_keys=decision.evidence_keys,
+            force=decision.force,
+        )
+
+
+def override_cause_status(
+    store: Store,
+    slug: str,
+    cause_key: str,
+    to_status: str,
+    *,
+    actor: str,
+    rationale: str,
+    evidence_keys: list[str] | None = None,
+) -> None:
+    """A person moves a cause to another status; kept in the cause's history like any change."""
+    if to_status not in CAUSE_STATUSES:
+        raise ActionError(f"status must be one of {', '.join(CAUSE_STATUSES)}")
+    if not actor.strip():
+        raise ActionError("say who changes the status")
+    if not rationale.strip():
+        raise ActionError("say why the status changes")
+    with store.session() as session:
+        incident = require_incident(session, slug)
+        cause = session.exec(
+            select(Cause).where(Cause.incident_id == incident.id, col(Cause.key) == cause_key)
+        ).first()
+        if cause is None:
+            raise StoreError(f"{slug}: no cause {cause_key!r}")
+        if cause.status == to_status:
+            raise ActionError(f"cause {cause_key!r} is already {to_status}")
+        record_status_change(
+            session,
+            cause,
+            to_status,
+            actor=actor.strip(),
+            rationale=rationale.strip(),
+            evidence_keys=list(evidence_keys or []),
+        )
+
+
+# --------------------------------------------------------------------------- new triage
+
+
+class EngineUnavailable(Exception):
+    """The engine (or the capture layer) is not installed in this build."""
+
+
+@dataclass
+class TriageInput:
+    exchange: bytes
+    exchange_name: str
+    stack_text: str
+    stack_base: Path
+    exchange_format: str = "auto"
+    response: bytes | None = None
+    exchange_index: int = 0
+
+
+def prepare(triage: TriageInput) -> tuple[Any, Any]:
+    """Parse and validate the exchange and the stack; raises ValueError with a readable message."""
+    try:
+        capture = importlib.import_module("triage.capture")
+        stackfile = importlib.import_module("triage.stackfile")
+    except ModuleNotFoundError as exc:
+        raise EngineUnavailable(f"{exc.name} is not installed yet") from exc
+    if not triage.exchange.strip():
+        raise ValueError("paste or upload the failing exchange")
+    if not triage.stack_text.strip():
+        raise ValueError("paste or upload the stack file (stack.toml)")
+    try:
+        exchanges = capture.parse(
+            triage.exchange,
+            format=triage.exchange_format,
+            file=triage.exchange_name,
+            response=triage.response,
+            base_dir=triage.stack_base,
+        )
+    except capture.CaptureError as exc:
+        raise ValueError(f"exchange: {exc}") from exc
+    if not exchanges:
+        raise ValueError("exchange: the capture holds no exchange")
+    if not 0 <= triage.exchange_index < len(exchanges):
+        raise ValueError(
+            f"exchange: pick an exchange between 1 and {len(exchanges)} (the capture holds "
+            f"{len(exchanges)})"
+        )
+    try:
+        stack = stackfile.parse_stack(
+            triage.stack_text, base=triage.stack_base, source="stack.toml"
+        )
+    except stackfile.StackError as exc:
+        raise ValueError(f"stack: {exc}") from exc
+    return exchanges[triage.exchange_index], stack
+
+
+Progress = Callable[[float, str], None]
+
+
+def _progress_adapter(report: Progress) -> Callable[[Any], None]:
+    """The engine's ProgressEvent(stage, message, done, total) as (fraction, text)."""
+    state = {"fraction": 0.0}
+
+    def callback(event: Any) -> None:
+        done = getattr(event, "done", 0) or 0
+        total = getattr(event, "total", 0) or 0
+        if total:
+            state["fraction"] = min(1.0, max(state["fraction"], float(done) / float(total)))
+        stage = str(getattr(event, "stage", "") or "")
+        message = str(getattr(event, "message", "") or "")
+        report(state["fraction"], f"{stage}: {message}" if stage and message else stage or message)
+
+    return callback
+
+
+def _finding_dict(finding: Any) -> dict[str, Any]:
+    data = finding.to_dict() if hasattr(finding, "to_dict") else dict(finding)
+    return {k: data.get(k) for k in ("kind", "passed", "score", "reason", "where")}
+
+
+def run_triage(
+    store: Store,
+    exchange: Any,
+    stack: Any,
+    progress: Progress,
+    *,
+    max_requests: int | None = None,
+    incident: str | None = None,
+) -> dict[str, Any]:
+    """Classify the exchange, run the engine's probes, return the diagnosis (with `incident`)."""
+    try:
+        engine = importlib.import_module("triage.engine")
+        symptoms = importlib.import_module("triage.symptoms")
+    except ModuleNotFoundError as exc:
+        if exc.name in ("triage.engine", "triage.symptoms"):
+            raise EngineUnavailable(f"{exc.name} is not installed yet") from exc
+        raise
+    options = engine.DiagnoseOptions()
+    if max_requests:
+        options.max_requests = int(max_requests)
+    findings = [_finding_dict(f) for f in symptoms.classify(exchange)]
+    try:
+        diagnosis: dict[str, Any] = engine.diagnose(
+            store,
+            stack,
+            exchange.request,
+            exchange=exchange.to_dict(),
+            findings=findings,
+            incident=incident or None,
+            options=options,
+            progress=_progress_adapter(progress),
+        )
+    except (engine.EngineError, StoreError) as exc:
+        raise ValueError(f"engine: {exc}") from exc
+    progress(1.0, "done")
+    return diagnosis

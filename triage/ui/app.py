@@ -1,0 +1,21 @@
+"""Streamlit entry point (`triage ui`): the pages of the knowledge base and the engine."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+st.set_page_config(page_title="triage", page_icon=":material/troubleshoot:", layout="wide")
+
+PAGES = [
+    st.Page("pages/incidents.py", title="Incidents", icon=":material/list:", default=True),
+    st.Page("pages/incident.py", title="Incident", icon=":material/troubleshoot:",
+            url_path="incident"),
+    st.Page("pages/new_triage.py", title="New triage", icon=":material/add_circle:",
+            url_path="new-triage"),
+    st.Page("pages/decisions.py", title="Decision log", icon=":material/gavel:",
+            url_path="decisions"),
+    st.Page("pages/retrospective.py", title="Retrospective", icon=":material/history_edu:",
+            url_path="retrospective"),
+]
+
+st.navigation(PAGES).run()

@@ -1,0 +1,83 @@
+"""Decision log: every PARKED / FIXED / REOPENED decision; overdue parked incidents first."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from triage.ui import data, nav
+from triage.ui.text import md_escape
+
+st.title("Decision log")
+store = data.get_store()
+on = data.today()
+entries = data.decision_log(store, on=on)
+overdue = [entry for entry in entries if entry.overdue]
+
+st.caption(f"{len(entries)} decision(s) · today is {on.isoformat()}")
+if overdue:
+    st.subheader(f"Overdue ({len(overdue)})")
+    for entry in overdue:
+        with st.container(border=True):
+            st.error(
+                f"**OVERDUE** ({entry.state}) · {md_escape(entry.slug)} -- "
+                + md_escape("; ".join(entry.reasons)),
+                icon=":material/alarm:",
+            )
+            st.markdown(
+                f"**{md_escape(entry.title)}**  \n"
+                f"PARKED {md_escape(entry.at.date().isoformat())}"
+                + (f" by {md_escape(entry.by)}" if entry.by else "")
+                + f": {md_escape(entry.rationale)}"
+            )
+            if entry.tradeoff:
+                st.markdown(f"Tradeoff: {md_escape(entry.tradeoff)}")
+            st.page_link(nav.INCIDENT, label="Open the incident", icon=":material/open_in_new:",
+                         query_params={"slug": entry.slug})
+else:
+    st.success("No parked incident is past its revisit date or trigger.")
+
+st.subheader("All decisions")
+if not entries:
+    st.info("No decisions recorded yet.")
+else:
+    newest_first = st.toggle("Newest first", value=False, key="decisions_newest_first")
+    rest = [entry for entry in entries if not entry.overdue]
+    ordered = overdue + (list(reversed(rest)) if newest_first else rest)
+    table = pd.DataFrame(
+        [
+            {
+                "Overdue": "OVERDUE" if entry.overdue else "",
+                "Revisit state": entry.state,
+                "At": entry.at,
+                "Decision": entry.kind + ("" if entry.kind != "FIXED" or entry.verified
+                                          else " (unverified)"),
+                "Incident": entry.slug,
+                "Title": entry.title,
+                "By": entry.by,
+                "Rationale": entry.rationale,
+                "Tradeoff": entry.tradeoff,
+                "Fix": entry.fix,
+                "Revisit on": entry.revisit_on,
+                "Triggers": "; ".join(data.describe_trigger(t) for t in entry.triggers),
+                "Current": "latest" if entry.latest else "superseded",
+            }
+            for entry in ordered
+        ]
+    )
+    event = st.dataframe(
+        table,
+        hide_index=True,
+        width="stretch",
+        on_select="rerun",
+        selection_mode="single-row",
+        key="decisions_table",
+        column_config={
+            "At": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm"),
+            "Revisit on": st.column_config.DateColumn(format="YYYY-MM-DD"),
+        },
+    )
+    st.caption("Select a row to open its incident.")
+    if event is not None and event.selection.rows:
+        st.switch_page(nav.INCIDENT,
+                       query_params={"slug": ordered[event.selection.rows[0]].slug})

@@ -1,0 +1,522 @@
+"""Incident: the diagnosis, probe arms, cause graph, history, references, and the forms."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from kb import decisions as kb_decisions
+from kb.store import StoreError
+from triage.graph import arm_summaries, build_graph, summary, to_dot
+from triage.ui import actions, data, nav
+from triage.ui.text import markdown_to_html, md_escape, md_link
+
+STATUS_ORDER = ("confirmed", "suspected", "rejected")
+STATUS_ICONS = {"confirmed": "🔴", "suspected": "🟠", "rejected": "⚪"}
+STATUS_MEANING = {
+    "confirmed": "a measurement on record shows it",
+    "suspected": "not ruled out; not shown either",
+    "rejected": "a measurement on record rules it out",
+}
+
+store = data.get_store()
+
+
+def pick_incident() -> str | None:
+    """The incident in the URL (?slug=...), else a picker of recent ones."""
+    slug = st.query_params.get("slug")
+    if slug:
+        return str(slug)
+    st.title("Incident")
+    recent = data.recent_incidents(store)
+    if not recent:
+        st.info("No incidents in the knowledge base yet.")
+        st.page_link(nav.NEW_TRIAGE, label="Start a new triage", icon=":material/add_circle:")
+        return None
+    titles = dict(recent)
+    choice = st.selectbox(
+        "Open an incident",
+        ["", *titles],
+        format_func=lambda value: f"{value} -- {titles[value]}" if value else "choose...",
+    )
+    if choice:
+        st.query_params["slug"] = choice
+        st.rerun()
+    return None
+
+
+def evidence_index(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {str(item.get("id")): item for item in record.get("evidence") or []}
+
+
+def arm_line(payload: dict[str, Any]) -> str:
+    ci = payload.get("ci95") or [None, None]
+    p_value = payload.get("p_value")
+    parts = [
+        f"arm {payload.get('arm')} ({payload.get('variant', '')})",
+        f"{payload.get('failures')}/{payload.get('n')} failed",
+    ]
+    if isinstance(payload.get("rate"), (int, float)):
+        parts.append(f"rate {payload['rate']:.3f}")
+    if ci and ci[0] is not None:
+        parts.append(f"95% CI [{float(ci[0]):.3f}, {float(ci[1]):.3f}]")
+    if isinstance(p_value, (int, float)):
+        parts.append(f"p = {p_value:.3g}")
+    if payload.get("decision"):
+        parts.append(f"-> {payload['decision']}")
+    return " · ".join(parts)
+
+
+def show_evidence(item: dict[str, Any], *, relation: str = "", note: str = "") -> None:
+    """One piece of evidence: summary, numbers, the probe arm, the raw (redacted) payload."""
+    payload = item.get("payload") or {}
+    head = f"**{md_escape(item.get('id'))}** · {md_escape(item.get('kind', ''))}"
+    if relation:
+        head += f" · _{md_escape(relation)}_"
+    st.markdown(f"{head} -- {md_escape(item.get('summary', ''))}")
+    if note:
+        st.caption(md_escape(note))
+    if payload.get("type") == "arm":
+        st.caption(md_escape(arm_line(payload)))
+    if item.get("source") or item.get("recorded_at"):
+        st.caption(
+            md_escape(f"source: {item.get('source') or '-'} · recorded {item.get('recorded_at')}")
+        )
+    if payload:
+        # st.json renders a JSON tree (text only): numbers, arms and redacted exchanges.
+        st.json(payload, expanded=item.get("kind") != "exchange")
+
+
+def header(record: dict[str, Any]) -> None:
+    st.title(md_escape(record.get("title", record["slug"])))
+    stack = record.get("stack") or {}
+    facts = [
+        f"**{md_escape(record['slug'])}**",
+        f"status **{md_escape(record.get('status', ''))}**",
+        f"opened {md_escape(record.get('opened', ''))}",
+    ]
+    if record.get("closed"):
+        facts.append(f"closed {md_escape(record['closed'])}")
+    st.markdown(" · ".join(facts))
+    parked = data.incident_parked_state(store, record["slug"])
+    if parked is not None and parked.due:
+        st.error(
+            f"**OVERDUE** ({parked.state}) -- {md_escape('; '.join(parked.reasons))}",
+            icon=":material/alarm:",
+        )
+    decisions = record.get("decisions") or []
+    if decisions:
+        latest = decisions[-1]
+        line = f"**{latest.get('kind')}** {md_escape(str(latest.get('at', ''))[:10])}"
+        if latest.get("by"):
+            line += f" by {md_escape(latest['by'])}"
+        line += f" -- {md_escape(latest.get('rationale', ''))}"
+        if latest.get("revisit_on"):
+            line += f"  \nRevisit on {md_escape(latest['revisit_on'])}"
+        if latest.get("triggers"):
+            line += "  \nTriggers: " + md_escape(
+                "; ".join(data.describe_trigger(t) for t in latest["triggers"])
+            )
+        st.info(line, icon=":material/gavel:")
+    columns = st.columns(4)
+    for column, (label, key) in zip(
+        columns,
+        [("Model", "model"), ("Weights", "weights"), ("Server build", "server_build"),
+         ("Flags", "flags")],
+        strict=True,
+    ):
+        value = stack.get(key)
+        if isinstance(value, list):
+            value = " ".join(str(v) for v in value)
+        column.caption(label)
+        column.text(str(value or "-"))
+    extra = {k: v for k, v in stack.items() if k not in {"model", "weights", "server_build",
+                                                           "flags"}}
+    if extra:
+        st.caption(md_escape(", ".join(f"{k}: {v}" for k, v in extra.items())))
+    if record.get("summary"):
+        st.markdown(md_escape(record["summary"]))
+    if record.get("impact"):
+        st.markdown(f"**Impact:** {md_escape(record['impact'])}")
+
+
+def diagnosis_tab(record: dict[str, Any]) -> None:
+    causes = record.get("causes") or []
+    evidence = evidence_index(record)
+    symptoms = record.get("symptoms") or []
+    if symptoms:
+        st.subheader("Findings")
+        st.dataframe(
+            pd.DataFrame(
+                [
+                    {
+                        "Id": s.get("id"),
+                        "Kind": s.get("kind", ""),
+                        "Description": s.get("description", ""),
+                        "Observed": json.dumps(s.get("observed") or {}, ensure_ascii=False),
+                        "Evidence": ", ".join(s.get("evidence") or []),
+                    }
+                    for s in symptoms
+                ]
+            ),
+            hide_index=True,
+            width="stretch",
+            key="findings_table",
+        )
+    st.subheader("Causes")
+    if not causes:
+        st.info("No candidate causes recorded.")
+        return
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "Status": c.get("status"),
+                    "Cause": c.get("id"),
+                    "Title": c.get("title", ""),
+                    "Basis": c.get("basis", ""),
+                    "Deciding probe": c.get("deciding_probe", ""),
+                    "Evidence": ", ".join(str(link.get("id")) for link in c.get("evidence") or []),
+                }
+                for status in STATUS_ORDER
+                for c in causes
+                if c.get("status") == status
+            ]
+        ),
+        hide_index=True,
+        width="stretch",
+        key="causes_table",
+    )
+    for status in STATUS_ORDER:
+        group = [c for c in causes if c.get("status") == status]
+        if not group:
+            continue
+        st.markdown(
+            f"#### {STATUS_ICONS[status]} {status.capitalize()} ({len(group)})  \n"
+            f"_{STATUS_MEANING[status]}_"
+        )
+        for cause in group:
+            title = md_escape(cause.get("title", cause.get("id")))
+            label = f"{title} · {md_escape(cause.get('basis', ''))}"
+            with st.expander(label, expanded=status == "confirmed"):
+                st.markdown(
+                    f"**{md_escape(cause.get('id'))}** (catalogue "
+                    f"{md_escape(cause.get('catalogue', cause.get('id')))}) -- "
+                    f"**{status}**, basis **{md_escape(cause.get('basis', ''))}**"
+                )
+                if cause.get("rationale"):
+                    st.markdown(md_escape(cause["rationale"]))
+                if cause.get("deciding_probe"):
+                    st.caption(md_escape(f"deciding probe: {cause['deciding_probe']}"))
+                links = cause.get("evidence") or []
+                if not links:
+                    st.caption("No evidence linked.")
+                for link in links:
+                    item = evidence.get(str(link.get("id")))
+                    if item is None:
+                        st.warning(f"evidence {md_escape(link.get('id'))} is missing")
+                        continue
+                    show_evidence(item, relation=str(link.get("relation", "")),
+                                  note=str(link.get("note", "")))
+
+
+def arms_tab(record: dict[str, Any]) -> None:
+    arms = arm_summaries(record)
+    if not arms:
+        st.info("No probe arms recorded for this incident (the engine records them when it runs).")
+        return
+    rows = []
+    for arm in arms:
+        ci = arm.get("ci95") or [None, None]
+        rows.append(
+            {
+                "Arm": str(arm.get("arm")),
+                "Variant": str(arm.get("variant", "")),
+                "k/n": f"{arm.get('failures')}/{arm.get('n')}",
+                "Rate": arm.get("rate"),
+                "95% low": ci[0] if len(ci) > 0 else None,
+                "95% high": ci[1] if len(ci) > 1 else None,
+                "p-value": arm.get("p_value"),
+                "Decision": str(arm.get("decision", "")),
+                "Evidence": arm["evidence_id"],
+            }
+        )
+    table = pd.DataFrame(rows)
+    st.dataframe(
+        table,
+        hide_index=True,
+        width="stretch",
+        key="arms_table",
+        column_config={
+            "Rate": st.column_config.NumberColumn(format="%.3f"),
+            "95% low": st.column_config.NumberColumn(format="%.3f"),
+            "95% high": st.column_config.NumberColumn(format="%.3f"),
+            "p-value": st.column_config.NumberColumn(format="%.3g"),
+        },
+    )
+    chart_data = table.assign(Label=table["Arm"] + " / " + table["Variant"])
+    base = alt.Chart(chart_data).encode(
+        y=alt.Y("Label:N", title=None, sort=None),
+    )
+    intervals = base.mark_rule(strokeWidth=2).encode(
+        x=alt.X("95% low:Q", title="failure rate (95% interval)",
+                scale=alt.Scale(domain=[0, 1])),
+        x2="95% high:Q",
+    )
+    points = base.mark_point(filled=True, size=80).encode(
+        x="Rate:Q",
+        color=alt.Color("Variant:N"),
+        tooltip=["Arm", "Variant", "k/n", "Rate", "95% low", "95% high", "p-value"],
+    )
+    st.altair_chart(intervals + points, width="stretch")
+
+
+def graph_tab(record: dict[str, Any]) -> None:
+    graph = build_graph(record)
+    dot = to_dot(graph)
+    counts = summary(graph)
+    st.caption(
+        " · ".join(f"{count} {status}" for status, count in counts["causes_by_status"].items())
+        + f" · {counts['nodes']} nodes, {counts['edges']} edges"
+    )
+    st.graphviz_chart(dot, width="stretch")
+    st.caption("Causes: red confirmed, orange suspected, grey rejected; dashed edges refute.")
+    with st.expander("DOT source"):
+        st.code(dot, language="dot")
+    st.download_button(
+        "Download DOT", dot, file_name=f"{record['slug']}.dot", mime="text/vnd.graphviz",
+        key="download_dot",
+    )
+
+
+def evidence_tab(record: dict[str, Any]) -> None:
+    items = record.get("evidence") or []
+    if not items:
+        st.info("No evidence recorded.")
+        return
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "Id": e.get("id"),
+                    "Kind": e.get("kind"),
+                    "Summary": e.get("summary", ""),
+                    "Source": e.get("source", ""),
+                    "Recorded": e.get("recorded_at", ""),
+                }
+                for e in items
+            ]
+        ),
+        hide_index=True,
+        width="stretch",
+        key="evidence_table",
+    )
+    ids = [str(e.get("id")) for e in items]
+    wanted = st.query_params.get("evidence")
+    chosen = st.selectbox(
+        "Show evidence", ids, index=ids.index(wanted) if wanted in ids else 0,
+        key="evidence_pick",
+    )
+    show_evidence(evidence_index(record)[chosen])
+
+
+def history_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for cause in record.get("causes") or []:
+        for change in cause.get("history") or []:
+            rows.append(
+                {
+                    "At": str(change.get("at", "")),
+                    "What": f"cause {cause.get('id')}",
+                    "Change": f"{change.get('from') or '(new)'} -> {change.get('to')}",
+                    "By": change.get("actor", ""),
+                    "Why": change.get("rationale", ""),
+                    "Evidence": ", ".join(change.get("evidence") or []),
+                }
+            )
+    for decision in record.get("decisions") or []:
+        detail = decision.get("kind", "")
+        if decision.get("revisit_on"):
+            detail += f" (revisit {decision['revisit_on']})"
+        if decision.get("kind") == "FIXED":
+            detail += " (verified)" if decision.get("verified") else " (unverified)"
+        rows.append(
+            {
+                "At": str(decision.get("at", "")),
+                "What": "decision",
+                "Change": detail,
+                "By": decision.get("by", ""),
+                "Why": decision.get("rationale", ""),
+                "Evidence": ", ".join(decision.get("evidence") or []),
+            }
+        )
+    return sorted(rows, key=lambda row: row["At"])
+
+
+def history_tab(record: dict[str, Any]) -> None:
+    rows = history_rows(record)
+    if not rows:
+        st.info("No history yet.")
+        return
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", key="history_table")
+    for decision in record.get("decisions") or []:
+        if decision.get("tradeoff") or decision.get("fix"):
+            text = f"**{decision.get('kind')}** {md_escape(str(decision.get('at', ''))[:10])}"
+            if decision.get("fix"):
+                text += f"  \nFix: {md_escape(decision['fix'])}"
+            if decision.get("tradeoff"):
+                text += f"  \nTradeoff: {md_escape(decision['tradeoff'])}"
+            st.markdown(text)
+
+
+def references_tab(record: dict[str, Any]) -> None:
+    references = record.get("references") or []
+    if references:
+        st.subheader("References")
+        for reference in references:
+            line = "- " + md_link(reference.get("title") or reference.get("url"),
+                                  reference.get("url"))
+            if reference.get("note"):
+                line += f" -- {md_escape(reference['note'])}"
+            st.markdown(line)
+    family = record.get("family") or []
+    if family:
+        st.subheader("Same failure family")
+        for link in family:
+            note = f" -- {link['note']}" if link.get("note") else ""
+            st.markdown(md_escape(
+                f"{link.get('cause')} here ~ {link.get('other_cause')} in "
+                f"{link.get('incident')}{note}"
+            ))
+            st.page_link(
+                nav.INCIDENT,
+                label=md_escape(f"Open {link.get('incident')}"),
+                query_params={"slug": str(link.get("incident"))},
+                icon=":material/link:",
+            )
+    if not references and not family:
+        st.info("No references or family links recorded.")
+
+
+def narrative_tab(record: dict[str, Any]) -> None:
+    body = str(record.get("body") or "").strip()
+    if not body:
+        st.info("No narrative recorded.")
+        return
+    st.html(markdown_to_html(body))
+
+
+def decision_form(record: dict[str, Any]) -> None:
+    evidence_ids = [str(e.get("id")) for e in record.get("evidence") or []]
+    with st.form("decision_form"):
+        st.subheader("Record a decision")
+        kind = st.radio("Decision", ["PARKED", "FIXED", "REOPENED"], horizontal=True,
+                        key="decision_kind")
+        by = st.text_input("Who decides", key="decision_by")
+        rationale = st.text_area("Why", key="decision_rationale")
+        tradeoff = st.text_area("Tradeoff (what it costs)", key="decision_tradeoff")
+        st.markdown("**PARKED** -- when to look again (a date and/or triggers)")
+        revisit_on = st.date_input("Revisit on", value=None, key="decision_revisit")
+        triggers = st.text_area(
+            "Revisit when (one trigger per line)",
+            placeholder="new-build\nnew-weights\nfailure-rate>20%,min=5\ndate=2026-12-01",
+            help="Syntax: " + kb_decisions.TRIGGER_SYNTAX,
+            key="decision_triggers",
+        )
+        st.markdown("**FIXED** -- what fixed it, and the probe run that shows it")
+        fix = st.text_area("Fix", key="decision_fix")
+        evidence_keys = st.multiselect("Evidence", evidence_ids, key="decision_evidence")
+        force = st.checkbox(
+            "Record the fix even if the evidence does not verify it (labelled unverified)",
+            key="decision_force",
+        )
+        submitted = st.form_submit_button("Record decision")
+    if not submitted:
+        return
+    decision = actions.DecisionInput(
+        kind=kind,
+        by=by,
+        rationale=rationale,
+        tradeoff=tradeoff,
+        fix=fix,
+        revisit_on=revisit_on,
+        triggers=triggers.splitlines(),
+        evidence_keys=list(evidence_keys),
+        force=force,
+    )
+    try:
+        actions.record_decision(store, record["slug"], decision)
+    except (actions.ActionError, StoreError) as exc:
+        st.error(md_escape(f"Not recorded: {exc}"))
+        return
+    st.session_state["incident_notice"] = f"Recorded {kind}."
+    st.rerun()
+
+
+def override_form(record: dict[str, Any]) -> None:
+    causes = record.get("causes") or []
+    if not causes:
+        return
+    titles = {str(c.get("id")): f"{c.get('id')} ({c.get('status')})" for c in causes}
+    evidence_ids = [str(e.get("id")) for e in record.get("evidence") or []]
+    with st.form("override_form"):
+        st.subheader("Override a cause status")
+        cause_key = st.selectbox("Cause", list(titles), format_func=titles.get,
+                                 key="override_cause")
+        to_status = st.radio("New status", list(STATUS_ORDER), horizontal=True,
+                             key="override_status")
+        actor = st.text_input("Who", key="override_actor")
+        rationale = st.text_area("Why", key="override_rationale")
+        evidence_keys = st.multiselect("Evidence", evidence_ids, key="override_evidence")
+        submitted = st.form_submit_button("Change status")
+    if not submitted:
+        return
+    try:
+        actions.override_cause_status(
+            store, record["slug"], cause_key, to_status, actor=actor, rationale=rationale,
+            evidence_keys=list(evidence_keys),
+        )
+    except (actions.ActionError, StoreError) as exc:
+        st.error(md_escape(f"Not changed: {exc}"))
+        return
+    st.session_state["incident_notice"] = f"{cause_key} is now {to_status}."
+    st.rerun()
+
+
+slug = pick_incident()
+if slug:
+    record = data.load_incident(store, slug)
+    if record is None:
+        st.title("Incident")
+        st.error(md_escape(f"No incident {slug!r} in the knowledge base."))
+        st.page_link(nav.INCIDENTS, label="All incidents", icon=":material/list:")
+    else:
+        notice = st.session_state.pop("incident_notice", None)
+        if notice:
+            st.success(md_escape(notice))
+        header(record)
+        st.page_link(nav.RETROSPECTIVE, label="Retrospective", icon=":material/history_edu:",
+                     query_params={"slug": slug})
+        tabs = st.tabs(["Diagnosis", "Probe arms", "Cause graph", "Evidence", "History",
+                        "References", "Narrative", "Decide / override"])
+        with tabs[0]:
+            diagnosis_tab(record)
+        with tabs[1]:
+            arms_tab(record)
+        with tabs[2]:
+            graph_tab(record)
+        with tabs[3]:
+            evidence_tab(record)
+        with tabs[4]:
+            history_tab(record)
+        with tabs[5]:
+            references_tab(record)
+        with tabs[6]:
+            narrative_tab(record)
+        with tabs[7]:
+            decision_form(record)
+            override_form(record)

@@ -1,0 +1,67 @@
+"""Retrospective: the incident's story generated from its record, with a Markdown download."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import streamlit as st
+
+from triage.ui import data, nav
+from triage.ui.text import markdown_to_html, md_escape
+
+store = data.get_store()
+
+
+def retrospective(record: dict[str, Any]) -> tuple[str, str]:
+    """(markdown, html fragment) from kb.retro, else the recorded narrative."""
+    try:
+        retro = importlib.import_module("kb.retro")
+    except ModuleNotFoundError as exc:
+        if exc.name != "kb.retro":
+            raise
+        retro = None
+    generate = getattr(retro, "retro_markdown", None) or getattr(
+        retro, "retrospective_markdown", None
+    )
+    if generate is not None:
+        markdown = str(generate(record))
+        renderer = getattr(retro, "markdown_renderer", None)
+        # kb.retro's renderer: raw HTML off, links limited to http(s)/mailto/anchors.
+        html = renderer().render(markdown) if renderer else markdown_to_html(markdown)
+        return markdown, html
+    st.warning("The retrospective generator (kb.retro) is not installed in this build; "
+               "showing the incident's recorded narrative instead.")
+    markdown = f"# {record.get('title', record['slug'])}\n\n{record.get('body', '')}"
+    return markdown, markdown_to_html(markdown)
+
+
+slug = st.query_params.get("slug")
+if not slug:
+    st.title("Retrospective")
+    recent = dict(data.recent_incidents(store))
+    choice = st.selectbox(
+        "Incident", ["", *recent],
+        format_func=lambda value: f"{value} -- {recent[value]}" if value else "choose...",
+    )
+    if choice:
+        st.query_params["slug"] = choice
+        st.rerun()
+else:
+    record = data.load_incident(store, str(slug))
+    if record is None:
+        st.title("Retrospective")
+        st.error(md_escape(f"No incident {slug!r} in the knowledge base."))
+    else:
+        st.page_link(nav.INCIDENT, label=md_escape(f"Back to {record['slug']}"),
+                     icon=":material/arrow_back:", query_params={"slug": record["slug"]})
+        markdown, html = retrospective(record)
+        st.download_button(
+            "Download Markdown", markdown, file_name=f"{record['slug']}-retrospective.md",
+            mime="text/markdown", key="download_retro",
+        )
+        # markdown-it with raw HTML off escapes any markup in recorded text; st.html then
+        # sanitises again (DOMPurify) and never runs scripts.
+        st.html(html)
+        with st.expander("Markdown source"):
+            st.code(markdown, language="markdown")

@@ -738,9 +738,15 @@ def _insert_family(
 # --------------------------------------------------------------------------- records
 
 
-def _drop_empty(pairs: Iterable[tuple[str, Any]]) -> dict[str, Any]:
-    """The canonical rule: optional keys with an empty value are not written."""
-    return {key: value for key, value in pairs if value not in ("", None, [], {})}
+def _drop_empty(pairs: Iterable[tuple[str, Any]], *required: str) -> dict[str, Any]:
+    """The canonical rule: optional keys with an empty value are not written.
+
+    Keys the schema requires are always written, even when empty, so that a bad stored
+    value shows up as a validation error instead of silently vanishing from the file.
+    """
+    return {
+        key: value for key, value in pairs if key in required or value not in ("", None, [], {})
+    }
 
 
 def _timeline_entry(entry: dict[str, Any]) -> dict[str, Any]:
@@ -749,7 +755,9 @@ def _timeline_entry(entry: dict[str, Any]) -> dict[str, Any]:
             ("at", entry["at"]),
             ("event", entry["event"]),
             ("evidence", list(entry.get("evidence", []))),
-        ]
+        ],
+        "at",
+        "event",
     )
 
 
@@ -789,7 +797,9 @@ def load_record(session: Session, slug: str) -> dict[str, Any]:
                     ("id", evidence_keys[link.evidence_id]),
                     ("relation", link.relation),
                     ("note", link.note),
-                ]
+                ],
+                "id",
+                "relation",
             )
             for link in _rows(session, EvidenceLink, EvidenceLink.cause_id == cause.id)
         ]
@@ -802,31 +812,37 @@ def load_record(session: Session, slug: str) -> dict[str, Any]:
                     ("actor", change.actor),
                     ("rationale", change.rationale),
                     ("evidence", list(change.evidence_keys)),
-                ]
+                ],
+                "to",
+                "at",
+                "actor",
+                "rationale",
             )
             for change in _rows(session, CauseStatusChange, CauseStatusChange.cause_id == cause.id)
         ]
         cause_records.append(
-            {
-                "id": cause.key,
-                "catalogue": cause.catalogue_id,
-                **_drop_empty(
-                    [
-                        ("title", cause.title),
-                        ("status", cause.status),
-                        ("basis", cause.basis),
-                        ("rationale", cause.rationale),
-                        ("deciding_probe", cause.deciding_probe),
-                        ("evidence", links),
-                        ("history", history),
-                    ]
-                ),
-            }
+            _drop_empty(
+                [
+                    ("id", cause.key),
+                    ("catalogue", cause.catalogue_id),
+                    ("title", cause.title),
+                    ("status", cause.status),
+                    ("basis", cause.basis),
+                    ("rationale", cause.rationale),
+                    ("deciding_probe", cause.deciding_probe),
+                    ("evidence", links),
+                    ("history", history),
+                ],
+                "id",
+                "catalogue",
+                "title",
+                "status",
+                "basis",
+            )
         )
 
-    decisions = []
-    for decision in _rows(session, Decision, Decision.incident_id == incident.id):
-        fields = _drop_empty(
+    decisions = [
+        _drop_empty(
             [
                 ("kind", decision.kind),
                 ("at", format_timestamp(decision.decided_at)),
@@ -834,30 +850,26 @@ def load_record(session: Session, slug: str) -> dict[str, Any]:
                 ("rationale", decision.rationale),
                 ("tradeoff", decision.tradeoff),
                 ("fix", decision.fix),
-            ]
+                ("verified", bool(decision.verified)),
+                ("revisit_on", decision.revisit_on.isoformat() if decision.revisit_on else None),
+                ("triggers", [_trigger(t) for t in decision.revisit_triggers]),
+                ("evidence", list(decision.evidence_keys)),
+            ],
+            "kind",
+            "at",
+            "rationale",
+            "verified",
         )
-        fields["verified"] = bool(decision.verified)
-        fields.update(
-            _drop_empty(
-                [
-                    (
-                        "revisit_on",
-                        decision.revisit_on.isoformat() if decision.revisit_on else None,
-                    ),
-                    ("triggers", [_trigger(t) for t in decision.revisit_triggers]),
-                    ("evidence", list(decision.evidence_keys)),
-                ]
-            )
-        )
-        decisions.append(fields)
+        for decision in _rows(session, Decision, Decision.incident_id == incident.id)
+    ]
 
     family = []
-    links = _rows(
+    family_links = _rows(
         session,
         FamilyLink,
         FamilyLink.from_cause_id.in_(list(cause_rows) or [-1]),  # type: ignore[attr-defined]
     )
-    for link in links:
+    for link in family_links:
         other = session.get(Cause, link.to_cause_id)
         assert other is not None
         other_incident = session.get(Incident, other.incident_id)
@@ -869,10 +881,48 @@ def load_record(session: Session, slug: str) -> dict[str, Any]:
                     ("incident", other_incident.slug),
                     ("other_cause", other.key),
                     ("note", link.note),
-                ]
+                ],
+                "cause",
+                "incident",
+                "other_cause",
             )
         )
 
+    symptoms = [
+        _drop_empty(
+            [
+                ("id", row.key),
+                ("kind", row.kind),
+                ("description", row.description),
+                ("observed", dict(row.observed)),
+                ("evidence", list(row.evidence_keys)),
+            ],
+            "id",
+            "description",
+        )
+        for row in _rows(session, Symptom, Symptom.incident_id == incident.id)
+    ]
+    evidence_records = [
+        _drop_empty(
+            [
+                ("id", row.key),
+                ("kind", row.kind),
+                ("summary", row.summary),
+                ("source", row.source),
+                ("recorded_at", format_timestamp(row.recorded_at)),
+                ("payload", dict(row.payload)),
+            ],
+            "id",
+            "kind",
+            "summary",
+            "recorded_at",
+        )
+        for row in evidence
+    ]
+    references = [
+        _drop_empty([("url", row.url), ("title", row.title), ("note", row.note)])
+        for row in _rows(session, Reference, Reference.incident_id == incident.id)
+    ]
     record = _drop_empty(
         [
             ("slug", incident.slug),
@@ -884,48 +934,17 @@ def load_record(session: Session, slug: str) -> dict[str, Any]:
             ("impact", incident.impact),
             ("stack", stack),
             ("timeline", [_timeline_entry(entry) for entry in incident.timeline]),
-            (
-                "symptoms",
-                [
-                    _drop_empty(
-                        [
-                            ("id", row.key),
-                            ("kind", row.kind),
-                            ("description", row.description),
-                            ("observed", dict(row.observed)),
-                            ("evidence", list(row.evidence_keys)),
-                        ]
-                    )
-                    for row in _rows(session, Symptom, Symptom.incident_id == incident.id)
-                ],
-            ),
-            (
-                "evidence",
-                [
-                    _drop_empty(
-                        [
-                            ("id", row.key),
-                            ("kind", row.kind),
-                            ("summary", row.summary),
-                            ("source", row.source),
-                            ("recorded_at", format_timestamp(row.recorded_at)),
-                            ("payload", dict(row.payload)),
-                        ]
-                    )
-                    for row in evidence
-                ],
-            ),
+            ("symptoms", symptoms),
+            ("evidence", evidence_records),
             ("causes", cause_records),
             ("decisions", decisions),
-            (
-                "references",
-                [
-                    _drop_empty([("url", row.url), ("title", row.title), ("note", row.note)])
-                    for row in _rows(session, Reference, Reference.incident_id == incident.id)
-                ],
-            ),
+            ("references", references),
             ("family", family),
-        ]
+        ],
+        "slug",
+        "title",
+        "status",
+        "opened",
     )
     record["body"] = incident.body
     return record
@@ -986,6 +1005,17 @@ def render_record(record: dict[str, Any]) -> str:
     return f"{FRONT_MATTER_FENCE}\n{dump_yaml(front)}{FRONT_MATTER_FENCE}\n{record.get('body', '')}"
 
 
+def _checked_text(record: dict[str, Any], path: Path) -> str:
+    """The file text of a record, validated like a file being imported.
+
+    Rows written by other parts of the product (the engine) pass the same checks, so export
+    never writes a file that import would refuse; the error names the file and field.
+    """
+    text = render_record(record)
+    parse_text(text, str(path))
+    return text
+
+
 def _write(path: Path, text: str) -> None:
     # Write next to the target and rename, so a reader never sees half a file.
     tmp = path.with_name(f".{path.name}.tmp")
@@ -998,22 +1028,24 @@ def export_incident(store: Store, slug: str, out_dir: str | os.PathLike[str]) ->
     with store.session(readonly=True) as session:
         record = load_record(session, slug)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     path = out / f"{slug}.md"
-    _write(path, render_record(record))
+    text = _checked_text(record, path)
+    out.mkdir(parents=True, exist_ok=True)
+    _write(path, text)
     return path
 
 
 def export_all(store: Store, out_dir: str | os.PathLike[str]) -> list[Path]:
-    """Write every stored incident to `<out_dir>/<slug>.md`; the paths written, by slug."""
+    """Write every stored incident to `<out_dir>/<slug>.md`; the paths written, by slug.
+
+    Every file is rendered and checked before the first one is written.
+    """
     with store.session(readonly=True) as session:
         slugs = sorted(session.exec(select(Incident.slug)).all())
         records = [load_record(session, slug) for slug in slugs]
     out = Path(out_dir)
+    texts = [(out / f"{r['slug']}.md", _checked_text(r, out / f"{r['slug']}.md")) for r in records]
     out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for record in records:
-        path = out / f"{record['slug']}.md"
-        _write(path, render_record(record))
-        paths.append(path)
-    return paths
+    for path, text in texts:
+        _write(path, text)
+    return [path for path, _text in texts]

@@ -39,7 +39,7 @@ from kb.models import (
     Cause,
     CauseStatusChange,
 )
-from kb.store import Store, StoreError
+from kb.store import Store, StoreError, add_evidence, get_incident, record_status_change
 
 INCIDENTS = Path(__file__).resolve().parents[2] / "incidents"
 COMMITTED = sorted(INCIDENTS.glob("*.md"))
@@ -301,6 +301,69 @@ def test_family_links_resolve_within_the_batch_and_against_the_database(
     with store.session(readonly=True) as session:
         assert load_record(session, second["slug"])["family"] == second["family"]
         assert "family" not in load_record(session, first["slug"])
+
+
+def test_rows_written_by_the_engine_export_and_reimport(store: Store, tmp_path: Path) -> None:
+    """Evidence and status changes added through the store helpers survive export/import."""
+    slug = "2026-07-01-minimal"
+    import_paths(store, [_write(tmp_path / "in", _minimal(slug))])
+    with store.session() as session:
+        incident = get_incident(session, slug)
+        assert incident is not None
+        probe = add_evidence(
+            session,
+            incident_id=incident.id,
+            kind="probe",
+            summary="spec-off: 0 failures in 20",
+            payload={"n": 20, "failures": 0},
+        )
+        assert probe.key == "E3"
+        cause = Cause(
+            incident_id=incident.id,
+            key="speculative-decoding",
+            catalogue_id="speculative-decoding",
+            title="speculative decoding",
+            status="suspected",
+        )
+        record_status_change(session, cause, "suspected", actor="engine", rationale="planned")
+        record_status_change(
+            session, cause, "rejected", actor="engine", rationale="no change", evidence_keys=["E3"]
+        )
+    (first,) = export_all(store, tmp_path / "a")
+    record = parse_text(first.read_text(encoding="utf-8"), str(first))
+    added = record["causes"][1]
+    assert [h.get("from") for h in added["history"]] == [None, "suspected"]
+    assert added["history"][1]["at"].endswith("Z")
+    other = Store(f"sqlite:///{tmp_path / 'second.db'}")
+    try:
+        import_paths(other, [first])
+        (second,) = export_all(other, tmp_path / "b")
+    finally:
+        other.close()
+    assert second.read_bytes() == first.read_bytes()
+
+
+def test_export_refuses_stored_rows_that_import_would_refuse(store: Store, tmp_path: Path) -> None:
+    slug = "2026-07-01-minimal"
+    import_paths(store, [_write(tmp_path / "in", _minimal(slug))])
+    with store.session() as session:
+        incident = get_incident(session, slug)
+        assert incident is not None
+        session.add(
+            Cause(
+                incident_id=incident.id,
+                key="gremlins",
+                catalogue_id="gremlins",
+                title="not a catalogue cause",
+                status="suspected",
+            )
+        )
+    out = tmp_path / "out"
+    with pytest.raises(RecordError) as caught:
+        export_all(store, out)
+    assert caught.value.file == str(out / f"{slug}.md")
+    assert caught.value.json_path == "$.causes[1].catalogue"
+    assert not out.exists()
 
 
 def test_dry_run_validates_and_stores_nothing(store: Store) -> None:

@@ -203,6 +203,14 @@ def record_status_change(
 
 def next_evidence_key(session: Session, incident_id: int | None, prefix: str = "E") -> str:
     """The next free `E<n>` key of an incident."""
+    if incident_id is not None:
+        # Two writers numbering one incident's evidence at once would both pick the same
+        # key on PostgreSQL (READ COMMITTED): lock the incident row (FOR NO KEY UPDATE, as
+        # the search triggers of migration 0002 do) so the second waits for the first to
+        # commit and then sees its key. SQLite writers are already serialised.
+        session.exec(
+            select(Incident.id).where(Incident.id == incident_id).with_for_update(key_share=True)
+        ).first()
     rows = session.exec(
         select(Evidence.key).where(
             Evidence.incident_id == incident_id if incident_id is not None

@@ -514,7 +514,9 @@ def refresh_signatures(
                 select(IncidentSignature.incident_id)
                 .where(IncidentSignature.incident_id.in_(chunk))  # type: ignore[attr-defined]
                 .order_by(IncidentSignature.incident_id)
-                .with_for_update()
+                # A row locked by a writer is skipped: the writer marks it stale again
+                # when it commits, and a refresh never waits (so it cannot deadlock).
+                .with_for_update(skip_locked=True)
             ).all()
         )
         computed = _computed(session, locked)

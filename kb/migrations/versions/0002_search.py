@@ -233,6 +233,23 @@ def _sqlite_downgrade() -> None:
 
 # ------------------------------------------------------------------------- PostgreSQL
 
+# First statement of every PostgreSQL child-table trigger: lock the affected incident
+# rows (FOR NO KEY UPDATE, which foreign-key checks' KEY SHARE locks do not block), in id
+# order. Writers of one incident's rows then queue on the incident and take the search and
+# signature rows in one order (incident, incidentsearch, incidentsignature: triggers
+# fire in name order), so concurrent writers cannot deadlock on those rows.
+# kb.store.next_evidence_key takes the same incident lock before numbering evidence.
+PG_LOCK_INCIDENTS = (
+    "IF TG_OP = 'INSERT' THEN "
+    "PERFORM 1 FROM incident WHERE id = NEW.incident_id FOR NO KEY UPDATE; "
+    "ELSIF TG_OP = 'DELETE' THEN "
+    "PERFORM 1 FROM incident WHERE id = OLD.incident_id FOR NO KEY UPDATE; "
+    "ELSE "
+    "PERFORM 1 FROM incident WHERE id IN (OLD.incident_id, NEW.incident_id) ORDER BY id "
+    "FOR NO KEY UPDATE; "
+    "END IF; "
+)
+
 
 def _pg_upgrade() -> None:
     document = " || ".join(
@@ -277,13 +294,14 @@ def _pg_upgrade() -> None:
     )
     for group, (table, _expr) in CHILD_GROUPS.items():
         new_text = _child_expr(group, "NEW")
-        # Insert appends: under READ COMMITTED a blocked UPDATE re-applies `group || text`
-        # to the row version the other writer committed, so nothing is lost. A recompute
-        # must first lock the row, so that its aggregate is read after the lock is granted
-        # (each statement in a plpgsql function takes a fresh snapshot).
+        # Insert appends; update and delete recompute the group from the base table. The
+        # incident lock taken first makes the recompute read after any concurrent writer
+        # of this incident committed (each statement in a plpgsql function takes a fresh
+        # snapshot), and gives every writer the same lock order.
         op.execute(
             f"CREATE FUNCTION incidentsearch_{table}() RETURNS trigger LANGUAGE plpgsql AS $$ "
             "BEGIN "
+            f"{PG_LOCK_INCIDENTS}"
             "IF TG_OP = 'INSERT' THEN "
             "IF NEW.incident_id IS NOT NULL THEN "
             f"UPDATE incidentsearch SET {group} = CASE WHEN {group} = '' THEN {new_text} "
@@ -291,12 +309,10 @@ def _pg_upgrade() -> None:
             "END IF; "
             "RETURN NULL; "
             "END IF; "
-            "PERFORM 1 FROM incidentsearch WHERE incident_id = OLD.incident_id FOR UPDATE; "
             f"UPDATE incidentsearch SET {group} = "
             f"{_aggregate(group, 'postgresql', 'OLD.incident_id')} "
             "WHERE incident_id = OLD.incident_id; "
             "IF TG_OP = 'UPDATE' AND NEW.incident_id IS DISTINCT FROM OLD.incident_id THEN "
-            "PERFORM 1 FROM incidentsearch WHERE incident_id = NEW.incident_id FOR UPDATE; "
             f"UPDATE incidentsearch SET {group} = "
             f"{_aggregate(group, 'postgresql', 'NEW.incident_id')} "
             "WHERE incident_id = NEW.incident_id; "
@@ -329,6 +345,7 @@ def _pg_upgrade() -> None:
     op.execute(
         "CREATE FUNCTION incidentsignature_child() RETURNS trigger LANGUAGE plpgsql AS $$ "
         "BEGIN "
+        f"{PG_LOCK_INCIDENTS}"
         "IF TG_OP IN ('UPDATE', 'DELETE') THEN "
         "UPDATE incidentsignature SET stale = true WHERE incident_id = OLD.incident_id; "
         "END IF; "

@@ -1,0 +1,362 @@
+"""`triage capture` and `triage check` through click's CliRunner, and the secret canary."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import shutil
+import sqlite3
+from datetime import date
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from sqlmodel import select
+
+from kb.models import Evidence, Incident
+from kb.store import Store
+from triage.cli import cli
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "captures"
+REAL = FIXTURES / "real"
+SLUG = "2026-06-10-gemma4-empty-response"
+
+
+@pytest.fixture()
+def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh SQLite knowledge base file, named by TRIAGE_DATABASE_URL."""
+    url = f"sqlite:///{tmp_path / 'kb.db'}"
+    monkeypatch.setenv("TRIAGE_DATABASE_URL", url)
+    monkeypatch.setenv("TRIAGE_HOME", str(tmp_path / "home"))
+    return url
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def evidence_rows(url: str) -> list[Evidence]:
+    store = Store(url)
+    try:
+        with store.session(readonly=True) as session:
+            return list(session.exec(select(Evidence).order_by(Evidence.id)).all())
+    finally:
+        store.close()
+
+
+def add_incident(url: str, slug: str = SLUG) -> None:
+    store = Store(url)
+    try:
+        with store.session() as session:
+            session.add(
+                Incident(slug=slug, title="Gemma 4 empty responses", opened_on=date(2026, 6, 10))
+            )
+    finally:
+        store.close()
+
+
+# ---------------------------------------------------------------------------- check
+
+
+def test_check_prints_findings_per_exchange(db):
+    result = run("check", FIXTURES / "exchanges.jsonl", FIXTURES / "stream-peg-error.sse")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("exchanges.jsonl#0 (line 1) [jsonl] HTTP 200  ok: no symptoms")
+    assert any(
+        line.startswith("exchanges.jsonl#2 (line 3)") and "parse-failure" in line for line in lines
+    )
+    assert any("stream-peg-error.sse#0" in line and "http-error" in line for line in lines)
+    assert "  x parse-failure" in result.stdout
+    assert not Path(db.split("///", 1)[1]).exists()  # check never opens the store
+
+
+def test_check_json(db):
+    result = run("check", FIXTURES / "tool-args-schema-violation.json", "--json")
+    assert result.exit_code == 0
+    [item] = json.loads(result.stdout)
+    assert item["file"] == "tool-args-schema-violation.json"
+    assert item["format"] == "pair"
+    assert item["symptoms"] == ["tool-args-schema-violation"]
+    [violation] = [f for f in item["findings"] if not f["passed"]]
+    assert (
+        violation["where"]
+        == "$.response.choices[0].message.tool_calls[0].function.arguments.max_lines"
+    )
+    assert len(item["findings"]) == 11
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        # a request FILE followed by its response FILE
+        [REAL / "budget-greedy.request.json", REAL / "budget-greedy.response.json"],
+        # --request / --response without FILE
+        [
+            "--request",
+            REAL / "budget-greedy.request.json",
+            "--response",
+            REAL / "budget-greedy.response.json",
+        ],
+        # a request FILE with --response
+        [REAL / "budget-greedy.request.json", "--response", REAL / "budget-greedy.response.json"],
+        # an SSE transcript with --request
+        [
+            REAL / "budget-greedy-120.response.sse",
+            "--request",
+            REAL / "budget-greedy-120.request.json",
+        ],
+        # a request FILE followed by an SSE transcript
+        [REAL / "budget-greedy-120.request.json", REAL / "budget-greedy-120.response.sse"],
+        # forced format
+        [
+            "--format",
+            "pair",
+            REAL / "budget-greedy.request.json",
+            REAL / "budget-greedy.response.json",
+        ],
+    ],
+)
+def test_check_pair_forms(db, args):
+    result = run("check", "--json", *args)
+    assert result.exit_code == 0, result.output
+    [item] = json.loads(result.stdout)
+    assert {"empty-content", "length-stop", "reasoning-exhausted-budget"} <= set(item["symptoms"])
+    budget = next(f for f in item["findings"] if f["kind"] == "reasoning-exhausted-budget")
+    assert (
+        "max_tokens" in budget["reason"]
+        and "of 1" in budget["reason"]
+        or "of 800" in budget["reason"]
+    )
+
+
+def test_check_curl_with_response(db):
+    result = run(
+        "check",
+        "--format",
+        "curl",
+        FIXTURES / "peg-gemma4-500.curl",
+        "--response",
+        FIXTURES / "peg-gemma4-500.response.txt",
+    )
+    assert result.exit_code == 0, result.output
+    assert "HTTP 500" in result.stdout and "parse-failure" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (
+            ["no-chat.har"],
+            "no-chat.har: $.log.entries: HAR has no POST .../chat/completions entries",
+        ),
+        (["peg-gemma4-500.request.json"], "give its response"),
+        (["missing.json"], "missing.json: cannot open"),
+    ],
+)
+def test_check_errors_exit_2_with_the_place(db, args, fragment):
+    result = run("check", *[FIXTURES / a for a in args])
+    assert result.exit_code == 2
+    assert fragment in result.stderr
+    assert "Traceback" not in result.output
+    assert result.stdout == ""
+
+
+def test_check_error_names_the_line(db, tmp_path):
+    bad = tmp_path / "log.jsonl"
+    good = (FIXTURES / "exchanges.jsonl").read_text().splitlines()[0]
+    bad.write_text(good + "\n" + good + "\n{not json\n")
+    result = run("check", bad)
+    assert result.exit_code == 2
+    assert f"{bad}:3: invalid JSON line" in result.stderr
+
+
+def test_usage_errors(db):
+    assert run("check").exit_code == 2
+    assert run("check", "--request", REAL / "budget-greedy.request.json").exit_code == 2
+    unused = run(
+        "check", FIXTURES / "exchanges.jsonl", "--response", REAL / "budget-greedy.response.json"
+    )
+    assert unused.exit_code == 2 and "was not used" in unused.stderr
+    assert run("check", "--format", "xml", FIXTURES / "exchanges.jsonl").exit_code == 2
+
+
+def test_help_lists_the_commands(db):
+    result = run("--help")
+    assert "capture" in result.stdout and "check" in result.stdout
+    assert "--incident" in run("capture", "--help").stdout
+
+
+# ---------------------------------------------------------------------------- capture
+
+
+def test_capture_stores_every_exchange_as_evidence(db):
+    result = run("capture", FIXTURES / "agent-session.har", FIXTURES / "exchanges.jsonl", "--json")
+    assert result.exit_code == 0, result.output
+    items = json.loads(result.stdout)
+    assert [i["evidence"] for i in items] == [f"E{n}" for n in range(1, 10)]
+    rows = evidence_rows(db)
+    assert len(rows) == 9
+    first = rows[0]
+    assert first.kind == "exchange" and first.incident_id is None
+    assert first.source == "har:agent-session.har:$.log.entries[1]"
+    assert "empty-content" in first.summary
+    assert first.payload["exchange"]["source_format"] == "har"
+    assert first.payload["symptoms"] == [
+        "empty-content",
+        "length-stop",
+        "reasoning-exhausted-budget",
+        "runaway-reasoning",
+    ]
+    assert len(first.payload["findings"]) == 11
+
+
+def test_capture_attaches_to_an_incident(db):
+    add_incident(db)
+    result = run("capture", "--incident", SLUG, FIXTURES / "stream-peg-error.sse")
+    assert result.exit_code == 0, result.output
+    assert f"stored 1 exchange(s) on incident {SLUG}" in result.stdout
+    [row] = evidence_rows(db)
+    assert row.incident_id is not None and row.key == "E1"
+
+
+def test_capture_is_all_or_nothing(db, tmp_path):
+    bad = tmp_path / "bad.sse"
+    bad.write_text("data: {broken\n\ndata: [DONE]\n\n")
+    result = run("capture", FIXTURES / "exchanges.jsonl", bad)
+    assert result.exit_code == 2
+    assert f"{bad}:1: SSE data is not JSON" in result.stderr
+    assert evidence_rows(db) == []
+
+
+def test_capture_unknown_incident_stores_nothing(db):
+    result = run("capture", "--incident", "no-such-incident", FIXTURES / "exchanges.jsonl")
+    assert result.exit_code == 2
+    assert "no incident with slug 'no-such-incident'" in result.stderr
+    assert evidence_rows(db) == []
+
+
+# ---------------------------------------------------------------------------- canary
+
+CANARY = "sk-canary-1234567890abcdefghij"
+CANARY_FRAGMENTS = (CANARY, "canary-1234567890", "1234567890abcdefghij")
+
+
+def write_canary_captures(folder: Path) -> list[Path]:
+    """Captures of every format whose headers, URL and bodies carry the canary secret."""
+    folder.mkdir()
+    request = {
+        "model": "gemma-4",
+        "api_key": CANARY,
+        "messages": [
+            {"role": "system", "content": f"Authorization: Bearer {CANARY}"},
+            {"role": "user", "content": f"my key is {CANARY}, keep it safe"},
+        ],
+        "extra_body": {"provider": {"password": CANARY, "token": CANARY}},
+        "max_tokens": 800,
+    }
+    response = (REAL / "budget-greedy.response.json").read_text()
+    (folder / "body.json").write_text(json.dumps(request))
+    (folder / "canary.curl").write_text(
+        f"curl 'http://gpu-box:8080/v1/chat/completions?api_key={CANARY}' \\\n"
+        f"  -H 'Authorization: Bearer {CANARY}' -H 'x-api-key: {CANARY}' \\\n"
+        f"  -H 'Cookie: session={CANARY}' -u 'alice:{CANARY}' \\\n"
+        "  -d @body.json\n"
+    )
+    (folder / "canary.response.txt").write_text(
+        f"HTTP/1.1 200 OK\r\nSet-Cookie: session={CANARY}\r\nContent-Type: application/json\r\n\r\n"
+        + response
+    )
+    har = json.loads((FIXTURES / "agent-session.har").read_text())
+    for entry in har["log"]["entries"]:
+        entry["request"]["headers"].append({"name": "Authorization", "value": f"Bearer {CANARY}"})
+        entry["request"]["url"] += f"{'&' if '?' in entry['request']['url'] else '?'}key={CANARY}"
+        if "postData" in entry["request"]:
+            body = json.loads(entry["request"]["postData"]["text"])
+            body["api_key"] = CANARY
+            entry["request"]["postData"]["text"] = json.dumps(body)
+    (folder / "canary.har").write_text(json.dumps(har))
+    line = {
+        "request": request,
+        "response": json.loads(response),
+        "status": 200,
+        "request_headers": {"Authorization": f"Bearer {CANARY}", "X-Api-Key": CANARY},
+        "url": f"http://gpu-box:8080/v1/chat/completions?token={CANARY}",
+    }
+    (folder / "canary.jsonl").write_text(json.dumps(line) + "\n")
+    return [folder / "canary.curl", folder / "canary.har", folder / "canary.jsonl"]
+
+
+def assert_no_canary(data: bytes, where: str) -> None:
+    variants = [f.encode() for f in CANARY_FRAGMENTS]
+    variants.append(base64.b64encode(f"alice:{CANARY}".encode()))
+    variants += [f.encode("utf-16-le") for f in CANARY_FRAGMENTS]
+    for variant in variants:
+        assert variant not in data, f"secret {variant!r} found in {where}"
+
+
+def test_canary_secret_never_reaches_the_database_output_logs_or_exports(tmp_path, db, caplog):
+    caplog.set_level(logging.DEBUG)
+    add_incident(db)
+    files = write_canary_captures(tmp_path / "captures")
+    outputs = []
+    for args in (
+        ["check", *files[1:]],
+        ["check", "--json", files[0], "--response", tmp_path / "captures" / "canary.response.txt"],
+        [
+            "capture",
+            "--incident",
+            SLUG,
+            files[0],
+            "--response",
+            tmp_path / "captures" / "canary.response.txt",
+            *files[1:],
+        ],
+        ["capture", "--json", *files[1:]],
+    ):
+        result = run(*args)
+        assert result.exit_code == 0, result.output
+        outputs.append(result.output.encode())
+    # a failing capture must not echo the secret either
+    broken = tmp_path / "captures" / "broken.jsonl"
+    broken.write_text(
+        json.dumps({"request": {"api_key": CANARY}, "response": f"{CANARY} oops"}) + "\n"
+    )
+    failed = run("capture", broken)
+    assert failed.exit_code == 2
+    outputs.append(failed.output.encode())
+    for n, output in enumerate(outputs):
+        assert_no_canary(output, f"CLI output #{n}")
+    assert_no_canary(caplog.text.encode(), "logs")
+
+    rows = evidence_rows(db)
+    assert len(rows) == 1 + 3 + 1 + 3 + 1  # curl, har (3), jsonl; then har (3), jsonl
+    assert all("[REDACTED:sha256:" in json.dumps(row.payload) for row in rows)
+
+    db_path = Path(db.split("///", 1)[1])
+    for path in sorted(db_path.parent.glob("kb.db*")):
+        assert_no_canary(path.read_bytes(), path.name)
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert_no_canary(db_path.read_bytes(), "kb.db after checkpoint")
+    dump = "\n".join(sqlite3.connect(db_path).iterdump())
+    assert_no_canary(dump.encode(), "SQL dump")
+
+    exported = tmp_path / "export"
+    try:
+        from kb.files import export_all
+    except ImportError:  # pragma: no cover - kb.files is another engineer's module
+        return
+    store = Store(db)
+    try:
+        paths = export_all(store, exported)
+    finally:
+        store.close()
+    assert paths
+    texts = [path.read_bytes() for path in exported.rglob("*") if path.is_file()]
+    for n, text in enumerate(texts):
+        assert_no_canary(text, f"exported file #{n}")
+    # the exported incident does carry the captured exchange, redacted
+    assert any(b"[REDACTED:sha256:" in text for text in texts)
+    shutil.rmtree(exported)

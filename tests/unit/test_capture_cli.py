@@ -124,11 +124,7 @@ def test_check_pair_forms(db, args):
     [item] = json.loads(result.stdout)
     assert {"empty-content", "length-stop", "reasoning-exhausted-budget"} <= set(item["symptoms"])
     budget = next(f for f in item["findings"] if f["kind"] == "reasoning-exhausted-budget")
-    assert (
-        "max_tokens" in budget["reason"]
-        and "of 1" in budget["reason"]
-        or "of 800" in budget["reason"]
-    )
+    assert budget["reason"].startswith("max_tokens ")  # the request was paired in
 
 
 def test_check_curl_with_response(db):

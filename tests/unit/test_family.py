@@ -315,3 +315,61 @@ def test_link_family_finds_a_cause_by_catalogue_id_unless_ambiguous(store: Store
                 session, "2026-08-01-two", "reasoning-exhausts-budget", "2026-08-02-one",
                 "budget-c",
             )
+
+
+# ------------------------------------------------------------------ the command line
+
+CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "captures" / "real"
+
+
+def _cli(store: Store, *args: str) -> Any:
+    from click.testing import CliRunner
+
+    from triage.cli import cli
+
+    result = CliRunner().invoke(cli, ["--database", store.url, *args], catch_exceptions=False)
+    return result
+
+
+@pytest.mark.skipif(
+    not (CAPTURES / "budget-greedy.response.json").exists()
+    or not list(INCIDENTS_DIR.glob("*qwen*.md")),
+    reason="needs the real drill captures and the incident files",
+)
+def test_family_command_on_a_real_drill_capture_lists_the_qwen_incidents(store: Store) -> None:
+    import json
+
+    from kb.files import import_paths
+
+    import_paths(store, [INCIDENTS_DIR])
+    result = _cli(store, "family", str(CAPTURES / "budget-greedy.response.json"), "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert {"empty-content", "length-stop", "reasoning-exhausted-budget"} <= set(data["findings"])
+    assert data["signature"]["model_family"] == "gemma"
+    assert data["signature"]["server_build"] == "11434"
+    assert data["implied_causes"] == ["reasoning-exhausts-budget"]
+    slugs = [match["slug"] for match in data["matches"]]
+    assert {path.stem for path in INCIDENTS_DIR.glob("*qwen*.md")} <= set(slugs)
+    assert REFERENCE in slugs
+
+
+def test_family_command_links_matches_that_share_a_confirmed_cause(family_store: Store) -> None:
+    import json
+
+    result = _cli(family_store, "family", REFERENCE, "--link", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    made = {(link["to"], link["cause"]) for link in data["links_made"]}
+    assert made == {(slug, "reasoning-exhausts-budget") for slug in QWEN}
+    assert all(m["linked"] for m in data["matches"] if m["slug"] in QWEN)
+    again = _cli(family_store, "family", REFERENCE, "--link")
+    assert again.exit_code == 0, again.output
+    assert "no new family links" in again.output
+    with family_store.session(readonly=True) as session:
+        assert len(session.exec(select(FamilyLink)).all()) == 2
+
+    human = _cli(family_store, "family", REFERENCE)
+    assert "[linked]" in human.output and QWEN[0] in human.output
+    missing = _cli(family_store, "family", "2026-01-01-nope")
+    assert missing.exit_code != 0 and "neither a stored incident nor a file" in missing.output

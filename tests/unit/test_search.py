@@ -306,3 +306,30 @@ def test_upgrade_indexes_rows_written_before_the_search_migration(db_url: str) -
             assert _slugs(search(session, "pomegranate")) == ["2026-01-05-before"]
     finally:
         store.close()
+
+
+# ------------------------------------------------------------------ the command line
+
+
+def test_search_command(reference_store: Store) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from triage.cli import cli
+
+    runner = CliRunner()
+    base = ["--database", reference_store.url, "search"]
+    result = runner.invoke(cli, [*base, "empty", "content", "finish", "length", "thinking"])
+    assert result.exit_code == 0, result.output
+    assert REFERENCE in result.output
+    result = runner.invoke(cli, [*base, "empty", "--status", "fixed", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert {hit["slug"] for hit in data["hits"]} == set(QWEN)
+    for query in ('NEAR("x', "*", "-"):
+        result = runner.invoke(cli, [*base, query])
+        assert result.exit_code == 0, result.output
+        assert "no incident matches" in result.output
+    result = runner.invoke(cli, [*base, "empty", "--status", "bogus"])
+    assert result.exit_code == 2

@@ -143,7 +143,7 @@ class _Loader(yaml.SafeLoader):
 
 _Loader.yaml_implicit_resolvers = _without_timestamps(yaml.SafeLoader.yaml_implicit_resolvers)
 # An explicit !!timestamp tag stays a string too.
-_Loader.add_constructor(_TIMESTAMP_TAG, yaml.SafeLoader.construct_yaml_str)
+_Loader.add_constructor(_TIMESTAMP_TAG, yaml.SafeLoader.construct_yaml_str)  # type: ignore[type-var]
 
 
 class _Dumper(yaml.SafeDumper):
@@ -180,7 +180,7 @@ _Dumper.add_representer(str, _represent_str)
 
 def load_yaml(text: str) -> Any:
     """Parse YAML safely; dates/datetimes stay strings; duplicate keys raise yaml.YAMLError."""
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+    return yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader subclass
 
 
 def dump_yaml(data: Any) -> str:
@@ -202,26 +202,27 @@ _DATE_TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(Z|
 _DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
+def _is_date_time(instance: object) -> bool:
+    if not isinstance(instance, str):
+        return True
+    if not _DATE_TIME_RE.match(instance):
+        return False
+    datetime.fromisoformat(instance)  # ValueError for e.g. month 13
+    return True
+
+
+def _is_uri(instance: object) -> bool:
+    if not isinstance(instance, str):
+        return True
+    return bool(re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#]+[^\s]*$", instance))
+
+
 def _format_checker() -> FormatChecker:
     checker = FormatChecker()
-
-    # jsonschema only checks "date-time" and "uri" with optional extra packages; these two
-    # small checkers keep validation the same on every install.
-    @checker.checks("date-time", raises=ValueError)
-    def _is_date_time(instance: object) -> bool:
-        if not isinstance(instance, str):
-            return True
-        if not _DATE_TIME_RE.match(instance):
-            return False
-        datetime.fromisoformat(instance)
-        return True
-
-    @checker.checks("uri")
-    def _is_uri(instance: object) -> bool:
-        if not isinstance(instance, str):
-            return True
-        return bool(re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#]+[^\s]*$", instance))
-
+    # jsonschema checks "date-time" and "uri" only when optional extra packages are
+    # installed; these two small checkers keep validation the same on every install.
+    checker.checks("date-time", raises=ValueError)(_is_date_time)
+    checker.checks("uri")(_is_uri)
     return checker
 
 
@@ -604,8 +605,9 @@ def _insert_record(
     session.flush()
     assert incident.id is not None
 
+    evidence_ids: dict[str, int] = {}
     for item in record.get("evidence", []):
-        add_evidence(
+        stored = add_evidence(
             session,
             incident_id=incident.id,
             key=item["id"],
@@ -615,11 +617,8 @@ def _insert_record(
             source=item.get("source", ""),
             recorded_at=parse_timestamp(item["recorded_at"]),
         )
-    evidence_ids = dict(
-        session.exec(
-            select(Evidence.key, Evidence.id).where(Evidence.incident_id == incident.id)
-        ).all()
-    )
+        assert stored.id is not None
+        evidence_ids[item["id"]] = stored.id
     for symptom in record.get("symptoms", []):
         session.add(
             Symptom(

@@ -206,34 +206,21 @@ def redact_text(text: str) -> str:
 
 
 def _redact_string_value(text: str) -> str:
-    # Fast path: most strings in a chat body hold none of the trigger substrings.
-    lowered = text.lower()
-    if not any(t in lowered for t in _TEXT_TRIGGERS):
+    # Fast path: no secret is shorter than 6 characters, and most strings in a chat body
+    # hold none of the substrings every pattern above needs (one regex pass in C).
+    if len(text) < 6 or not _TEXT_TRIGGER.search(text):
         return text
     return redact_text(text)
 
 
-_TEXT_TRIGGERS = (
-    "sk-",
-    "pk-",
-    "rk-",
-    "gh",
-    "hf_",
-    "glpat",
-    "xox",
-    "akia",
-    "aiza",
-    "eyj",
-    "bearer",
-    "basic",
-    "token",
-    "apikey",
-    "key",
-    "secret",
-    "passw",
+_TEXT_TRIGGER = re.compile(
+    r"sk-|pk-|rk-|gh[pousr][_-]|github_pat|hf[_-]|glpat|xox|akia|aiza|eyj|bearer|basic|token|key"
+    r"|secret|passw",
+    re.IGNORECASE,
 )
 
 
+@functools.lru_cache(maxsize=4096)
 def _normalise_key(key: str) -> str:
     return key.lower().replace("_", "").replace("-", "")
 

@@ -15,8 +15,15 @@ from triage.drills.template import gemma4_template, template_sha256
 from triage.llama.build import BUILD_NUMBER
 
 MANIFEST_VERSION = 1
-SERVER_ARGS = ["-c", "8192", "-np", "4"]
-SPEC_ARGS = ["--spec-type", "draft-simple"]
+# One compute thread: the drill models are tiny, and several multi-threaded servers on a
+# busy 2-core machine spin against each other (measured: 228 vs 5600 tokens/s).
+SERVER_ARGS = ["-c", "8192", "-np", "4", "-t", "1", "-tb", "1"]
+DRAFT_THREAD_ARGS = ["-td", "1", "-tbd", "1"]
+
+
+def spec_args(draft: Path | str) -> list[str]:
+    """The speculative-decoding flags of a drill server (what a spec-off probe removes)."""
+    return ["--spec-type", "draft-simple", "-md", str(draft), *DRAFT_THREAD_ARGS]
 
 
 @dataclass
@@ -189,7 +196,7 @@ def _finish(
             "sha256": _sha256(path),
             "bytes": path.stat().st_size,
         }
-    server_args = [*SERVER_ARGS, *SPEC_ARGS, "-md", str(models["draft"])]
+    server_args = [*SERVER_ARGS, *spec_args(models["draft"])]
     full_manifest = {
         "manifest_version": MANIFEST_VERSION,
         "drill": name,
@@ -198,7 +205,8 @@ def _finish(
                      "sha256": template_sha256(template)},
         "vocab_size": len(spec.design.vocab),
         "models": model_facts,
-        "server_args": [*SERVER_ARGS, *SPEC_ARGS, "-md", models["draft"].name],
+        "server_args": [*SERVER_ARGS, *spec_args(models["draft"].name)],
+        "spec_args": spec_args(models["draft"].name),
         **manifest,
     }
     for described, body in zip(full_manifest["requests"], requests, strict=True):

@@ -1,18 +1,27 @@
 """Start and stop llama-server variants: argv lists, loopback, a free port, health wait, logs.
 
-Every server started here is stopped again: by the `launch` context manager (also on
-exceptions and KeyboardInterrupt), by `RunningServer.stop`, and as a last resort by an
-atexit hook that stops whatever is still registered. Stopping is SIGTERM, then SIGKILL.
+Every server started here is stopped again, in layers:
+
+* the `launch` context manager (also on exceptions and KeyboardInterrupt) and
+  `RunningServer.stop`: SIGTERM, then SIGKILL after a grace period;
+* an atexit hook that stops whatever is still registered when Python exits normally;
+* a SIGTERM handler (installed from the main thread when none is set) that stops the
+  servers before Python dies of the signal, which would skip atexit;
+* on Linux, servers started from the main thread get PR_SET_PDEATHSIG, so even a SIGKILL of
+  Python takes them down. (Not from other threads: the signal fires when the *thread* that
+  started the child ends.)
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -111,7 +120,7 @@ class RunningServer:
         self.started_at = time.monotonic()
         self.launch_seconds: float | None = None
         self._stopping = False
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     @property
     def pid(self) -> int:
@@ -171,7 +180,8 @@ class _Registry:
 
     def __init__(self) -> None:
         self._servers: set[RunningServer] = set()
-        self._lock = threading.Lock()
+        # Reentrant: the SIGTERM handler may run while the main thread holds it.
+        self._lock = threading.RLock()
 
     def add(self, server: RunningServer) -> None:
         with self._lock:
@@ -193,6 +203,36 @@ class _Registry:
 
 _REGISTRY = _Registry()
 atexit.register(_REGISTRY.stop_all)
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    _REGISTRY.stop_all()
+    # Then die of SIGTERM as if no handler had been installed.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _install_sigterm_handler() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _preexec() -> object:
+    """preexec_fn that makes the child die with us (main thread, Linux), else None."""
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    if not (sys.platform.startswith("linux") and on_main_thread):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not in the child
+
+    def die_with_parent() -> None:  # runs in the child between fork and exec
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+
+    return die_with_parent
 
 
 def running_servers() -> list[RunningServer]:
@@ -265,6 +305,7 @@ def start(
         full_spec = ServerSpec(spec.binary, spec.model, [*spec.args, "--metrics"])
     argv = full_spec.argv(chosen_port, host)
 
+    _install_sigterm_handler()
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"llama-server-{chosen_port}-{time.strftime('%Y%m%d-%H%M%S')}.log"
     with log_path.open("wb") as log_file:
@@ -279,6 +320,7 @@ def start(
             # Own session: a Ctrl-C in the terminal reaches Python, which stops the server
             # in order, instead of killing the server under a request.
             start_new_session=True,
+            preexec_fn=_preexec(),  # type: ignore[arg-type]
         )
     server = RunningServer(full_spec, process, host, chosen_port, log_path, argv)
     _REGISTRY.add(server)

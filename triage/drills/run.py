@@ -1,0 +1,126 @@
+"""Run a drill on a real llama-server and summarise what came back."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from triage.drills.registry import Drill
+from triage.llama.build import binary_build_info, find_server_binary
+from triage.llama.client import ChatResult, LlamaClient
+from triage.llama.launcher import ServerSpec, launch
+
+TIMING_KEYS = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "draft_n",
+               "draft_n_accepted")
+
+
+def summarize(name: str, result: ChatResult) -> dict[str, Any]:
+    """The shape of one chat response: finish, lengths, tool calls, timings."""
+    timings = {key: result.timings[key] for key in TIMING_KEYS if key in result.timings}
+    summary: dict[str, Any] = {
+        "name": name,
+        "status": result.status_code,
+        "finish_reason": result.finish_reason,
+        "content_chars": len(result.content),
+        "reasoning_chars": len(result.reasoning_content),
+        "tool_calls": [
+            {"name": call.get("function", {}).get("name"),
+             "arguments": call.get("function", {}).get("arguments")}
+            for call in result.tool_calls
+        ],
+        "timings": timings,
+        "elapsed_seconds": round(result.elapsed, 4),
+    }
+    if result.error:
+        summary["error"] = result.error
+    if timings.get("draft_n"):
+        summary["draft_acceptance"] = timings.get("draft_n_accepted", 0) / timings["draft_n"]
+    return summary
+
+
+def _slots(args: list[str]) -> int:
+    for flag in ("-np", "--parallel"):
+        if flag in args and args.index(flag) + 1 < len(args):
+            return max(1, int(args[args.index(flag) + 1]))
+    return 1
+
+
+async def _send_all(
+    base_url: str, bodies: list[tuple[str, dict[str, Any]]], timeout: float, slots: int
+) -> list[dict[str, Any]]:
+    # No more requests in flight than the server has slots: the client deadline then
+    # measures serving time, not time spent queued behind other requests.
+    gate = asyncio.Semaphore(slots)
+    async with LlamaClient(base_url, timeout=timeout) as client:
+
+        async def send(body: dict[str, Any]) -> ChatResult:
+            async with gate:
+                return await client.chat(body)
+
+        results = await asyncio.gather(*(send(body) for _, body in bodies))
+    return [summarize(name, result) for (name, _), result in zip(bodies, results, strict=True)]
+
+
+def run_drill(
+    drill: Drill,
+    *,
+    log_dir: Path,
+    binary: Path | None = None,
+    repeat: int = 1,
+    contrasts: bool = True,
+    timeout: float = 120.0,
+) -> dict[str, Any]:
+    """Start the drill's incident server, send its scripted requests (`repeat` times each,
+    seeds 1..repeat for sampled ones) and its contrasts, and return the summaries."""
+    binary = binary or find_server_binary()
+    bodies: list[tuple[str, dict[str, Any]]] = []
+    for described, body in zip(drill.manifest["requests"], drill.requests, strict=True):
+        for index in range(repeat):
+            seeded = body if repeat == 1 or "seed" in body else {**body, "seed": index + 1}
+            label = described["name"] if repeat == 1 else f"{described['name']}#{index + 1}"
+            bodies.append((label, seeded))
+    if contrasts:
+        bodies.extend(drill.contrasts.items())
+    spec = ServerSpec(binary, drill.model, list(drill.server_args))
+    with launch(spec, log_dir) as server:
+        summaries = asyncio.run(
+            _send_all(server.base_url, bodies, timeout, _slots(drill.server_args))
+        )
+        launch_seconds = server.launch_seconds
+        log_path = server.log_path
+    return {
+        "drill": drill.name,
+        "server": {
+            "binary": str(binary),
+            "build": binary_build_info(binary).get("build_number"),
+            "model": str(drill.model),
+            "args": list(drill.server_args),
+            "launch_seconds": launch_seconds,
+            "log": str(log_path),
+        },
+        "results": summaries,
+    }
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """One line per response, for people."""
+    timings = summary["timings"]
+    parts = [
+        f"{summary['name']:<22}",
+        f"HTTP {summary['status']}",
+        f"finish={summary['finish_reason']}",
+        f"content={summary['content_chars']}ch",
+        f"reasoning={summary['reasoning_chars']}ch",
+        f"tool_calls={len(summary['tool_calls'])}",
+    ]
+    if "predicted_n" in timings:
+        parts.append(f"tokens={timings['predicted_n']} in {timings.get('predicted_ms', 0):.0f}ms")
+    if "draft_acceptance" in summary:
+        parts.append(
+            f"draft {timings.get('draft_n_accepted')}/{timings.get('draft_n')} "
+            f"({summary['draft_acceptance']:.0%})"
+        )
+    if summary.get("error"):
+        parts.append(f"error={summary['error']}")
+    return "  ".join(parts)

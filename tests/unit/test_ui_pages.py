@@ -47,11 +47,11 @@ def kb_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
 
 def open_page(page: str, **query: str) -> AppTest:
-    """Run the app, switch to `pages/<page>.py` with the query parameters, run again."""
+    """Run the app, switch to `views/<page>.py` with the query parameters, run again."""
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     assert not at.exception, [e.value for e in at.exception]
     if page != "incidents":
-        at.switch_page(f"pages/{page}.py")
+        at.switch_page(f"views/{page}.py")
     at.query_params.update(query)
     at.run()
     assert not at.exception, [e.value for e in at.exception]
@@ -203,6 +203,12 @@ def test_incident_page_graph_has_the_right_nodes(kb_url: str) -> None:
     assert re.search(r'"cause:quantized-weights" \[[^\]]*fillcolor="#7f8c8d"', dot)  # rejected
     assert re.search(r'"decision:1" \[label="PARKED 2026-06-10"', dot)
     assert any(code.language == "dot" and code.value.strip() == dot.strip() for code in at.code)
+    assert "evidence:E9" not in nodes  # evidence nodes only on request
+    at.toggle(key="graph_evidence").set_value(True)
+    at.run()
+    dot = at.get("graphviz_chart")[0].proto.spec
+    assert '"evidence:E9" -> "cause:reasoning-exhausts-budget" [label="supports"' in dot
+    assert '"evidence:E6" -> "cause:quantized-weights" [label="refutes"' in dot
 
 
 def test_incident_page_history_references_and_evidence(kb_url: str) -> None:

@@ -130,7 +130,7 @@ def assert_inert(at: AppTest) -> list[str]:
 def run(page: str, **query: str) -> AppTest:
     at = AppTest.from_file(APP, default_timeout=60).run()
     if page != "incidents":
-        at.switch_page(f"pages/{page}.py")
+        at.switch_page(f"views/{page}.py")
     at.query_params.update(query)
     at.run()
     assert not at.exception, [e.value for e in at.exception]

@@ -6,15 +6,17 @@ import streamlit as st
 
 st.set_page_config(page_title="triage", page_icon=":material/troubleshoot:", layout="wide")
 
+# The page scripts live in views/, not pages/: a pages/ folder next to the entry script
+# switches Streamlit's server into the legacy multipage mode until st.navigation runs.
 PAGES = [
-    st.Page("pages/incidents.py", title="Incidents", icon=":material/list:", default=True),
-    st.Page("pages/incident.py", title="Incident", icon=":material/troubleshoot:",
+    st.Page("views/incidents.py", title="Incidents", icon=":material/list:", default=True),
+    st.Page("views/incident.py", title="Incident", icon=":material/troubleshoot:",
             url_path="incident"),
-    st.Page("pages/new_triage.py", title="New triage", icon=":material/add_circle:",
+    st.Page("views/new_triage.py", title="New triage", icon=":material/add_circle:",
             url_path="new-triage"),
-    st.Page("pages/decisions.py", title="Decision log", icon=":material/gavel:",
+    st.Page("views/decisions.py", title="Decision log", icon=":material/gavel:",
             url_path="decisions"),
-    st.Page("pages/retrospective.py", title="Retrospective", icon=":material/history_edu:",
+    st.Page("views/retrospective.py", title="Retrospective", icon=":material/history_edu:",
             url_path="retrospective"),
 ]
 

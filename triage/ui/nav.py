@@ -1,7 +1,7 @@
 """Page files, relative to app.py, for st.switch_page / st.page_link."""
 
-INCIDENTS = "pages/incidents.py"
-INCIDENT = "pages/incident.py"
-NEW_TRIAGE = "pages/new_triage.py"
-DECISIONS = "pages/decisions.py"
-RETROSPECTIVE = "pages/retrospective.py"
+INCIDENTS = "views/incidents.py"
+INCIDENT = "views/incident.py"
+NEW_TRIAGE = "views/new_triage.py"
+DECISIONS = "views/decisions.py"
+RETROSPECTIVE = "views/retrospective.py"

@@ -122,26 +122,27 @@ def header(record: dict[str, Any]) -> None:
                 "; ".join(data.describe_trigger(t) for t in latest["triggers"])
             )
         st.info(line, icon=":material/gavel:")
-    columns = st.columns(4)
-    for column, (label, key) in zip(
-        columns,
-        [("Model", "model"), ("Weights", "weights"), ("Server build", "server_build"),
-         ("Flags", "flags")],
-        strict=True,
-    ):
-        value = stack.get(key)
-        if isinstance(value, list):
-            value = " ".join(str(v) for v in value)
-        column.caption(label)
-        column.text(str(value or "-"))
-    extra = {k: v for k, v in stack.items() if k not in {"model", "weights", "server_build",
-                                                           "flags"}}
-    if extra:
-        st.caption(md_escape(", ".join(f"{k}: {v}" for k, v in extra.items())))
-    if record.get("summary"):
-        st.markdown(md_escape(record["summary"]))
-    if record.get("impact"):
-        st.markdown(f"**Impact:** {md_escape(record['impact'])}")
+    with st.expander("Summary, impact and stack", expanded=False):
+        if record.get("summary"):
+            st.markdown(md_escape(record["summary"]))
+        if record.get("impact"):
+            st.markdown(f"**Impact:** {md_escape(record['impact'])}")
+        columns = st.columns(4)
+        for column, (label, key) in zip(
+            columns,
+            [("Model", "model"), ("Weights", "weights"), ("Server build", "server_build"),
+             ("Flags", "flags")],
+            strict=True,
+        ):
+            value = stack.get(key)
+            if isinstance(value, list):
+                value = " ".join(str(v) for v in value)
+            column.caption(label)
+            column.text(str(value or "-"))
+        extra = {k: v for k, v in stack.items()
+                 if k not in {"model", "weights", "server_build", "flags"}}
+        if extra:
+            st.caption(md_escape(", ".join(f"{k}: {v}" for k, v in extra.items())))
 
 
 def diagnosis_tab(record: dict[str, Any]) -> None:
@@ -277,8 +278,14 @@ def arms_tab(record: dict[str, Any]) -> None:
 
 def graph_tab(record: dict[str, Any]) -> None:
     graph = build_graph(record)
-    dot = to_dot(graph)
     counts = summary(graph)
+    with_evidence = st.toggle("Show evidence nodes", value=False, key="graph_evidence")
+    if not with_evidence:
+        # Causes, symptoms, probes and decisions only: the shape an on-call reader needs.
+        graph = graph.subgraph(
+            [n for n, d in graph.nodes(data=True) if d.get("kind") != "evidence"]
+        ).copy()
+    dot = to_dot(graph)
     st.caption(
         " · ".join(f"{count} {status}" for status, count in counts["causes_by_status"].items())
         + f" · {counts['nodes']} nodes, {counts['edges']} edges"

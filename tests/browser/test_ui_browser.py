@@ -1,0 +1,184 @@
+"""The web UI in a real browser: `triage ui` on a free port, driven with Debian's Chromium.
+
+Playwright's own browser download cannot work here, so the driver is pointed at
+/usr/bin/chromium. The screenshot is kept as a test artefact in artifacts/.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kb.files import import_paths
+from kb.store import Store
+
+pytestmark = pytest.mark.browser
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "artifacts"
+CHROMIUM = Path(os.environ.get("TRIAGE_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+REFERENCE = "2026-06-10-gemma4-empty-response"
+HOSTILE_SLUG = "2026-07-02-markup-in-a-cause-title"
+HOSTILE_TITLE = "Cause <script>alert(1)</script><img src=x onerror=alert(1)>"
+HOSTILE = f"""---
+slug: {HOSTILE_SLUG}
+title: 'Incident <img src=x onerror=alert(1)>'
+status: open
+opened: 2026-07-02
+summary: '<script>alert(1)</script> [click](javascript:alert(1))'
+causes:
+  - id: output-parsing
+    catalogue: output-parsing
+    title: '{HOSTILE_TITLE}'
+    status: suspected
+    basis: untested
+    rationale: '<img src=x onerror=alert(1)>'
+---
+<script>alert(1)</script>
+"""
+START_TIMEOUT = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def ui_server(tmp_path: Path) -> Iterator[str]:
+    """`triage ui` on a free port over a fresh database with incidents/ imported."""
+    if not CHROMIUM.exists():
+        message = f"Chromium not found at {CHROMIUM} (make test installs it)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    url = f"sqlite:///{tmp_path / 'kb.db'}"
+    hostile = tmp_path / f"{HOSTILE_SLUG}.md"
+    hostile.write_text(HOSTILE, "utf-8")
+    store = Store(url)
+    try:
+        import_paths(store, [REPO / "incidents", hostile])
+    finally:
+        store.close()
+    port = free_port()
+    log = (tmp_path / "ui.log").open("wb")
+    triage = Path(sys.executable).with_name("triage")
+    env = dict(os.environ, TRIAGE_DATABASE_URL=url, HOME=str(tmp_path))
+    server = subprocess.Popen(
+        [str(triage), "ui", "--port", str(port), "--host", "127.0.0.1"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            if server.poll() is not None:
+                pytest.fail(f"triage ui exited ({server.returncode}): "
+                            + (tmp_path / "ui.log").read_text(errors="replace"))
+            try:
+                if httpx.get(f"{base}/_stcore/health", timeout=2).text.strip() == "ok":
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("triage ui did not become healthy: "
+                            + (tmp_path / "ui.log").read_text(errors="replace"))
+            time.sleep(0.3)
+        yield base
+    finally:
+        # Only the server this fixture started (its own session), never anything else.
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait(timeout=15)
+        log.close()
+
+
+def test_reference_incident_diagnosis_and_graph_in_chromium(ui_server: str) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    dialogs: list[str] = []
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 2400})
+            page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+            page.set_default_timeout(60_000)
+            expect.set_options(timeout=60_000)
+
+            page.goto(f"{ui_server}/incident?slug={REFERENCE}")
+            main = page.locator('[data-testid="stMain"]')
+            expect(main.get_by_text("Confirmed (1)", exact=False)).to_be_visible()
+            expect(main.get_by_text("Rejected (1)", exact=False)).to_be_visible()
+            causes = main.locator('[data-testid="stExpander"] summary')
+            for title in (
+                "Thinking is on by default and the reasoning channel eats the token budget",
+                "The QAT Q4 weights made the model dumber",
+                "Draft-MTP speculative decoding changes committed tokens",
+            ):
+                expect(causes.filter(has_text=title).first).to_be_visible()
+            # The confirmed cause is open: its numbers are on screen.
+            confirmed = main.locator('[data-testid="stExpander"]').filter(
+                has=page.locator("summary", has_text="Thinking is on by default")
+            ).first
+            expect(confirmed.get_by_text("reasoning_len=2797", exact=False).first).to_be_visible()
+            expect(main.get_by_text("PARKED 2026-06-10", exact=False).first).to_be_visible()
+
+            page.get_by_role("tab", name="Cause graph").click()
+            svg = page.locator('[data-testid="stGraphVizChart"] svg').first
+            expect(svg).to_be_visible()
+            assert svg.locator("g.node").count() > 10
+            graph_text = svg.text_content() or ""
+            assert "Thinking is on by default" in graph_text
+            assert "PARKED 2026-06-10" in graph_text
+            page.screenshot(path=str(ARTIFACTS / "ui-incident-graph.png"))
+            page.get_by_role("tab", name="Diagnosis").click()
+            expect(main.get_by_text("Confirmed (1)", exact=False)).to_be_visible()
+            page.screenshot(path=str(ARTIFACTS / "ui-incident.png"), full_page=True)
+
+            # Markup typed into a cause title shows as text and never runs.
+            page.goto(f"{ui_server}/incident?slug={HOSTILE_SLUG}")
+            expect(main.locator('[data-testid="stExpander"] summary').filter(
+                has_text=HOSTILE_TITLE).first).to_be_visible()
+            expect(main.locator("h1").first).to_have_text("Incident <img src=x onerror=alert(1)>")
+            page.get_by_role("tab", name="Cause graph").click()
+            expect(page.locator('[data-testid="stGraphVizChart"] svg').first).to_be_visible()
+            assert main.locator("img[src='x']").count() == 0
+            assert not page.evaluate(
+                "() => [...document.scripts].some(s => s.textContent.includes('alert(1)'))"
+            )
+            page.goto(f"{ui_server}/")
+            expect(page.locator('[data-testid="stDataFrame"]').first).to_be_visible()
+            page.wait_for_timeout(500)
+        finally:
+            browser.close()
+    assert dialogs == [], f"recorded text ran as script: {dialogs}"
+    assert (ARTIFACTS / "ui-incident.png").stat().st_size > 10_000

@@ -757,7 +757,8 @@ def _request_body(value: Any, file: str, location: str | int | None) -> dict[str
         raise CaptureError(
             file, location, f"request must be a JSON object, got {_json_type(value)}"
         )
-    return redact_json(value)
+    redacted: dict[str, Any] = redact_json(value)
+    return redacted
 
 
 def _finish(exchange: Exchange, file: str) -> Exchange:
@@ -851,9 +852,11 @@ class _StreamState:
             if not isinstance(index, int) or isinstance(index, bool):
                 index = position
             state = self.choices.setdefault(index, _ChoiceState())
-            delta = choice.get("delta")
-            if not isinstance(delta, dict):
-                delta = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+            delta: dict[str, Any] = {}
+            for key in ("delta", "message"):  # a final chunk may carry a whole message
+                if isinstance(choice.get(key), dict):
+                    delta = choice[key]
+                    break
             if isinstance(choice.get("text"), str):  # /v1/completions streams
                 state.content.append(choice["text"])
             if isinstance(delta.get("role"), str):

@@ -369,8 +369,11 @@ class LlamaClient:
                             result.error = f"expected an event stream, got {content_type!r}"
                         result.elapsed = time.monotonic() - started
                         return result
-                    recorder = _RecordingStream(response.stream)
-                    response.stream = recorder
+                    try:  # a body that is already in memory (e.g. MockTransport)
+                        result.raw = response.content
+                    except httpx.ResponseNotRead:
+                        recorder = _RecordingStream(response.stream)
+                        response.stream = recorder
                     assembler = _StreamAssembler(result)
                     async for event in EventSource(response).aiter_sse():
                         if result.first_chunk_seconds is None:

@@ -841,12 +841,14 @@ def recorded_stack_source(session: Session, incident: Incident) -> str | None:
     return str(source) if source else None
 
 
-def confirmed_causes(session: Session, incident: Incident) -> list[Cause]:
-    """The incident's confirmed causes, in record order."""
+def live_causes(session: Session, incident: Incident) -> list[Cause]:
+    """The incident's confirmed and suspected causes (not the rejected), in record order."""
     return list(
         session.exec(
             select(Cause)
-            .where(Cause.incident_id == incident.id, Cause.status == "confirmed")
+            .where(
+                Cause.incident_id == incident.id, col(Cause.status).in_(["confirmed", "suspected"])
+            )
             .order_by(col(Cause.id))
         ).all()
     )

@@ -111,8 +111,19 @@ def cited(
     for sentence in split:
         chosen = attribute(sentence, keys, index or {}) if narrow else []
         chosen = chosen or list(fallback or keys)
-        parts.append(f"{escape(sentence)} {cite(chosen)}")
+        parts.append(f"{link_ids(escape(sentence), index or {})} {cite(chosen)}")
     return " ".join(parts) or cite(keys)
+
+
+def link_ids(escaped: str, index: dict[str, str]) -> str:
+    """Evidence ids that recorded text itself cites ("... [E5] ...") as links, when the
+    record has them; anything else in brackets stays text."""
+
+    def replace(match: re.Match[str]) -> str:
+        key = match.group(1).replace("\\", "")
+        return cite([key]) if key in index else match.group(0)
+
+    return re.sub(r"\\\[((?:\\.|[A-Za-z0-9.-])+)\\\]", replace, escaped)
 
 
 _DATE_IN_TEXT = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
@@ -259,10 +270,11 @@ def _arm_text(arm: dict[str, Any]) -> str:
     if isinstance(n, int) and isinstance(failures, int) and n > 0:
         parts.append(f": {failures}/{n} failed ({failures / n:.0%})")
     ci = arm.get("ci95")
-    if isinstance(ci, list) and len(ci) == 2:
-        parts.append(f", 95% interval {_value(ci[0])}-{_value(ci[1])}")
-    if arm.get("p_value") is not None:
-        parts.append(f", p = {_value(arm['p_value'])} vs baseline")
+    if isinstance(ci, list) and len(ci) == 2 and all(isinstance(v, (int, float)) for v in ci):
+        parts.append(f", 95% interval {ci[0]:.2f}-{ci[1]:.2f}")
+    p_value = arm.get("p_value")
+    if isinstance(p_value, (int, float)) and not isinstance(p_value, bool):
+        parts.append(f", p = {p_value:.2g} vs baseline")
     if arm.get("decision"):
         parts.append(f", {escape(arm['decision'])}")
     return "".join(parts) + "."
@@ -323,12 +335,13 @@ def _summary(record: dict[str, Any]) -> list[str]:
         lines.append("*Nothing is on record yet.*")
     impact = str(record.get("impact") or "").strip()
     if impact:
-        lines += [
-            "",
-            "*Impact as recorded (the record links no evidence ids to this text):*",
-            "",
-            f"> {escape(impact)}",
-        ]
+        quoted = link_ids(escape(impact), index)
+        label = (
+            "*Impact as recorded:*"
+            if "](#evidence-" in quoted
+            else "*Impact as recorded (the record links no evidence ids to this text):*"
+        )
+        lines += ["", label, "", f"> {quoted}"]
     return lines
 
 

@@ -244,7 +244,7 @@ def test_arms_decisions_and_missing_evidence_are_shown(reference: dict[str, Any]
             "kind": "FIXED",
             "at": "2026-07-02T09:30:00Z",
             "by": "alice",
-            "rationale": "restart.",
+            "rationale": "restart [E22], not [E99].",
             "fix": "restart",
             "verified": False,
         }
@@ -254,7 +254,10 @@ def test_arms_decisions_and_missing_evidence_are_shown(reference: dict[str, Any]
     assert "**2026-07-01 10:00 UTC**: Probe arm baseline (as sent): 8/8 failed (100%)" in timeline
     assert "Decision FIXED (by alice)." in timeline
     decision = "\n".join(sections(markdown)["Decision"])
-    assert f"restart. {NO_EVIDENCE}" in decision and "Fix (not verified): restart" in decision
+    # Ids the recorded text cites itself become links when the record has them.
+    assert f"restart \\[[E22](#evidence-e22)\\], not \\[E99\\]. {NO_EVIDENCE}" in decision
+    assert "Fix (not verified): restart" in decision
+    assert "### Evidence E22" in markdown and "### Evidence E99" not in markdown
 
 
 def test_an_empty_record_says_so() -> None:

@@ -352,8 +352,9 @@ def revisit_incident(
     max_requests: int,
     log_dir: Path | None = None,
 ) -> RevisitResult:
-    """Replay an incident's recorded failing exchanges (and the deciding probes of its
-    confirmed causes) on the current stack; record the result as evidence; propose."""
+    """Replay an incident's recorded failing exchanges (and, while the failure is still
+    there, the deciding probes of its confirmed and suspected causes) on the current stack;
+    record the results as evidence; propose FIXED, PARKED or REOPENED."""
     from triage.engine import replay_rate
     from triage.probes import request_arms
     from triage.stackfile import load_stack
@@ -368,9 +369,9 @@ def revisit_incident(
         source = (
             str(stack_path) if stack_path else kb_decisions.recorded_stack_source(session, incident)
         )
-        confirmed = [
+        deciding = [
             (cause.key, cause.deciding_probe)
-            for cause in kb_decisions.confirmed_causes(session, incident)
+            for cause in kb_decisions.live_causes(session, incident)
             if cause.deciding_probe
         ]
     if not requests:
@@ -406,12 +407,15 @@ def revisit_incident(
     summary = _summary_line(f"revisit on the current stack{build_text}", payload, baseline)
 
     probe_payloads: list[tuple[str, dict[str, Any]]] = []
-    if payload["failures"] and payload["decision"] != "errored":
-        # The failure is still there: does the confirmed cause still explain it?
+    if payload["failures"] and payload["decision"] not in ("errored", "removes"):
+        # The failure is still there: do the deciding probes of the causes still (or now)
+        # remove it on this stack? Request-level probes only; one run per probe.
         transforms = {arm.name: arm.transform for arm in request_arms(bodies[0])}
-        for cause_key, probe in confirmed:
-            if probe not in transforms or probe == "baseline":
-                continue
+        by_probe: dict[str, list[str]] = {}
+        for cause_key, probe in deciding:
+            if probe in transforms and probe != "baseline":
+                by_probe.setdefault(probe, []).append(cause_key)
+        for probe, cause_keys in by_probe.items():
             probe_result = replay_rate(
                 stack,
                 [transforms[probe](body) for body in bodies],
@@ -422,10 +426,10 @@ def revisit_incident(
             probe_payload = _arm_payload(
                 probe_result,
                 f"{kb_decisions.REVISIT_ARM}:{probe}",
-                f"deciding probe of {cause_key} on the current stack",
+                f"deciding probe of {', '.join(cause_keys)} on the current stack",
                 (payload["failures"], payload["n"]),
             )
-            probe_payload["cause"] = cause_key
+            probe_payload["causes"] = cause_keys
             probe_payloads.append((probe, probe_payload))
 
     at = now()

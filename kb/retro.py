@@ -309,12 +309,12 @@ def _summary(record: dict[str, Any]) -> list[str]:
             f"{cited(onset.get('event'), onset.get('evidence') or [], index)}"
         )
     groups = (
-        ("Confirmed", lambda c: c.get("status") == "confirmed"),
-        ("Rejected", lambda c: c.get("status") == "rejected"),
-        ("Still suspected", lambda c: c.get("status") == "suspected"),
+        ("Confirmed", "confirmed"),
+        ("Rejected", "rejected"),
+        ("Still suspected", "suspected"),
     )
-    for label, test in groups:
-        causes = [c for c in record.get("causes") or [] if test(c)]
+    for label, status in groups:
+        causes = [c for c in record.get("causes") or [] if c.get("status") == status]
         if causes:
             lines.append(
                 f"- **{label}:** "

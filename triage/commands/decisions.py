@@ -306,7 +306,9 @@ def _rate(k: int, n: int) -> str:
     return f"{k}/{n} ({k / n:.0%})" if n else f"{k}/{n}"
 
 
-def _arm_payload(result: Any, arm: str, variant: str, baseline: tuple[int, int] | None) -> dict:
+def _arm_payload(
+    result: Any, arm: str, variant: str, baseline: tuple[int, int] | None
+) -> dict[str, Any]:
     n, failures = int(result.n), int(result.failures)
     ci = getattr(result, "ci95", None)
     if ci is not None and not isinstance(ci, list):

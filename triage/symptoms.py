@@ -46,12 +46,15 @@ KINDS = (
     "http-error",
     "timeout",
 )
-# What an agent's user sees as a broken reply. The other kinds explain a failure (the
-# budget ran out, the thinking looped) but a reply that shows only them still worked:
-# a length stop with a full answer, a repetitive thought that ended in a good answer.
+# What an agent's user sees as a broken reply: nothing, an answer cut off by the token limit
+# (OpenAI: "incomplete model output"), a tool call that cannot run, an error, no reply.
+# Runaway reasoning only explains a failure: a thought that looped and still ended in a
+# complete answer is a working reply (retries "usually succeed" for this reason).
 USER_FACING_KINDS = frozenset(
     {
         "empty-content",
+        "length-stop",
+        "reasoning-exhausted-budget",
         "tool-args-invalid-json",
         "tool-args-schema-violation",
         "tool-markup-leaked",
@@ -73,6 +76,10 @@ LENGTH_FINISH_REASONS = frozenset({"length", "max_tokens"})
 SHORT_CONTENT_CHARS = 40
 # "Reasoning holds most of the completion tokens": a strict majority.
 REASONING_MAJORITY_SHARE = 0.5
+# A longer answer still counts as cut short when the thought took four fifths of what was
+# generated: the answer got at most a fifth of the budget, so switching thinking off (not
+# raising max_tokens) is what would have let it finish.
+REASONING_DOMINANT_SHARE = 0.8
 # Repetition of the reasoning text, measured as the share of word 5-grams that repeat an
 # earlier one. Natural prose and real reasoning traces stay well below 0.25 (stock
 # phrases repeat, whole 5-word spans rarely do); a loop of period P tokens over T tokens
@@ -414,7 +421,7 @@ def check_reasoning_budget(view: _View) -> list[Finding]:
         hit_limit = choice.finish_reason in LENGTH_FINISH_REASONS or (
             completion is not None and limit is not None and completion >= limit
         )
-        if not hit_limit or visible_chars >= SHORT_CONTENT_CHARS:
+        if not hit_limit:
             continue
         reasoning_chars = len(choice.reasoning)
         if reasoning_tokens is not None and completion:
@@ -429,7 +436,8 @@ def check_reasoning_budget(view: _View) -> list[Finding]:
                 )
             else:
                 basis = f"reasoning is {share:.0%} of the generated text"
-        if share <= REASONING_MAJORITY_SHARE:
+        short = visible_chars < SHORT_CONTENT_CHARS or share >= REASONING_DOMINANT_SHARE
+        if share <= REASONING_MAJORITY_SHARE or not short:
             continue
         limit_text = f"max_tokens {limit}" if limit is not None else "the token limit"
         findings.append(

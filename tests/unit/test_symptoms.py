@@ -124,7 +124,7 @@ def tool_call(arguments: Any, name: str = "get_weather") -> dict[str, Any]:
 def test_registry_covers_every_kind_in_order():
     assert list(CHECKS) == list(KINDS)
     assert USER_FACING_KINDS | DIAGNOSTIC_KINDS == set(KINDS)
-    assert DIAGNOSTIC_KINDS == {"length-stop", "reasoning-exhausted-budget", "runaway-reasoning"}
+    assert DIAGNOSTIC_KINDS == {"runaway-reasoning"}
     for name in symptoms.__all__:
         assert hasattr(symptoms, name)
     with pytest.raises(ValueError):
@@ -187,8 +187,8 @@ def test_length_stop():
     assert finding.where == "$.response.choices[0].finish_reason"
     assert "max_tokens 40" in finding.reason
     assert not failed(classify(exchange({"content": "x"}, finish="stop")), "length-stop")
-    # a length stop with a full answer is diagnostic, not a broken reply
-    assert not is_failure(exchange({"content": "a long enough answer"}, finish="length"))
+    # an answer cut off by the limit is incomplete: a broken reply
+    assert is_failure(exchange({"content": "a long enough answer"}, finish="length"))
 
 
 # ---------------------------------------------------------------------------- budget
@@ -215,6 +215,21 @@ def test_reasoning_exhausted_budget_from_reported_reasoning_tokens():
     assert "780 of 800" in finding.reason
 
 
+def test_reasoning_budget_cuts_a_started_answer_when_thinking_dominates():
+    ex = exchange(
+        {
+            "content": "Gulls wheel over a grey harbour as the first",
+            "reasoning_content": "y" * 2600,
+        },
+        finish="length",
+    )
+    [finding] = failed(classify(ex), "reasoning-exhausted-budget")
+    assert finding.score > 0.8
+    assert is_failure(ex)
+    ex = exchange({"content": "x" * 800, "reasoning_content": "y" * 2600}, finish="length")
+    assert not failed(classify(ex), "reasoning-exhausted-budget")  # 76%: the answer had room
+
+
 def test_reasoning_budget_hit_without_length_reason_when_tokens_reach_max():
     ex = exchange(
         {"content": "", "reasoning_content": "thinking " * 50},
@@ -230,8 +245,8 @@ def test_reasoning_budget_hit_without_length_reason_when_tokens_reach_max():
     [
         # the model stopped by itself after thinking: empty, but not a budget problem
         ({"content": "", "reasoning_content": "done thinking"}, "stop", None),
-        # a real answer was written; the limit cut it later
-        ({"content": "x" * 200, "reasoning_content": "y" * 3000}, "length", None),
+        # a real answer was written; the limit cut it later (reasoning 60% of the text)
+        ({"content": "x" * 2000, "reasoning_content": "y" * 3000}, "length", None),
         # no reasoning at all
         ({"content": ""}, "length", None),
         # reasoning tokens reported as a minority
@@ -537,7 +552,7 @@ REAL_EXPECTATIONS = [
         True,
     ),
     ("budget-thinking-off", "budget-thinking-off.response.json", set(), False),
-    ("budget-thinking-off-40", "budget-thinking-off-40.response.sse", {"length-stop"}, False),
+    ("budget-thinking-off-40", "budget-thinking-off-40.response.sse", {"length-stop"}, True),
     (
         "toolcall-leak-seed2",
         "toolcall-leak-seed2.response.json",

@@ -1746,7 +1746,8 @@ def _har_entry(
         raise CaptureError(
             file,
             f"{path}.response.content.text",
-            "response body not recorded (export the HAR with content)",
+            "response body not recorded: export the HAR with content (browsers often drop "
+            "streamed bodies; capture those with curl -N instead)",
         )
     if isinstance(content, dict) and content.get("encoding") == "base64":
         try:

@@ -136,7 +136,9 @@ def test_incidents_page_cause_status_filter_and_search(kb_url: str) -> None:
     at = open_page("incidents")
     at.text_input(key="incidents_query").input("empty content finish length thinking")
     at.run()
-    assert list(table(at, "incidents_table")["Incident"])[0] == REFERENCE
+    rows = table(at, "incidents_table")
+    assert list(rows["Incident"])[0] == REFERENCE
+    assert "«" in rows.iloc[0]["Match"]  # the snippet marks the matched words
 
 
 def test_incidents_page_paginates(kb_url: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,6 +18,7 @@ from sqlalchemy import func, or_
 from sqlmodel import Session, col, select
 
 from kb import decisions as kb_decisions
+from kb import search as kb_search
 from kb.models import (
     CAUSE_CATALOGUE_IDS,
     CAUSE_STATUSES,
@@ -29,9 +30,11 @@ from kb.models import (
     Incident,
     Symptom,
 )
-from kb.store import Store, database_url
+from kb.store import Store, database_url, get_incident
 
 PAGE_SIZE = 50
+# A search lists its best hits only (kb.search builds a snippet for every hit it returns).
+SEARCH_LIMIT = 200
 
 
 def _close_store(store: Store) -> None:
@@ -44,7 +47,8 @@ def _store_for(url: str) -> Store:
 
 
 def forget_stores() -> None:
-    """Close and drop every cached store handle (tests; a changed database URL)."""
+    """Close and drop every cached store handle and cached state (tests; a new database)."""
+    parked_state.clear()
     _store_for.clear()
 
 
@@ -87,6 +91,7 @@ class IncidentRow:
     decision: str = ""
     decision_at: datetime | None = None
     revisit_on: date | None = None
+    match: str = ""  # where a search matched, with a snippet
 
 
 @dataclass
@@ -95,7 +100,7 @@ class IncidentPage:
     total: int
     page: int
     pages: int
-    search_backend: str
+    searched: bool = False
 
 
 def _latest_decision_kind() -> Any:
@@ -110,29 +115,16 @@ def _latest_decision_kind() -> Any:
     )
 
 
-def _search_ids(session: Session, query: str) -> tuple[list[int] | None, str]:
-    """Incident ids matching a free-text query, best first, via kb.search when present."""
-    try:
-        from kb import search as kb_search  # landed by the search work (issue 8)
-    except ImportError:
-        return None, "title"
-    hits = kb_search.search(session, query, limit=1000)
-    ids: list[int] = []
-    slugs: list[str] = []
-    for hit in hits:
-        value = hit if isinstance(hit, dict) else getattr(hit, "__dict__", {})
-        if value.get("incident_id") is not None:
-            ids.append(int(value["incident_id"]))
-        elif value.get("slug"):
-            slugs.append(str(value["slug"]))
-    if slugs:
-        found = dict(
-            session.exec(
-                select(Incident.slug, Incident.id).where(col(Incident.slug).in_(slugs))
-            ).all()
-        )
-        ids.extend(found[s] for s in slugs if s in found)
-    return list(dict.fromkeys(ids)), "full-text"
+def _search(session: Session, query: str) -> dict[int, str]:
+    """Incident id -> matching snippet for a free-text query, best first (kb.search)."""
+    hits = kb_search.search(session, query, limit=SEARCH_LIMIT)
+    slugs = [hit.slug for hit in hits]
+    found = dict(
+        session.exec(
+            select(Incident.slug, Incident.id).where(col(Incident.slug).in_(slugs or [""]))
+        ).all()
+    )
+    return {found[hit.slug]: f"{hit.field}: {hit.snippet}" for hit in hits if hit.slug in found}
 
 
 def list_incidents(
@@ -141,18 +133,10 @@ def list_incidents(
     """One page of incidents, newest first, with the columns the list shows."""
     with store.session(readonly=True) as session:
         conditions: list[Any] = []
-        backend = "none"
-        ranked: list[int] | None = None
-        text = filters.query.strip()
-        if text:
-            ranked, backend = _search_ids(session, text)
-            if ranked is None:
-                pattern = f"%{text}%"
-                conditions.append(
-                    or_(col(Incident.title).ilike(pattern), col(Incident.slug).ilike(pattern))
-                )
-            else:
-                conditions.append(col(Incident.id).in_(ranked or [-1]))
+        matches: dict[int, str] | None = None
+        if filters.query.strip():
+            matches = _search(session, filters.query)
+            conditions.append(col(Incident.id).in_(list(matches) or [-1]))
         if filters.statuses:
             conditions.append(col(Incident.status).in_(filters.statuses))
         if filters.cause or filters.cause_status:
@@ -180,10 +164,10 @@ def list_incidents(
         page = min(max(1, page), pages)
         statement = select(Incident.id, Incident.slug, Incident.title, Incident.status,
                            Incident.opened_on).where(*conditions)
-        if ranked:
-            # Keep the search ranking: order in Python over at most `limit` hits.
+        if matches is not None:
+            # Keep the search ranking: order in Python over at most SEARCH_LIMIT hits.
             rows_all = {r[0]: r for r in session.exec(statement).all()}
-            ordered = [rows_all[i] for i in ranked if i in rows_all]
+            ordered = [rows_all[i] for i in matches if i in rows_all]
             window = ordered[(page - 1) * page_size : page * page_size]
         else:
             statement = statement.order_by(
@@ -193,8 +177,10 @@ def list_incidents(
                 session.exec(statement.offset((page - 1) * page_size).limit(page_size)).all()
             )
         rows = _rows_with_details(session, window)
+    for row, (incident_id, *_rest) in zip(rows, window, strict=True):
+        row.match = (matches or {}).get(incident_id, "")
     return IncidentPage(rows=rows, total=int(total), page=page, pages=pages,
-                        search_backend=backend)
+                        searched=matches is not None)
 
 
 def _rows_with_details(session: Session, window: list[Any]) -> list[IncidentRow]:
@@ -356,9 +342,32 @@ def describe_trigger(trigger: dict[str, Any]) -> str:
     return str(kb_decisions.describe_trigger(trigger))
 
 
-def parked_state(session: Session, on: date) -> dict[str, Any]:
-    """kb.decisions' view of every parked incident as of `on`, by slug."""
-    return {item.slug: item for item in kb_decisions.parked(session, on)}
+@dataclass(frozen=True)
+class ParkedState:
+    """Whether a parked incident is due for a revisit, and why (from kb.decisions)."""
+
+    state: str  # waiting | due | overdue
+    due: bool
+    reasons: tuple[str, ...]
+
+
+@st.cache_data(ttl=30, show_spinner="Checking parked incidents' revisit dates and triggers...")
+def parked_state(url: str, on: date) -> dict[str, ParkedState]:
+    """kb.decisions' verdict on every parked incident as of `on`, by slug.
+
+    Cached for 30 s: it reads every parked incident's evidence. Writes made from this UI
+    clear it (`parked_changed`); writes from the CLI show up within the TTL.
+    """
+    with _store_for(url).session(readonly=True) as session:
+        return {
+            item.slug: ParkedState(item.state, item.due, tuple(item.reasons))
+            for item in kb_decisions.parked(session, on)
+        }
+
+
+def parked_changed() -> None:
+    """Forget cached parked states after a decision or status change."""
+    parked_state.clear()
 
 
 def decision_log(store: Store, *, on: date | None = None) -> list[DecisionEntry]:
@@ -370,30 +379,21 @@ def decision_log(store: Store, *, on: date | None = None) -> list[DecisionEntry]
     on = on or today()
     with store.session(readonly=True) as session:
         results = session.exec(
-            select(Decision, Incident.slug, Incident.title, Incident.status)
+            select(
+                Incident.slug, Incident.title, Incident.status, Decision.kind,
+                Decision.decided_at, Decision.decided_by, Decision.rationale, Decision.tradeoff,
+                Decision.fix, Decision.verified, Decision.revisit_on, Decision.revisit_triggers,
+            )
             .join(Incident, col(Incident.id) == Decision.incident_id)
             .order_by(col(Decision.decided_at), col(Decision.id))
         ).all()
-        parked = parked_state(session, on)
+    parked = parked_state(store.url, on)
     entries: list[DecisionEntry] = []
     latest_by_slug: dict[str, DecisionEntry] = {}
-    for decision, slug, title, status in results:
-        entry = DecisionEntry(
-            slug=slug,
-            title=title,
-            incident_status=status,
-            kind=decision.kind,
-            at=decision.decided_at,
-            by=decision.decided_by,
-            rationale=decision.rationale,
-            tradeoff=decision.tradeoff,
-            fix=decision.fix,
-            verified=decision.verified,
-            revisit_on=decision.revisit_on,
-            triggers=list(decision.revisit_triggers or []),
-        )
+    for row in results:
+        entry = DecisionEntry(*row[:11], triggers=list(row[11] or []))
         entries.append(entry)
-        latest_by_slug[slug] = entry
+        latest_by_slug[entry.slug] = entry
     for slug, entry in latest_by_slug.items():
         entry.latest = True
         item = parked.get(slug)
@@ -408,4 +408,9 @@ def decision_log(store: Store, *, on: date | None = None) -> list[DecisionEntry]
 def incident_parked_state(store: Store, slug: str, on: date | None = None) -> Any | None:
     """kb.decisions' ParkedIncident for one incident (None unless it is parked)."""
     with store.session(readonly=True) as session:
-        return parked_state(session, on or today()).get(slug)
+        incident = get_incident(session, slug)
+        if incident is None or incident.status != "parked":
+            return None
+        # kb.decisions.parked() checks every parked incident; this is its per-incident step,
+        # so one Incident page does not cost as much as the whole parked list.
+        return kb_decisions._parked_item(session, incident, on or today())

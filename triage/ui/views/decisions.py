@@ -8,6 +8,9 @@ import streamlit as st
 from triage.ui import data, nav
 from triage.ui.text import md_escape
 
+ROWS_PER_PAGE = 200
+OVERDUE_CARDS = 20
+
 st.title("Decision log")
 store = data.get_store()
 on = data.today()
@@ -17,7 +20,7 @@ overdue = [entry for entry in entries if entry.overdue]
 st.caption(f"{len(entries)} decision(s) · today is {on.isoformat()}")
 if overdue:
     st.subheader(f"Overdue ({len(overdue)})")
-    for entry in overdue:
+    for entry in overdue[:OVERDUE_CARDS]:
         with st.container(border=True):
             st.error(
                 f"**OVERDUE** ({entry.state}) · {md_escape(entry.slug)} -- "
@@ -34,6 +37,9 @@ if overdue:
                 st.markdown(f"Tradeoff: {md_escape(entry.tradeoff)}")
             st.page_link(nav.INCIDENT, label="Open the incident", icon=":material/open_in_new:",
                          query_params={"slug": entry.slug})
+    if len(overdue) > OVERDUE_CARDS:
+        st.caption(f"...and {len(overdue) - OVERDUE_CARDS} more, marked OVERDUE at the top "
+                   "of the table below.")
 else:
     st.success("No parked incident is past its revisit date or trigger.")
 
@@ -44,6 +50,11 @@ else:
     newest_first = st.toggle("Newest first", value=False, key="decisions_newest_first")
     rest = [entry for entry in entries if not entry.overdue]
     ordered = overdue + (list(reversed(rest)) if newest_first else rest)
+    pages = max(1, -(-len(ordered) // ROWS_PER_PAGE))
+    if st.session_state.get("decisions_page", 1) > pages:
+        del st.session_state["decisions_page"]
+    page = st.session_state.get("decisions_page", 1)
+    ordered = ordered[(page - 1) * ROWS_PER_PAGE : page * ROWS_PER_PAGE]
     table = pd.DataFrame(
         [
             {
@@ -77,6 +88,8 @@ else:
             "Revisit on": st.column_config.DateColumn(format="YYYY-MM-DD"),
         },
     )
+    if pages > 1:
+        st.pagination(pages, key="decisions_page")
     st.caption("Select a row to open its incident.")
     if event is not None and event.selection.rows:
         st.switch_page(nav.INCIDENT,

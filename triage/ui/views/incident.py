@@ -460,6 +460,7 @@ def decision_form(record: dict[str, Any]) -> None:
     except (actions.ActionError, StoreError) as exc:
         st.error(md_escape(f"Not recorded: {exc}"))
         return
+    data.parked_changed()
     st.session_state["incident_notice"] = f"Recorded {kind}."
     st.rerun()
 
@@ -490,6 +491,7 @@ def override_form(record: dict[str, Any]) -> None:
     except (actions.ActionError, StoreError) as exc:
         st.error(md_escape(f"Not changed: {exc}"))
         return
+    data.parked_changed()
     st.session_state["incident_notice"] = f"{cause_key} is now {to_status}."
     st.rerun()
 

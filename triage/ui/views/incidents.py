@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pandas as pd
 import streamlit as st
 
@@ -43,16 +45,15 @@ filters = data.IncidentFilters(
     family=family,
 )
 
-# A new filter starts again at page 1.
-if st.session_state.get("incidents_filters") != filters:
-    st.session_state["incidents_filters"] = filters
-    st.session_state["incidents_page"] = 1
+# One pagination widget per filter combination: a new filter starts again at page 1.
+page_key = "incidents_page:" + hashlib.sha1(repr(filters).encode()).hexdigest()[:12]
 result = data.list_incidents(
-    store, filters, page=st.session_state.get("incidents_page", 1), page_size=data.PAGE_SIZE
+    store, filters, page=st.session_state.get(page_key, 1), page_size=data.PAGE_SIZE
 )
-st.session_state["incidents_page"] = result.page
+if st.session_state.get(page_key, 1) > result.pages:  # fewer incidents than last time
+    del st.session_state[page_key]
 
-searched = f" · search: {result.search_backend}" if filters.query.strip() else ""
+searched = f" · best {data.SEARCH_LIMIT} matches at most" if result.searched else ""
 st.caption(
     f"{result.total} incident(s) · page {result.page} of {result.pages}{searched} · "
     "select a row to open the incident"
@@ -68,12 +69,15 @@ table = pd.DataFrame(
             "Confirmed causes": ", ".join(row.confirmed_causes),
             "Decision": row.decision,
             "Revisit on": row.revisit_on,
+            "Match": row.match,
         }
         for row in result.rows
     ],
     columns=["Opened", "Incident", "Title", "Status", "Findings", "Confirmed causes",
-             "Decision", "Revisit on"],
+             "Decision", "Revisit on", "Match"],
 )
+if not result.searched:
+    table = table.drop(columns=["Match"])
 event = st.dataframe(
     table,
     hide_index=True,
@@ -87,7 +91,7 @@ event = st.dataframe(
     },
 )
 if result.pages > 1:
-    st.pagination(result.pages, key="incidents_page")
+    st.pagination(result.pages, key=page_key)
 
 selected = event.selection.rows if event is not None else []
 if selected:

@@ -92,6 +92,7 @@ if submitted:
     except Exception as exc:  # the engine's own failures: show them, keep the form
         st.exception(exc)
     if diagnosis is not None:
+        data.parked_changed()
         if diagnosis.get("incident"):
             st.switch_page(nav.INCIDENT, query_params={"slug": str(diagnosis["incident"])})
         st.error("The engine finished without naming an incident.")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from triage.drills.language import Design, Vocabulary, sampled_probability
 
@@ -158,7 +159,7 @@ def thinking_budget_design(p: float = 0.15) -> DrillDesign:
 
     before_loop = len(opening) - 1 + len(thought_opening)  # generated tokens before cycle 1
     after_exit = len(exit_phrase) + 1 + len(answer) + 1  # ... <channel|> answer <turn|>
-    facts = {
+    facts: dict[str, object] = {
         "p": p,
         "cycle_tokens": len(cycle),
         "cycle_chars": len(HARBOUR_THOUGHT_CYCLE),
@@ -199,7 +200,7 @@ def toolcall_design(q: float = 0.3) -> DrillDesign:
     design.set(thought[-1], {channel_end: 1.0 - q, leaked[0]: q})
     design.link([channel_end, *call])
     design.link(leaked)
-    facts = {
+    facts: dict[str, object] = {
         "q": q,
         "thought_tokens": len(thought),
         "call_text": '<|tool_call>call:get_weather{location:<|"|>Paris<|"|>}<tool_call|>',
@@ -215,7 +216,9 @@ def _cause(real: bool, expected: str, accept: list[str], why: str) -> dict[str, 
     return {"real": real, "expected": expected, "accept": accept, "why": why}
 
 
-def thinking_budget_manifest(facts: dict[str, object], max_tokens: int = 800) -> dict:
+def thinking_budget_manifest(
+    facts: dict[str, object], max_tokens: int = 800
+) -> dict[str, Any]:
     """Ground truth of gemma4-thinking-budget."""
     p = float(facts["p"])  # type: ignore[arg-type]
     cycles = _exit_budget(
@@ -277,7 +280,7 @@ def thinking_budget_manifest(facts: dict[str, object], max_tokens: int = 800) ->
     }
 
 
-def toolcall_manifest(facts: dict[str, object]) -> dict:
+def toolcall_manifest(facts: dict[str, object]) -> dict[str, Any]:
     """Ground truth of gemma4-toolcall."""
     q = float(facts["q"])  # type: ignore[arg-type]
     return {

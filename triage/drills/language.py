@@ -235,6 +235,6 @@ def sampled_probability(probability: float, temperature: float) -> float:
     """Probability of a two-way branch (p vs 1-p) after llama.cpp's temperature scaling."""
     if temperature <= 0:
         return 0.0 if probability < 0.5 else 1.0
-    a = probability ** (1.0 / temperature)
-    b = (1.0 - probability) ** (1.0 / temperature)
-    return a / (a + b)
+    a = float(probability) ** (1.0 / temperature)
+    b = (1.0 - float(probability)) ** (1.0 / temperature)
+    return float(a / (a + b))

@@ -174,7 +174,7 @@ def binary_build_info(binary: Path | str, timeout: float = 30.0) -> dict[str, ob
     if info["build_number"] is None:
         raise BuildError(
             f"{binary} --version (exit {done.returncode}) printed no build number: "
-            f"{info['version_text'][:300]!r}"
+            f"{str(info['version_text'])[:300]!r}"
         )
     return info
 

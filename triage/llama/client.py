@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -220,16 +220,18 @@ class _RecordingStream(httpx.AsyncByteStream):
     """Passes the response body through while keeping a copy of every byte."""
 
     def __init__(self, inner: httpx.AsyncByteStream | httpx.SyncByteStream) -> None:
+        if not isinstance(inner, httpx.AsyncByteStream):
+            raise TypeError("the async client yields async byte streams")
         self.inner = inner
         self.chunks: list[bytes] = []
 
-    async def __aiter__(self):  # type: ignore[override]
-        async for chunk in self.inner:  # type: ignore[union-attr]
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self.inner:
             self.chunks.append(chunk)
             yield chunk
 
     async def aclose(self) -> None:
-        await self.inner.aclose()  # type: ignore[union-attr]
+        await self.inner.aclose()
 
 
 def _bare_error_fields(raw: bytes) -> list[Any]:

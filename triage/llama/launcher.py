@@ -24,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -222,7 +222,7 @@ def _install_sigterm_handler() -> None:
 _PR_SET_PDEATHSIG = 1
 
 
-def _preexec() -> object:
+def _preexec() -> Callable[[], None] | None:
     """preexec_fn that makes the child die with us (main thread, Linux), else None."""
     on_main_thread = threading.current_thread() is threading.main_thread()
     if not (sys.platform.startswith("linux") and on_main_thread):
@@ -320,7 +320,7 @@ def start(
             # Own session: a Ctrl-C in the terminal reaches Python, which stops the server
             # in order, instead of killing the server under a request.
             start_new_session=True,
-            preexec_fn=_preexec(),  # type: ignore[arg-type]
+            preexec_fn=_preexec(),
         )
     server = RunningServer(full_spec, process, host, chosen_port, log_path, argv)
     _REGISTRY.add(server)

@@ -307,10 +307,11 @@ def _fake_replay(monkeypatch: pytest.MonkeyPatch, outcomes: list[tuple[int, int,
         return SimpleNamespace(
             n=n,
             failures=failures,
-            rate=failures / n,
+            rate=failures / n if n else None,
             ci95=[0.0, 0.37],
             p_value=0.0002 if decision == "removes" else 1.0,
             decision=decision,
+            error="ServerStartError: llama-server exited with code 1" if not n else "",
         )
 
     monkeypatch.setattr(triage.engine, "replay_rate", replay_rate, raising=False)
@@ -413,3 +414,17 @@ def test_revisit_errors_are_clear(  # type: ignore[no-untyped-def]
     assert bad.exit_code == 1 and "bad.toml" in bad.output
     for result in (usage, no_stack, no_exchange, bad):
         assert "Traceback" not in result.output
+
+
+def test_revisit_that_cannot_start_the_server_fails_clearly(  # type: ignore[no-untyped-def]
+    triage, db_url: str, drill_incident: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_replay(monkeypatch, [(0, 0, "errored")])
+    result = triage("revisit", "2026-07-01-drill", "--stack", str(drill_incident))
+    assert result.exit_code == 1
+    assert "revisit errored: ServerStartError: llama-server exited with code 1" in result.output
+    assert "Traceback" not in result.output
+    # Recorded, but not a run that could prove a fix or settle the revisit date.
+    refused = triage("decide", "2026-07-01-drill", "--fixed", "--fix", "x")
+    assert refused.exit_code == 1 and "no probe run on the current stack" in refused.output
+    assert _record(db_url, "2026-07-01-drill")["evidence"][-1]["payload"]["decision"] == "errored"

@@ -520,6 +520,9 @@ def revisit_incident(
             f"; deciding probe {probe}: {_rate(probe_payload['failures'], probe_payload['n'])}"
             f" ({probe_payload['decision']})"
         )
+    if payload.get("error") and decision != "errored":
+        # Some replies came back before the server failed; the rates above count only those.
+        message += f"; the server failed part-way: {payload['error']}"
     return RevisitResult(
         slug=slug,
         status=status,

@@ -18,7 +18,7 @@ from triage.drills import Drill, build_drill
 from triage.llama.launcher import RunningServer, ServerSpec, running_servers, start
 
 # Drill servers: one compute thread each (see triage.drills.registry.SERVER_ARGS).
-PLAIN_ARGS = ["-c", "8192", "-np", "4", "-t", "1", "-tb", "1"]
+PLAIN_ARGS = ["-c", "16384", "-np", "4", "-t", "1", "-tb", "1"]
 
 
 @pytest.fixture(scope="session")

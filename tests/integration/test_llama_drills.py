@@ -99,6 +99,16 @@ def test_reasoning_budget_cuts_the_thought_short(thinking_server, thinking_drill
     assert 0 < len(result.reasoning_content) < 1000
 
 
+def test_token_limit_probe_fits_in_a_slot(thinking_server, thinking_drill):
+    """max_tokens x4 is limited by max_tokens, not by the slot's context, and does not
+    help at temperature 0: the thought loops."""
+    body = {**thinking_drill.request("greedy"), "max_tokens": 3200}
+    result = call(thinking_server.base_url, body)
+    assert result.finish_reason == "length" and result.content == ""
+    assert result.timings["predicted_n"] == 3200
+    assert len(result.reasoning_content) > 10000
+
+
 def test_speculative_timings_show_acceptance_below_100_percent(thinking_server, thinking_drill):
     result = call(thinking_server.base_url, thinking_drill.request("greedy"))
     drafted, accepted = result.timings["draft_n"], result.timings["draft_n_accepted"]

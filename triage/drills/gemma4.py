@@ -216,32 +216,52 @@ def _cause(real: bool, expected: str, accept: list[str], why: str) -> dict[str, 
     return {"real": real, "expected": expected, "accept": accept, "why": why}
 
 
+def _number(facts: dict[str, object], key: str) -> float:
+    value = facts[key]
+    if not isinstance(value, (int, float)):
+        raise TypeError(f"drill fact {key} is not a number: {value!r}")
+    return value
+
+
+def loop_failure_rate(facts: dict[str, object], max_tokens: int, temperature: float) -> float:
+    """Probability that a thinking-budget run hits max_tokens before its answer ends."""
+    cycles = _exit_budget(
+        max_tokens,
+        int(_number(facts, "before_loop_tokens")),
+        int(_number(facts, "cycle_tokens")),
+        int(_number(facts, "after_exit_tokens")),
+    )
+    exit_probability = sampled_probability(_number(facts, "p"), temperature)
+    return (1.0 - exit_probability) ** cycles
+
+
 def thinking_budget_manifest(
     facts: dict[str, object], max_tokens: int = 800
 ) -> dict[str, Any]:
     """Ground truth of gemma4-thinking-budget."""
-    p = float(facts["p"])  # type: ignore[arg-type]
     cycles = _exit_budget(
         max_tokens,
-        int(facts["before_loop_tokens"]),  # type: ignore[call-overload]
-        int(facts["cycle_tokens"]),  # type: ignore[call-overload]
-        int(facts["after_exit_tokens"]),  # type: ignore[call-overload]
+        int(_number(facts, "before_loop_tokens")),
+        int(_number(facts, "cycle_tokens")),
+        int(_number(facts, "after_exit_tokens")),
     )
 
-    def failure_rate(temperature: float) -> float:
-        exit_probability = sampled_probability(p, temperature)
-        return (1.0 - exit_probability) ** cycles
+    def rates(limit: int) -> dict[str, float]:
+        return {
+            "temperature_0": 1.0,
+            "temperature_1": loop_failure_rate(facts, limit, 1.0),
+            "temperature_0.8": loop_failure_rate(facts, limit, 0.8),
+        }
 
     return {
         "parameters": {
             **facts,
             "max_tokens": max_tokens,
             "cycles_that_fit": cycles,
-            "failure_rate": {
-                "temperature_0": 1.0,
-                "temperature_1": failure_rate(1.0),
-                "temperature_0.8": failure_rate(0.8),
-            },
+            "failure_rate": rates(max_tokens),
+            # What a token-limit probe (max_tokens x4) should see: fewer failures at T>0,
+            # still all at T=0 -- raising the limit does not fix a loop.
+            "failure_rate_at_4x_max_tokens": rates(4 * max_tokens),
             "failure_rate_formula": "(1 - p_T) ** cycles_that_fit, p_T = p after temperature",
         },
         "causes": {
@@ -273,7 +293,7 @@ def thinking_budget_manifest(
             "token-limit": _cause(
                 False, "not-confirmed", ["rejected", "suspected"],
                 f"With thinking off the {facts['answer_chars']}-char answer needs "
-                f"{int(facts['answer_tokens']) + 2} tokens and stops well inside "  # type: ignore[call-overload]
+                f"{int(_number(facts, 'answer_tokens')) + 1} tokens and stops well inside "
                 f"max_tokens={max_tokens}.",
             ),
         },
@@ -282,7 +302,7 @@ def thinking_budget_manifest(
 
 def toolcall_manifest(facts: dict[str, object]) -> dict[str, Any]:
     """Ground truth of gemma4-toolcall."""
-    q = float(facts["q"])  # type: ignore[arg-type]
+    q = _number(facts, "q")
     return {
         "parameters": {
             **facts,

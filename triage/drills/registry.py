@@ -15,9 +15,10 @@ from triage.drills.template import gemma4_template, template_sha256
 from triage.llama.build import BUILD_NUMBER
 
 MANIFEST_VERSION = 1
+# 4 slots of 4096 tokens: room for a token-limit probe at 4x max_tokens (3200 + prompt).
 # One compute thread: the drill models are tiny, and several multi-threaded servers on a
 # busy 2-core machine spin against each other (measured: 228 vs 5600 tokens/s).
-SERVER_ARGS = ["-c", "8192", "-np", "4", "-t", "1", "-tb", "1"]
+SERVER_ARGS = ["-c", "16384", "-np", "4", "-t", "1", "-tb", "1"]
 DRAFT_THREAD_ARGS = ["-td", "1", "-tbd", "1"]
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import hashlib
-import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -26,7 +24,8 @@ from sqlmodel import Session, select
 from kb.models import CAUSE_CATALOGUE_IDS, Cause, EvidenceLink, Incident, Symptom, TriageRun, utcnow
 from kb.store import Store, add_evidence, data_dir, get_incident, record_status_change
 from triage import causes as cause_rules
-from triage import probes
+from triage import observe, probes
+from triage.observe import committed_text, finish_reason_of, message_of, raw_misplaced
 from triage.stackfile import ServerConfig, Stack
 from triage.stats import DEFAULT_CAP, compare, look_schedule, wilson
 
@@ -227,44 +226,10 @@ def classify_reply(request: dict[str, Any], status: int | None, body: Any,
     except CaptureError:
         return True, ["http-error"]
     kinds = failure_kinds(exchange)
-    # A reply fails when its user would see it broken; diagnostic kinds (length-stop,
-    # runaway reasoning) are kept to explain the failure but do not fail a good answer.
+    # A reply fails when its user would see it broken (symptoms.USER_FACING_KINDS); the
+    # diagnostic kinds (runaway reasoning) are kept to explain a failure but do not fail a
+    # reply on their own.
     return bool(kinds & USER_FACING_KINDS), sorted(kinds)
-
-
-def _message(body: Any) -> dict[str, Any]:
-    try:
-        return dict(body["choices"][0].get("message") or {})
-    except (KeyError, IndexError, TypeError, AttributeError):
-        return {}
-
-
-def _finish(body: Any) -> str | None:
-    try:
-        return body["choices"][0].get("finish_reason")
-    except (KeyError, IndexError, TypeError, AttributeError):
-        return None
-
-
-def raw_misplaced(body: Any) -> bool:
-    """The raw generated text holds a tool call that the parsed message does not."""
-    if not isinstance(body, dict):
-        return False
-    raw = str((body.get("__verbose") or {}).get("content", "") or "")
-    message = _message(body)
-    markup = ("<|tool_call>", "<tool_call>")
-    if not any(m in raw for m in markup):
-        return False
-    return not message.get("tool_calls")
-
-
-def committed_text(body: Any) -> str:
-    message = _message(body)
-    parts = [str(message.get("reasoning_content") or ""), str(message.get("content") or "")]
-    for call in message.get("tool_calls") or []:
-        function = call.get("function") or {}
-        parts.append(f"{function.get('name')}({function.get('arguments')})")
-    return "\x1e".join(parts)
 
 
 # --------------------------------------------------------------------------- servers
@@ -324,6 +289,35 @@ def _which(name: Path) -> Path:
 
 
 # --------------------------------------------------------------------------- the run
+
+
+async def _score_one(client: Any, arm: ArmState, body: dict[str, Any], index: int, seed: int,
+                     sem: asyncio.Semaphore) -> Reply:
+    """Send one replicate and score it (failure kinds, lengths, timings)."""
+    from triage.llama.client import LlamaClientError
+
+    async with sem:
+        started = time.monotonic()
+        try:
+            result = await client.chat(body)
+        except LlamaClientError as exc:
+            elapsed = time.monotonic() - started
+            kind = "timeout" if getattr(exc, "kind", "") == "timeout" else "http-error"
+            return Reply(arm.name, index, seed, True, [kind], None, 0, 0, None, elapsed, {},
+                         error=str(exc))
+    payload = result.json
+    failed, kinds = classify_reply(
+        body, result.status_code, payload if payload is not None else result.raw,
+        result.elapsed)
+    message = message_of(payload)
+    timings = dict(payload.get("timings") or {}) if isinstance(payload, dict) else {}
+    return Reply(
+        arm.name, index, seed, failed, kinds, finish_reason_of(payload),
+        len(str(message.get("content") or "")),
+        len(str(message.get("reasoning_content") or "")),
+        result.status_code, result.elapsed, timings,
+        raw_misplaced=raw_misplaced(payload), text=committed_text(payload),
+    )
 
 
 class Diagnoser:
@@ -404,8 +398,7 @@ class Diagnoser:
                         kind="exchange",
                         summary=self._exchange_summary(),
                         payload={"exchange": self.exchange, "findings": self.findings},
-                        source=str(self.exchange.get("source", {}).get("file", "")
-                                   if isinstance(self.exchange.get("source"), dict) else ""),
+                        source=str(self.exchange.get("source_file") or ""),
                     )
                     self.evidence_keys["exchange"] = evidence.key
                     self._symptoms(session, incident.id, evidence.key)
@@ -487,34 +480,6 @@ class Diagnoser:
                 arm.replies.append(reply)
 
     # -- requests --------------------------------------------------------------------------
-    async def _one(self, client: Any, arm: ArmState, body: dict[str, Any], index: int,
-                   seed: int, sem: asyncio.Semaphore) -> Reply:
-        from triage.llama.client import LlamaClientError
-
-        async with sem:
-            started = time.monotonic()
-            try:
-                result = await client.chat(body)
-            except LlamaClientError as exc:
-                elapsed = time.monotonic() - started
-                timed_out = getattr(exc, "kind", "") == "timeout"
-                return Reply(arm.name, index, seed, True, ["timeout" if timed_out else
-                                                            "http-error"], None, 0, 0, None,
-                             elapsed, {}, error=str(exc))
-        payload = result.json
-        failed, kinds = classify_reply(
-            body, result.status_code, payload if payload is not None else result.raw,
-            result.elapsed)
-        message = _message(payload)
-        timings = dict(payload.get("timings") or {}) if isinstance(payload, dict) else {}
-        return Reply(
-            arm.name, index, seed, failed, kinds, _finish(payload),
-            len(str(message.get("content") or "")),
-            len(str(message.get("reasoning_content") or "")),
-            result.status_code, result.elapsed, timings,
-            raw_misplaced=raw_misplaced(payload), text=committed_text(payload),
-        )
-
     async def _top_up(self, server: Server, arm: ArmState, target: int,
                       transform: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
         """Bring `arm` to `target` replies on `server` (seeds base+index: paired across arms)."""
@@ -533,7 +498,7 @@ class Diagnoser:
             for index in todo:
                 seed = self.options.seed + index
                 body = probes.replay_body(transform(self.request), seed)
-                tasks.append(self._one(client, arm, body, index, seed, sem))
+                tasks.append(_score_one(client, arm, body, index, seed, sem))
             replies = await asyncio.gather(*tasks)
         finally:
             await client.aclose()
@@ -622,135 +587,6 @@ class Diagnoser:
                 arm.stopped = "server crashed"
 
     # -- observations ------------------------------------------------------------------------
-    async def _observe_incident_server(self, server: Server) -> None:
-        from triage.llama.client import LlamaClient, LlamaClientError
-
-        client = LlamaClient(server.base_url, timeout=self.options.request_timeout)
-        try:
-            try:
-                props = await client.props()
-                slots = props.get("total_slots") if isinstance(props, dict) else None
-                if isinstance(slots, int) and slots > 0:
-                    server.slots = slots
-                template = str(props.get("chat_template", "")) if isinstance(props, dict) else ""
-                self.observations["server-props"] = {
-                    "name": "server-props",
-                    "build_info": props.get("build_info") if isinstance(props, dict) else None,
-                    "model_path": props.get("model_path") if isinstance(props, dict) else None,
-                    "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
-                    "total_slots": slots,
-                }
-            except LlamaClientError as exc:
-                self.observations["server-props"] = {"name": "server-props", "error": str(exc)}
-            try:
-                rendered = await client.apply_template(probes.template_body(self.request))
-                off = await client.apply_template(
-                    probes.template_body(probes.thinking_off(self.request)))
-                prompt, prompt_off = str(rendered), str(off)
-                self.observations["template-render"] = {
-                    "name": "template-render",
-                    "thinking_on": probes.thinking_on_in_prompt(prompt),
-                    "thinking_on_with_enable_thinking_false":
-                        probes.thinking_on_in_prompt(prompt_off),
-                    "prompt_chars": len(prompt),
-                    "prompt_tail": prompt[-300:],
-                }
-            except LlamaClientError as exc:
-                self.observations["template-render"] = {"name": "template-render",
-                                                        "error": str(exc)}
-            # Determinism: temperature 0, fixed seed, no prompt cache, twice.
-            body = probes.replay_body(self.request, self.options.seed)
-            body["temperature"] = 0
-            texts = []
-            for _ in range(2):
-                try:
-                    result = await client.chat(copy.deepcopy(body))
-                    texts.append(committed_text(result.json))
-                except LlamaClientError as exc:
-                    texts.append(f"error: {exc}")
-            self.observations["determinism"] = {
-                "name": "determinism",
-                "identical": texts[0] == texts[1],
-                "first_divergence": _first_divergence(texts[0], texts[1]),
-                "chars": [len(t) for t in texts],
-            }
-        finally:
-            await client.aclose()
-
-    async def _divergence(self, spec_server: Server, plain_server: Server) -> None:
-        """Committed token streams with and without speculative decoding at fixed seeds."""
-        from triage.llama.client import LlamaClient, LlamaClientError
-
-        clients = [LlamaClient(s.base_url, timeout=self.options.request_timeout)
-                   for s in (spec_server, plain_server)]
-        seeds, diverged, positions = 0, 0, []
-        try:
-            for offset in range(self.options.divergence_seeds):
-                seed = self.options.seed + 10_000 + offset
-                body = probes.replay_body(self.request, seed)
-                try:
-                    a, b = [await c.chat(copy.deepcopy(body)) for c in clients]
-                except LlamaClientError:
-                    continue
-                seeds += 1
-                ta, tb = committed_text(a.json), committed_text(b.json)
-                if ta != tb:
-                    diverged += 1
-                    char = _first_divergence(ta, tb)
-                    token = None
-                    try:
-                        tokens = await clients[1].tokenize(ta[:char])
-                        token = len(tokens) if isinstance(tokens, list) else None
-                    except LlamaClientError:
-                        pass
-                    positions.append(token if token is not None else char)
-        finally:
-            for client in clients:
-                await client.aclose()
-        self.observations["spec-divergence"] = {
-            "name": "spec-divergence",
-            "seeds": seeds,
-            "diverged": diverged,
-            "first_positions": positions,
-            "temperature": self.request.get("temperature"),
-        }
-
-    async def _confounder(self, incident_server: Server, alt_server: Server) -> None:
-        """What else differs between the incident weights and the alternate weights."""
-        from triage.llama.client import LlamaClient, LlamaClientError
-        from triage.llama.gguf_meta import read_gguf_meta
-
-        facts: dict[str, Any] = {"name": "weights-confounder"}
-        differs: list[str] = []
-        metas = []
-        for path in (incident_server.config.model, alt_server.config.model):
-            try:
-                metas.append(read_gguf_meta(Path(str(path))))
-            except Exception as exc:  # noqa: BLE001 - recorded, not fatal
-                metas.append(None)
-                facts.setdefault("errors", []).append(f"{path}: {exc}")
-        if all(metas):
-            a, b = metas
-            facts["quantization"] = [a.quantization, b.quantization]
-            facts["chat_template_sha256"] = [a.chat_template_sha256, b.chat_template_sha256]
-            if a.chat_template_sha256 != b.chat_template_sha256:
-                differs.append("the chat template")
-        thinking = []
-        for server in (incident_server, alt_server):
-            client = LlamaClient(server.base_url, timeout=self.options.request_timeout)
-            try:
-                rendered = await client.apply_template(probes.template_body(self.request))
-                thinking.append(probes.thinking_on_in_prompt(str(rendered)))
-            except LlamaClientError:
-                thinking.append(None)
-            finally:
-                await client.aclose()
-        facts["thinking_on"] = thinking
-        if None not in thinking and thinking[0] != thinking[1]:
-            differs.append("the thinking default")
-        facts["differs"] = differs
-        self.observations["weights-confounder"] = facts
-
     # -- main ------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         self._prepare_incident()
@@ -799,7 +635,9 @@ class Diagnoser:
             for arm in self.arms.values():
                 if arm.level == "request":
                     arm.launch_seconds = base.launch_seconds
-            asyncio.run(self._observe_incident_server(base))
+            asyncio.run(observe.observe_server(base, self.request, self.observations,
+                                              seed=self.options.seed,
+                                              timeout=self.options.request_timeout))
             transforms = {a.name: a.transform for a in request_arms}
             asyncio.run(self._run_sequential(
                 base, {name: base for name in transforms}, transforms))
@@ -817,9 +655,14 @@ class Diagnoser:
                 arm.launch_seconds = server.launch_seconds
                 self.servers[server.key] = server
                 if name == "spec-off":
-                    asyncio.run(self._divergence(base, server))
+                    asyncio.run(observe.spec_divergence(
+                        base, server, self.request, self.observations, seed=self.options.seed,
+                        seeds=self.options.divergence_seeds,
+                        timeout=self.options.request_timeout))
                 if name == "alt-weights":
-                    asyncio.run(self._confounder(base, server))
+                    asyncio.run(observe.weights_confounder(
+                        base, server, self.request, self.observations,
+                        timeout=self.options.request_timeout))
                 identity = {"baseline": copy.deepcopy, name: copy.deepcopy}
                 asyncio.run(self._run_sequential(base, {name: server}, identity))
         except Exception as exc:  # noqa: BLE001 - a failed launch is an errored arm
@@ -891,7 +734,7 @@ class Diagnoser:
             for name, facts in self.observations.items():
                 evidence = add_evidence(
                     session, incident_id=self.incident_id, kind="observation",
-                    summary=_observation_summary(name, facts),
+                    summary=observe.observation_summary(name, facts),
                     payload={"type": "observation", **facts}, source="triage diagnose",
                     run_id=self.run_id,
                 )
@@ -899,7 +742,13 @@ class Diagnoser:
             changes = self._apply_verdicts(session, verdicts)
             run = session.get(TriageRun, self.run_id)
             assert run is not None
-            diagnosis = self._diagnosis(verdicts, changes)
+            from kb.files import load_record
+            from triage import graph as graph_mod
+
+            assert self.incident_slug is not None
+            record = load_record(session, self.incident_slug)
+            graph_summary = graph_mod.summary(graph_mod.build_graph(record))
+            diagnosis = self._diagnosis(verdicts, changes, graph_summary)
             run.result = diagnosis
             run.state = "done" if not any(a.error for a in self.arms.values()) else "partial"
             run.finished_at = utcnow()
@@ -955,7 +804,8 @@ class Diagnoser:
         return previous
 
     def _diagnosis(self, verdicts: list[cause_rules.Verdict],
-                   previous: dict[str, str | None]) -> dict[str, Any]:
+                   previous: dict[str, str | None],
+                   graph_summary: dict[str, Any]) -> dict[str, Any]:
         arms = []
         for name, arm in self.arms.items():
             if arm.n == 0 and not arm.error:
@@ -985,10 +835,6 @@ class Diagnoser:
         wall = time.monotonic() - self.started
         server_seconds = sum(a.server_seconds() for a in self.arms.values())
         launch_seconds = sum(s.launch_seconds for s in self.servers.values())
-        from triage import graph as graph_mod
-
-        record = self._record_for_graph(session_free=True)
-        summary = graph_mod.summary(graph_mod.build_graph(record))
         return {
             "schema_version": 1,
             "incident": self.incident_slug,
@@ -1007,26 +853,10 @@ class Diagnoser:
                              for name, facts in self.observations.items()],
             "causes": causes,
             "undecided": undecided,
-            "graph": summary,
+            "graph": graph_summary,
             "cost": {"requests": requests, "wall_seconds": round(wall, 3),
                      "server_seconds": round(server_seconds, 3),
                      "launch_seconds": round(launch_seconds, 3)},
-        }
-
-    def _record_for_graph(self, session_free: bool = True) -> dict[str, Any]:
-        # The graph of this run, from what the engine knows (no reload needed).
-        return {
-            "slug": self.incident_slug,
-            "title": self.incident_slug,
-            "symptoms": [{"id": f["kind"], "description": f.get("reason", ""),
-                          "evidence": [self.evidence_keys.get("exchange")]}
-                         for f in self.findings if not f.get("passed", True)],
-            "evidence": [{"id": key, "kind": "measurement", "summary": name,
-                          "payload": {"type": "arm", **self.arms[name].summary()}}
-                         if name in self.arms else {"id": key, "kind": "observation",
-                                                    "summary": name}
-                         for name, key in self.evidence_keys.items()],
-            "causes": [],
         }
 
 
@@ -1044,49 +874,11 @@ def _evidence_id(session: Session, incident_id: int, key: str) -> int:
     return int(row)
 
 
-def _first_divergence(a: str, b: str) -> int | None:
-    if a == b:
-        return None
-    for index, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return index
-    return min(len(a), len(b))
-
-
 def _slugify(text: str) -> str:
     out = "".join(ch.lower() if ch.isalnum() else "-" for ch in text)
     while "--" in out:
         out = out.replace("--", "-")
     return out.strip("-")[:60] or "server"
-
-
-def _observation_summary(name: str, facts: dict[str, Any]) -> str:
-    if facts.get("error"):
-        return f"{name}: error: {facts['error']}"
-    if name == "template-render":
-        return (f"template render: thinking {'ON' if facts.get('thinking_on') else 'off'} by "
-                f"default for this request; with enable_thinking=false: "
-                f"{'ON' if facts.get('thinking_on_with_enable_thinking_false') else 'off'}")
-    if name == "determinism":
-        return ("determinism (temperature 0, fixed seed, cache_prompt false, twice): "
-                + ("identical" if facts.get("identical") else
-                   f"differ at char {facts.get('first_divergence')}"))
-    if name == "spec-divergence":
-        return (f"speculative vs plain decoding at fixed seeds: streams diverged in "
-                f"{facts.get('diverged')}/{facts.get('seeds')} seeds"
-                + (f", first at token {min(facts['first_positions'])}"
-                   if facts.get("first_positions") else ""))
-    if name == "weights-confounder":
-        differs = facts.get("differs") or []
-        return ("alternate weights differ from the incident's in: " + ", ".join(differs)
-                if differs else "alternate weights: same chat template and thinking default "
-                f"(quantization {facts.get('quantization')})")
-    if name == "known-good-search":
-        return (f"known-good search over {sorted(facts.get('dimensions', {}))}: needed to "
-                f"reproduce: {facts.get('needed_to_reproduce') or 'none isolated'}")
-    if name == "server-props":
-        return f"server props: build {facts.get('build_info')}, slots {facts.get('total_slots')}"
-    return f"{name}: {json.dumps(facts, default=str)[:200]}"
 
 
 def diagnose(
@@ -1103,6 +895,86 @@ def diagnose(
     """Run the probes for one failing request against one stack; returns the diagnosis."""
     return Diagnoser(store, stack, request, exchange=exchange, findings=findings,
                      incident=incident, options=options, progress=progress).run()
+
+
+@dataclass
+class ArmResult:
+    """A failure rate measured by replaying requests, compared with a given baseline."""
+
+    n: int
+    failures: int
+    rate: float | None
+    ci95: list[float]
+    p_value: float | None
+    decision: str  # removes | unchanged | undecided | no-baseline-failure | errored
+    kinds: dict[str, int] = field(default_factory=dict)
+    error: str = ""
+    speed_tok_s: float | None = None
+
+
+def replay_rate(
+    stack: Stack,
+    request_bodies: list[dict[str, Any]],
+    *,
+    max_requests: int = DEFAULT_CAP,
+    baseline: tuple[int, int] | None = None,
+    log_dir: Path | None = None,
+    seed: int = 1000,
+    request_timeout: float = 180.0,
+) -> ArmResult:
+    """Launch the stack's server, replay the requests (round robin, varied seeds) under the
+    sequential rule against `baseline` = (failures, n) recorded earlier, and return the arm.
+    Without a baseline the requests are replayed `max_requests` times and left undecided."""
+    if not request_bodies:
+        raise EngineError("replay_rate needs at least one request body")
+    schedule = look_schedule(max_requests) if baseline else [max_requests]
+    arm = ArmState("replay", "recorded requests on the current stack", "server",
+                   stack.server.key())
+    runs_dir = log_dir or (data_dir() / "runs" / "replay")
+
+    async def top_up(server: Server, target: int) -> None:
+        from triage.llama.client import LlamaClient
+
+        sem = asyncio.Semaphore(max(1, min(server.slots, 4)))
+        client = LlamaClient(server.base_url, timeout=request_timeout)
+        try:
+            tasks = []
+            for index in range(arm.n, target):
+                body_source = request_bodies[index % len(request_bodies)]
+                body = probes.replay_body(body_source, seed + index)
+                tasks.append(_score_one(client, arm, body, index, seed + index, sem))
+            arm.replies.extend(await asyncio.gather(*tasks))
+        finally:
+            await client.aclose()
+
+    try:
+        with open_server(stack.server, runs_dir, 60.0) as server:
+            for target in schedule:
+                asyncio.run(top_up(server, target))
+                if not server.alive():
+                    arm.error = f"server died (log tail: {server.log_tail()[-500:]})"
+                    break
+                if baseline is None:
+                    continue
+                cmp = compare(baseline[0], baseline[1], arm.failures, arm.n,
+                              looks=len(schedule))
+                arm.p_less, arm.p_value, arm.decision = cmp.p_less, cmp.p_two_sided, cmp.decision
+                if cmp.decision in ("removes", "unchanged", "no-baseline-failure"):
+                    break
+    except EngineError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a server that does not start is an errored arm
+        arm.error = f"{type(exc).__name__}: {exc}"
+    if baseline is None and not arm.error:
+        arm.decision = "undecided"
+    if arm.error and arm.n == 0:
+        arm.decision = "errored"
+    summary = arm.summary()
+    return ArmResult(
+        n=arm.n, failures=arm.failures, rate=summary["rate"], ci95=summary["ci95"],
+        p_value=arm.p_less if baseline else None, decision=arm.decision,
+        kinds=arm.kind_counts(), error=arm.error, speed_tok_s=arm.speed(),
+    )
 
 
 def latest_diagnosis(store: Store, slug: str) -> dict[str, Any] | None:

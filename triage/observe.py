@@ -1,0 +1,225 @@
+"""Observations that are not failure rates: what the server and template say about a request,
+whether replays are deterministic, whether speculative decoding changes the committed tokens,
+and what else alternate weights change (the confounder of a weights comparison).
+
+Each function records its facts into an `observations` dict under its name; the engine stores
+them as evidence and the cause rules read them.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from triage import probes
+
+
+def message_of(body: Any) -> dict[str, Any]:
+    try:
+        return dict(body["choices"][0].get("message") or {})
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return {}
+
+
+def finish_reason_of(body: Any) -> str | None:
+    try:
+        return body["choices"][0].get("finish_reason")
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return None
+
+
+def raw_misplaced(body: Any) -> bool:
+    """The raw generated text holds a tool call that the parsed message does not."""
+    if not isinstance(body, dict):
+        return False
+    raw = str((body.get("__verbose") or {}).get("content", "") or "")
+    message = message_of(body)
+    markup = ("<|tool_call>", "<tool_call>")
+    if not any(m in raw for m in markup):
+        return False
+    return not message.get("tool_calls")
+
+
+def committed_text(body: Any) -> str:
+    message = message_of(body)
+    parts = [str(message.get("reasoning_content") or ""), str(message.get("content") or "")]
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        parts.append(f"{function.get('name')}({function.get('arguments')})")
+    return "\x1e".join(parts)
+
+
+def first_divergence(a: str, b: str) -> int | None:
+    if a == b:
+        return None
+    for index, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return index
+    return min(len(a), len(b))
+
+
+def observation_summary(name: str, facts: dict[str, Any]) -> str:
+    if facts.get("error"):
+        return f"{name}: error: {facts['error']}"
+    if name == "template-render":
+        return (f"template render: thinking {'ON' if facts.get('thinking_on') else 'off'} by "
+                f"default for this request; with enable_thinking=false: "
+                f"{'ON' if facts.get('thinking_on_with_enable_thinking_false') else 'off'}")
+    if name == "determinism":
+        return ("determinism (temperature 0, fixed seed, cache_prompt false, twice): "
+                + ("identical" if facts.get("identical") else
+                   f"differ at char {facts.get('first_divergence')}"))
+    if name == "spec-divergence":
+        return (f"speculative vs plain decoding at fixed seeds: streams diverged in "
+                f"{facts.get('diverged')}/{facts.get('seeds')} seeds"
+                + (f", first at token {min(facts['first_positions'])}"
+                   if facts.get("first_positions") else ""))
+    if name == "weights-confounder":
+        differs = facts.get("differs") or []
+        return ("alternate weights differ from the incident's in: " + ", ".join(differs)
+                if differs else "alternate weights: same chat template and thinking default "
+                f"(quantization {facts.get('quantization')})")
+    if name == "known-good-search":
+        return (f"known-good search over {sorted(facts.get('dimensions', {}))}: needed to "
+                f"reproduce: {facts.get('needed_to_reproduce') or 'none isolated'}")
+    if name == "server-props":
+        return f"server props: build {facts.get('build_info')}, slots {facts.get('total_slots')}"
+    return f"{name}: {json.dumps(facts, default=str)[:200]}"
+
+
+async def observe_server(server: Any, request: dict[str, Any], observations: dict[str, Any],
+                         *, seed: int, timeout: float) -> None:
+    """Server props, the template render of the request, and a determinism check."""
+    from triage.llama.client import LlamaClient, LlamaClientError
+
+    client = LlamaClient(server.base_url, timeout=timeout)
+    try:
+        try:
+            props = await client.props()
+            slots = props.get("total_slots") if isinstance(props, dict) else None
+            if isinstance(slots, int) and slots > 0:
+                server.slots = slots
+            template = str(props.get("chat_template", "")) if isinstance(props, dict) else ""
+            observations["server-props"] = {
+                "name": "server-props",
+                "build_info": props.get("build_info") if isinstance(props, dict) else None,
+                "model_path": props.get("model_path") if isinstance(props, dict) else None,
+                "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
+                "total_slots": slots,
+            }
+        except LlamaClientError as exc:
+            observations["server-props"] = {"name": "server-props", "error": str(exc)}
+        try:
+            rendered = await client.apply_template(probes.template_body(request))
+            off = await client.apply_template(
+                probes.template_body(probes.thinking_off(request)))
+            prompt, prompt_off = str(rendered), str(off)
+            observations["template-render"] = {
+                "name": "template-render",
+                "thinking_on": probes.thinking_on_in_prompt(prompt),
+                "thinking_on_with_enable_thinking_false":
+                    probes.thinking_on_in_prompt(prompt_off),
+                "prompt_chars": len(prompt),
+                "prompt_tail": prompt[-300:],
+            }
+        except LlamaClientError as exc:
+            observations["template-render"] = {"name": "template-render",
+                                                    "error": str(exc)}
+        # Determinism: temperature 0, fixed seed, no prompt cache, twice.
+        body = probes.replay_body(request, seed)
+        body["temperature"] = 0
+        texts = []
+        for _ in range(2):
+            try:
+                result = await client.chat(copy.deepcopy(body))
+                texts.append(committed_text(result.json))
+            except LlamaClientError as exc:
+                texts.append(f"error: {exc}")
+        observations["determinism"] = {
+            "name": "determinism",
+            "identical": texts[0] == texts[1],
+            "first_divergence": first_divergence(texts[0], texts[1]),
+            "chars": [len(t) for t in texts],
+        }
+    finally:
+        await client.aclose()
+
+async def spec_divergence(spec_server: Any, plain_server: Any, request: dict[str, Any],
+                          observations: dict[str, Any], *, seed: int, seeds: int,
+                          timeout: float) -> None:
+    """Committed token streams with and without speculative decoding at fixed seeds."""
+    from triage.llama.client import LlamaClient, LlamaClientError
+
+    clients = [LlamaClient(s.base_url, timeout=timeout)
+               for s in (spec_server, plain_server)]
+    compared, diverged, positions = 0, 0, []
+    try:
+        for offset in range(seeds):
+            body = probes.replay_body(request, seed + 10_000 + offset)
+            try:
+                a, b = [await c.chat(copy.deepcopy(body)) for c in clients]
+            except LlamaClientError:
+                continue
+            compared += 1
+            ta, tb = committed_text(a.json), committed_text(b.json)
+            if ta != tb:
+                diverged += 1
+                char = first_divergence(ta, tb) or 0
+                token = None
+                try:
+                    tokens = await clients[1].tokenize(ta[:char])
+                    token = len(tokens) if isinstance(tokens, list) else None
+                except LlamaClientError:
+                    pass
+                positions.append(token if token is not None else char)
+    finally:
+        for client in clients:
+            await client.aclose()
+    observations["spec-divergence"] = {
+        "name": "spec-divergence",
+        "seeds": compared,
+        "diverged": diverged,
+        "first_positions": positions,
+        "temperature": request.get("temperature"),
+    }
+
+
+async def weights_confounder(incident_server: Any, alt_server: Any, request: dict[str, Any],
+                             observations: dict[str, Any], *, timeout: float) -> None:
+    """What else differs between the incident weights and the alternate weights."""
+    from triage.llama.client import LlamaClient, LlamaClientError
+    from triage.llama.gguf_meta import read_gguf_meta
+
+    facts: dict[str, Any] = {"name": "weights-confounder"}
+    differs: list[str] = []
+    metas = []
+    for path in (incident_server.config.model, alt_server.config.model):
+        try:
+            metas.append(read_gguf_meta(Path(str(path))))
+        except Exception as exc:  # noqa: BLE001 - recorded, not fatal
+            metas.append(None)
+            facts.setdefault("errors", []).append(f"{path}: {exc}")
+    if all(metas):
+        a, b = metas
+        facts["quantization"] = [a.quantization, b.quantization]
+        facts["chat_template_sha256"] = [a.chat_template_sha256, b.chat_template_sha256]
+        if a.chat_template_sha256 != b.chat_template_sha256:
+            differs.append("the chat template")
+    thinking = []
+    for server in (incident_server, alt_server):
+        client = LlamaClient(server.base_url, timeout=timeout)
+        try:
+            rendered = await client.apply_template(probes.template_body(request))
+            thinking.append(probes.thinking_on_in_prompt(str(rendered)))
+        except LlamaClientError:
+            thinking.append(None)
+        finally:
+            await client.aclose()
+    facts["thinking_on"] = thinking
+    if None not in thinking and thinking[0] != thinking[1]:
+        differs.append("the thinking default")
+    facts["differs"] = differs
+    observations["weights-confounder"] = facts

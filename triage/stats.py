@@ -7,15 +7,17 @@ against the baseline replay of the same request:
 * "removes": the arm fails significantly less often than the baseline. One-sided Fisher
   exact p below alpha / looks (Bonferroni over the planned looks, so peeking at every look
   keeps the overall false-positive rate at or below alpha).
-* "unchanged": the data exclude the effect that removing the cause would have. The lower
-  95% Wilson bound of the arm's failure rate is above `effect_ratio` times the upper 95%
-  Wilson bound of the baseline's: even the most favourable reading of the data leaves the
-  arm failing at more than that fraction of the baseline. This is the "enough power to have
-  seen a difference" condition: a reduction to that fraction would have been detected.
+* "unchanged": the data exclude the effect that removing the cause would have. The arm has
+  at least MIN_UNCHANGED_N replays and the lower 95% Wilson bound of its failure rate is
+  above `effect_ratio` times the upper 95% Wilson bound of the baseline's: even the most
+  favourable reading of the data leaves the arm failing at more than that fraction of the
+  baseline. This is the "enough power to have seen a difference" condition: a reduction to
+  that fraction would have been detected.
 * otherwise "undecided", and the arm gets more replays at the next look, up to the cap.
 
-Looks are at 4, 8, 16, 32, ... replays: a deterministic failure (temperature 0) is decided at
-the second look (8 vs 8: one-sided p = 8e-5), an intermittent one takes more.
+Looks are at 4, 8, 16, 32, ... replays: a deterministic failure (temperature 0) is decided
+within the first two looks (4 vs 4: one-sided p = 0.014; 8 vs 8: p = 8e-5), an intermittent
+one takes more.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ DEFAULT_CAP = 64
 # "Removing the cause removes the symptom" means at least a fourfold drop in the failure rate;
 # an arm that provably keeps more than a quarter of the baseline's rate is "unchanged".
 EFFECT_RATIO = 0.25
+# "Unchanged" is a claim about the absence of an effect: never made on fewer replays than this,
+# even when a handful of failures already bound the rate (e.g. 3/4 failing).
+MIN_UNCHANGED_N = 8
 
 
 @dataclass(frozen=True)
@@ -116,7 +121,7 @@ def compare(
     arm_ci = wilson(k1, n1)
     if n0 > 0 and n1 > 0 and p_less < alpha_per_look:
         decision = "removes"
-    elif n0 > 0 and n1 > 0 and arm_ci.low > effect_ratio * baseline_ci.high:
+    elif n1 >= MIN_UNCHANGED_N and n0 > 0 and arm_ci.low > effect_ratio * baseline_ci.high:
         decision = "unchanged"
     elif n0 > 0 and k0 == 0 and baseline_ci.high < 0.5:
         # The baseline itself does not reproduce: nothing can be removed.

@@ -27,7 +27,6 @@ from datetime import date, datetime, timezone
 from typing import Any
 
 from scipy.stats import fisher_exact
-from sqlalchemy import or_
 from sqlmodel import Session, col, select
 
 from kb.models import DECISION_KINDS, Cause, Decision, Evidence, Incident, TriageRun, utcnow
@@ -673,16 +672,29 @@ def parked(session: Session, today: date, *, due_only: bool = False) -> list[Par
     incidents = session.exec(
         select(Incident).where(Incident.status == "parked").order_by(col(Incident.slug))
     ).all()
+    # Captures not attached to any incident count for every parked incident (a new build
+    # seen anywhere on the stack): read them once.
+    unattached = [
+        row
+        for row in session.exec(
+            select(Evidence)
+            .where(col(Evidence.incident_id).is_(None))
+            .order_by(col(Evidence.recorded_at), col(Evidence.id))
+        ).all()
+        if _aware(row.recorded_at).date() <= today
+    ]
     result = []
     for incident in incidents:
         assert incident.id is not None
-        item = _parked_item(session, incident, today)
+        item = _parked_item(session, incident, today, unattached)
         if not due_only or item.due:
             result.append(item)
     return result
 
 
-def _parked_item(session: Session, incident: Incident, today: date) -> ParkedIncident:
+def _parked_item(
+    session: Session, incident: Incident, today: date, unattached: list[Evidence]
+) -> ParkedIncident:
     assert incident.id is not None
     decision = latest_decision(session, incident.id)
     if decision is None or decision.kind != "PARKED":
@@ -703,17 +715,12 @@ def _parked_item(session: Session, incident: Incident, today: date) -> ParkedInc
         )
     decided_at = _aware(decision.decided_at)
     # Evidence "as of today": the incident's own plus captures not attached to any incident.
-    rows = [
+    own = [
         row
-        for row in session.exec(
-            select(Evidence)
-            .where(
-                or_(col(Evidence.incident_id) == incident.id, col(Evidence.incident_id).is_(None))
-            )
-            .order_by(col(Evidence.recorded_at), col(Evidence.id))
-        ).all()
+        for row in _incident_evidence(session, incident.id)
         if _aware(row.recorded_at).date() <= today
     ]
+    rows = sorted([*own, *unattached], key=lambda row: (_aware(row.recorded_at), row.id or 0))
     revisits = [
         row
         for row in rows

@@ -674,15 +674,7 @@ def parked(session: Session, today: date, *, due_only: bool = False) -> list[Par
     ).all()
     # Captures not attached to any incident count for every parked incident (a new build
     # seen anywhere on the stack): read them once.
-    unattached = [
-        row
-        for row in session.exec(
-            select(Evidence)
-            .where(col(Evidence.incident_id).is_(None))
-            .order_by(col(Evidence.recorded_at), col(Evidence.id))
-        ).all()
-        if _aware(row.recorded_at).date() <= today
-    ]
+    unattached = _unattached_evidence(session, today)
     result = []
     for incident in incidents:
         assert incident.id is not None
@@ -692,10 +684,32 @@ def parked(session: Session, today: date, *, due_only: bool = False) -> list[Par
     return result
 
 
+def _unattached_evidence(session: Session, today: date) -> list[Evidence]:
+    return [
+        row
+        for row in session.exec(
+            select(Evidence)
+            .where(col(Evidence.incident_id).is_(None))
+            .order_by(col(Evidence.recorded_at), col(Evidence.id))
+        ).all()
+        if _aware(row.recorded_at).date() <= today
+    ]
+
+
+def parked_incident(session: Session, incident: Incident, today: date) -> ParkedIncident:
+    """The parked-list entry of one incident (as `parked` computes it), as of `today`."""
+    return _parked_item(session, incident, today)
+
+
 def _parked_item(
-    session: Session, incident: Incident, today: date, unattached: list[Evidence]
+    session: Session,
+    incident: Incident,
+    today: date,
+    unattached: list[Evidence] | None = None,
 ) -> ParkedIncident:
     assert incident.id is not None
+    if unattached is None:
+        unattached = _unattached_evidence(session, today)
     decision = latest_decision(session, incident.id)
     if decision is None or decision.kind != "PARKED":
         return ParkedIncident(

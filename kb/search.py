@@ -16,15 +16,16 @@ field group:
 A query is user text. It is reduced to its words (letters and digits; everything else,
 FTS5 or tsquery syntax included, is a separator), so no query can raise a syntax error.
 Words are stemmed on both back ends (porter / english), so "thinking" finds "think", and
-words of three or more characters also match as prefixes, so "qwen" finds "qwen3".
+model family names also match as prefixes, so "qwen" finds "qwen3".
 An incident matches when every word occurs somewhere in its document (in any field
 groups); if no incident matches every word, the incidents matching any word are returned
 instead, ranked, with `partial=True`.
 
-Ranking: SQLite bm25 with per-group weights (title 10, summary 5, symptoms/causes 4,
-decisions 3, stack 2, body/evidence 1); PostgreSQL ts_rank over a weighted tsvector (A:
-title; B: summary, symptoms, causes; C: decisions, stack; D: body, evidence). Scores are
-"higher is better" but are only comparable within one result list.
+Ranking: among the matching incidents (at most RANK_CANDIDATES, the most recent, when a
+query matches more; see there), SQLite bm25 with per-group weights (title 10, summary 5,
+symptoms/causes 4, decisions 3, stack 2, body/evidence 1); PostgreSQL ts_rank over a
+weighted tsvector (A: title; B: summary, symptoms, causes; C: decisions, stack; D: body,
+evidence). Scores are "higher is better" but are only comparable within one result list.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Any
 from sqlalchemy import bindparam, text
 from sqlmodel import Session, select
 
+from kb.family import MODEL_FAMILIES
 from kb.models import INCIDENT_STATUSES, Incident
 
 __all__ = [
@@ -64,6 +66,15 @@ _PG_CAPS = {
     "evidence": 200_000,
 }
 
+# PostgreSQL weight classes of the document (migration 0002_search), best first, and
+# the field groups in each, in FIELDS order.
+_PG_CLASSES = {
+    "A": ("title",),
+    "B": ("summary", "symptoms", "causes"),
+    "C": ("decisions", "stack"),
+    "D": ("evidence", "body"),
+}
+
 HIGHLIGHT_START = "«"
 HIGHLIGHT_END = "»"
 ELLIPSIS = "…"
@@ -71,7 +82,14 @@ SNIPPET_TOKENS = 24
 MAX_TERMS = 32
 MAX_TERM_LENGTH = 64
 MAX_LIMIT = 1000
-PREFIX_MIN_LENGTH = 3
+# Ranking considers at most this many matching incidents, the most recent ones: an
+# unselective query ("content after tokens") matches most of a large history, and scoring
+# every match would make its cost grow with the history. Below this many matches the
+# ranking is exact over all of them.
+RANK_CANDIDATES = 1000
+# "llama" is left out: every llama-server incident says llama-server / llama.cpp, so the
+# word matches everything already and its prefix would merge the largest postings.
+_PREFIX_FAMILIES = frozenset(MODEL_FAMILIES) - {"llama"}
 
 _WORD = re.compile(r"[^\W_]+")
 _HIGHLIGHTED = re.compile(f"{HIGHLIGHT_START}(.*?){HIGHLIGHT_END}", re.S)
@@ -107,8 +125,13 @@ def query_terms(query: str) -> list[str]:
 
 
 def _is_prefix(term: str) -> bool:
-    """Words of 3+ characters also match longer words ("qwen" finds "qwen3")."""
-    return len(term) >= PREFIX_MIN_LENGTH
+    """Model family names also match their versioned spellings ("qwen" finds "qwen3").
+
+    Only those: a prefix term makes both back ends merge the postings of every word with
+    that prefix before anything else, which for common prefixes costs more than the rest
+    of the search together.
+    """
+    return term in _PREFIX_FAMILIES
 
 
 def _statuses(status: str | Iterable[str] | None) -> list[str]:
@@ -202,6 +225,14 @@ def _best_field(counts: dict[str, int]) -> str:
     return max(FIELDS, key=lambda field: (counts.get(field, 0), -FIELDS.index(field)))
 
 
+def _highlighted_words(snippets: dict[str, str]) -> dict[str, int]:
+    """How many distinct words each field's snippet highlights."""
+    return {
+        field: len({word.lower() for word in _HIGHLIGHTED.findall(snippet or "")})
+        for field, snippet in snippets.items()
+    }
+
+
 def _clean(snippet: str) -> str:
     return _SPACE.sub(" ", snippet or "").strip()
 
@@ -226,14 +257,24 @@ class _SQLite:
         any_term: bool,
     ) -> list[tuple[int, float]]:
         where, params, binds = _filters("rowid", statuses, cause)
+        params["match"] = self._match(terms, any_term)
+        connection = session.connection()
+        # Walking the matches in rowid order is cheap (no scoring): find the oldest of the
+        # RANK_CANDIDATES most recent matches, and rank only from there on.
+        oldest = connection.execute(
+            text(
+                "SELECT rowid FROM incidentsearch WHERE incidentsearch MATCH :match"
+                f"{where} ORDER BY rowid DESC LIMIT 1 OFFSET :skip"
+            ).bindparams(*binds),
+            {**params, "skip": RANK_CANDIDATES - 1},
+        ).scalar()
+        bound = " AND rowid >= :oldest" if oldest is not None else ""
         # `ORDER BY rank` lets FTS5 sort by its configured weighted bm25 itself.
         statement = text(
             "SELECT rowid, rank FROM incidentsearch WHERE incidentsearch MATCH :match"
-            f"{where} ORDER BY rank LIMIT :limit"
+            f"{where}{bound} ORDER BY rank LIMIT :limit"
         ).bindparams(*binds)
-        rows = session.connection().execute(
-            statement, {"match": self._match(terms, any_term), "limit": limit, **params}
-        )
+        rows = connection.execute(statement, {**params, "limit": limit, "oldest": oldest})
         # bm25 is negative, lower is better: flip it so that higher is better everywhere.
         return [(int(row[0]), -float(row[1])) for row in rows]
 
@@ -263,11 +304,7 @@ class _SQLite:
         result: dict[int, tuple[str, str]] = {}
         for row in rows:
             snippets = dict(zip(_FTS_COLUMNS, row[1:], strict=True))
-            counts = {
-                field: len({w.lower() for w in _HIGHLIGHTED.findall(snippet or "")})
-                for field, snippet in snippets.items()
-            }
-            field = _best_field(counts)
+            field = _best_field(_highlighted_words(snippets))
             result[int(row[0])] = (field, _clean(snippets[field]))
         return result
 
@@ -304,56 +341,77 @@ class _Postgres:
     ) -> list[tuple[int, float]]:
         tsquery, params = self._tsquery(terms, any_term)
         where, filter_params, binds = _filters("s.incident_id", statuses, cause)
+        connection = session.connection()
+        all_params = {**params, **filter_params}
+        # Only stop words ("after when"): an empty tsquery matches nothing, and would make
+        # PostgreSQL test every document to find that out.
+        if not connection.execute(text(f"SELECT numnode({tsquery})"), params).scalar():
+            return []
+        # The RANK_CANDIDATES most recent matches, then ts_rank over those only.
         # Normalisation 1 divides by 1 + log(document length): long bodies don't win by size.
         statement = text(
-            f"SELECT s.incident_id, ts_rank(s.document, {tsquery}, 1) AS score "
+            "SELECT c.incident_id, ts_rank(c.document, "
+            f"{tsquery}, 1) AS score FROM (SELECT s.incident_id, s.document "
             f"FROM incidentsearch s WHERE s.document @@ {tsquery}{where} "
-            "ORDER BY score DESC, s.incident_id LIMIT :limit"
+            "ORDER BY s.incident_id DESC LIMIT :candidates) c "
+            "ORDER BY score DESC, c.incident_id DESC LIMIT :limit"
         ).bindparams(*binds)
-        rows = session.connection().execute(
-            statement, {**params, **filter_params, "limit": limit}
-        )
+        rows = connection.execute(
+            statement, {**all_params, "limit": limit, "candidates": RANK_CANDIDATES}
+        ).all()
         return [(int(row[0]), float(row[1])) for row in rows]
 
     def snippets(
         self, session: Session, terms: Sequence[str], ids: Sequence[int], *, any_term: bool
     ) -> dict[int, tuple[str, str]]:
         del any_term  # each field shows whichever words it has
-        vectors = ", ".join(
-            f"to_tsvector('english', left(s.{field}, {_PG_CAPS[field]})) AS {field}"
-            for field in FIELDS
-        )
+        connection = session.connection()
         term_sql = [self._term(index, term) for index, term in enumerate(terms)]
+        term_params = {k: v for _sql, values in term_sql for k, v in values.items()}
+        # 1. Which weight class holds the most query words, from the stored document
+        # (ts_filter keeps one class's lexemes; nothing is re-parsed).
         counts = ", ".join(
-            "(" + " + ".join(f"(v.{field} @@ {sql})::int" for sql, _ in term_sql) + f") AS {field}"
-            for field in FIELDS
+            "("
+            + " + ".join(
+                f"(ts_filter(s.document, '{{{label.lower()}}}') @@ {sql})::int"
+                for sql, _ in term_sql
+            )
+            + f") AS {label}"
+            for label in _PG_CLASSES
         )
         statement = text(
-            f"SELECT s.incident_id, {counts} FROM incidentsearch s "
-            f"CROSS JOIN LATERAL (SELECT {vectors}) v WHERE s.incident_id IN :ids"
+            f"SELECT s.incident_id, {counts} FROM incidentsearch s WHERE s.incident_id IN :ids"
         ).bindparams(bindparam("ids", expanding=True))
-        term_params = {k: v for _sql, values in term_sql for k, v in values.items()}
-        chosen: dict[int, str] = {}
-        for row in session.connection().execute(statement, {**term_params, "ids": list(ids)}):
-            chosen[int(row[0])] = _best_field(dict(zip(FIELDS, row[1:], strict=True)))
-        if not chosen:
-            return {}
-        # One ts_headline per hit, over the chosen field only (ts_headline reparses text).
-        cases = " ".join(
-            f"WHEN {int(incident_id)} THEN left(s.{field}, {_PG_CAPS[field]})"
-            for incident_id, field in chosen.items()
-        )
+        best_class: dict[int, str] = {}
+        for row in connection.execute(statement, {**term_params, "ids": list(ids)}):
+            by_class = dict(zip(_PG_CLASSES, row[1:], strict=True))
+            labels = list(_PG_CLASSES)
+            best_class[int(row[0])] = max(
+                labels, key=lambda label: (by_class[label], -labels.index(label))
+            )
+        # 2. A headline of each field of that class (ts_headline parses only that text);
+        # the field whose headline highlights the most distinct words is the one shown.
         tsquery, params = self._tsquery(terms, any_term=True)
         options = (
             f"StartSel={HIGHLIGHT_START}, StopSel={HIGHLIGHT_END}, MaxWords={SNIPPET_TOKENS}, "
             f'MinWords=8, MaxFragments=2, FragmentDelimiter=" {ELLIPSIS} "'
         )
-        statement = text(
-            "SELECT s.incident_id, ts_headline('english', "
-            f"CASE s.incident_id {cases} END, {tsquery}, :options) "
-            "FROM incidentsearch s WHERE s.incident_id IN :ids"
-        ).bindparams(bindparam("ids", expanding=True))
-        rows = session.connection().execute(
-            statement, {**params, "options": options, "ids": list(chosen)}
-        )
-        return {int(row[0]): (chosen[int(row[0])], _clean(row[1])) for row in rows}
+        result: dict[int, tuple[str, str]] = {}
+        for label, fields in _PG_CLASSES.items():
+            members = [i for i, c in best_class.items() if c == label]
+            if not members:
+                continue
+            headlines = ", ".join(
+                f"ts_headline('english', left(s.{field}, {_PG_CAPS[field]}), {tsquery}, :options)"
+                for field in fields
+            )
+            statement = text(
+                f"SELECT s.incident_id, {headlines} FROM incidentsearch s "
+                "WHERE s.incident_id IN :ids"
+            ).bindparams(bindparam("ids", expanding=True))
+            rows = connection.execute(statement, {**params, "options": options, "ids": members})
+            for row in rows:
+                snippets = dict(zip(fields, row[1:], strict=True))
+                field = _best_field(_highlighted_words(snippets))
+                result[int(row[0])] = (field, _clean(snippets[field]))
+        return result

@@ -52,7 +52,6 @@ from sqlalchemy import (
     Text,
     and_,
     bindparam,
-    case,
     cast,
     literal,
     literal_column,
@@ -107,13 +106,16 @@ IMPLIED_CAUSES = {
     "tool-markup-leaked": "output-parsing",
 }
 
+# Relative weights, integers so that SQL sums them exactly and cheaply (only the final
+# division is in floating point): a finding kind 4, a confirmed cause 8, a shared thinking
+# default 4, model family 2, speculative decoding 2, server build 1.
 WEIGHTS = {
-    "kind": 1.0,
-    "cause": 2.0,
-    "model_family": 0.5,
-    "server_build": 0.25,
-    "spec": 0.5,
-    "thinking": 1.0,
+    "kind": 4,
+    "cause": 8,
+    "model_family": 2,
+    "server_build": 1,
+    "spec": 2,
+    "thinking": 4,
 }
 FINGERPRINT_FIELDS = ("model_family", "server_build", "spec", "thinking")
 
@@ -376,7 +378,7 @@ def incident_stack(incident: Incident) -> dict[str, Any]:
     }
 
 
-def _elements(sig: Signature, *, as_query: bool = False) -> dict[str, float]:
+def _elements(sig: Signature, *, as_query: bool = False) -> dict[str, int]:
     causes = sig.compared_causes() if as_query else sig.causes
     elements = {f"kind:{kind}": WEIGHTS["kind"] for kind in sig.kinds}
     elements.update({f"cause:{cause}": WEIGHTS["cause"] for cause in causes})
@@ -535,42 +537,67 @@ def _contains(column: Any, item: str) -> ColumnElement[bool]:
     return (literal(",") + column + literal(",")).contains(f",{item},", autoescape=True)
 
 
-def _score_expression(query: Signature) -> ColumnElement[float]:
-    """SQL for `similarity(query, row)`, the same formula as the Python function."""
+def _bit_count(column: Any, bits: Iterable[int]) -> ColumnElement[Any]:
+    """How many of the given bits are set in `column` (integer arithmetic, no CASE)."""
+    terms = [
+        column.op(">>")(literal_column(str(bit.bit_length() - 1))).op("&")(literal_column("1"))
+        for bit in bits
+    ]
+    return sum(terms[1:], terms[0])
+
+
+def _ranked_statement(query: Signature, limit: int, exclude_id: int | None) -> Any:
+    """SQL for the `limit` fresh signatures most similar to `query`, as (incident_id, score).
+
+    The same formula as `similarity`: shared / (mine + theirs - shared), where `theirs` is
+    the row's weight in the dimensions the query compares (>= shared, so the divisor is at
+    least `mine` > 0). The inner query computes `shared` and `theirs` once per row; its
+    OFFSET 0 keeps SQLite and PostgreSQL from inlining them twice into the outer division.
+    """
     t = _SIGNATURES.c
-    zero = literal_column("0.0")
     shared: list[ColumnElement[Any]] = []
     theirs: list[ColumnElement[Any]] = []
-    for kind in sorted(query.kinds):
-        test = (
-            t.kinds_mask.op("&")(literal_column(str(KIND_BITS[kind]))) != 0
-            if kind in KIND_BITS
-            else _contains(t.kinds, kind)
-        )
-        shared.append(case((test, literal(WEIGHTS["kind"], Float)), else_=zero))
-    for cause in sorted(query.compared_causes()):
-        test = (
-            t.causes_mask.op("&")(literal_column(str(CAUSE_BITS[cause]))) != 0
-            if cause in CAUSE_BITS
-            else _contains(t.causes, cause)
-        )
-        shared.append(case((test, literal(WEIGHTS["cause"], Float)), else_=zero))
-    if query.kinds:
-        theirs.append(cast(t.kinds_count, Float) * literal(WEIGHTS["kind"], Float))
-    if query.compared_causes():
-        theirs.append(cast(t.causes_count, Float) * literal(WEIGHTS["cause"], Float))
-    for name, value in query.fingerprint().items():
-        if not value:
+
+    def weight(name: str) -> ColumnElement[Any]:
+        return literal_column(str(int(WEIGHTS[name])))
+
+    for dimension, column, mask, bits, texts in (
+        ("kind", t.kinds_count, t.kinds_mask, KIND_BITS, query.kinds),
+        ("cause", t.causes_count, t.causes_mask, CAUSE_BITS, query.compared_causes()),
+    ):
+        if not texts:
             continue
-        column = t[name]
-        weight = literal(WEIGHTS[name], Float)
-        shared.append(case((column == value, weight), else_=zero))
-        theirs.append(case((column != "", weight), else_=zero))
-    mine = sum(_elements(query, as_query=True).values())
-    shared_sum = sum(shared[1:], shared[0]) if shared else zero
-    theirs_sum = sum(theirs[1:], theirs[0]) if theirs else zero
-    union = literal(mine, Float) + theirs_sum - shared_sum
-    return case((union > 0, shared_sum / union), else_=zero)
+        known = [bits[item] for item in sorted(texts) if item in bits]
+        count: list[ColumnElement[Any]] = [_bit_count(mask, known)] if known else []
+        text_column = t.kinds if dimension == "kind" else t.causes
+        count += [
+            cast(_contains(text_column, item), Integer)
+            for item in sorted(texts)
+            if item not in bits
+        ]
+        shared.append(sum(count[1:], count[0]) * weight(dimension))
+        theirs.append(column * weight(dimension))
+    for name, value in query.fingerprint().items():
+        if value:
+            shared.append(cast(t[name] == value, Integer) * weight(name))
+            theirs.append(cast(t[name] != "", Integer) * weight(name))
+    inner = select(
+        t.incident_id.label("incident_id"),
+        sum(shared[1:], shared[0]).label("shared"),
+        sum(theirs[1:], theirs[0]).label("theirs"),
+    ).where(t.stale == False)  # noqa: E712 (SQL expression)
+    if exclude_id is not None:
+        inner = inner.where(t.incident_id != exclude_id)
+    rows = inner.offset(0).subquery("candidate")
+    mine = literal_column(str(int(sum(_elements(query, as_query=True).values()))))
+    score = (
+        cast(rows.c.shared, Float) / cast(mine + rows.c.theirs - rows.c.shared, Float)
+    ).label("score")
+    return (
+        select(rows.c.incident_id, score)
+        .order_by(score.desc(), rows.c.incident_id.desc())
+        .limit(limit)
+    )
 
 
 def _linked_incidents(session: Session, incident_id: int, others: Sequence[int]) -> set[int]:
@@ -623,28 +650,10 @@ def similar_incidents(
     exclude_id: int | None = None
     if exclude_slug is not None:
         exclude_id = require_incident(session, exclude_slug).id
-    t = _SIGNATURES.c
-    score = _score_expression(query).label("score")
-    statement = (
-        select(
-            t.incident_id,
-            score,
-            t.kinds,
-            t.causes,
-            t.model_family,
-            t.server_build,
-            t.spec,
-            t.thinking,
-        )
-        .where(t.stale == False)  # noqa: E712 (SQL expression)
-        .order_by(score.desc(), t.incident_id.desc())
-        .limit(limit)
-    )
-    if exclude_id is not None:
-        statement = statement.where(t.incident_id != exclude_id)
-    scored: dict[int, tuple[float, Signature]] = {}
-    for row in session.connection().execute(statement):
-        scored[int(row.incident_id)] = (float(row.score), _from_row(row))
+    scored: dict[int, tuple[float, Signature | None]] = {
+        int(row.incident_id): (float(row.score), None)
+        for row in session.connection().execute(_ranked_statement(query, limit, exclude_id))
+    }
 
     # Stale rows: scored from the incident's rows, with the Python formula.
     stale_ids = [
@@ -664,6 +673,15 @@ def similar_incidents(
     if not ranked:
         return []
     ids = [incident_id for incident_id, _ in ranked]
+    fresh = [incident_id for incident_id, (_score, sig) in ranked if sig is None]
+    if fresh:
+        rows = session.exec(
+            select(IncidentSignature).where(IncidentSignature.incident_id.in_(fresh))  # type: ignore[attr-defined]
+        ).all()
+        loaded = {row.incident_id: _from_row(row) for row in rows}
+        ranked = [
+            (i, (score, sig or loaded[i])) for i, (score, sig) in ranked if sig or i in loaded
+        ]
     incidents = {
         row[0]: row
         for row in session.exec(
@@ -676,7 +694,7 @@ def similar_incidents(
     matches = []
     query_stack = query.fingerprint()
     for incident_id, (value_score, sig) in ranked:
-        if incident_id not in incidents:
+        if incident_id not in incidents or sig is None:
             continue
         _id, slug, title, status = incidents[incident_id]
         matches.append(

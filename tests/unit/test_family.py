@@ -115,7 +115,7 @@ def test_similarity_is_a_weighted_jaccard_over_what_the_query_knows() -> None:
     # Shared: one kind (1.0) of kinds 2 + 1 = 3 in the union, plus the family (0.5) of
     # 0.5; causes 2.0 on one side only.  (1.0 + 0.5) / (3.0 + 0.5 + 2.0)
     b = signature({"empty-content", "timeout"}, set(), {"model": "qwen2.gguf"})
-    assert similarity(a, b) == pytest.approx(1.5 / 5.5)
+    assert similarity(a, b) == pytest.approx(1.5 / 5.5)  # weights 4 : 2 : 8 = 1 : 0.5 : 2
     # The query knows no fingerprint: the past incident's stack is not compared at all.
     bare = signature({"empty-content"}, set(), {})
     assert similarity(bare, signature({"empty-content"}, set(), {"model": "gemma.gguf"})) == 1.0

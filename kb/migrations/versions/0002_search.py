@@ -124,7 +124,7 @@ def _signature_table() -> None:
         "ix_incidentsignature_stale",
         "incidentsignature",
         ["stale"],
-        sqlite_where=sa.text("stale"),
+        sqlite_where=sa.text("stale = 1"),  # the form SQLAlchemy renders for `stale == True`
         postgresql_where=sa.text("stale"),
     )
     op.execute("INSERT INTO incidentsignature (incident_id) SELECT id FROM incident")

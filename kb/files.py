@@ -331,8 +331,12 @@ def parse_text(text: str, file: str = "<text>") -> dict[str, Any]:
         raise RecordError(
             file, "$.slug", f"slug {data['slug']!r} does not match the file name {stem!r}.md"
         )
+    from kb.retro import strip_retro_section
+
     record = dict(data)
-    record["body"] = body
+    # The generated retrospective is derived from the record: not part of it, rewritten on
+    # every export (render_record).
+    record["body"] = strip_retro_section(body)
     return record
 
 
@@ -1000,8 +1004,13 @@ def list_records(
 
 def render_record(record: dict[str, Any]) -> str:
     """The canonical file text of a record (as returned by `load_record`)."""
+    # The retrospective is generated from the record on every export and replaces the one
+    # the body held (between its markers), so re-import and re-export stay byte-stable.
+    from kb.retro import replace_retro_section, retro_section
+
     front = {key: record[key] for key in INCIDENT_KEYS if key in record}
-    return f"{FRONT_MATTER_FENCE}\n{dump_yaml(front)}{FRONT_MATTER_FENCE}\n{record.get('body', '')}"
+    body = replace_retro_section(str(record.get("body", "")), retro_section(record))
+    return f"{FRONT_MATTER_FENCE}\n{dump_yaml(front)}{FRONT_MATTER_FENCE}\n{body}"
 
 
 def _checked_text(record: dict[str, Any], path: Path) -> str:

@@ -692,7 +692,8 @@ def retro_section(record: dict[str, Any]) -> str:
 
 
 def strip_retro_section(body: str) -> str:
-    """The body without a generated retrospective block (and the blank lines before it)."""
+    """The body without its generated retrospective block: the exact inverse of
+    `replace_retro_section` (the block is always joined by one blank line)."""
     start = body.find(SECTION_START)
     if start < 0:
         return body
@@ -702,19 +703,20 @@ def strip_retro_section(body: str) -> str:
     tail = body[end + len(SECTION_END) :]
     if tail.startswith("\n"):
         tail = tail[1:]
-    head = body[:start].rstrip("\n")
-    head = head + "\n" if head else ""
-    return head + (("\n" + tail) if tail.strip() else "")
+    head = body[:start]
+    if head.endswith("\n\n"):
+        head = head[:-2]
+    return head + tail
 
 
 def replace_retro_section(body: str, section: str) -> str:
     """The body with its generated block replaced by `section` (appended when absent,
-    removed when `section` is empty). Idempotent: replace(replace(b, s), s) == replace(b, s)."""
+    removed when `section` is empty). Idempotent: replace(replace(b, s), s) == replace(b, s),
+    and strip(replace(b, s)) == strip(b)."""
     narrative = strip_retro_section(body)
     if not section:
         return narrative
-    head = narrative.rstrip("\n")
-    return f"{head}\n\n{section}" if head else section
+    return f"{narrative}\n\n{section}"
 
 
 # --------------------------------------------------------------------------- HTML

@@ -81,7 +81,7 @@ def ui_server(tmp_path: Path) -> Iterator[str]:
     port = free_port()
     log = (tmp_path / "ui.log").open("wb")
     triage = Path(sys.executable).with_name("triage")
-    env = dict(os.environ, TRIAGE_DATABASE_URL=url, HOME=str(tmp_path))
+    env = dict(os.environ, TRIAGE_DATABASE_URL=url)
     server = subprocess.Popen(
         [str(triage), "ui", "--port", str(port), "--host", "127.0.0.1"],
         stdout=log,
@@ -182,3 +182,77 @@ def test_reference_incident_diagnosis_and_graph_in_chromium(ui_server: str) -> N
             browser.close()
     assert dialogs == [], f"recorded text ran as script: {dialogs}"
     assert (ARTIFACTS / "ui-incident.png").stat().st_size > 10_000
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_new_triage_runs_the_real_engine_and_lands_on_the_incident(
+    ui_server: str, tmp_path: Path
+) -> None:
+    """Paste a failing exchange captured from a drill on the real llama-server, run the
+    engine from the page, and land on the new incident with its diagnosis."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from triage.demo import capture_failing_exchange
+    from triage.drills import build_drill
+    from triage.llama.build import find_server_binary
+
+    try:
+        find_server_binary()
+    except Exception as exc:  # noqa: BLE001 - any reason it is missing
+        if os.environ.get("CI"):
+            pytest.fail(f"llama-server is not built: {exc}")
+        pytest.skip(f"llama-server is not built: {exc}")
+    drill = build_drill("gemma4-thinking-budget", tmp_path / "drill")
+    stack_path = drill.out_dir / "stack.toml"
+    request_path, response_path = capture_failing_exchange(
+        stack_path, drill.request("greedy"), tmp_path / "capture"
+    )
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 2000})
+            page.set_default_timeout(60_000)
+            expect.set_options(timeout=60_000)
+            page.goto(f"{ui_server}/new-triage")
+            page.get_by_label("Paste it", exact=False).fill(request_path.read_text())
+            page.get_by_label("Response body", exact=False).fill(response_path.read_text())
+            page.get_by_label("stack.toml", exact=True).fill(stack_path.read_text())
+            page.get_by_label("Folder that relative paths", exact=False).fill(
+                str(drill.out_dir)
+            )
+            page.get_by_label("Most requests per probe arm", exact=False).fill("16")
+            page.get_by_role("button", name="Run triage").click()
+            expect(page.locator('[data-testid="stProgress"]').first).to_be_visible()
+            # Streamlit moves between pages with history.pushState, which page.url does not
+            # follow with this Chromium; read the location the user sees instead.
+            # Either the page moves on, or it shows why it could not.
+            page.wait_for_function(
+                "() => (location.pathname.endsWith('/incident')"
+                " && location.search.includes('slug='))"
+                " || document.querySelector('[data-testid=\"stAlertContentError\"]')"
+                " || document.querySelector('[data-testid=\"stException\"]')",
+                timeout=600_000,
+            )
+            failure = page.locator(
+                '[data-testid="stAlertContentError"], [data-testid="stException"]'
+            )
+            if failure.count():
+                page.screenshot(path=str(ARTIFACTS / "ui-new-triage-failure.png"),
+                                full_page=True)
+                pytest.fail(f"the triage did not run: {failure.first.inner_text()}")
+            main = page.locator('[data-testid="stMain"]')
+            expect(main.get_by_text("Confirmed (", exact=False).first).to_be_visible()
+            expect(main.locator('[data-testid="stExpander"] summary').filter(
+                has_text="reasoning").first).to_be_visible()
+            page.get_by_role("tab", name="Probe arms").click()
+            # The arms' rates with their intervals, drawn by Vega-Lite.
+            chart = main.locator('[data-testid="stVegaLiteChart"]').first
+            expect(chart).to_be_visible()
+            expect(chart.locator("canvas, svg").first).to_be_visible()
+            page.screenshot(path=str(ARTIFACTS / "ui-new-triage.png"), full_page=True)
+        finally:
+            browser.close()

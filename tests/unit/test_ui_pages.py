@@ -174,9 +174,9 @@ def test_incident_page_shows_the_diagnosis(kb_url: str) -> None:
     )
     assert statuses["qat-flipped-thinking-default"] == "suspected"
     markdown = texts(at, "markdown")
-    assert any(m.startswith("#### 🔴 Confirmed (1)") for m in markdown)
-    assert any(m.startswith("#### 🟠 Suspected (4)") for m in markdown)
-    assert any(m.startswith("#### ⚪ Rejected (1)") for m in markdown)
+    assert any(m.startswith("#### :red[:material/check_circle:] Confirmed (1)") for m in markdown)
+    assert any(m.startswith("#### :orange[:material/help:] Suspected (4)") for m in markdown)
+    assert any(m.startswith("#### :gray[:material/cancel:] Rejected (1)") for m in markdown)
     # The rationale and the evidence behind each cause, with the numbers.
     assert any("reasoning_len=2797, content_len=0, finish_reason=length" in m for m in markdown)
     assert any("content_len=687, finish_reason=stop" in m for m in markdown)

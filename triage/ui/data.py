@@ -15,6 +15,7 @@ from typing import Any
 
 import streamlit as st
 from sqlalchemy import func, or_
+from sqlalchemy import select as sa_select  # typed for wide column lists
 from sqlmodel import Session, col, select
 
 from kb import decisions as kb_decisions
@@ -124,7 +125,11 @@ def _search(session: Session, query: str) -> dict[int, str]:
             select(Incident.slug, Incident.id).where(col(Incident.slug).in_(slugs or [""]))
         ).all()
     )
-    return {found[hit.slug]: f"{hit.field}: {hit.snippet}" for hit in hits if hit.slug in found}
+    return {
+        int(found[hit.slug] or 0): f"{hit.field}: {hit.snippet}"
+        for hit in hits
+        if hit.slug in found
+    }
 
 
 def list_incidents(
@@ -143,7 +148,7 @@ def list_incidents(
             cause_match = select(Cause.incident_id)
             if filters.cause:
                 cause_match = cause_match.where(
-                    or_(Cause.catalogue_id == filters.cause, Cause.key == filters.cause)
+                    or_(col(Cause.catalogue_id) == filters.cause, col(Cause.key) == filters.cause)
                 )
             if filters.cause_status:
                 cause_match = cause_match.where(Cause.status == filters.cause_status)
@@ -162,11 +167,13 @@ def list_incidents(
         ).one()
         pages = max(1, -(-int(total) // page_size))
         page = min(max(1, page), pages)
-        statement = select(Incident.id, Incident.slug, Incident.title, Incident.status,
-                           Incident.opened_on).where(*conditions)
+        statement = sa_select(
+            col(Incident.id), col(Incident.slug), col(Incident.title), col(Incident.status),
+            col(Incident.opened_on),
+        ).where(*conditions)
         if matches is not None:
             # Keep the search ranking: order in Python over at most SEARCH_LIMIT hits.
-            rows_all = {r[0]: r for r in session.exec(statement).all()}
+            rows_all = {r[0]: r for r in session.execute(statement).all()}
             ordered = [rows_all[i] for i in matches if i in rows_all]
             window = ordered[(page - 1) * page_size : page * page_size]
         else:
@@ -174,7 +181,7 @@ def list_incidents(
                 col(Incident.opened_on).desc(), col(Incident.id).desc()
             )
             window = list(
-                session.exec(statement.offset((page - 1) * page_size).limit(page_size)).all()
+                session.execute(statement.offset((page - 1) * page_size).limit(page_size)).all()
             )
         rows = _rows_with_details(session, window)
     for row, (incident_id, *_rest) in zip(rows, window, strict=True):
@@ -378,11 +385,13 @@ def decision_log(store: Store, *, on: date | None = None) -> list[DecisionEntry]
     """
     on = on or today()
     with store.session(readonly=True) as session:
-        results = session.exec(
-            select(
-                Incident.slug, Incident.title, Incident.status, Decision.kind,
-                Decision.decided_at, Decision.decided_by, Decision.rationale, Decision.tradeoff,
-                Decision.fix, Decision.verified, Decision.revisit_on, Decision.revisit_triggers,
+        results = session.execute(
+            sa_select(
+                col(Incident.slug), col(Incident.title), col(Incident.status),
+                col(Decision.kind), col(Decision.decided_at), col(Decision.decided_by),
+                col(Decision.rationale), col(Decision.tradeoff), col(Decision.fix),
+                col(Decision.verified), col(Decision.revisit_on),
+                col(Decision.revisit_triggers),
             )
             .join(Incident, col(Incident.id) == Decision.incident_id)
             .order_by(col(Decision.decided_at), col(Decision.id))
@@ -390,10 +399,15 @@ def decision_log(store: Store, *, on: date | None = None) -> list[DecisionEntry]
     parked = parked_state(store.url, on)
     entries: list[DecisionEntry] = []
     latest_by_slug: dict[str, DecisionEntry] = {}
-    for row in results:
-        entry = DecisionEntry(*row[:11], triggers=list(row[11] or []))
+    for (slug, title, status, kind, at, by, rationale, tradeoff, fix, verified, revisit_on,
+         triggers) in results:
+        entry = DecisionEntry(
+            slug=slug, title=title, incident_status=status, kind=kind, at=at, by=by,
+            rationale=rationale, tradeoff=tradeoff, fix=fix, verified=verified,
+            revisit_on=revisit_on, triggers=list(triggers or []),
+        )
         entries.append(entry)
-        latest_by_slug[entry.slug] = entry
+        latest_by_slug[slug] = entry
     for slug, entry in latest_by_slug.items():
         entry.latest = True
         item = parked.get(slug)

@@ -68,4 +68,4 @@ def _markdown() -> MarkdownIt:
 
 def markdown_to_html(markdown: str) -> str:
     """HTML for an untrusted Markdown document: raw HTML is escaped, unsafe links dropped."""
-    return _markdown().render(markdown)
+    return str(_markdown().render(markdown))

@@ -16,7 +16,11 @@ from triage.ui import actions, data, nav
 from triage.ui.text import markdown_to_html, md_escape, md_link
 
 STATUS_ORDER = ("confirmed", "suspected", "rejected")
-STATUS_ICONS = {"confirmed": "🔴", "suspected": "🟠", "rejected": "⚪"}
+STATUS_ICONS = {  # Material icons: the emoji are missing from many server fonts
+    "confirmed": ":red[:material/check_circle:]",
+    "suspected": ":orange[:material/help:]",
+    "rejected": ":gray[:material/cancel:]",
+}
 STATUS_MEANING = {
     "confirmed": "a measurement on record shows it",
     "suspected": "not ruled out; not shown either",
@@ -259,19 +263,17 @@ def arms_tab(record: dict[str, Any]) -> None:
             "p-value": st.column_config.NumberColumn(format="%.3g"),
         },
     )
-    chart_data = table.assign(Label=table["Arm"] + " / " + table["Variant"])
-    base = alt.Chart(chart_data).encode(
-        y=alt.Y("Label:N", title=None, sort=None),
-    )
+    base = alt.Chart(table).encode(y=alt.Y("Arm:N", title=None, sort=None))
     intervals = base.mark_rule(strokeWidth=2).encode(
-        x=alt.X("95% low:Q", title="failure rate (95% interval)",
+        x=alt.X("95% low:Q", title="failure rate with its 95% interval",
                 scale=alt.Scale(domain=[0, 1])),
         x2="95% high:Q",
+        color=alt.Color("Decision:N", title="vs baseline"),
     )
-    points = base.mark_point(filled=True, size=80).encode(
+    points = base.mark_point(filled=True, size=90).encode(
         x="Rate:Q",
-        color=alt.Color("Variant:N"),
-        tooltip=["Arm", "Variant", "k/n", "Rate", "95% low", "95% high", "p-value"],
+        color=alt.Color("Decision:N"),
+        tooltip=["Arm", "Variant", "k/n", "Rate", "95% low", "95% high", "p-value", "Decision"],
     )
     st.altair_chart(intervals + points, width="stretch")
 
@@ -473,15 +475,15 @@ def override_form(record: dict[str, Any]) -> None:
     evidence_ids = [str(e.get("id")) for e in record.get("evidence") or []]
     with st.form("override_form"):
         st.subheader("Override a cause status")
-        cause_key = st.selectbox("Cause", list(titles), format_func=titles.get,
-                                 key="override_cause")
+        cause_key = st.selectbox("Cause", list(titles.keys()),
+                                 format_func=lambda key: titles[key], key="override_cause")
         to_status = st.radio("New status", list(STATUS_ORDER), horizontal=True,
                              key="override_status")
         actor = st.text_input("Who", key="override_actor")
         rationale = st.text_area("Why", key="override_rationale")
         evidence_keys = st.multiselect("Evidence", evidence_ids, key="override_evidence")
         submitted = st.form_submit_button("Change status")
-    if not submitted:
+    if not submitted or cause_key is None or to_status is None:
         return
     try:
         actions.override_cause_status(

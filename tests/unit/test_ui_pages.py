@@ -508,3 +508,52 @@ def test_retrospective_picker_without_a_slug(kb_url: str) -> None:
     at.selectbox[0].set_value(REFERENCE)
     at.run()
     assert at.get("html"), "picking an incident shows its retrospective"
+
+
+def test_new_triage_reads_uploaded_files(
+    kb_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    seen: list[Any] = []
+    monkeypatch.setattr(
+        actions, "run_triage",
+        lambda store, exchange, stack, progress, **options: seen.append(exchange)
+        or {"incident": REFERENCE},
+    )
+    at = open_page("new_triage")
+    at.file_uploader(key="triage_exchange_file").set_value(
+        ("failing.json", PAIR.encode(), "application/json")
+    )
+    at.file_uploader(key="triage_stack_file").set_value(
+        ("stack.toml", b'[server]\nmodel = "m.gguf"\n', "application/toml")
+    )
+    at.text_input(key="triage_stack_base").input(str(tmp_path))
+    submit(at, "Run triage")
+    [exchange] = seen
+    assert exchange.response["choices"][0]["message"]["content"] == ""
+    assert md_unescape(at.title[0].value).startswith("Gemma 4 on llama-server")
+
+
+def test_decision_log_marks_a_parked_incident_whose_trigger_fired(
+    kb_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from datetime import datetime, timezone
+
+    from kb.store import add_evidence, require_incident
+
+    store = Store(kb_url)
+    try:
+        with store.session() as session:
+            incident = require_incident(session, REFERENCE)
+            add_evidence(
+                session, incident_id=incident.id, kind="observation",
+                summary="llama-server upgraded", payload={"server_build": "b9999"},
+                recorded_at=datetime(2026, 6, 20, tzinfo=timezone.utc),
+            )
+    finally:
+        store.close()
+    monkeypatch.setenv("TRIAGE_TODAY", BEFORE_REVISIT)  # the revisit date has not come
+    at = open_page("decisions")
+    [overdue] = texts(at, "error")
+    assert overdue.startswith(f"**OVERDUE** (due) · {REFERENCE} -- build b9999 seen in [E")
+    assert list(table(at, "decisions_table")["Overdue"]) == ["OVERDUE"]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any
 
+import networkx as nx
 import streamlit as st
 from sqlalchemy import func, or_
 from sqlalchemy import select as sa_select  # typed for wide column lists
@@ -245,31 +246,21 @@ def _family_components(session: Session) -> list[Family]:
             .where(col(Cause.id).in_(cause_ids))
         ).all()
     }
-    parent: dict[int, int] = {}
-
-    def find(node: int) -> int:
-        parent.setdefault(node, node)
-        while parent[node] != node:
-            parent[node] = parent[parent[node]]
-            node = parent[node]
-        return node
-
-    for a, b in links:
-        if a in cause_info and b in cause_info:
-            parent[find(cause_info[a][0])] = find(cause_info[b][0])
-    groups: dict[int, set[int]] = {}
+    graph: nx.Graph = nx.Graph()
+    for from_cause, to_cause in links:
+        if from_cause in cause_info and to_cause in cause_info:
+            graph.add_edge(cause_info[from_cause][0], cause_info[to_cause][0])
     catalogues: dict[int, set[str]] = {}
     slugs: dict[int, str] = {}
     for incident_id, catalogue, slug in cause_info.values():
-        root = find(incident_id)
-        groups.setdefault(root, set()).add(incident_id)
-        catalogues.setdefault(root, set()).add(catalogue)
+        catalogues.setdefault(incident_id, set()).add(catalogue)
         slugs[incident_id] = slug
     families = []
-    for root, members in groups.items():
+    for members in nx.connected_components(graph):
         first = min(slugs[m] for m in members)
-        label = f"{', '.join(sorted(catalogues[root]))} -- {first} (+{len(members) - 1})"
-        families.append(Family(key=first, label=label, incident_ids=members))
+        names = sorted(set().union(*(catalogues[m] for m in members)))
+        label = f"{', '.join(names)} -- {first} (+{len(members) - 1})"
+        families.append(Family(key=first, label=label, incident_ids=set(members)))
     return sorted(families, key=lambda f: f.key)
 
 

@@ -58,7 +58,7 @@ def which_command(as_json: bool) -> None:
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Keep the generated drill (models, manifest, stack.toml) in this folder.")
 @click.option("--repeat", type=click.IntRange(1, 200), default=1,
-              help="Send each scripted request N times (seeds 1..N).")
+              help="Send each unseeded scripted request N times (seeds 1..N).")
 def drill_command(name: str, as_json: bool, out: Path | None, repeat: int) -> None:
     """Generate drill NAME, run it on a real llama-server, print what came back."""
     from triage.drills import TemplateNotFound, build_drill, list_drills

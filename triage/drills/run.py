@@ -71,15 +71,16 @@ def run_drill(
     contrasts: bool = True,
     timeout: float = 120.0,
 ) -> dict[str, Any]:
-    """Start the drill's incident server, send its scripted requests (`repeat` times each,
-    seeds 1..repeat for sampled ones) and its contrasts, and return the summaries."""
+    """Start the drill's incident server, send its scripted requests (unseeded ones `repeat`
+    times with seeds 1..repeat) and its contrasts, and return the summaries."""
     binary = binary or find_server_binary()
     bodies: list[tuple[str, dict[str, Any]]] = []
     for described, body in zip(drill.manifest["requests"], drill.requests, strict=True):
+        if repeat == 1 or "seed" in body:  # a fixed seed gives the same answer every time
+            bodies.append((described["name"], body))
+            continue
         for index in range(repeat):
-            seeded = body if repeat == 1 or "seed" in body else {**body, "seed": index + 1}
-            label = described["name"] if repeat == 1 else f"{described['name']}#{index + 1}"
-            bodies.append((label, seeded))
+            bodies.append((f"{described['name']}#{index + 1}", {**body, "seed": index + 1}))
     if contrasts:
         bodies.extend(drill.contrasts.items())
     spec = ServerSpec(binary, drill.model, list(drill.server_args))

@@ -22,9 +22,9 @@ STATUS_ICONS = {  # Material icons: the emoji are missing from many server fonts
     "rejected": ":gray[:material/cancel:]",
 }
 STATUS_MEANING = {
-    "confirmed": "a measurement on record shows it",
-    "suspected": "not ruled out; not shown either",
-    "rejected": "a measurement on record rules it out",
+    "confirmed": "the evidence on record shows it",
+    "suspected": "neither shown nor ruled out yet",
+    "rejected": "the evidence on record rules it out",
 }
 
 store = data.get_store()

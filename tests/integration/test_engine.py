@@ -28,18 +28,6 @@ from triage.stackfile import load_stack
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 
-@pytest.fixture(scope="module")
-def server_binary() -> Path:
-    from triage.llama.build import find_server_binary
-
-    try:
-        return find_server_binary()
-    except Exception as exc:  # noqa: BLE001
-        if os.environ.get("CI"):
-            pytest.fail(f"llama-server is not built: {exc}")
-        pytest.skip(f"llama-server is not built: {exc}")
-
-
 def _by_cause(diagnosis: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["id"]: c for c in diagnosis["causes"]}
 
@@ -252,3 +240,30 @@ def _assert_no_llama_children(tmp_path: Path) -> None:
     result = subprocess.run(["pgrep", "-f", f"llama-server.*{tmp_path}"], capture_output=True,
                             text=True)
     assert result.stdout.strip() == ""
+
+
+def test_a_wrapper_binary_and_its_server_child_are_both_stopped(
+    server_binary: Path, tmp_path: Path
+) -> None:
+    # A configured `binary` may be a wrapper that starts llama-server as a child; stopping
+    # the launch must take the whole process group down, not just the wrapper.
+    from triage.llama.launcher import ServerSpec, launch
+
+    drill = build_drill("gemma4-thinking-budget", tmp_path / "drill")
+    wrapper = _wrapper(tmp_path, "llama-server-wrapper", f"""
+"{server_binary}" "$@" &
+wait
+""")
+    spec = ServerSpec(wrapper, drill.model, ["-c", "2048", "-np", "1"])
+    with launch(spec, tmp_path / "logs") as server:
+        assert server.alive()
+        children = subprocess.run(["pgrep", "-f", f"llama-server -m {drill.model}"],
+                                  capture_output=True, text=True).stdout.split()
+        assert children
+    for _ in range(50):
+        left = subprocess.run(["pgrep", "-f", f"llama-server -m {drill.model}"],
+                              capture_output=True, text=True).stdout.split()
+        if not left:
+            break
+        time.sleep(0.1)
+    assert left == []

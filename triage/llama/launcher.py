@@ -154,19 +154,26 @@ class RunningServer:
                 f"log {self.log_path}:\n{self.log_tail(25)}"
             )
 
+    def _signal_group(self, sig: int) -> None:
+        # The server leads its own session (start_new_session), so its process group holds
+        # anything it started too: a wrapper script's server child must not outlive it.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, sig)
+
     def stop(self, grace: float = STOP_GRACE_SECONDS) -> int | None:
-        """SIGTERM, wait up to `grace` seconds, then SIGKILL; returns the exit code."""
+        """SIGTERM, wait up to `grace` seconds, then SIGKILL (the whole process group);
+        returns the exit code."""
         with self._lock:
             self._stopping = True
             if self.process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    self.process.send_signal(signal.SIGTERM)
+                self._signal_group(signal.SIGTERM)
                 try:
                     self.process.wait(timeout=grace)
                 except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        self.process.kill()
+                    self._signal_group(signal.SIGKILL)
                     self.process.wait(timeout=grace)
+            # Stragglers of the group (children of a wrapper that already exited).
+            self._signal_group(signal.SIGKILL)
             _REGISTRY.discard(self)
             return self.process.returncode
 

@@ -108,15 +108,30 @@ def ui_server(tmp_path: Path) -> Iterator[str]:
             time.sleep(0.3)
         yield base
     finally:
-        # Only the server this fixture started (its own session), never anything else.
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-                server.wait(timeout=15)
+        stop(server)
         log.close()
+
+
+def stop(server: subprocess.Popen[bytes]) -> None:
+    """Stop the server this fixture started (its own process group), never anything else.
+
+    Streamlit waits for a running script on SIGTERM (a triage can take minutes), so
+    SIGKILL follows after a grace period.
+    """
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if server.poll() is not None:
+            return
+        try:
+            os.killpg(server.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            continue
+    if server.poll() is None:
+        server.kill()
+        server.wait(timeout=15)
 
 
 def test_reference_incident_diagnosis_and_graph_in_chromium(ui_server: str) -> None:

@@ -416,6 +416,5 @@ def incident_parked_state(store: Store, slug: str, on: date | None = None) -> An
         incident = get_incident(session, slug)
         if incident is None or incident.status != "parked":
             return None
-        # kb.decisions.parked() checks every parked incident; this is its per-incident step,
-        # so one Incident page does not cost as much as the whole parked list.
-        return kb_decisions._parked_item(session, incident, on or today())
+        # One incident's entry, not the whole parked list.
+        return kb_decisions.parked_incident(session, incident, on or today())

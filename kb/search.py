@@ -201,21 +201,36 @@ def search(
 
 
 def _filters(
-    id_column: str, statuses: Sequence[str], cause: str | None
+    id_column: str, statuses: Sequence[str], cause: str | None, *, correlated: bool = True
 ) -> tuple[str, dict[str, Any], list[Any]]:
-    """SQL conditions restricting `id_column` (an incident id) by status and cause."""
+    """SQL conditions restricting `id_column` (a qualified incident id) by status and cause.
+
+    SQLite gets correlated scalar subqueries, checked per document as the text index yields
+    it: as `IN (SELECT ...)` SQLite may drive the search from the (large) filtered incident
+    set and run the full-text query once per incident. PostgreSQL plans `IN (SELECT ...)`
+    as a hash semi-join, which is what it should do.
+    """
     where = ""
     params: dict[str, Any] = {}
     binds: list[Any] = []
     if statuses:
-        where += f" AND {id_column} IN (SELECT id FROM incident WHERE status IN :statuses)"
+        if correlated:
+            where += (
+                f" AND (SELECT i.status FROM incident i WHERE i.id = {id_column}) IN :statuses"
+            )
+        else:
+            where += f" AND {id_column} IN (SELECT id FROM incident WHERE status IN :statuses)"
         params["statuses"] = list(statuses)
         binds.append(bindparam("statuses", expanding=True))
     if cause:
-        where += (
-            f" AND {id_column} IN (SELECT incident_id FROM cause "
-            "WHERE (catalogue_id = :cause OR key = :cause) AND status <> 'rejected')"
-        )
+        condition = "(c.catalogue_id = :cause OR c.key = :cause) AND c.status <> 'rejected'"
+        if correlated:
+            where += (
+                f" AND (SELECT count(*) FROM cause c WHERE c.incident_id = {id_column} "
+                f"AND {condition}) > 0"
+            )
+        else:
+            where += f" AND {id_column} IN (SELECT c.incident_id FROM cause c WHERE {condition})"
         params["cause"] = cause
     return where, params, binds
 
@@ -256,25 +271,39 @@ class _SQLite:
         *,
         any_term: bool,
     ) -> list[tuple[int, float]]:
-        where, params, binds = _filters("rowid", statuses, cause)
-        params["match"] = self._match(terms, any_term)
+        where, params, binds = _filters("incidentsearch.rowid", statuses, cause)
+        match = self._match(terms, any_term)
         connection = session.connection()
-        # Walking the matches in rowid order is cheap (no scoring): find the oldest of the
-        # RANK_CANDIDATES most recent matches, and rank only from there on.
-        oldest = connection.execute(
-            text(
-                "SELECT rowid FROM incidentsearch WHERE incidentsearch MATCH :match"
-                f"{where} ORDER BY rowid DESC LIMIT 1 OFFSET :skip"
-            ).bindparams(*binds),
-            {**params, "skip": RANK_CANDIDATES - 1},
-        ).scalar()
-        bound = " AND rowid >= :oldest" if oldest is not None else ""
-        # `ORDER BY rank` lets FTS5 sort by its configured weighted bm25 itself.
+        # Walking the matches in rowid order is cheap (no scoring): the RANK_CANDIDATES
+        # most recent matches that pass the filters.
+        candidates = [
+            row[0]
+            for row in connection.execute(
+                text(
+                    "SELECT rowid FROM incidentsearch WHERE incidentsearch MATCH :match"
+                    f"{where} ORDER BY rowid DESC LIMIT :candidates"
+                ).bindparams(*binds),
+                {**params, "match": match, "candidates": RANK_CANDIDATES},
+            )
+        ]
+        if not candidates:
+            return []
+        capped = len(candidates) == RANK_CANDIDATES
+        bound = " AND rowid >= :oldest" if capped else ""
+        # `ORDER BY rank` lets FTS5 sort by its configured weighted bm25 itself. With
+        # filters, the window from the oldest candidate on is ranked unfiltered (the
+        # filters inside this statement make SQLite re-run the text query per row) and
+        # the candidates are picked from it in rank order.
         statement = text(
             "SELECT rowid, rank FROM incidentsearch WHERE incidentsearch MATCH :match"
-            f"{where}{bound} ORDER BY rank LIMIT :limit"
-        ).bindparams(*binds)
-        rows = connection.execute(statement, {**params, "limit": limit, "oldest": oldest})
+            f"{bound} ORDER BY rank" + ("" if where else " LIMIT :limit")
+        )
+        rows = connection.execute(
+            statement, {"match": match, "limit": limit, "oldest": candidates[-1]}
+        )
+        if where:
+            wanted = set(candidates)
+            rows = [row for row in rows if row[0] in wanted][:limit]  # type: ignore[assignment]
         # bm25 is negative, lower is better: flip it so that higher is better everywhere.
         return [(int(row[0]), -float(row[1])) for row in rows]
 
@@ -340,7 +369,7 @@ class _Postgres:
         any_term: bool,
     ) -> list[tuple[int, float]]:
         tsquery, params = self._tsquery(terms, any_term)
-        where, filter_params, binds = _filters("s.incident_id", statuses, cause)
+        where, filter_params, binds = _filters("s.incident_id", statuses, cause, correlated=False)
         connection = session.connection()
         all_params = {**params, **filter_params}
         # Only stop words ("after when"): an empty tsquery matches nothing, and would make

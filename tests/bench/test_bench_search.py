@@ -28,7 +28,8 @@ from kb.family import FINDING_KINDS, signature, similar_incidents
 from kb.search import search
 from kb.store import Store
 
-pytestmark = pytest.mark.bench
+# Generating the full-scale data takes minutes per database, far over the suite's timeout.
+pytestmark = [pytest.mark.bench, pytest.mark.timeout(3600)]
 
 INCIDENTS = int(os.environ.get("TRIAGE_BENCH_INCIDENTS", "100000"))
 EVIDENCE_PER_INCIDENT = 10

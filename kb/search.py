@@ -288,8 +288,10 @@ class _SQLite:
         ]
         if not candidates:
             return []
+        # Rank from the oldest candidate on (with filters that window also holds matches
+        # the filters drop; a rare filter over a common query makes it wide, and slower).
         capped = len(candidates) == RANK_CANDIDATES
-        bound = " AND rowid >= :oldest" if capped else ""
+        bound = " AND rowid >= :oldest" if capped or where else ""
         # `ORDER BY rank` lets FTS5 sort by its configured weighted bm25 itself. With
         # filters, the window from the oldest candidate on is ranked unfiltered (the
         # filters inside this statement make SQLite re-run the text query per row) and

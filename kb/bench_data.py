@@ -118,6 +118,5 @@ def server_version(store: Store) -> str:
     with store.engine.connect() as conn:
         if store.dialect == "sqlite":
             return "SQLite " + str(conn.execute(text("SELECT sqlite_version()")).scalar_one())
-        return str(conn.execute(text("SHOW server_version")).scalar_one()).join(
-            ("PostgreSQL ", "")
-        )
+        version = str(conn.execute(text("SHOW server_version")).scalar_one())
+        return "PostgreSQL " + version.split(" ", 1)[0]

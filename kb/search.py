@@ -86,7 +86,7 @@ MAX_LIMIT = 1000
 # unselective query ("content after tokens") matches most of a large history, and scoring
 # every match would make its cost grow with the history. Below this many matches the
 # ranking is exact over all of them.
-RANK_CANDIDATES = 1000
+RANK_CANDIDATES = 500
 # "llama" is left out: every llama-server incident says llama-server / llama.cpp, so the
 # word matches everything already and its prefix would merge the largest postings.
 _PREFIX_FAMILIES = frozenset(MODEL_FAMILIES) - {"llama"}

@@ -59,7 +59,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.sql.elements import ColumnElement
-from sqlmodel import Field, Session, SQLModel, select
+from sqlmodel import Field, Session, SQLModel, col, select
 
 from kb.models import CAUSE_CATALOGUE_IDS, Cause, FamilyLink, Incident, Symptom
 from kb.store import StoreError, require_incident
@@ -500,7 +500,7 @@ def refresh_signatures(
             session.exec(
                 select(IncidentSignature.incident_id)
                 .where(IncidentSignature.stale == True)  # noqa: E712 (SQL expression)
-                .order_by(IncidentSignature.incident_id)
+                .order_by(_SIGNATURES.c.incident_id)
             ).all()
         )
     written = 0
@@ -514,8 +514,8 @@ def refresh_signatures(
         locked = list(
             session.exec(
                 select(IncidentSignature.incident_id)
-                .where(IncidentSignature.incident_id.in_(chunk))  # type: ignore[attr-defined]
-                .order_by(IncidentSignature.incident_id)
+                .where(_SIGNATURES.c.incident_id.in_(chunk))
+                .order_by(_SIGNATURES.c.incident_id)
                 # A row locked by a writer is skipped: the writer marks it stale again
                 # when it commits, and a refresh never waits (so it cannot deadlock).
                 .with_for_update(skip_locked=True)
@@ -589,7 +589,9 @@ def _ranked_statement(query: Signature, limit: int, exclude_id: int | None) -> A
     if exclude_id is not None:
         inner = inner.where(t.incident_id != exclude_id)
     rows = inner.offset(0).subquery("candidate")
-    mine = literal_column(str(int(sum(_elements(query, as_query=True).values()))))
+    mine: ColumnElement[Any] = literal_column(
+        str(int(sum(_elements(query, as_query=True).values())))
+    )
     score = (
         cast(rows.c.shared, Float) / cast(mine + rows.c.theirs - rows.c.shared, Float)
     ).label("score")
@@ -693,9 +695,10 @@ def similar_incidents(
     linked = _linked_incidents(session, exclude_id, ids) if exclude_id is not None else set()
     matches = []
     query_stack = query.fingerprint()
-    for incident_id, (value_score, sig) in ranked:
-        if incident_id not in incidents or sig is None:
+    for incident_id, (value_score, maybe_sig) in ranked:
+        if incident_id not in incidents or maybe_sig is None:
             continue
+        sig = maybe_sig
         _id, slug, title, status = incidents[incident_id]
         matches.append(
             FamilyMatch(
@@ -763,8 +766,8 @@ def link_family(
     existing = session.exec(
         select(FamilyLink).where(
             or_(
-                and_(FamilyLink.from_cause_id == a.id, FamilyLink.to_cause_id == b.id),
-                and_(FamilyLink.from_cause_id == b.id, FamilyLink.to_cause_id == a.id),
+                and_(col(FamilyLink.from_cause_id) == a.id, col(FamilyLink.to_cause_id) == b.id),
+                and_(col(FamilyLink.from_cause_id) == b.id, col(FamilyLink.to_cause_id) == a.id),
             )
         )
     ).first()

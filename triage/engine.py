@@ -565,15 +565,32 @@ class Diagnoser:
                 if arm.error:
                     continue
                 cmp = compare(baseline.failures, baseline.n, arm.failures, arm.n,
-                              looks=len(self.schedule))
+                              looks=len(self.schedule), paired=_paired(baseline, arm))
                 arm.p_less, arm.p_value = cmp.p_less, cmp.p_two_sided
                 arm.decision = cmp.decision
                 if cmp.decision in ("removes", "unchanged", "no-baseline-failure"):
                     arm.stopped = f"decided at look {look + 1} (n={arm.n})"
+                elif (moot := self._moot(name)) is not None:
+                    arm.stopped = f"stopped at n={arm.n}: not needed, {moot}"
                 else:
                     arm.stopped = f"cap of {self.options.max_requests} reached"
                     still.append(name)
             active = still
+
+    def _moot(self, name: str) -> str | None:
+        """Why more replays of this arm cannot change any verdict (None: they can).
+
+        token-limit-x4 and reasoning-budget only decide causes of length stops; and raising
+        max_tokens is no evidence once thinking off already succeeds at the original limit."""
+        baseline = self.arms["baseline"]
+        if name in ("token-limit-x4", "reasoning-budget") and baseline.failures >= 4 \
+                and not baseline.kind_counts().get("length-stop"):
+            return f"none of the baseline's {baseline.failures} failures is a length stop"
+        thinking_off = self.arms.get("thinking-off")
+        if name == "token-limit-x4" and thinking_off is not None \
+                and thinking_off.decision == "removes":
+            return "thinking off already removes the failure at the original max_tokens"
+        return None
 
     def _mark_died(self, server: Server, active: list[str]) -> None:
         tail = server.log_tail()
@@ -858,6 +875,14 @@ class Diagnoser:
                      "server_seconds": round(server_seconds, 3),
                      "launch_seconds": round(launch_seconds, 3)},
         }
+
+
+def _paired(baseline: ArmState, arm: ArmState) -> tuple[int, int]:
+    """(baseline failures among seed-matched replays, how many of those the arm fixed)."""
+    base = {r.index: r for r in baseline.replies if not r.error}
+    pairs = [(base[r.index], r) for r in arm.replies if not r.error and r.index in base]
+    failing = [(b, a) for b, a in pairs if b.failed]
+    return len(failing), sum(1 for _, a in failing if not a.failed)
 
 
 class _ServerDied(Exception):

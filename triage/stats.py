@@ -12,7 +12,10 @@ against the baseline replay of the same request:
   above `effect_ratio` times the upper 95% Wilson bound of the baseline's: even the most
   favourable reading of the data leaves the arm failing at more than that fraction of the
   baseline. This is the "enough power to have seen a difference" condition: a reduction to
-  that fraction would have been detected.
+  that fraction would have been detected. With seed-matched replays (the engine pairs every
+  arm's replay i with the baseline's replay i) the same claim is also made from the pairs: of
+  the baseline's failing replays (at least MIN_PAIRED_FAILURES), the share the arm fixed has an
+  upper 95% bound below 1 - effect_ratio.
 * otherwise "undecided", and the arm gets more replays at the next look, up to the cap.
 
 Looks are at 4, 8, 16, 32, ... replays: a deterministic failure (temperature 0) is decided
@@ -35,6 +38,8 @@ EFFECT_RATIO = 0.25
 # "Unchanged" is a claim about the absence of an effect: never made on fewer replays than this,
 # even when a handful of failures already bound the rate (e.g. 3/4 failing).
 MIN_UNCHANGED_N = 8
+# The paired form of "unchanged" needs at least this many baseline failures to look at.
+MIN_PAIRED_FAILURES = 4
 
 
 @dataclass(frozen=True)
@@ -112,8 +117,12 @@ def compare(
     looks: int = len(look_schedule()),
     alpha: float = ALPHA,
     effect_ratio: float = EFFECT_RATIO,
+    paired: tuple[int, int] | None = None,
 ) -> Comparison:
-    """Decide an arm against the baseline at one look (see the module docstring)."""
+    """Decide an arm against the baseline at one look (see the module docstring).
+
+    `paired` = (baseline failures among seed-matched pairs, how many of those the arm fixed).
+    """
     alpha_per_look = alpha / max(looks, 1)
     p_less = fisher_less(k1, n1, k0, n0)
     p_two = fisher_two_sided(k1, n1, k0, n0)
@@ -121,7 +130,9 @@ def compare(
     arm_ci = wilson(k1, n1)
     if n0 > 0 and n1 > 0 and p_less < alpha_per_look:
         decision = "removes"
-    elif n1 >= MIN_UNCHANGED_N and n0 > 0 and arm_ci.low > effect_ratio * baseline_ci.high:
+    elif n1 >= MIN_UNCHANGED_N and n0 > 0 and (
+        arm_ci.low > effect_ratio * baseline_ci.high or _paired_unchanged(paired, effect_ratio)
+    ):
         decision = "unchanged"
     elif n0 > 0 and k0 == 0 and baseline_ci.high < 0.5:
         # The baseline itself does not reproduce: nothing can be removed.
@@ -129,6 +140,19 @@ def compare(
     else:
         decision = "undecided"
     return Comparison(k0, n0, k1, n1, p_less, p_two, alpha_per_look, decision)
+
+
+def _paired_unchanged(paired: tuple[int, int] | None, effect_ratio: float) -> bool:
+    """Seed-matched pairs: if removing the cause took away at least 1 - effect_ratio of the
+    failures, the arm would fix at least that share of the replays the baseline failed (in
+    expectation, whether or not the arm's randomness follows the seed). An upper 95% Wilson
+    bound below that share excludes the effect."""
+    if paired is None:
+        return False
+    base_failures, fixed = paired
+    if base_failures < MIN_PAIRED_FAILURES:
+        return False
+    return wilson(fixed, base_failures).high < 1.0 - effect_ratio
 
 
 def baseline_reproduces(k0: int, n0: int) -> bool:

@@ -58,3 +58,13 @@ def test_removes_only_when_the_arm_fails_less(k0: int, n0: int, k1: int, n1: int
         assert n1 >= 2 and n0 >= 2
     if result.decision == "unchanged":
         assert k1 > 0
+
+
+def test_paired_replays_decide_unchanged_sooner_and_only_with_enough_failures() -> None:
+    # 3/16 vs 3/16 unpaired is undecided; the same seeds failing in both arms says more.
+    assert compare(4, 16, 4, 16).decision == "undecided"
+    assert compare(4, 16, 4, 16, paired=(4, 0)).decision == "unchanged"
+    # Too few baseline failures to claim anything from the pairs.
+    assert compare(3, 16, 3, 16, paired=(3, 0)).decision == "undecided"
+    # An arm that fixes most of the baseline's failing seeds is not "unchanged".
+    assert compare(8, 16, 3, 16, paired=(8, 6)).decision == "undecided"

@@ -1,0 +1,40 @@
+"""Command modules of the `triage` CLI; each exposes `register(group)`.
+
+Shared here: opening the knowledge base for a command, and printing JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+from sqlalchemy.exc import SQLAlchemyError
+
+from kb.store import Store, StoreError, redact_url
+
+
+@contextmanager
+def open_store(ctx: click.Context) -> Iterator[Store]:
+    """The store named by --database / TRIAGE_DATABASE_URL; errors become clean messages."""
+    url = (ctx.obj or {}).get("database")
+    try:
+        store = Store(url)
+    except SQLAlchemyError as exc:
+        raise click.ClickException(f"cannot open the knowledge base: {exc}") from None
+    try:
+        yield store
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from None
+    except SQLAlchemyError as exc:
+        raise click.ClickException(
+            f"database error on {redact_url(store.url)}: {exc.__class__.__name__}: {exc}"
+        ) from None
+    finally:
+        store.close()
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))

@@ -7,21 +7,18 @@ The clock is `TRIAGE_TODAY` (YYYY-MM-DD) when set, so tests and drills can move 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import date, datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import click
-from sqlalchemy.exc import SQLAlchemyError
 
 from kb import decisions as kb_decisions
 from kb.decisions import DecisionError
-from kb.store import Store, StoreError, add_evidence, redact_url, require_incident
+from kb.store import Store, add_evidence, require_incident
+from triage.commands import echo_json, open_store
 
 TODAY_ENV = "TRIAGE_TODAY"
 REVISITABLE = ("parked", "fixed", "reopened", "open")
@@ -47,30 +44,6 @@ def now() -> datetime:
     """The clock's time: `TRIAGE_TODAY` at the current UTC time of day when set."""
     current = datetime.now(timezone.utc).replace(microsecond=0)
     return datetime.combine(today(), current.timetz())
-
-
-@contextmanager
-def _store(ctx: click.Context) -> Iterator[Store]:
-    """The knowledge base named by --database / TRIAGE_DATABASE_URL; errors as messages."""
-    url = (ctx.obj or {}).get("database")
-    try:
-        store = Store(url)
-    except SQLAlchemyError as exc:
-        raise click.ClickException(f"cannot open the knowledge base: {exc}") from None
-    try:
-        yield store
-    except StoreError as exc:  # DecisionError included
-        raise click.ClickException(str(exc)) from None
-    except SQLAlchemyError as exc:
-        raise click.ClickException(
-            f"database error on {redact_url(store.url)}: {exc.__class__.__name__}: {exc}"
-        ) from None
-    finally:
-        store.close()
-
-
-def _echo_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
 
 
 def _default_actor() -> str:
@@ -147,7 +120,7 @@ def decide_command(
         raise click.UsageError("say which decision: --parked, --fixed or --reopened")
     if force and kind != "FIXED":
         raise click.UsageError("--force only applies to --fixed")
-    with _store(ctx) as store, store.session() as session:
+    with open_store(ctx) as store, store.session() as session:
         decision = kb_decisions.record_decision(
             session,
             slug,
@@ -176,7 +149,7 @@ def decide_command(
             "evidence": decision.evidence_keys,
         }
     if as_json:
-        _echo_json(data)
+        echo_json(data)
         return
     status = kb_decisions.STATUS_AFTER[data["kind"]]
     click.echo(f"recorded {data['kind']} for {slug} (status {status})")
@@ -229,10 +202,10 @@ def format_parked(items: list[kb_decisions.ParkedIncident], day: date) -> str:
 def parked_command(ctx: click.Context, due_only: bool, as_json: bool) -> None:
     """Parked incidents: revisit date, triggers, which are due or overdue and why."""
     day = today()
-    with _store(ctx) as store, store.session(readonly=True) as session:
+    with open_store(ctx) as store, store.session(readonly=True) as session:
         items = kb_decisions.parked(session, day, due_only=due_only)
     if as_json:
-        _echo_json({"today": day.isoformat(), "parked": [item.to_dict() for item in items]})
+        echo_json({"today": day.isoformat(), "parked": [item.to_dict() for item in items]})
         return
     click.echo(format_parked(items, day))
 
@@ -578,7 +551,7 @@ def revisit_command(
 
     results: list[RevisitResult] = []
     failed = False
-    with _store(ctx) as store:
+    with open_store(ctx) as store:
         if all_due:
             with store.session(readonly=True) as session:
                 slugs = [item.slug for item in kb_decisions.parked(session, today(), due_only=True)]
@@ -597,7 +570,7 @@ def revisit_command(
             failed = failed or result.errored
             results.append(result)
     if as_json:
-        _echo_json({"today": today().isoformat(), "revisits": [r.to_dict() for r in results]})
+        echo_json({"today": today().isoformat(), "revisits": [r.to_dict() for r in results]})
     else:
         if all_due and not results:
             click.echo(f"no parked incident is due as of {today()}")
@@ -627,7 +600,7 @@ def retro_command(ctx: click.Context, slug: str, as_html: bool, out_file: Path |
     from kb.files import load_record
     from kb.retro import retro_html, retro_markdown
 
-    with _store(ctx) as store, store.session(readonly=True) as session:
+    with open_store(ctx) as store, store.session(readonly=True) as session:
         record = load_record(session, slug)
     text = retro_html(record) if as_html else retro_markdown(record)
     if out_file is None:

@@ -13,7 +13,8 @@ import click
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from kb.store import Store, StoreError
+from kb.store import Store
+from triage.commands import open_store
 
 
 @lru_cache(maxsize=1)
@@ -145,8 +146,7 @@ def diagnose_command(ctx: click.Context, request_path: Path | None, response_pat
                      max_requests: int | None, seed: int | None, json_out: Path | None,
                      resume: bool) -> None:
     """Reproduce a failing exchange against its stack and decide which causes are real."""
-    from triage.engine import DiagnoseOptions, EngineError, diagnose, unfinished_run
-    from triage.engine import resume as resume_run
+    from triage.engine import DiagnoseOptions
     from triage.stackfile import StackError, load_stack
 
     if stack_path is None:
@@ -160,7 +160,26 @@ def diagnose_command(ctx: click.Context, request_path: Path | None, response_pat
         options.max_requests = max_requests
     if seed is not None:
         options.seed = seed
-    store = Store(ctx.obj.get("database") if ctx.obj else None)
+    with open_store(ctx) as store:
+        diagnosis = _run_diagnosis(store, request_path, response_path, fmt, stack, incident,
+                                   options, resume)
+    validate_diagnosis(diagnosis)
+    if json_out is not None:
+        text = json.dumps(diagnosis, indent=2, sort_keys=True, default=str) + "\n"
+        if str(json_out) == "-":
+            sys.stdout.write(text)
+            return
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(text, "utf-8")
+    click.echo(format_diagnosis(diagnosis))
+
+
+def _run_diagnosis(store: Store, request_path: Path | None, response_path: Path | None,
+                   fmt: str, stack: Any, incident: str | None, options: Any,
+                   resume: bool) -> dict[str, Any]:
+    from triage.engine import EngineError, diagnose, unfinished_run
+    from triage.engine import resume as resume_run
+
     try:
         if resume:
             run = unfinished_run(store, incident)
@@ -177,19 +196,9 @@ def diagnose_command(ctx: click.Context, request_path: Path | None, response_pat
             diagnosis = diagnose(store, stack, request, exchange=exchange, findings=findings,
                                  incident=incident, options=options,
                                  progress=_progress_printer())
-    except (EngineError, StoreError) as exc:
+    except EngineError as exc:
         raise click.ClickException(str(exc)) from None
-    finally:
-        store.close()
-    validate_diagnosis(diagnosis)
-    if json_out is not None:
-        text = json.dumps(diagnosis, indent=2, sort_keys=True, default=str) + "\n"
-        if str(json_out) == "-":
-            sys.stdout.write(text)
-            return
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(text, "utf-8")
-    click.echo(format_diagnosis(diagnosis))
+    return diagnosis
 
 
 @click.command("show")
@@ -200,11 +209,8 @@ def show_command(ctx: click.Context, slug: str, as_json: bool) -> None:
     """Print the latest diagnosis of an incident."""
     from triage.engine import latest_diagnosis
 
-    store = Store(ctx.obj.get("database") if ctx.obj else None)
-    try:
+    with open_store(ctx) as store:
         diagnosis = latest_diagnosis(store, slug)
-    finally:
-        store.close()
     if diagnosis is None:
         raise click.ClickException(
             f"no diagnosis recorded for {slug!r} (run `triage diagnose`, or see "

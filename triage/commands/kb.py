@@ -2,42 +2,14 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import click
-from sqlalchemy.exc import SQLAlchemyError
 
 from kb.files import export_all, export_incident, import_paths, list_records, load_record
 from kb.models import CAUSE_STATUSES, INCIDENT_STATUSES
-from kb.store import Store, StoreError, redact_url
-
-
-@contextmanager
-def _store(ctx: click.Context) -> Iterator[Store]:
-    """The store named by --database / TRIAGE_DATABASE_URL; errors become clean messages."""
-    url = (ctx.obj or {}).get("database")
-    try:
-        store = Store(url)
-    except SQLAlchemyError as exc:
-        raise click.ClickException(f"cannot open the knowledge base: {exc}") from None
-    try:
-        yield store
-    except StoreError as exc:
-        raise click.ClickException(str(exc)) from None
-    except SQLAlchemyError as exc:
-        raise click.ClickException(
-            f"database error on {redact_url(store.url)}: {exc.__class__.__name__}: {exc}"
-        ) from None
-    finally:
-        store.close()
-
-
-def _echo_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+from triage.commands import echo_json, open_store
 
 
 @click.command("import")
@@ -50,7 +22,7 @@ def import_command(ctx: click.Context, paths: tuple[Path, ...], dry_run: bool) -
     Every file is validated first; on any error nothing is stored and the message names
     the file and the field.
     """
-    with _store(ctx) as store:
+    with open_store(ctx) as store:
         slugs = import_paths(store, paths, dry_run=dry_run)
     verb = "would import" if dry_run else "imported"
     click.echo(f"{verb} {len(slugs)} incident(s)")
@@ -71,7 +43,7 @@ def import_command(ctx: click.Context, paths: tuple[Path, ...], dry_run: bool) -
 @click.pass_context
 def export_command(ctx: click.Context, slugs: tuple[str, ...], out_dir: Path) -> None:
     """Write stored incidents (all, or the SLUGS given) as incident files."""
-    with _store(ctx) as store:
+    with open_store(ctx) as store:
         if slugs:
             paths = [export_incident(store, slug, out_dir) for slug in slugs]
         else:
@@ -106,10 +78,10 @@ def list_command(
     as_json: bool,
 ) -> None:
     """List incidents, oldest first."""
-    with _store(ctx) as store, store.session(readonly=True) as session:
+    with open_store(ctx) as store, store.session(readonly=True) as session:
         rows = list_records(session, status=status, cause=cause, cause_status=cause_status)
     if as_json:
-        _echo_json(rows)
+        echo_json(rows)
         return
     if not rows:
         click.echo("no incidents")
@@ -130,10 +102,10 @@ def _cause_line(cause: dict[str, Any]) -> str:
 @click.pass_context
 def show_command(ctx: click.Context, slug: str, as_json: bool) -> None:
     """Show one incident: stack, causes with status, decisions."""
-    with _store(ctx) as store, store.session(readonly=True) as session:
+    with open_store(ctx) as store, store.session(readonly=True) as session:
         record = load_record(session, slug)
     if as_json:
-        _echo_json(record)
+        echo_json(record)
         return
     click.echo(f"{record['slug']}: {record['title']}")
     closed = f", closed {record['closed']}" if record.get("closed") else ""

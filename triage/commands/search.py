@@ -3,15 +3,11 @@ with the same signature; `--link` records them as the same failure family)."""
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import click
-from sqlalchemy.exc import SQLAlchemyError
 
 from kb.family import (
     FamilyMatch,
@@ -25,33 +21,10 @@ from kb.family import (
 )
 from kb.models import INCIDENT_STATUSES
 from kb.search import HIGHLIGHT_END, HIGHLIGHT_START, SearchHit, search
-from kb.store import Store, StoreError, get_incident, redact_url
+from kb.store import StoreError, get_incident
+from triage.commands import echo_json, open_store
 
 _HIGHLIGHT = re.compile(f"{HIGHLIGHT_START}(.*?){HIGHLIGHT_END}", re.S)
-
-
-@contextmanager
-def _store(ctx: click.Context) -> Iterator[Store]:
-    """The store named by --database / TRIAGE_DATABASE_URL; errors become clean messages."""
-    url = (ctx.obj or {}).get("database")
-    try:
-        store = Store(url)
-    except SQLAlchemyError as exc:
-        raise click.ClickException(f"cannot open the knowledge base: {exc}") from None
-    try:
-        yield store
-    except StoreError as exc:
-        raise click.ClickException(str(exc)) from None
-    except SQLAlchemyError as exc:
-        raise click.ClickException(
-            f"database error on {redact_url(store.url)}: {exc.__class__.__name__}: {exc}"
-        ) from None
-    finally:
-        store.close()
-
-
-def _echo_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, ensure_ascii=False))
 
 
 def _bold_highlights(snippet: str) -> str:
@@ -89,11 +62,11 @@ def search_command(
     prefixes. When no incident has every word, incidents with some of them are listed.
     """
     text = " ".join(query)
-    with _store(ctx) as store:
+    with open_store(ctx) as store:
         with store.session(readonly=True) as session:
             hits = search(session, text, status=statuses or None, cause=cause, limit=limit)
     if as_json:
-        _echo_json({"query": text, "hits": [hit.to_dict() for hit in hits]})
+        echo_json({"query": text, "hits": [hit.to_dict() for hit in hits]})
         return
     _print_hits(text, hits)
 
@@ -279,7 +252,7 @@ def family_command(
     extra_kinds = {k.strip() for k in kinds.split(",") if k.strip()}
     extra_causes = set(causes)
     linked: list[dict[str, str]] = []
-    with _store(ctx) as store:
+    with open_store(ctx) as store:
         with store.session() as session:
             incident = get_incident(session, target)
             # Signatures stay correct without this; a refresh makes matching one SQL scan.
@@ -316,7 +289,7 @@ def family_command(
             for match in matches
         ]
     if as_json:
-        _echo_json(
+        echo_json(
             {
                 **info,
                 "signature": query.to_dict(),

@@ -249,41 +249,62 @@ def _token_limit(arms: dict[str, ArmOutcome], base: ArmOutcome, reproduces: bool
                     f"token-limit-x4 {x4.kn()}", "thinking-off + token-limit-x4 with more replays")
 
 
-def _weights(arms: dict[str, ArmOutcome], reproduces: bool, obs: Observations) -> Verdict:
-    cause = "quantized-weights"
-    alt = arms.get("alt-weights")
-    if not obs.has_alt_weights:
-        return _suspect(cause, "not testable with this stack: no alternate weights",
-                        "alt-weights (add [alternates] model to stack.toml)")
-    if alt is None or not alt.ran:
-        return _suspect(cause, f"the alternate-weights arm did not run: {alt.error if alt else ''}",
-                        "alt-weights")
-    base = arms["baseline"]
+def _arm_gate(cause: str, arm: ArmOutcome | None, base: ArmOutcome, reproduces: bool,
+              name: str, *, available: bool, missing: str, hint: str) -> Verdict | None:
+    """The verdict when a server-level arm cannot decide: not configured, did not run, or the
+    baseline does not reproduce. None when the arm's outcome decides."""
+    if not available:
+        return _suspect(cause, f"not testable with this stack: {missing}", f"{name} ({hint})")
+    if arm is None or not arm.ran:
+        return _suspect(cause, f"the {name} arm did not run: {arm.error if arm else ''}", name)
     if not reproduces:
-        return _not_reproduced(cause, base, "alt-weights")
-    if _removes(alt):
-        if obs.confounders:
-            return _suspect(
-                cause,
-                f"alternate weights remove the failure ({alt.kn()}), but they also change "
-                f"{', '.join(obs.confounders)}: confounded, not attributable to quantization",
-                "alt-weights with the same chat template / thinking default",
-                supports=["alt-weights"],
-            )
+        return _not_reproduced(cause, base, name)
+    return None
+
+
+def _removal_verdict(cause: str, arm: ArmOutcome, base: ArmOutcome, *, removes: str,
+                     unchanged: str, note: str = "", rejected_note: str = "",
+                     supports: tuple[str, ...] = ()) -> Verdict:
+    """Confirmed when the arm removes the failure, rejected when it leaves it unchanged."""
+    if _removes(arm):
         return Verdict(
             cause, "confirmed",
-            f"alternate weights remove the failure ({alt.kn()} vs baseline {base.kn()}, "
-            f"p={alt.p_value:.2g}) with the same chat template and thinking default",
-            supports=["alt-weights", "weights-confounder"], deciding_probe="alt-weights",
+            f"{removes}: {arm.kn()} vs baseline {base.kn()} (p={arm.p_value:.2g}){note}",
+            supports=[arm.name, *supports], deciding_probe=arm.name,
         )
-    if _unchanged(alt):
+    if _unchanged(arm):
         return Verdict(
             cause, "rejected",
-            f"alternate weights leave the failure rate unchanged: {alt.kn()} vs baseline "
-            f"{base.kn()}",
-            refutes=["alt-weights"], deciding_probe="alt-weights",
+            f"{unchanged}: {arm.kn()} vs baseline {base.kn()}{note}{rejected_note}",
+            refutes=[arm.name], deciding_probe=arm.name,
         )
-    return _suspect(cause, f"undecided at the cap: alt-weights {alt.kn()}", "alt-weights")
+    return _suspect(cause, f"undecided at the cap: {arm.name} {arm.kn()}{note}",
+                    f"{arm.name} with more replays")
+
+
+def _weights(arms: dict[str, ArmOutcome], reproduces: bool, obs: Observations) -> Verdict:
+    cause, base, alt = "quantized-weights", arms["baseline"], arms.get("alt-weights")
+    gate = _arm_gate(cause, alt, base, reproduces, "alt-weights",
+                     available=obs.has_alt_weights, missing="no alternate weights",
+                     hint="add [alternates] model to stack.toml")
+    if gate is not None:
+        return gate
+    assert alt is not None
+    if _removes(alt) and obs.confounders:
+        return _suspect(
+            cause,
+            f"alternate weights remove the failure ({alt.kn()}), but they also change "
+            f"{', '.join(obs.confounders)}: confounded, not attributable to quantization",
+            "alt-weights with the same chat template / thinking default",
+            supports=["alt-weights"],
+        )
+    return _removal_verdict(
+        cause, alt, base,
+        removes="alternate weights with the same chat template and thinking default remove "
+        "the failure",
+        unchanged="alternate weights leave the failure rate unchanged",
+        supports=("weights-confounder",),
+    )
 
 
 def _speculative(arms: dict[str, ArmOutcome], reproduces: bool, obs: Observations) -> Verdict:
@@ -294,13 +315,12 @@ def _speculative(arms: dict[str, ArmOutcome], reproduces: bool, obs: Observation
             "speculative decoding is not enabled in this stack (no --spec-type / -md flags)",
             deciding_probe="stack",
         )
-    off = arms.get("spec-off")
-    if off is None or not off.ran:
-        return _suspect(cause, f"the spec-off arm did not run: {off.error if off else ''}",
-                        "spec-off")
-    base = arms["baseline"]
-    if not reproduces:
-        return _not_reproduced(cause, base, "spec-off")
+    base, off = arms["baseline"], arms.get("spec-off")
+    gate = _arm_gate(cause, off, base, reproduces, "spec-off", available=True, missing="",
+                     hint="")
+    if gate is not None:
+        return gate
+    assert off is not None
     divergence = ""
     if obs.divergence:
         d = obs.divergence
@@ -309,23 +329,15 @@ def _speculative(arms: dict[str, ArmOutcome], reproduces: bool, obs: Observation
             + (f" (first at token {min(d['first_positions'])})" if d.get("first_positions")
                else "")
         )
-    if _removes(off):
-        return Verdict(
-            cause, "confirmed",
-            f"without speculative decoding the failure goes away: {off.kn()} vs baseline "
-            f"{base.kn()} (p={off.p_value:.2g}){divergence}",
-            supports=["spec-off", "spec-divergence"], deciding_probe="spec-off",
-        )
-    if _unchanged(off):
-        return Verdict(
-            cause, "rejected",
-            f"the failure rate is unchanged without it: {off.kn()} vs baseline {base.kn()}"
-            f"{divergence}; speculative decoding preserves the distribution, so committed "
-            "token streams may differ without changing how often the request fails",
-            refutes=["spec-off"], supports=[], deciding_probe="spec-off",
-        )
-    return _suspect(cause, f"undecided at the cap: spec-off {off.kn()}{divergence}",
-                    "spec-off with more replays")
+    return _removal_verdict(
+        cause, off, base,
+        removes="without speculative decoding the failure goes away",
+        unchanged="the failure rate is unchanged without it",
+        note=divergence,
+        rejected_note="; speculative decoding preserves the distribution, so committed token "
+        "streams may differ without changing how often the request fails",
+        supports=("spec-divergence",),
+    )
 
 
 def _parsing(arms: dict[str, ArmOutcome], base: ArmOutcome, reproduces: bool) -> Verdict:
@@ -365,29 +377,15 @@ def _parsing(arms: dict[str, ArmOutcome], base: ArmOutcome, reproduces: bool) ->
 
 
 def _build(arms: dict[str, ArmOutcome], reproduces: bool, obs: Observations) -> Verdict:
-    cause = "server-build"
-    alt = arms.get("alt-build")
-    if not obs.has_alt_binary:
-        return _suspect(cause, "not testable with this stack: no alternate llama-server binary",
-                        "alt-build (add [alternates] binary to stack.toml)")
-    if alt is None or not alt.ran:
-        return _suspect(cause, f"the alternate-build arm did not run: {alt.error if alt else ''}",
-                        "alt-build")
-    base = arms["baseline"]
-    if not reproduces:
-        return _not_reproduced(cause, base, "alt-build")
-    if _removes(alt):
-        return Verdict(
-            cause, "confirmed",
-            f"the alternate build removes the failure: {alt.kn()} vs baseline {base.kn()} "
-            f"(p={alt.p_value:.2g})",
-            supports=["alt-build"], deciding_probe="alt-build",
-        )
-    if _unchanged(alt):
-        return Verdict(
-            cause, "rejected",
-            f"the alternate build leaves the failure rate unchanged: {alt.kn()} vs baseline "
-            f"{base.kn()}",
-            refutes=["alt-build"], deciding_probe="alt-build",
-        )
-    return _suspect(cause, f"undecided at the cap: alt-build {alt.kn()}", "alt-build")
+    cause, base, alt = "server-build", arms["baseline"], arms.get("alt-build")
+    gate = _arm_gate(cause, alt, base, reproduces, "alt-build",
+                     available=obs.has_alt_binary, missing="no alternate llama-server binary",
+                     hint="add [alternates] binary to stack.toml")
+    if gate is not None:
+        return gate
+    assert alt is not None
+    return _removal_verdict(
+        cause, alt, base,
+        removes="the alternate build removes the failure",
+        unchanged="the alternate build leaves the failure rate unchanged",
+    )

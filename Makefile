@@ -37,8 +37,10 @@ test-unit: venv
 bench: sysdeps venv server
 	$(BIN)/pytest -m bench -s -p no:cacheprovider tests/bench $(PYTEST_ARGS)
 
+# DEMO_UI=--no-ui skips starting the web UI after the diagnosis.
+DEMO_UI ?= --ui
 demo: sysdeps venv server
-	$(BIN)/triage demo
+	$(BIN)/triage demo $(DEMO_UI)
 
 ui: venv
 	$(BIN)/triage ui

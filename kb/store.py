@@ -203,6 +203,10 @@ def record_status_change(
 
 def next_evidence_key(session: Session, incident_id: int | None, prefix: str = "E") -> str:
     """The next free `E<n>` key of an incident."""
+    return f"{prefix}{_next_evidence_number(session, incident_id, prefix)}"
+
+
+def _next_evidence_number(session: Session, incident_id: int | None, prefix: str = "E") -> int:
     if incident_id is not None:
         # Two writers numbering one incident's evidence at once would both pick the same
         # key on PostgreSQL (READ COMMITTED): lock the incident row (FOR NO KEY UPDATE, as
@@ -219,7 +223,7 @@ def next_evidence_key(session: Session, incident_id: int | None, prefix: str = "
     ).all()
     pattern = re.compile(rf"^{re.escape(prefix)}(\d+)$")
     numbers = [int(m.group(1)) for k in rows if (m := pattern.match(k))]
-    return f"{prefix}{max(numbers, default=0) + 1}"
+    return max(numbers, default=0) + 1
 
 
 def add_evidence(
@@ -235,10 +239,7 @@ def add_evidence(
     recorded_at: datetime | None = None,
 ) -> Evidence:
     """Store one piece of evidence (auto key `E<n>` unless given)."""
-    if kind not in EVIDENCE_KINDS:
-        raise StoreError(f"unknown evidence kind {kind!r} (expected one of {EVIDENCE_KINDS})")
-    if not summary.strip():
-        raise StoreError("evidence needs a summary")
+    _check_evidence(kind, summary)
     evidence = Evidence(
         incident_id=incident_id,
         key=key or next_evidence_key(session, incident_id),
@@ -252,6 +253,46 @@ def add_evidence(
     session.add(evidence)
     session.flush()
     return evidence
+
+
+def _check_evidence(kind: str, summary: str) -> None:
+    if kind not in EVIDENCE_KINDS:
+        raise StoreError(f"unknown evidence kind {kind!r} (expected one of {EVIDENCE_KINDS})")
+    if not summary.strip():
+        raise StoreError("evidence needs a summary")
+
+
+def add_evidence_many(
+    session: Session,
+    incident_id: int | None,
+    items: list[dict[str, Any]],
+    *,
+    run_id: int | None = None,
+) -> list[Evidence]:
+    """Store several pieces of evidence with consecutive `E<n>` keys, numbering once (a probe
+    run records hundreds of replies; numbering each one rescans the incident's keys).
+    Each item: kind, summary, and optionally payload, source, recorded_at."""
+    for item in items:
+        _check_evidence(item["kind"], item["summary"])
+    if not items:
+        return []
+    first = _next_evidence_number(session, incident_id)
+    rows = [
+        Evidence(
+            incident_id=incident_id,
+            key=f"E{first + offset}",
+            kind=item["kind"],
+            summary=item["summary"],
+            payload=item.get("payload") or {},
+            source=item.get("source", ""),
+            run_id=run_id,
+            recorded_at=item.get("recorded_at") or utcnow(),
+        )
+        for offset, item in enumerate(items)
+    ]
+    session.add_all(rows)
+    session.flush()
+    return rows
 
 
 def evidence_by_keys(session: Session, incident_id: int, keys: list[str]) -> dict[str, Evidence]:

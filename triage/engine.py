@@ -22,7 +22,14 @@ from typing import Any
 from sqlmodel import Session, select
 
 from kb.models import CAUSE_CATALOGUE_IDS, Cause, EvidenceLink, Incident, Symptom, TriageRun, utcnow
-from kb.store import Store, add_evidence, data_dir, get_incident, record_status_change
+from kb.store import (
+    Store,
+    add_evidence,
+    add_evidence_many,
+    data_dir,
+    get_incident,
+    record_status_change,
+)
 from triage import causes as cause_rules
 from triage import observe, probes
 from triage.observe import committed_text, finish_reason_of, message_of, raw_misplaced
@@ -513,20 +520,19 @@ class Diagnoser:
         return max(1, min(server.slots, 4))
 
     def _record_replies(self, replies: list[Reply]) -> None:
+        items = []
+        for reply in replies:
+            verdict = "FAIL " + ",".join(reply.kinds) if reply.failed else "ok"
+            items.append({
+                "kind": "probe",
+                "summary": (f"{reply.arm} #{reply.index} seed {reply.seed}: {verdict} "
+                            f"(finish={reply.finish_reason}, content {reply.content_chars} "
+                            f"chars, reasoning {reply.reasoning_chars} chars)"),
+                "payload": reply.payload(),
+                "source": "triage diagnose",
+            })
         with self.store.session() as session:
-            for reply in replies:
-                verdict = "FAIL " + ",".join(reply.kinds) if reply.failed else "ok"
-                add_evidence(
-                    session,
-                    incident_id=self.incident_id,
-                    kind="probe",
-                    summary=(f"{reply.arm} #{reply.index} seed {reply.seed}: {verdict} "
-                             f"(finish={reply.finish_reason}, content {reply.content_chars} "
-                             f"chars, reasoning {reply.reasoning_chars} chars)"),
-                    payload=reply.payload(),
-                    source="triage diagnose",
-                    run_id=self.run_id,
-                )
+            add_evidence_many(session, self.incident_id, items, run_id=self.run_id)
 
     # -- arms -------------------------------------------------------------------------------
     async def _run_sequential(

@@ -153,3 +153,24 @@ def test_database_url_defaults_to_sqlite_in_data_dir_and_env_overrides(
     monkeypatch.setenv("TRIAGE_DATABASE_URL", "postgresql+psycopg://u:secret@h/db")
     assert database_url() == "postgresql+psycopg://u:secret@h/db"
     assert "secret" not in redact_url(database_url())
+
+
+def test_add_evidence_many_numbers_after_existing_keys_and_validates_first(store: Store) -> None:
+    from kb.store import add_evidence_many
+
+    incident_id = _incident(store)
+    with store.session() as session:
+        add_evidence(session, incident_id=incident_id, kind="log", summary="first")
+        rows = add_evidence_many(
+            session, incident_id,
+            [{"kind": "probe", "summary": f"reply {i}"} for i in range(3)], run_id=None,
+        )
+        assert [row.key for row in rows] == ["E2", "E3", "E4"]
+    with pytest.raises(StoreError, match="unknown evidence kind"):
+        with store.session() as session:
+            add_evidence_many(session, incident_id, [
+                {"kind": "probe", "summary": "ok"}, {"kind": "gossip", "summary": "no"}])
+    with store.session(readonly=True) as session:
+        from kb.models import Evidence
+
+        assert len(session.exec(select(Evidence)).all()) == 4

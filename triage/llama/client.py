@@ -266,6 +266,9 @@ class LlamaClient:
             transport=transport,
             headers=headers,
             trust_env=False,  # loopback servers: never route through an HTTP proxy
+            # Plain http never uses TLS; skipping the CA bundle saves ~17 ms per client
+            # (the engine opens one per look). https keeps full verification.
+            verify=not self.base_url.startswith("http://"),
         )
 
     async def __aenter__(self) -> LlamaClient:

@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from triage.stackfile import ServerConfig, Stack, has_spec_flags, set_flag, strip_spec_flags
+from triage.stackfile import (
+    ServerConfig,
+    Stack,
+    has_spec_flags,
+    set_flag,
+    split_spec_flags,
+    strip_spec_flags,
+)
 
 NO_THINK_SUFFIX = " /no_think"
 # Markers a chat template puts in the prompt when thinking is on: Gemma 4's system-turn
@@ -176,14 +183,14 @@ def known_good_dimensions(stack: Stack) -> dict[str, tuple[Any, Any]]:
     dims: dict[str, tuple[Any, Any]] = {}
     if good.model and bad.model and Path(good.model) != Path(bad.model):
         dims["weights"] = (bad.model, good.model)
-    bad_spec = tuple(a for a in bad.args if a not in strip_spec_flags(bad.args))
-    good_spec = tuple(a for a in good.args if a not in strip_spec_flags(good.args))
+    bad_other, bad_spec = split_spec_flags(bad.args)
+    good_other, good_spec = split_spec_flags(good.args)
     if bad_spec != good_spec:
-        dims["spec-flags"] = (bad_spec, good_spec)
+        dims["spec-flags"] = (tuple(bad_spec), tuple(good_spec))
     if good.binary and str(good.binary) != str(bad.binary or ""):
         dims["binary"] = (bad.binary, good.binary)
-    if tuple(strip_spec_flags(bad.args)) != tuple(strip_spec_flags(good.args)):
-        dims["other-args"] = (tuple(strip_spec_flags(bad.args)), tuple(strip_spec_flags(good.args)))
+    if bad_other != good_other:
+        dims["other-args"] = (tuple(bad_other), tuple(good_other))
     return dims
 
 
@@ -193,9 +200,8 @@ def revert_dimensions(stack: Stack, names: set[str]) -> ServerConfig:
     bad, good = stack.server, stack.known_good
     model = good.model if "weights" in names else bad.model
     binary = good.binary if "binary" in names else bad.binary
-    other = strip_spec_flags(good.args if "other-args" in names else bad.args)
-    spec_source = good.args if "spec-flags" in names else bad.args
-    spec = [a for a in spec_source if a not in strip_spec_flags(spec_source)]
+    other = split_spec_flags(good.args if "other-args" in names else bad.args)[0]
+    spec = split_spec_flags(good.args if "spec-flags" in names else bad.args)[1]
     return ServerConfig(binary, model, tuple(other + spec))
 
 

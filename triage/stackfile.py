@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
@@ -119,8 +120,7 @@ class Stack:
 
 
 def has_spec_flags(args: tuple[str, ...] | list[str]) -> bool:
-    stripped = strip_spec_flags(args)
-    if len(stripped) != len(args):
+    if split_spec_flags(args)[1]:
         # `--spec-type none` alone does not switch speculative decoding on.
         spec_type = _flag_value(args, "--spec-type")
         return not (spec_type == "none" and not _flag_value(args, "-md", "--model-draft",
@@ -138,43 +138,54 @@ def _flag_value(args: tuple[str, ...] | list[str], *names: str) -> str | None:
     return None
 
 
+def _split_flags(
+    args: tuple[str, ...] | list[str], kind: Callable[[str], str | None]
+) -> tuple[list[str], list[str]]:
+    """(kept, removed): `kind(name)` says "value" (the flag takes the next arg unless written
+    `--flag=value`), "switch", or None (keep)."""
+    kept: list[str] = []
+    removed: list[str] = []
+    take_value = False
+    for arg in args:
+        if take_value:
+            removed.append(arg)
+            take_value = False
+            continue
+        what = kind(arg.split("=", 1)[0])
+        if what is None:
+            kept.append(arg)
+            continue
+        removed.append(arg)
+        take_value = what == "value" and "=" not in arg
+    return kept, removed
+
+
+def _spec_kind(name: str) -> str | None:
+    if name in SPEC_VALUE_FLAGS:
+        return "value"
+    if name in SPEC_SWITCH_FLAGS or name.startswith("--no-spec-"):
+        return "switch"
+    if name.startswith(SPEC_PREFIXES):
+        # An unknown --spec-* flag: assume it takes a value unless written with "=".
+        return "value"
+    return None
+
+
+def split_spec_flags(args: tuple[str, ...] | list[str]) -> tuple[list[str], list[str]]:
+    """(the other args, the speculative-decoding flags with their values), order kept."""
+    return _split_flags(args, _spec_kind)
+
+
 def strip_spec_flags(args: tuple[str, ...] | list[str]) -> list[str]:
     """The argument list with every speculative-decoding flag (and its value) removed."""
-    out: list[str] = []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-            continue
-        name = arg.split("=", 1)[0]
-        if name in SPEC_VALUE_FLAGS:
-            skip = "=" not in arg
-            continue
-        if name in SPEC_SWITCH_FLAGS or name.startswith("--no-spec-"):
-            continue
-        if name.startswith(SPEC_PREFIXES):
-            # An unknown --spec-* flag: assume it takes a value unless written with "=".
-            skip = "=" not in arg
-            continue
-        out.append(arg)
-    return out
+    return split_spec_flags(args)[0]
 
 
 def set_flag(args: tuple[str, ...] | list[str], flag: str, value: str, *aliases: str) -> list[str]:
     """Replace (or append) `flag value`, removing any alias spellings of it."""
     names = {flag, *aliases}
-    out: list[str] = []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-            continue
-        name = arg.split("=", 1)[0]
-        if name in names:
-            skip = "=" not in arg
-            continue
-        out.append(arg)
-    return [*out, flag, value]
+    kept, _ = _split_flags(args, lambda name: "value" if name in names else None)
+    return [*kept, flag, value]
 
 
 @lru_cache(maxsize=1)

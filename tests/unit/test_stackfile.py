@@ -76,3 +76,22 @@ args = ["-c", "8192"]
     assert "--spec-type" in only_weights.args
     only_spec = revert_dimensions(stack, {"spec-flags"})
     assert only_spec.model == tmp_path / "q.gguf" and "--spec-type" not in only_spec.args
+
+
+def test_spec_values_equal_to_other_args_stay_on_their_side(tmp_path: Path) -> None:
+    # "-np 3 ... --spec-draft-n-max 3": the value 3 belongs to both sides, once each.
+    from triage.stackfile import split_spec_flags
+
+    other, spec = split_spec_flags(["-np", "3", "--spec-draft-n-max", "3", "-md", "d.gguf"])
+    assert other == ["-np", "3"]
+    assert spec == ["--spec-draft-n-max", "3", "-md", "d.gguf"]
+    stack = load_stack(_write(tmp_path, """
+[server]
+model = "q.gguf"
+args = ["-np", "3", "--spec-type", "draft-simple", "--spec-draft-n-max", "3"]
+[known_good]
+args = ["-np", "3"]
+"""))
+    reverted = revert_dimensions(stack, {"other-args"})
+    assert list(reverted.args) == ["-np", "3", "--spec-type", "draft-simple",
+                                   "--spec-draft-n-max", "3"]

@@ -1,0 +1,183 @@
+"""The one registry of what triage knows: causes, probe arms, symptom checks, capture
+formats and revisit trigger kinds.
+
+Every entry, built-in or third-party, arrives the same way: a plugin module listed in the
+`triage.plugins` entry-point group exposes `register(catalogue)` and adds its entries with
+`catalogue.causes.add(...)`, `catalogue.arms.add(...)`, and so on (simonw/llm's
+`register_models` hook, without pluggy: one hook is all we need). The built-ins are
+entry points of this distribution, so adding a cause, an arm, a check, a format or a
+trigger kind is one module plus one line in pyproject.toml -- and a third-party package
+does the same in its own pyproject.
+
+Entries are plain objects with an `id` attribute (a stable string). Sections whose order
+is stored (cause ids and finding kinds are packed into bit sets in the database) also need
+an explicit `number`; `Section.check_numbering` refuses a registry whose numbers moved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from importlib import metadata
+from typing import Any, Generic, Protocol, TypeVar
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Catalogue",
+    "CatalogueError",
+    "Section",
+]
+
+ENTRY_POINT_GROUP = "triage.plugins"
+
+
+class CatalogueError(Exception):
+    """A plugin or entry that cannot be registered (names the plugin and the entry)."""
+
+
+class _HasId(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+T = TypeVar("T", bound=_HasId)
+
+
+class Section(Generic[T]):
+    """One kind of entry: an ordered id -> entry mapping that refuses duplicates."""
+
+    def __init__(self, name: str, *, numbered: bool = False) -> None:
+        self.name = name
+        self.numbered = numbered
+        self._entries: dict[str, T] = {}
+        self._origin: dict[str, str] = {}
+        self._plugin = "<direct>"
+
+    def add(self, entry: T) -> T:
+        """Register one entry; a second entry with the same id (or number) is an error."""
+        entry_id = getattr(entry, "id", None)
+        if not isinstance(entry_id, str) or not entry_id:
+            raise CatalogueError(f"{self._plugin}: {self.name} entry {entry!r} has no string id")
+        if entry_id in self._entries:
+            raise CatalogueError(
+                f"{self._plugin}: {self.name} {entry_id!r} is already registered by "
+                f"{self._origin[entry_id]}"
+            )
+        if self.numbered:
+            number = getattr(entry, "number", None)
+            if not isinstance(number, int) or isinstance(number, bool) or number < 0:
+                raise CatalogueError(
+                    f"{self._plugin}: {self.name} {entry_id!r} needs a stable non-negative "
+                    "integer `number`"
+                )
+            for other_id, other in self._entries.items():
+                if getattr(other, "number") == number:
+                    raise CatalogueError(
+                        f"{self._plugin}: {self.name} {entry_id!r} reuses number {number} of "
+                        f"{other_id!r} ({self._origin[other_id]})"
+                    )
+        self._entries[entry_id] = entry
+        self._origin[entry_id] = self._plugin
+        return entry
+
+    def __getitem__(self, entry_id: str) -> T:
+        try:
+            return self._entries[entry_id]
+        except KeyError:
+            known = ", ".join(self._entries) or "none"
+            raise KeyError(f"unknown {self.name} {entry_id!r} (known: {known})") from None
+
+    def get(self, entry_id: str) -> T | None:
+        return self._entries.get(entry_id)
+
+    def __contains__(self, entry_id: object) -> bool:
+        return entry_id in self._entries
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(list(self._entries.values()))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def ids(self) -> tuple[str, ...]:
+        return tuple(self._entries)
+
+    def origin(self, entry_id: str) -> str:
+        """The plugin (entry-point name) that registered `entry_id`."""
+        return self._origin[entry_id]
+
+    def numbers(self) -> dict[str, int]:
+        """id -> stable number (numbered sections only)."""
+        if not self.numbered:
+            raise CatalogueError(f"{self.name} entries are not numbered")
+        return {entry_id: int(getattr(e, "number")) for entry_id, e in self._entries.items()}
+
+    def check_numbering(self, stored: Mapping[str, int]) -> None:
+        """Refuse a registry in which a stored id changed its number or a number its id."""
+        current = self.numbers()
+        by_number = {number: entry_id for entry_id, number in current.items()}
+        for entry_id, number in stored.items():
+            if entry_id in current and current[entry_id] != number:
+                raise CatalogueError(
+                    f"{self.name} {entry_id!r} is stored as number {number} but registered as "
+                    f"{current[entry_id]}: stored rows would be mis-read"
+                )
+            holder = by_number.get(number)
+            if holder is not None and holder != entry_id:
+                raise CatalogueError(
+                    f"{self.name} number {number} is stored for {entry_id!r} but registered for "
+                    f"{holder!r}: stored rows would be mis-read"
+                )
+
+
+class Catalogue:
+    """All sections; `load()` fills a fresh one from the `triage.plugins` entry points."""
+
+    def __init__(self) -> None:
+        self.causes: Section[Any] = Section("cause", numbered=True)
+        self.arms: Section[Any] = Section("probe arm")
+        self.checks: Section[Any] = Section("symptom check", numbered=True)
+        self.formats: Section[Any] = Section("capture format")
+        self.triggers: Section[Any] = Section("trigger kind")
+        self.plugins: list[str] = []
+
+    def _sections(self) -> tuple[Section[Any], ...]:
+        return (self.causes, self.arms, self.checks, self.formats, self.triggers)
+
+    def register_plugin(self, name: str, register: Callable[[Catalogue], object]) -> None:
+        """Run one plugin's `register(catalogue)`, attributing its entries to `name`."""
+        for section in self._sections():
+            section._plugin = name
+        try:
+            register(self)
+        except CatalogueError:
+            raise
+        except Exception as exc:  # a broken plugin must name itself, not crash the CLI
+            raise CatalogueError(f"plugin {name!r} failed to register: {exc}") from exc
+        finally:
+            for section in self._sections():
+                section._plugin = "<direct>"
+        self.plugins.append(name)
+
+    @classmethod
+    def load(cls, entry_points: list[metadata.EntryPoint] | None = None) -> Catalogue:
+        """Build the catalogue: built-in plugins (`triage.*` modules) first, then the rest
+        in name order, so numbering checks and "already registered" errors are stable."""
+        catalogue = cls()
+        eps = list(metadata.entry_points(group=ENTRY_POINT_GROUP)) if entry_points is None \
+            else list(entry_points)
+        eps.sort(key=lambda ep: (not ep.value.startswith("triage."), ep.name))
+        seen: set[str] = set()
+        for ep in eps:
+            if ep.name in seen:  # the same distribution seen twice on sys.path
+                continue
+            seen.add(ep.name)
+            try:
+                target = ep.load()
+            except Exception as exc:
+                raise CatalogueError(f"plugin {ep.name!r} ({ep.value}) cannot be imported: "
+                                     f"{exc}") from exc
+            register = getattr(target, "register", target)
+            if not callable(register):
+                raise CatalogueError(f"plugin {ep.name!r} ({ep.value}) has no register()")
+            catalogue.register_plugin(ep.name, register)
+        return catalogue

@@ -13,16 +13,15 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from kb.store import Store, StoreError, add_evidence, get_incident, redact_url
 from triage.capture import (
-    FORMATS,
     CaptureError,
     Exchange,
     detect_format,
+    format_ids,
     parse,
     read_file,
 )
 from triage.symptoms import Finding, classify
 
-FORMAT_CHOICES = ("auto", *FORMATS)
 # Exit status for bad input or a refused write (click's own usage errors also exit 2).
 EXIT_INPUT_ERROR = 2
 
@@ -56,6 +55,22 @@ class Classified:
         }
 
 
+class FormatChoice(click.Choice):  # type: ignore[type-arg]
+    """`--format`: auto or any format registered in the catalogue (plugins included),
+    read when the option is used rather than when the CLI is imported."""
+
+    def __init__(self) -> None:
+        super().__init__(("auto",))
+
+    @property  # type: ignore[override]
+    def choices(self) -> tuple[str, ...]:
+        return ("auto", *format_ids())
+
+    @choices.setter
+    def choices(self, value: object) -> None:
+        pass  # click.Choice.__init__ assigns; the registry is the only source
+
+
 def _fail(message: str) -> NoReturn:
     click.echo(f"error: {message}", err=True)
     sys.exit(EXIT_INPUT_ERROR)
@@ -69,6 +84,59 @@ def _kind(data: bytes, path: Path, fmt: str) -> str:
     if fmt == "pair":
         return detected if detected in ("request", "response") else "pair"
     return fmt
+
+
+@dataclass
+class _Companions:
+    """The --request / --response files, each attached to at most one FILE."""
+
+    request: Path | None
+    response: Path | None
+
+    def __post_init__(self) -> None:
+        self.request_data = read_file(self.request) if self.request is not None else None
+        self.response_data = read_file(self.response) if self.response is not None else None
+        self.used = {"request": self.request is None, "response": self.response is None}
+
+    def take(self, role: str) -> tuple[bytes | None, str | None]:
+        """The unused companion of this role (data, file name), or (None, None)."""
+        data = self.request_data if role == "request" else self.response_data
+        if data is None or self.used[role]:
+            return None, None
+        self.used[role] = True
+        return data, str(self.request if role == "request" else self.response)
+
+    def check_all_used(self) -> None:
+        if not self.used["response"]:
+            raise click.UsageError(f"--response {self.response} was not used by any FILE")
+        if not self.used["request"]:
+            raise click.UsageError(f"--request {self.request} was not used by any FILE")
+
+
+def _parse_one(
+    path: Path, data: bytes, kind: str, companions: _Companions
+) -> list[Exchange]:
+    """One FILE that is not a bare request body."""
+    if kind in ("response", "sse"):
+        attach, attach_name = companions.take("request")
+        return parse(
+            data,
+            format="sse" if kind == "sse" else "pair",
+            file=str(path),
+            request=attach,
+            request_file=attach_name,
+        )
+    if kind == "curl":
+        attach, attach_name = companions.take("response")
+        return parse(
+            data,
+            format="curl",
+            file=str(path),
+            response=attach,
+            response_file=attach_name,
+            base_dir=path.parent,
+        )
+    return parse(data, format=kind, file=str(path), base_dir=path.parent)
 
 
 def collect(
@@ -92,71 +160,39 @@ def collect(
         )
     loaded = [(path, read_file(path)) for path in files]
     kinds = [_kind(data, path, fmt) for path, data in loaded]
-    request_data = read_file(request) if request is not None else None
-    response_data = read_file(response) if response is not None else None
-    used = {"request": request is None, "response": response is None}
+    companions = _Companions(request, response)
     exchanges: list[Exchange] = []
     i = 0
     while i < len(loaded):
         path, data = loaded[i]
-        kind = kinds[i]
-        if kind == "request":
-            # Its response: the next FILE (two-file pair), else --response.
-            if i + 1 < len(loaded) and kinds[i + 1] in ("response", "pair", "sse"):
-                next_path, next_data = loaded[i + 1]
-                exchanges += parse(
-                    next_data,
-                    format="sse" if kinds[i + 1] == "sse" else "pair",
-                    file=str(next_path),
-                    request=data,
-                    request_file=str(path),
-                )
-                i += 2
-                continue
-            if response_data is None or used["response"]:
-                raise CaptureError(
-                    str(path),
-                    None,
-                    "this is a request body: give its response as the next FILE or --response",
-                )
-            used["response"] = True
+        if kinds[i] != "request":
+            exchanges += _parse_one(path, data, kinds[i], companions)
+            i += 1
+            continue
+        # A bare request: its response is the next FILE (two-file pair), else --response.
+        if i + 1 < len(loaded) and kinds[i + 1] in ("response", "pair", "sse"):
+            next_path, next_data = loaded[i + 1]
             exchanges += parse(
-                data,
-                format="pair",
-                file=str(path),
-                response=response_data,
-                response_file=str(response),
+                next_data,
+                format="sse" if kinds[i + 1] == "sse" else "pair",
+                file=str(next_path),
+                request=data,
+                request_file=str(path),
             )
-        elif kind in ("response", "sse"):
-            attach = request_data if request_data is not None and not used["request"] else None
-            if attach is not None:
-                used["request"] = True
-            exchanges += parse(
-                data,
-                format="sse" if kind == "sse" else "pair",
-                file=str(path),
-                request=attach,
-                request_file=str(request) if attach is not None else None,
+            i += 2
+            continue
+        attach, attach_name = companions.take("response")
+        if attach is None:
+            raise CaptureError(
+                str(path),
+                None,
+                "this is a request body: give its response as the next FILE or --response",
             )
-        elif kind == "curl":
-            attach = response_data if response_data is not None and not used["response"] else None
-            if attach is not None:
-                used["response"] = True
-            exchanges += parse(
-                data,
-                format="curl",
-                file=str(path),
-                response=attach,
-                response_file=str(response) if attach is not None else None,
-                base_dir=path.parent,
-            )
-        else:
-            exchanges += parse(data, format=kind, file=str(path), base_dir=path.parent)
+        exchanges += parse(
+            data, format="pair", file=str(path), response=attach, response_file=attach_name
+        )
         i += 1
-    if not used["response"]:
-        raise click.UsageError(f"--response {response} was not used by any FILE")
-    if not used["request"]:
-        raise click.UsageError(f"--request {request} was not used by any FILE")
+    companions.check_all_used()
     return exchanges
 
 
@@ -196,7 +232,7 @@ def _options(func: Any) -> Any:
     func = click.option(
         "--format",
         "fmt",
-        type=click.Choice(FORMAT_CHOICES),
+        type=FormatChoice(),
         default="auto",
         show_default=True,
         help="Input format (auto-detected by default).",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from triage.capture.formats import CaptureFormat
 from triage.capture.model import MAX_CAPTURE_BYTES, CaptureError, Exchange
 from triage.capture.reading import decode
 from triage.capture.redact import redact_headers
+from triage.capture.shellwords import ShellSyntaxError, split_command
 
 __all__ = ["FORMAT", "looks_like_curl", "parse_curl", "register"]
 
@@ -133,34 +133,6 @@ _CURL_SHORT_TO_LONG = {
     "w": "write-out",
 }
 _CURL_DATA_OPTIONS = {"data", "data-raw", "data-binary", "data-ascii", "data-urlencode", "json"}
-
-
-def _split_curl_command(text: str, file: str) -> tuple[str, int, str, int]:
-    """The command (continuations joined), its first line, the rest (output) and its line."""
-    lines = text.split("\n")
-    start = 0
-    while start < len(lines) and not lines[start].strip():
-        start += 1
-    if start == len(lines):
-        raise CaptureError(file, None, "empty file")
-    collected: list[str] = []
-    for i in range(start, len(lines)):
-        line = lines[i].rstrip("\r")
-        if line.rstrip().endswith("\\") and not line.rstrip().endswith("\\\\"):
-            collected.append(line.rstrip()[:-1])
-            continue
-        collected.append(line)
-        command = "\n".join(collected)
-        try:
-            shlex.split(command)
-        except ValueError:
-            continue  # a quoted argument spans lines (a multi-line -d '{...}')
-        return command, start + 1, "\n".join(lines[i + 1 :]), i + 2
-    try:
-        shlex.split("\n".join(collected))
-    except ValueError as exc:
-        raise CaptureError(file, start + 1, f"cannot split the curl command: {exc}") from None
-    return "\n".join(collected), start + 1, "", len(lines) + 1
 
 
 @dataclass
@@ -321,11 +293,13 @@ def parse_curl(
 ) -> Exchange:
     """A curl command line plus its response (given, or the output following the command)."""
     text, raw = decode(command, file)
-    command_text, line, trailing, trailing_line = _split_curl_command(text, file)
+    if not text.strip():
+        raise CaptureError(file, None, "empty file")
     try:
-        argv = shlex.split(command_text)
-    except ValueError as exc:
-        raise CaptureError(file, line, f"cannot split the curl command: {exc}") from None
+        split = split_command(text)
+    except ShellSyntaxError as exc:
+        raise CaptureError(file, exc.line, f"cannot split the curl command: {exc}") from None
+    argv, line, trailing, trailing_line = split.argv, split.line, split.rest, split.rest_line
     request = _parse_curl_args(argv, file, line)
     base = Path(base_dir) if base_dir is not None else None
     body_text, body_raw = _curl_body(request, file, line, base)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 from pathlib import Path
+from typing import BinaryIO
 
 from triage.capture import model
 from triage.capture.model import CaptureError
 
-__all__ = ["decode", "max_capture_bytes", "read_file"]
+__all__ = ["decode", "max_capture_bytes", "read_beside", "read_file"]
 
 
 def max_capture_bytes() -> int:
@@ -51,28 +54,92 @@ def decode(data: bytes | str, file: str) -> tuple[str, bytes]:
     return text, raw
 
 
-def read_file(path: str | Path) -> bytes:
-    """A capture file's bytes, refusing directories and files over MAX_CAPTURE_BYTES."""
-    p = Path(path)
-    name = str(path)
+_NOT_REGULAR = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _open_error(name: str, exc: BaseException) -> CaptureError:
+    if isinstance(exc, IsADirectoryError):
+        return CaptureError(name, None, "is a directory")
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return CaptureError(name, None, f"cannot open: {reason}")
+
+
+def read_file(path: str | Path, *, name: str | None = None) -> bytes:
+    """A capture file's bytes, read with a byte limit (MAX_CAPTURE_BYTES + 1 at most, whatever
+    the file claims its size is); directories, devices, FIFOs and sockets are refused.
+
+    The file is opened non-blocking, so a FIFO without a writer cannot hang the read, and
+    checked with fstat on that same descriptor (no race with a swapped path).
+    """
+    name = str(path) if name is None else name
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        size = p.stat().st_size
+        fd = os.open(path, flags)
     except (OSError, ValueError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise CaptureError(name, None, f"cannot open: {reason}") from None
-    if p.is_dir():
-        raise CaptureError(name, None, "is a directory")
-    limit = max_capture_bytes()
-    if size > limit:
-        raise CaptureError(name, None, f"file is {size} bytes, {_over(limit)}")
+        raise _open_error(name, exc) from None
     try:
-        with p.open("rb") as handle:
-            data = handle.read(limit + 1)
-    except OSError as exc:
-        raise CaptureError(name, None, f"cannot read: {exc.strerror or exc}") from None
+        info = os.fstat(fd)
+        _refuse_non_regular(name, info.st_mode)
+        limit = max_capture_bytes()
+        if info.st_size > limit:
+            raise CaptureError(name, None, f"file is {info.st_size} bytes, {_over(limit)}")
+        handle = os.fdopen(fd, "rb", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
+    with handle:
+        try:
+            data = _read_at_most(handle, limit + 1)
+        except OSError as exc:
+            raise CaptureError(name, None, f"cannot read: {exc.strerror or exc}") from None
     if len(data) > limit:
         raise CaptureError(name, None, f"file is {_over(limit)}")
     return data
+
+
+def _refuse_non_regular(name: str, mode: int) -> None:
+    if stat.S_ISDIR(mode):
+        raise CaptureError(name, None, "is a directory")
+    for test, kind in _NOT_REGULAR:
+        if test(mode):
+            raise CaptureError(name, None, f"is {kind}, not a regular file")
+
+
+def _read_at_most(handle: BinaryIO, size: int) -> bytes:
+    chunks: list[bytes] = []
+    remaining = size
+    while remaining > 0:
+        chunk = handle.read(min(remaining, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_beside(base_dir: Path, target: str, *, file: str, line: int | None) -> tuple[Path, bytes]:
+    """A file a capture refers to (`curl -d @PATH`), only from the capture's own folder (or
+    below it, symlinks resolved), read with the same limits as the capture itself."""
+    candidate = Path(target)
+    path = candidate if candidate.is_absolute() else base_dir / candidate
+    try:
+        resolved = path.resolve(strict=True)
+        folder = base_dir.resolve(strict=True)
+    except (OSError, RuntimeError, ValueError):
+        raise CaptureError(file, line, f"body file {target!r} not found") from None
+    if not resolved.is_relative_to(folder):
+        raise CaptureError(
+            file,
+            line,
+            f"body file {target!r} is outside the capture's folder ({folder}); "
+            "copy it next to the capture",
+        )
+    return resolved, read_file(resolved, name=str(path))
 
 
 def _over(limit: int) -> str:

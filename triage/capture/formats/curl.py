@@ -19,8 +19,8 @@ from triage.capture.common import (
     sha256_of,
 )
 from triage.capture.formats import CaptureFormat
-from triage.capture.model import MAX_CAPTURE_BYTES, CaptureError, Exchange
-from triage.capture.reading import decode
+from triage.capture.model import CaptureError, Exchange
+from triage.capture.reading import decode, read_beside
 from triage.capture.redact import redact_headers
 from triage.capture.shellwords import ShellSyntaxError, split_command
 
@@ -255,23 +255,7 @@ def _curl_body(
                     line,
                     f"the body is read from a file ({value}); give the capture as a file",
                 )
-            path = Path(target).expanduser()
-            if not path.is_absolute():
-                path = base_dir / path
-            try:
-                size = path.stat().st_size
-            except OSError:
-                raise CaptureError(file, line, f"body file {target!r} not found") from None
-            if size > MAX_CAPTURE_BYTES:
-                raise CaptureError(
-                    str(path), None, f"body file is {size} bytes, over the 32 MiB limit"
-                )
-            try:
-                raw = path.read_bytes()
-            except OSError as exc:
-                raise CaptureError(
-                    file, line, f"cannot read body file {target!r}: {exc.strerror}"
-                ) from None
+            path, raw = read_beside(base_dir, target, file=file, line=line)
             body_text, _ = decode(raw, str(path))
             if option in ("data", "data-ascii"):
                 body_text = body_text.replace("\r", "").replace("\n", "")  # what curl -d does

@@ -32,6 +32,7 @@ from triage.capture.formats.sse import parse_sse, parse_sse_streams
 from triage.capture.model import MAX_CAPTURE_BYTES, CaptureError, Exchange, validate_exchange
 from triage.capture.reading import read_file
 from triage.capture.redact import (
+    redact_args,
     redact_headers,
     redact_json,
     redact_text,
@@ -59,6 +60,7 @@ __all__ = [
     "parse_sse",
     "parse_sse_streams",
     "read_file",
+    "redact_args",
     "redact_headers",
     "redact_json",
     "redact_text",

@@ -29,7 +29,13 @@ from triage.capture.formats.har import parse_har
 from triage.capture.formats.jsonl import parse_jsonl
 from triage.capture.formats.pair import parse_pair, parse_pair_document
 from triage.capture.formats.sse import parse_sse, parse_sse_streams
-from triage.capture.model import MAX_CAPTURE_BYTES, CaptureError, Exchange, validate_exchange
+from triage.capture.model import (
+    MAX_CAPTURE_BYTES,
+    CaptureError,
+    Exchange,
+    PartialCapture,
+    validate_exchange,
+)
 from triage.capture.reading import read_file
 from triage.capture.redact import (
     redact_args,
@@ -46,6 +52,7 @@ __all__ = [
     "CaptureError",
     "CaptureFormat",
     "Exchange",
+    "PartialCapture",
     "detect_format",
     "exchange_from_http",
     "exchange_from_record",

@@ -21,6 +21,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "CaptureError",
     "Exchange",
+    "PartialCapture",
     "validate_exchange",
 ]
 
@@ -54,6 +55,37 @@ class CaptureError(Exception):
         if isinstance(self.location, int):
             return f"{self.file}:{self.location}: {self.message}"
         return f"{self.file}: {self.location}: {self.message}"
+
+
+class PartialCapture(CaptureError):
+    """A multi-record capture (JSONL, HAR) with bad records: names every one of them and
+    keeps the good exchanges, so a caller may choose to go on without the bad ones
+    (`--skip-bad`). Being a CaptureError, it is all-or-nothing for everyone else."""
+
+    MAX_LISTED = 10
+
+    def __init__(
+        self, file: str, errors: list[CaptureError], good: list[Exchange], total: int
+    ) -> None:
+        self.errors = errors
+        self.good = good
+        self.total = total
+        first, others = errors[0], errors[1:]
+        message = first.message
+        if others:
+            listed = "; ".join(_where(error) for error in others[: self.MAX_LISTED])
+            more = len(others) - self.MAX_LISTED
+            message += f"; also {listed}" + (f"; and {more} more" if more > 0 else "")
+        message += f" ({len(errors)} of {total} records bad"
+        message += f"; --skip-bad keeps the {len(good)} good ones)" if good else ")"
+        super().__init__(file, first.location, message)
+
+
+def _where(error: CaptureError) -> str:
+    location = error.location
+    if isinstance(location, int):
+        return f"line {location}: {error.message}"
+    return f"{location}: {error.message}" if location else error.message
 
 
 @dataclass

@@ -15,11 +15,12 @@ from kb.store import Store, StoreError, add_evidence, get_incident, redact_url
 from triage.capture import (
     CaptureError,
     Exchange,
+    PartialCapture,
     detect_format,
     format_ids,
-    parse,
     read_file,
 )
+from triage.capture import parse as parse_capture
 from triage.symptoms import Finding, classify
 
 # Exit status for bad input or a refused write (click's own usage errors also exit 2).
@@ -113,8 +114,27 @@ class _Companions:
             raise click.UsageError(f"--request {self.request} was not used by any FILE")
 
 
+class _Parser:
+    """`parse`, keeping the good records of a partly bad file when asked (--skip-bad)."""
+
+    def __init__(self, skip_bad: bool) -> None:
+        self.skip_bad = skip_bad
+        self.skipped: list[CaptureError] = []
+
+    def __call__(self, data: bytes, **kwargs: Any) -> list[Exchange]:
+        try:
+            return parse_capture(data, **kwargs)
+        except PartialCapture as exc:
+            if not self.skip_bad or not exc.good:
+                raise
+            self.skipped.extend(
+                CaptureError(exc.file, error.location, error.message) for error in exc.errors
+            )
+            return exc.good
+
+
 def _parse_one(
-    path: Path, data: bytes, kind: str, companions: _Companions
+    parse: _Parser, path: Path, data: bytes, kind: str, companions: _Companions
 ) -> list[Exchange]:
     """One FILE that is not a bare request body."""
     if kind in ("response", "sse"):
@@ -144,8 +164,12 @@ def collect(
     fmt: str,
     request: Path | None,
     response: Path | None,
+    parse: _Parser | None = None,
 ) -> list[Exchange]:
-    """Parse every file (pairing bare request/response bodies); raises CaptureError."""
+    """Parse every file (pairing bare request/response bodies); raises CaptureError.
+    With a `_Parser(skip_bad=True)`, bad records of JSONL/HAR files are left out and
+    listed in its `skipped`."""
+    parse = parse or _Parser(skip_bad=False)
     if not files and request is None and response is None:
         raise click.UsageError("give at least one FILE (or --request REQ --response RESP)")
     if not files:
@@ -166,7 +190,7 @@ def collect(
     while i < len(loaded):
         path, data = loaded[i]
         if kinds[i] != "request":
-            exchanges += _parse_one(path, data, kinds[i], companions)
+            exchanges += _parse_one(parse, path, data, kinds[i], companions)
             i += 1
             continue
         # A bare request: its response is the next FILE (two-file pair), else --response.
@@ -196,6 +220,25 @@ def collect(
     return exchanges
 
 
+def _gather(
+    files: tuple[Path, ...],
+    fmt: str,
+    request: Path | None,
+    response: Path | None,
+    skip_bad: bool,
+) -> list[Exchange]:
+    """collect(), with bad input reported as one error line (exit 2) and skipped records
+    named on stderr."""
+    parser = _Parser(skip_bad)
+    try:
+        exchanges = collect(files, fmt, request, response, parser)
+    except CaptureError as exc:
+        _fail(str(exc))
+    for skipped in parser.skipped:
+        click.echo(f"warning: skipped {skipped}", err=True)
+    return exchanges
+
+
 def _classify_all(exchanges: list[Exchange]) -> list[Classified]:
     return [Classified(ex, classify(ex)) for ex in exchanges]
 
@@ -217,6 +260,12 @@ def _print_human(items: list[Classified], stored: dict[int, str] | None = None) 
 
 def _options(func: Any) -> Any:
     func = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")(func)
+    func = click.option(
+        "--skip-bad",
+        is_flag=True,
+        help="Keep the good records of a JSONL/HAR file with bad ones (each skipped record "
+        "is named on stderr); by default one bad record rejects the file.",
+    )(func)
     func = click.option(
         "--response",
         "response",
@@ -249,6 +298,7 @@ def check_command(
     request: Path | None,
     response: Path | None,
     as_json: bool,
+    skip_bad: bool,
 ) -> None:
     """Classify captured exchanges and print their findings (nothing is stored).
 
@@ -256,11 +306,7 @@ def check_command(
     followed by its response FILE), a curl command (with --response or its output pasted
     after it), an SSE transcript, a HAR file or a JSONL log. Bad input exits with status 2.
     """
-    try:
-        exchanges = collect(files, fmt, request, response)
-    except CaptureError as exc:
-        _fail(str(exc))
-    items = _classify_all(exchanges)
+    items = _classify_all(_gather(files, fmt, request, response, skip_bad))
     if as_json:
         click.echo(json.dumps([item.to_dict() for item in items], indent=2, ensure_ascii=False))
     else:
@@ -278,6 +324,7 @@ def capture_command(
     request: Path | None,
     response: Path | None,
     as_json: bool,
+    skip_bad: bool,
     incident_slug: str | None,
 ) -> None:
     """Store captured exchanges (redacted, with their findings) as evidence.
@@ -285,11 +332,7 @@ def capture_command(
     Accepts the same inputs as `triage check`. All files go in one transaction: on any
     error nothing is stored and the message names the file and the line or JSON path.
     """
-    try:
-        exchanges = collect(files, fmt, request, response)
-    except CaptureError as exc:
-        _fail(str(exc))
-    items = _classify_all(exchanges)
+    items = _classify_all(_gather(files, fmt, request, response, skip_bad))
     url = (ctx.obj or {}).get("database")
     keys: dict[int, str] = {}
     try:

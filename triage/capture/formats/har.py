@@ -25,7 +25,7 @@ from triage.capture.common import (
     sha256_of,
 )
 from triage.capture.formats import CaptureFormat, json_document
-from triage.capture.model import CaptureError, Exchange
+from triage.capture.model import CaptureError, Exchange, PartialCapture
 from triage.capture.reading import decode
 from triage.capture.redact import redact_headers
 
@@ -70,6 +70,8 @@ def parse_har(data: bytes | str, *, file: str = "<har>") -> list[Exchange]:
     if not isinstance(entries, list):
         raise CaptureError(file, "$.log.entries", "HAR `log.entries` must be an array")
     exchanges: list[Exchange] = []
+    errors: list[CaptureError] = []
+    total = 0
     for n, entry in enumerate(entries):
         path = f"$.log.entries[{n}]"
         if not isinstance(entry, dict):
@@ -87,9 +89,15 @@ def parse_har(data: bytes | str, *, file: str = "<har>") -> list[Exchange]:
             continue
         if not _CHAT_PATH.search(url_path):
             continue
-        exchanges.append(
-            _har_entry(entry, request, url, method, file, path, digest, len(exchanges))
-        )
+        total += 1
+        try:
+            exchange = _har_entry(entry, request, url, method, file, path, digest, len(exchanges))
+        except CaptureError as exc:
+            errors.append(exc)
+            continue
+        exchanges.append(exchange)
+    if errors:
+        raise PartialCapture(file, errors, exchanges, total)
     if not exchanges:
         raise CaptureError(file, "$.log.entries", "HAR has no POST .../chat/completions entries")
     return exchanges

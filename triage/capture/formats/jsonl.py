@@ -8,7 +8,7 @@ from typing import Any
 from triage.capture.body import exchange_from_record
 from triage.capture.common import guarded, loads, sha256_of
 from triage.capture.formats import CaptureFormat, json_document
-from triage.capture.model import CaptureError, Exchange
+from triage.capture.model import CaptureError, Exchange, PartialCapture
 from triage.capture.reading import decode
 
 __all__ = ["FORMAT", "parse_jsonl", "register"]
@@ -16,19 +16,30 @@ __all__ = ["FORMAT", "parse_jsonl", "register"]
 
 @guarded
 def parse_jsonl(data: bytes | str, *, file: str = "<jsonl>") -> list[Exchange]:
-    """One exchange record per line (blank lines skipped)."""
+    """One exchange record per line (blank lines skipped). Bad lines raise one
+    PartialCapture naming every bad line and holding the good exchanges."""
     text, raw = decode(data, file)
     digest = sha256_of(raw)
     exchanges: list[Exchange] = []
+    errors: list[CaptureError] = []
+    total = 0
     for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
-        value = loads(line, file, line_offset=number - 1, what="JSON line")
-        exchanges.append(
-            exchange_from_record(
+        total += 1
+        try:
+            value = loads(line, file, line_offset=number - 1, what="JSON line")
+            exchange = exchange_from_record(
                 value, file, sha256=digest, index=len(exchanges), line=number, source_format="jsonl"
             )
-        )
+        except CaptureError as exc:
+            if exc.location is None:  # e.g. nesting: still name the line
+                exc = CaptureError(file, number, exc.message)
+            errors.append(exc)
+            continue
+        exchanges.append(exchange)
+    if errors:
+        raise PartialCapture(file, errors, exchanges, total)
     if not exchanges:
         raise CaptureError(file, None, "no exchanges (the file has no JSON lines)")
     return exchanges

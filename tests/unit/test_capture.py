@@ -144,7 +144,7 @@ def test_curl_with_body_file_and_curl_i_response():
     assert ex.status == 500
     assert ex.error["message"] == PEG_MESSAGE
     assert ex.response_headers["server"] == "llama.cpp"
-    assert ex.request_headers["authorization"].startswith("Bearer [REDACTED:sha256:")
+    assert ex.request_headers["authorization"].startswith("Bearer [REDACTED:hmac:")
     assert ex.request["tools"][1]["function"]["name"] == "read_file"
 
 
@@ -198,7 +198,7 @@ def test_curl_user_and_bearer_options_become_redacted_headers():
     assert "hunter2" not in dumped
     assert "tok_0123456789abcdef" not in dumped
     assert "abcdef123456" not in dumped
-    assert ex.request_headers["cookie"].startswith("[REDACTED:sha256:")
+    assert ex.request_headers["cookie"].startswith("[REDACTED:hmac:")
 
 
 def test_curl_body_file_relative_to_the_capture(tmp_path):

@@ -328,7 +328,7 @@ def test_canary_secret_never_reaches_the_database_output_logs_or_exports(tmp_pat
 
     rows = evidence_rows(db)
     assert len(rows) == 1 + 3 + 1 + 3 + 1  # curl, har (3), jsonl; then har (3), jsonl
-    assert all("[REDACTED:sha256:" in json.dumps(row.payload) for row in rows)
+    assert all("[REDACTED:hmac:" in json.dumps(row.payload) for row in rows)
 
     db_path = Path(db.split("///", 1)[1])
     for path in sorted(db_path.parent.glob("kb.db*")):
@@ -354,5 +354,5 @@ def test_canary_secret_never_reaches_the_database_output_logs_or_exports(tmp_pat
     for n, text in enumerate(texts):
         assert_no_canary(text, f"exported file #{n}")
     # the exported incident does carry the captured exchange, redacted
-    assert any(b"[REDACTED:sha256:" in text for text in texts)
+    assert any(b"[REDACTED:hmac:" in text for text in texts)
     shutil.rmtree(exported)

@@ -24,11 +24,13 @@ SECRET = "sk-canary-1234567890abcdefXYZ"
 OK = '{"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}]}'
 
 
-def test_marker_is_a_short_stable_hash():
-    digest = hashlib.sha256(SECRET.encode()).hexdigest()[:8]
-    assert redaction_marker(SECRET) == f"[REDACTED:sha256:{digest}]"
-    assert redaction_marker(SECRET) == redaction_marker(SECRET)
-    assert redaction_marker(SECRET) != redaction_marker(SECRET + "x")
+def test_marker_is_a_keyed_fingerprint_stable_within_the_installation():
+    marker = redaction_marker(SECRET)
+    assert marker.startswith("[REDACTED:hmac:") and marker.endswith("]")
+    assert redaction_marker(SECRET) == marker
+    assert redaction_marker(SECRET + "x") != marker
+    # not the unsalted hash a reader of the knowledge base could recompute from a guess
+    assert hashlib.sha256(SECRET.encode()).hexdigest()[:8] not in marker
 
 
 @pytest.mark.parametrize(
@@ -50,7 +52,7 @@ def test_sensitive_headers(name):
     headers = redact_headers([(name, f"Bearer {SECRET}"), ("Content-Type", "application/json")])
     assert SECRET not in json.dumps(headers)
     assert headers["content-type"] == "application/json"
-    assert "[REDACTED:sha256:" in headers[name.lower()]
+    assert "[REDACTED:hmac:" in headers[name.lower()]
 
 
 def test_authorization_keeps_its_scheme():
@@ -113,7 +115,7 @@ def test_logprob_tokens_are_not_mistaken_for_secrets():
 )
 def test_text_scrubbing(text, secret):
     assert secret not in redact_text(text)
-    assert "[REDACTED:sha256:" in redact_text(text)
+    assert "[REDACTED:hmac:" in redact_text(text)
 
 
 @pytest.mark.parametrize(
@@ -141,7 +143,7 @@ def test_urls():
     redacted = redact_url(url)
     assert "pa55word" not in redacted and SECRET not in redacted and "key=abc" not in redacted
     assert "model=gemma" in redacted
-    assert redacted.startswith("https://user:[REDACTED:sha256:")
+    assert redacted.startswith("https://user:[REDACTED:hmac:")
 
 
 def test_curl_capture_holds_no_secret():

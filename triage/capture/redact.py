@@ -2,7 +2,8 @@
 markers.
 
 Everything a capture produces passes through here before anything else sees it; a
-marker carries a short fingerprint so two captures of the same secret can be compared.
+marker carries a short keyed fingerprint (see `fingerprint`) so two captures of the same
+secret can be compared within one installation.
 
 Names are matched by pattern, not by list: a header, body key or query parameter whose
 name (lower-cased, `-` and `_` dropped) holds `key`, `token`, `secret`, `auth`,
@@ -15,11 +16,12 @@ secret -- except counts and token texts (`max_tokens`, `x-ratelimit-remaining-to
 from __future__ import annotations
 
 import functools
-import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
+
+from triage.capture.fingerprint import fingerprint
 
 __all__ = [
     "REDACTED_PREFIX",
@@ -36,7 +38,7 @@ __all__ = [
     "redaction_marker",
 ]
 
-REDACTED_PREFIX = "[REDACTED:sha256:"
+REDACTED_PREFIX = "[REDACTED:hmac:"
 _MARKER_START = "[REDACTED:"
 
 # Well-known credential headers (kept for callers; the name pattern below covers them).
@@ -69,9 +71,10 @@ _SECRET_NAME = re.compile(
     r"|signature"
 )
 # Counts, timings and token texts whose names contain a secret word.
+# Matched on the lower-cased name with its separators (so `key-s` is not `keys`).
 _NOT_SECRET_NAME = re.compile(
-    r"tokens$|tokens?(?:count|ids?|text|logprobs?|details)$|tokeni[sz]er|ratelimit|keys$"
-    r"|keyword|keyboard|keyframe"
+    r"tokens$|tokens?[_-]?(?:count|ids?|text|logprobs?|details)$|tokeni[sz]er|rate[_-]?limit"
+    r"|(?<![a-z0-9])keys$|keyword|keyboard|keyframe"
 )
 # Numbers under these names are secrets too (a numeric PIN or key); under `token` or
 # `session` names a number is a count or an id.
@@ -149,9 +152,9 @@ SECRET_SERVER_FLAGS = frozenset(
 
 
 def redaction_marker(value: str) -> str:
-    """The stand-in for a secret: a marker plus a short hash so captures can be compared."""
-    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:8]
-    return f"{REDACTED_PREFIX}{digest}]"
+    """The stand-in for a secret: a marker plus a keyed fingerprint (HMAC-SHA256 under the
+    installation's key), so equal secrets match within one installation."""
+    return f"{REDACTED_PREFIX}{fingerprint(value)}]"
 
 
 def _is_marker(value: str) -> bool:
@@ -169,14 +172,14 @@ def is_secret_name(name: str) -> bool:
     normalised = _normalise_key(name)
     if normalised in SENSITIVE_KEYS:
         return True
-    return bool(_SECRET_NAME.search(normalised)) and not _NOT_SECRET_NAME.search(normalised)
+    return bool(_SECRET_NAME.search(normalised)) and not _NOT_SECRET_NAME.search(name.lower())
 
 
 def _redact_assignment(match: re.Match[str]) -> str:
     name, sep, value = match.group(1), match.group(2), match.group(3)
     if value.startswith(_MARKER_START):
         return match.group(0)
-    if _NOT_SECRET_NAME.search(_normalise_key(name)):
+    if _NOT_SECRET_NAME.search(name.lower()):
         return match.group(0)
     if name.lower() in _WEAK_ASSIGNMENT_NAMES and not _CREDENTIAL_LIKE.match(value):
         return match.group(0)
@@ -185,7 +188,7 @@ def _redact_assignment(match: re.Match[str]) -> str:
 
 def _redact_spaced(match: re.Match[str]) -> str:
     name, space, value = match.group(1), match.group(2), match.group(3)
-    if _NOT_SECRET_NAME.search(_normalise_key(name)):
+    if _NOT_SECRET_NAME.search(name.lower()):
         return match.group(0)
     return f"{name}{space}{redaction_marker(value)}"
 

@@ -20,6 +20,7 @@ from triage.capture.common import (
     request_body,
     status_from_error,
 )
+from triage.capture.gateway import flatten_gateway_record
 from triage.capture.model import MAX_RESPONSE_TEXT_CHARS, CaptureError, Exchange
 from triage.capture.redact import redact_headers, redact_json, redact_text
 from triage.capture.stream import looks_like_sse, reassemble_sse
@@ -245,6 +246,7 @@ def exchange_from_record(
         raise CaptureError(
             file, line, f"an exchange record must be a JSON object, got {json_type(record)}"
         )
+    record = flatten_gateway_record(record, file, where)
     if "request" not in record:
         raise CaptureError(file, where("$.request"), "record has no `request`")
     if "response" not in record:

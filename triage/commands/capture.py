@@ -226,9 +226,10 @@ def _gather(
     request: Path | None,
     response: Path | None,
     skip_bad: bool,
+    pick: int | None = None,
 ) -> list[Exchange]:
-    """collect(), with bad input reported as one error line (exit 2) and skipped records
-    named on stderr."""
+    """collect(), with bad input reported as one error line (exit 2), skipped records
+    named on stderr, and `--exchange N` applied."""
     parser = _Parser(skip_bad)
     try:
         exchanges = collect(files, fmt, request, response, parser)
@@ -236,6 +237,13 @@ def _gather(
         _fail(str(exc))
     for skipped in parser.skipped:
         click.echo(f"warning: skipped {skipped}", err=True)
+    if pick is not None:
+        if pick > len(exchanges):
+            _fail(
+                f"--exchange {pick}: the capture holds {len(exchanges)} exchange(s); "
+                f"pick one between 1 and {len(exchanges)}"
+            )
+        exchanges = [exchanges[pick - 1]]
     return exchanges
 
 
@@ -260,6 +268,14 @@ def _print_human(items: list[Classified], stored: dict[int, str] | None = None) 
 
 def _options(func: Any) -> Any:
     func = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")(func)
+    func = click.option(
+        "--exchange",
+        "pick",
+        type=click.IntRange(min=1),
+        metavar="N",
+        help="Use only the N-th exchange (from 1, in the order printed) of a capture that "
+        "holds several (HAR, JSONL, concatenated SSE streams).",
+    )(func)
     func = click.option(
         "--skip-bad",
         is_flag=True,
@@ -299,6 +315,7 @@ def check_command(
     response: Path | None,
     as_json: bool,
     skip_bad: bool,
+    pick: int | None,
 ) -> None:
     """Classify captured exchanges and print their findings (nothing is stored).
 
@@ -306,7 +323,7 @@ def check_command(
     followed by its response FILE), a curl command (with --response or its output pasted
     after it), an SSE transcript, a HAR file or a JSONL log. Bad input exits with status 2.
     """
-    items = _classify_all(_gather(files, fmt, request, response, skip_bad))
+    items = _classify_all(_gather(files, fmt, request, response, skip_bad, pick))
     if as_json:
         click.echo(json.dumps([item.to_dict() for item in items], indent=2, ensure_ascii=False))
     else:
@@ -325,6 +342,7 @@ def capture_command(
     response: Path | None,
     as_json: bool,
     skip_bad: bool,
+    pick: int | None,
     incident_slug: str | None,
 ) -> None:
     """Store captured exchanges (redacted, with their findings) as evidence.
@@ -332,7 +350,7 @@ def capture_command(
     Accepts the same inputs as `triage check`. All files go in one transaction: on any
     error nothing is stored and the message names the file and the line or JSON path.
     """
-    items = _classify_all(_gather(files, fmt, request, response, skip_bad))
+    items = _classify_all(_gather(files, fmt, request, response, skip_bad, pick))
     url = (ctx.obj or {}).get("database")
     keys: dict[int, str] = {}
     try:

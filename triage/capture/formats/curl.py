@@ -11,6 +11,7 @@ from typing import Any
 
 from triage.capture.body import parse_body
 from triage.capture.common import (
+    Body,
     check_depth,
     exchange_from_body,
     guarded,
@@ -23,6 +24,7 @@ from triage.capture.model import CaptureError, Exchange
 from triage.capture.reading import decode, read_beside
 from triage.capture.redact import redact_headers
 from triage.capture.shellwords import ShellSyntaxError, split_command
+from triage.capture.verbose import looks_like_verbose, read_verbose
 
 __all__ = ["FORMAT", "looks_like_curl", "parse_curl", "register"]
 
@@ -279,6 +281,8 @@ def parse_curl(
     text, raw = decode(command, file)
     if not text.strip():
         raise CaptureError(file, None, "empty file")
+    if not looks_like_curl(text) and looks_like_verbose(text):
+        return _parse_transcript_only(text, raw, file)
     try:
         split = split_command(text)
     except ShellSyntaxError as exc:
@@ -311,7 +315,7 @@ def parse_curl(
         parts.append(response_raw)
         body = parse_body(response_text, response_file)
     elif trailing.strip():
-        body = parse_body(trailing, file, line_offset=trailing_line - 1)
+        body = _output_body(trailing, file, trailing_line)
     else:
         raise CaptureError(
             file,
@@ -332,6 +336,35 @@ def parse_curl(
     )
 
 
+def _output_body(trailing: str, file: str, trailing_line: int) -> Body:
+    """The output pasted after the command: `curl -i`/`-N` output, or a `curl -v` transcript."""
+    if looks_like_verbose(trailing):
+        transcript = read_verbose(trailing, trailing_line - 1)
+        head_lines = transcript.response.count("\n", 0, transcript.response.find("\n\n") + 2)
+        return parse_body(
+            transcript.response, file, line_offset=transcript.body_line - 1 - head_lines
+        )
+    return parse_body(trailing, file, line_offset=trailing_line - 1)
+
+
+def _parse_transcript_only(text: str, raw: bytes, file: str) -> Exchange:
+    """A `curl -v` transcript without its command line: the request line and headers are
+    known, the request body is not (curl -v does not print it)."""
+    transcript = read_verbose(text)
+    if transcript.method is None:
+        raise CaptureError(file, None, "curl -v transcript has no `> METHOD /path` request line")
+    return exchange_from_body(
+        {},
+        _output_body(text, file, 1),
+        source_format="curl",
+        file=file,
+        sha256=sha256_of(raw),
+        url=transcript.url,
+        method=transcript.method,
+        request_headers=redact_headers(transcript.request_headers),
+    )
+
+
 def looks_like_curl(text: str) -> bool:
     """The first word (after a shell prompt) is curl."""
     first = text.lstrip("\ufeff").lstrip().split(None, 2)
@@ -344,16 +377,21 @@ def looks_like_curl(text: str) -> bool:
     return head == "curl" or head.endswith("/curl") or head == "curl.exe"
 
 
+def _sniff(text: str) -> bool:
+    return looks_like_curl(text) or looks_like_verbose(text)
+
+
 def _parse(text: str, *, file: str, base_dir: Path | None = None) -> list[Exchange]:
     return [parse_curl(text, file=file, base_dir=base_dir)]
 
 
 FORMAT = CaptureFormat(
     id="curl",
-    label="curl command (bash or Chrome's Copy as cURL) with its output or --response",
+    label="curl command (bash/cmd, Chrome's Copy as cURL) with its -i/-N/-v output or "
+    "--response, or a curl -v transcript",
     suffixes=(),
     priority=10,
-    sniff=looks_like_curl,
+    sniff=_sniff,
     parse=_parse,
 )
 

@@ -63,7 +63,7 @@ class FormatChoice(click.Choice):  # type: ignore[type-arg]
     def __init__(self) -> None:
         super().__init__(("auto",))
 
-    @property  # type: ignore[override]
+    @property
     def choices(self) -> tuple[str, ...]:
         return ("auto", *format_ids())
 
@@ -320,8 +320,10 @@ def check_command(
     """Classify captured exchanges and print their findings (nothing is stored).
 
     FILE is a JSON request/response pair ({"request":..,"response":..} or a request FILE
-    followed by its response FILE), a curl command (with --response or its output pasted
-    after it), an SSE transcript, a HAR file or a JSONL log. Bad input exits with status 2.
+    followed by its response FILE), a curl command (with --response or its -i/-N/-v output
+    pasted after it) or a curl -v transcript, an SSE transcript, a HAR file, a JSONL log
+    (pair or gateway {request:{headers,body},response:{status,body}} records), or any
+    format a plugin registers (see --format). Bad input exits with status 2.
     """
     items = _classify_all(_gather(files, fmt, request, response, skip_bad, pick))
     if as_json:

@@ -87,6 +87,8 @@ def observation_summary(name: str, facts: dict[str, Any]) -> str:
                 f"reproduce: {facts.get('needed_to_reproduce') or 'none isolated'}")
     if name == "server-props":
         return f"server props: build {facts.get('build_info')}, slots {facts.get('total_slots')}"
+    if facts.get("summary"):
+        return str(facts["summary"])[:500]
     return f"{name}: {json.dumps(facts, default=str)[:200]}"
 
 
@@ -147,9 +149,9 @@ async def observe_server(server: Any, request: dict[str, Any], observations: dic
     finally:
         await client.aclose()
 
+
 async def spec_divergence(spec_server: Any, plain_server: Any, request: dict[str, Any],
-                          observations: dict[str, Any], *, seed: int, seeds: int,
-                          timeout: float) -> None:
+                          *, seed: int, seeds: int, timeout: float) -> dict[str, Any]:
     """Committed token streams with and without speculative decoding at fixed seeds."""
     from triage.llama.client import LlamaClient, LlamaClientError
 
@@ -178,7 +180,7 @@ async def spec_divergence(spec_server: Any, plain_server: Any, request: dict[str
     finally:
         for client in clients:
             await client.aclose()
-    observations["spec-divergence"] = {
+    return {
         "name": "spec-divergence",
         "seeds": compared,
         "diverged": diverged,
@@ -188,7 +190,7 @@ async def spec_divergence(spec_server: Any, plain_server: Any, request: dict[str
 
 
 async def weights_confounder(incident_server: Any, alt_server: Any, request: dict[str, Any],
-                             observations: dict[str, Any], *, timeout: float) -> None:
+                             *, timeout: float) -> dict[str, Any]:
     """What else differs between the incident weights and the alternate weights."""
     from triage.llama.client import LlamaClient, LlamaClientError
     from triage.llama.gguf_meta import read_gguf_meta
@@ -222,4 +224,4 @@ async def weights_confounder(incident_server: Any, alt_server: Any, request: dic
     if None not in thinking and thinking[0] != thinking[1]:
         differs.append("the thinking default")
     facts["differs"] = differs
-    observations["weights-confounder"] = facts
+    return facts

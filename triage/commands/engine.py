@@ -4,34 +4,20 @@ from __future__ import annotations
 
 import json
 import sys
-from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import click
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
 
 from kb.store import Store
 from triage.commands import open_store
 
 
-@lru_cache(maxsize=1)
-def diagnosis_validator() -> Draft202012Validator:
-    schema = json.loads(
-        resources.files("kb").joinpath("schemas/diagnosis.schema.json").read_text("utf-8")
-    )
-    Draft202012Validator.check_schema(schema)
-    return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
-
-
 def validate_diagnosis(diagnosis: dict[str, Any]) -> None:
     """Raise ValueError naming the JSON path if the diagnosis breaks its schema."""
-    error = best_match(diagnosis_validator().iter_errors(diagnosis))
-    if error is not None:
-        raise ValueError(f"diagnosis does not match its schema at {error.json_path}: "
-                         f"{error.message}")
+    from kb.records import validate_diagnosis as validate
+
+    validate(diagnosis)
 
 
 def _progress_printer() -> Any:

@@ -45,16 +45,26 @@ __all__ = [
     "run_replies",
     "set_run_state",
     "start_run",
+    "strength",
     "unfinished_run",
 ]
 
 # A running run whose heartbeat is older than this is taken as abandoned (UI closed,
 # process killed) and marked interrupted, so it can be resumed.
-STALE_AFTER = timedelta(minutes=10)
+STALE_AFTER = timedelta(minutes=30)
 HEARTBEAT = "heartbeat_at"  # key in TriageRun.plan
-# Strength of what set a cause's status: a run only moves a cause with evidence at least as
-# strong (never "not testable in this run" over a measured verdict).
-BASIS_STRENGTH = {"untested": 0, "inferred": 1, "measured": 2}
+
+
+def strength(basis: str | None, status: str) -> int:
+    """How strong the evidence behind a status is: 0 untested ("not testable in this run",
+    "did not reproduce"), 1 a measured or inferred suspicion, or an inferred verdict,
+    2 a measured verdict (confirmed / rejected). A run only moves a cause with evidence at
+    least as strong as what set its current status."""
+    if not basis or basis == "untested":
+        return 0
+    if basis == "measured" and status in ("confirmed", "rejected"):
+        return 2
+    return 1
 
 
 @dataclass(frozen=True)
@@ -206,9 +216,7 @@ def apply_verdicts(session: Session, incident_id: int, run_id: int,
         if cause is None:
             continue
         previous = cause.status
-        held = BASIS_STRENGTH.get(cause.basis or "untested", 0)
-        offered = BASIS_STRENGTH.get(verdict.basis, 0)
-        weaker = offered < held or (offered == held == 0 and cause.status != "suspected")
+        weaker = strength(verdict.basis, verdict.status) < strength(cause.basis, cause.status)
         out[verdict.cause] = {"previous": previous, "applied": not weaker,
                               "status": cause.status if weaker else verdict.status,
                               "rationale": cause.rationale if weaker else verdict.rationale}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -27,7 +28,7 @@ from triage.engine.diagnosis import arm_summary, build_diagnosis, server_seconds
 from triage.engine.replayer import ArmRoute, LlamaReplayer
 from triage.engine.reproduction import Signature, gate_message
 from triage.engine.scheduler import ArmState, Scheduler
-from triage.engine.servers import EngineError, Server, open_server
+from triage.engine.servers import EngineError, Server, check_config, check_url, open_server
 from triage.stackfile import ServerConfig, Stack
 from triage.stats import DEFAULT_CAP, look_schedule
 
@@ -104,6 +105,7 @@ class Diagnoser:
 
     # -- bookkeeping ---------------------------------------------------------------------
     def _emit(self, stage: str, message: str, done: int = 0, total: int = 0) -> None:
+        self.recorder.heartbeat()  # a run that stops beating is taken as abandoned
         self.progress(ProgressEvent(stage, message, done, total))
 
     def _prepare(self) -> None:
@@ -164,56 +166,83 @@ class Diagnoser:
 
     # -- main ------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        self._prepare()
-        self._plan()
-        kg_dims = probes.known_good_dimensions(self.stack)
-        server_arms = [p for p in self.planned.values() if p.level == "server"]
-        self._emit("plan", f"{len(self.planned) - len(server_arms)} request arms, "
-                   f"{len(server_arms)} server arms"
-                   + (f", known-good search over {sorted(kg_dims)}" if kg_dims else ""))
-        assert self.recorder.run_id is not None
-        log_dir = self.log_dir / f"run-{self.recorder.run_id}"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            self._run_all(kg_dims, log_dir)
-        except KeyboardInterrupt:
-            self.recorder.set_state("interrupted")
-            raise
-        except EngineError:
-            self.recorder.set_state("failed", finished=True)
-            raise
+        self._preflight()
+        with ExitStack() as servers:
+            # The incident's server starts before anything is recorded: a launch that fails
+            # leaves no incident and no run behind.
+            base = self._launch_base(servers)
+            self._prepare()
+            self._plan()
+            kg_dims = probes.known_good_dimensions(self.stack)
+            server_arms = [p for p in self.planned.values() if p.level == "server"]
+            self._emit("plan", f"{len(self.planned) - len(server_arms)} request arms, "
+                       f"{len(server_arms)} server arms"
+                       + (f", known-good search over {sorted(kg_dims)}" if kg_dims else ""))
+            assert self.recorder.run_id is not None
+            log_dir = self.log_dir / f"run-{self.recorder.run_id}"
+            log_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                self._run_arms(base, kg_dims, log_dir)
+            except KeyboardInterrupt:
+                self.recorder.set_state("interrupted")
+                raise
+            except EngineError:
+                self.recorder.set_state("failed", finished=True)
+                raise
         return self._finish()
 
-    def _run_all(self, kg_dims: dict[str, tuple[Any, Any]], log_dir: Path) -> None:
-        with ExitStack() as stack:
-            self._emit("launch", "starting the incident's server")
-            try:
-                base = stack.enter_context(open_server(
-                    self.stack.server, log_dir / "incident", self.options.ready_timeout))
-            except EngineError:
-                raise
-            except Exception as exc:
-                raise EngineError(f"the incident's server did not start: {exc}") from exc
-            self.servers[base.key] = base
-            asyncio.run(observe.observe_server(base, self.request, self.facts,
-                                               seed=self.options.seed,
-                                               timeout=self.options.request_timeout))
-            request_arms = [p for p in self.planned.values() if p.level == "request"]
-            for planned in request_arms:
-                self.arms[planned.name].launch_seconds = base.launch_seconds
-                self.replayer.routes[planned.name] = ArmRoute(base, planned.transform)
-            scheduler = self._scheduler()
-            if not self._reproduce(scheduler):
-                return
-            asyncio.run(scheduler.run(self.arms, [p.name for p in request_arms],
-                                      self.replayer))
-            for planned in self.planned.values():
-                if planned.level == "server":
-                    self._run_server_arm(planned, base, log_dir)
-            if kg_dims:
-                self.facts["known-good-search"] = known_good.search(
-                    self.stack, kg_dims, lambda name, variant, config:
-                    self._kg_arm(name, variant, config, base, log_dir))
+    def _preflight(self) -> None:
+        """Refuse what cannot work before launching or recording anything."""
+        messages = self.request.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise EngineError("request: $.messages is required (a non-empty list of chat "
+                              "messages); llama-server refuses a chat request without it")
+        if self.incident_slug and not self.recorder.incident_exists(self.incident_slug):
+            raise EngineError(f"--incident {self.incident_slug!r}: no such incident (omit "
+                              "--incident to open a new one)")
+        server = self.stack.server
+        if server.model is None and server.url:
+            check_url(server.url)
+        else:
+            check_config(server, "$.server")
+        for planned in probes.plan_arms(self.stack, self.request):
+            if planned.config is not None:
+                check_config(planned.config, f"arm {planned.name}")
+
+    def _launch_base(self, servers: ExitStack) -> Server:
+        self._emit("launch", "starting the incident's server")
+        stamp = f"run-{self.recorder.run_id}" if self.recorder.run_id else \
+            f"launch-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+        try:
+            base = servers.enter_context(open_server(
+                self.stack.server, self.log_dir / stamp / "incident", self.options.ready_timeout))
+        except EngineError:
+            raise
+        except Exception as exc:
+            raise EngineError(f"the incident's server did not start: {exc}") from exc
+        self.servers[base.key] = base
+        return base
+
+    def _run_arms(self, base: Server, kg_dims: dict[str, tuple[Any, Any]],
+                  log_dir: Path) -> None:
+        asyncio.run(observe.observe_server(base, self.request, self.facts,
+                                           seed=self.options.seed,
+                                           timeout=self.options.request_timeout))
+        request_arms = [p for p in self.planned.values() if p.level == "request"]
+        for planned in request_arms:
+            self.arms[planned.name].launch_seconds = base.launch_seconds
+            self.replayer.routes[planned.name] = ArmRoute(base, planned.transform)
+        scheduler = self._scheduler()
+        if not self._reproduce(scheduler):
+            return
+        asyncio.run(scheduler.run(self.arms, [p.name for p in request_arms], self.replayer))
+        for planned in list(self.planned.values()):
+            if planned.level == "server":
+                self._run_server_arm(planned, base, log_dir)
+        if kg_dims:
+            self.facts["known-good-search"] = known_good.search(
+                self.stack, kg_dims, lambda name, variant, config:
+                self._kg_arm(name, variant, config, base, log_dir))
 
     def _reproduce(self, scheduler: Scheduler) -> bool:
         """The reproduction gate: the baseline's first look must show the captured failure

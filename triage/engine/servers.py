@@ -72,3 +72,45 @@ def open_server(config: ServerConfig, log_dir: Path, ready_timeout: float) -> It
     with launch(spec, log_dir=log_dir, ready_timeout=ready_timeout) as running:
         yield Server(config.key(), config, running.base_url, 1,
                      float(getattr(running, "launch_seconds", 0.0) or 0.0), running)
+
+
+RESERVED_FLAGS = ("--host", "--port", "-m", "--model")
+
+
+def check_config(config: ServerConfig, where: str) -> None:
+    """Refuse, before anything launches, a configuration that cannot start: flags the
+    launcher owns, missing model or flag files, a binary that does not exist."""
+    from triage.stackfile import PATH_VALUE_FLAGS
+
+    args = list(config.args)
+    clashes = sorted({a.split("=", 1)[0] for a in args} & set(RESERVED_FLAGS))
+    if clashes:
+        raise EngineError(f"{where}: args must not set {', '.join(clashes)}: the engine "
+                          "chooses the model, host and port of every server it launches")
+    if config.model is None:
+        return
+    if not Path(config.model).is_file():
+        raise EngineError(f"{where}: model file not found: {config.model}")
+    for flag, value in zip(args, args[1:], strict=False):
+        if flag in PATH_VALUE_FLAGS and flag != "--slot-save-path" and not Path(value).exists():
+            raise EngineError(f"{where}: {flag} file not found: {value}")
+    resolve_binary(config.binary)
+
+
+def check_url(url: str, timeout: float = 5.0) -> None:
+    """A running server at `url` must answer /health before a run records anything."""
+    import asyncio
+
+    from triage.llama.client import LlamaClient, LlamaClientError
+
+    async def probe() -> int:
+        async with LlamaClient(url, timeout=timeout) as client:
+            return int((await client.health(timeout=timeout)).status_code)
+
+    try:
+        status = asyncio.run(probe())
+    except LlamaClientError as exc:
+        raise EngineError(f"$.server.url: {url} does not answer: {exc}") from None
+    if status >= 400:
+        raise EngineError(f"$.server.url: {url}/health answered HTTP {status}; the server "
+                          "is not ready")

@@ -1,0 +1,109 @@
+"""Verdicts you can trust (issue 12), against a real llama-server running drill models:
+the reproduction gate, speculative decoding seen on a URL stack, failed launches."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func
+from sqlmodel import select
+
+from kb.files import load_record
+from kb.models import Incident
+from kb.store import Store
+from triage.capture import exchange_from_http
+from triage.drills import build_drill
+from triage.engine import DiagnoseOptions, EngineError, diagnose
+from triage.stackfile import load_stack, parse_stack
+from triage.symptoms import classify
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+
+def _no_leaked_servers() -> None:
+    from triage.llama.launcher import running_servers
+
+    assert running_servers() == []
+
+
+def _findings(exchange) -> list[dict]:  # type: ignore[no-untyped-def]
+    return [{k: getattr(f, k) for k in ("kind", "passed", "score", "reason", "where")}
+            for f in classify(exchange)]
+
+
+def test_a_proxy_502_capture_is_not_reproduced_and_moves_no_cause(
+    server_binary: Path, tmp_path: Path
+) -> None:
+    # Defect 3: the capture is a proxy's 502 page; the replays fail with length stops.
+    drill = build_drill("gemma4-thinking-budget", tmp_path / "drill")
+    request = drill.request("greedy")
+    exchange = exchange_from_http(request, b"<html><body>502 Bad Gateway</body></html>",
+                                  status=502)
+    store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
+    diagnosis = diagnose(store, load_stack(drill.out_dir / "stack.toml"), request,
+                         exchange=exchange.to_dict(), findings=_findings(exchange),
+                         options=DiagnoseOptions(max_requests=16, log_dir=tmp_path / "runs"))
+    assert diagnosis["state"] == "not-reproduced"
+    message = diagnosis["reproduction"]["message"]
+    assert "did not reproduce" in message and "5xx" in message and "length-stop" in message
+    assert all(c["status"] == c["previous_status"] == "suspected" for c in diagnosis["causes"])
+    assert diagnosis["arms"] == []  # no arm ran, no baseline arm recorded
+    with store.session(readonly=True) as session:
+        record = load_record(session, diagnosis["incident"])
+    # Every cause still has only its "candidate" history entry.
+    assert all(len(c["history"]) == 1 for c in record["causes"])
+    store.close()
+    _no_leaked_servers()
+
+
+def test_speculative_decoding_on_a_url_stack_is_seen_from_the_replies(
+    server_binary: Path, tmp_path: Path
+) -> None:
+    # Defect 4: a URL stack whose server runs a draft model is not "not enabled".
+    from triage.llama.launcher import ServerSpec, launch
+
+    drill = build_drill("gemma4-thinking-budget", tmp_path / "drill")
+    stack = load_stack(drill.out_dir / "stack.toml")
+    assert stack.speculative
+    spec = ServerSpec(server_binary, Path(str(stack.server.model)), list(stack.server.args))
+    store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
+    with launch(spec, tmp_path / "logs") as running:
+        url_stack = parse_stack(f'[server]\nurl = "{running.base_url}"\n', base=tmp_path,
+                                source="url-stack.toml")
+        diagnosis = diagnose(store, url_stack, drill.request("greedy"),
+                             options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs"))
+    store.close()
+    speculative = {c["id"]: c for c in diagnosis["causes"]}["speculative-decoding"]
+    assert diagnosis["stack"]["speculative"] is True
+    assert speculative["status"] == "suspected"
+    assert "not enabled" not in speculative["rationale"]
+    assert "URL" in speculative["rationale"]
+    _no_leaked_servers()
+
+
+def _wrapper(tmp_path: Path, body: str) -> Path:
+    script = tmp_path / "llama-server-broken"
+    script.write_text("#!/usr/bin/env bash\n" + body)
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+def test_a_failed_launch_leaves_no_incident_or_reuses_the_named_one(
+    server_binary: Path, tmp_path: Path
+) -> None:
+    drill = build_drill("gemma4-thinking-budget", tmp_path / "drill")
+    broken = _wrapper(tmp_path, 'echo "error: unknown argument: --typo" >&2\nexit 1\n')
+    text = (drill.out_dir / "stack.toml").read_text().replace(
+        "[server]\n", f'[server]\nbinary = "{broken}"\n')
+    stack_path = drill.out_dir / "stack-broken.toml"
+    stack_path.write_text(text)
+    store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
+    options = DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs", ready_timeout=20)
+    with pytest.raises(EngineError, match="did not start"):
+        diagnose(store, load_stack(stack_path), drill.request("greedy"), options=options)
+    with store.session(readonly=True) as session:
+        assert session.exec(select(func.count()).select_from(Incident)).one() == 0
+    store.close()
+    _no_leaked_servers()

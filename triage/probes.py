@@ -59,6 +59,9 @@ class PlannedArm:
     transform: Callable[[dict[str, Any]], dict[str, Any]] = copy.deepcopy
     config: ServerConfig | None = None
     observe: ObserveHook | None = None
+    # "always", or "crash": only when the incident's server crashes at startup (each
+    # replay of such a run is a launch, and the failure is the crash).
+    when: str = "always"
 
 
 @runtime_checkable
@@ -70,8 +73,9 @@ class ProbeArm(Protocol):
       10-90, plugins anything else);
     - `plan(stack, request) -> PlannedArm | None`: None when the arm does not apply to this
       stack/request (e.g. no speculative flags to strip); otherwise how it varies the
-      request (`transform`) or the server (`config`), the causes it `decides`, and an
-      optional `observe` hook.
+      request (`transform`) or the server (`config`), the causes it `decides`, an
+      optional `observe` hook, and `when` it runs ("always", or "crash": only when the
+      incident's server crashes at startup).
     """
 
     id: str

@@ -105,3 +105,55 @@ class LlamaReplayer:
         if any(r.error for r in replies) and not server.alive():
             raise ArmFailed(server.death_message(), server.log_tail())
         return replies
+
+
+@dataclass
+class LaunchEachTime:
+    """Crash mode: every replay is a launch of `config` plus one request. A launch that
+    dies of a signal is a failing reply (kind `server-crash`); a server that starts and
+    answers is a passing one (the failure being diagnosed is the crash), its own findings
+    kept as kinds. A launch that fails otherwise (bad flag) errors the arm."""
+
+    config: Any  # ServerConfig
+    log_dir: Any  # Path
+    ready_timeout: float
+    request: dict[str, Any]
+    seed: int
+    timeout: float
+    transform: Callable[[dict[str, Any]], dict[str, Any]]
+
+    async def replay(self, arm: str, indices: Sequence[int]) -> list[Reply]:
+        replies = []
+        for index in indices:  # one launch at a time: the machine has few cores
+            replies.append(await asyncio.to_thread(self._one, arm, index))
+        return replies
+
+    def _one(self, arm: str, index: int) -> Reply:
+        from triage.engine.crashes import CRASH_KIND, startup_crash
+        from triage.engine.servers import open_server
+        from triage.llama.client import LlamaClient
+
+        seed = self.seed + index
+        started = time.monotonic()
+        try:
+            with open_server(self.config, self.log_dir / f"{arm}-{index}",
+                             self.ready_timeout) as server:
+                async def once() -> Reply:
+                    client = LlamaClient(server.base_url, timeout=self.timeout)
+                    try:
+                        body = probes.replay_body(self.transform(self.request), seed)
+                        return await score_one(client, arm, body, index, seed,
+                                               asyncio.Semaphore(1))
+                    finally:
+                        await client.aclose()
+
+                reply = asyncio.run(once())
+        except Exception as exc:  # noqa: BLE001 - a crash is a measurement, not an error
+            crash = startup_crash(str(exc))
+            if crash is None:
+                raise ArmFailed(f"{type(exc).__name__}: {str(exc)[:400]}",
+                                str(getattr(exc, "log_tail", ""))) from exc
+            return Reply(arm, index, seed, True, [CRASH_KIND, crash["signal"]], None, 0, 0,
+                         None, time.monotonic() - started, {}, text=crash["log_tail"][-500:])
+        reply.failed = bool(reply.error)  # it started: only a crash or no answer fails
+        return reply

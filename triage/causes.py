@@ -117,6 +117,8 @@ class Cause(Protocol):
     - `decide(arms, observations) -> Verdict`: the rule. `arms` maps arm names (the baseline
       is `"baseline"`) to `ArmOutcome`; `observations.facts` holds every observation hook's
       facts by name. Return `Verdict(..., basis="untested")` when this run cannot test it.
+    - optional `when = "crash"`: the cause is only considered in a run whose incident
+      server crashes at startup (then every replay is a launch; see `startup-crash`).
     """
 
     id: str
@@ -140,6 +142,7 @@ class CauseRule:
     decided_by: str
     rule: Callable[[Mapping[str, ArmOutcome], Observations], Verdict]
     retrospective: str = ""
+    when: str = "always"  # or "crash": decided only when the server crashes at startup
 
     def decide(self, arms: Mapping[str, ArmOutcome], observations: Observations) -> Verdict:
         return self.rule(arms, observations)

@@ -107,3 +107,42 @@ def test_a_failed_launch_leaves_no_incident_or_reuses_the_named_one(
         assert session.exec(select(func.count()).select_from(Incident)).one() == 0
     store.close()
     _no_leaked_servers()
+
+
+def test_a_server_that_crashes_unless_no_repack_confirms_cpu_backend(
+    server_binary: Path, tmp_path: Path
+) -> None:
+    # Defect 7 on any host: a stand-in that segfaults at startup (printing what an AMX host
+    # prints) unless --no-repack is given, in which case it runs the real server.
+    drill = build_drill("gemma4-thinking-budget", tmp_path / "drill")
+    standin = tmp_path / "llama-server-amx"
+    standin.write_text(f"""#!/usr/bin/env bash
+for a in "$@"; do [ "$a" = "--no-repack" ] && exec "{server_binary}" "$@"; done
+echo "system_info: n_threads = 2 | CPU : SSE3 = 1 | AVX2 = 1 | AMX_INT8 = 1 | REPACK = 1 |"
+echo "load_tensors: AMX model buffer size = 1.25 MiB"
+echo "#3  0x00007f1c2a ggml_backend_amx_mul_mat"
+kill -SEGV $$
+""")
+    standin.chmod(standin.stat().st_mode | stat.S_IXUSR)
+    text = (drill.out_dir / "stack.toml").read_text().replace(
+        "[server]\n", f'[server]\nbinary = "{standin}"\n')
+    stack_path = drill.out_dir / "stack-amx.toml"
+    stack_path.write_text(text)
+    store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
+    diagnosis = diagnose(store, load_stack(stack_path), drill.request("greedy"),
+                         options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs"))
+    store.close()
+    causes = {c["id"]: c for c in diagnosis["causes"]}
+    arms = {a["name"]: a for a in diagnosis["arms"]}
+    assert causes["cpu-backend"]["status"] == "confirmed"
+    no_repack = arms["no-repack"]
+    assert no_repack["failures"] == 0 and no_repack["n"] >= 4
+    assert f"0/{no_repack['n']}" in causes["cpu-backend"]["rationale"]
+    assert arms["baseline"]["failures"] == arms["baseline"]["n"] >= 4
+    assert [c for c in causes.values() if c["status"] == "confirmed"] == [causes["cpu-backend"]]
+    crash = {o["name"]: o for o in diagnosis["observations"]}["startup-crash"]
+    assert crash["signal"] == "SIGSEGV"
+    assert crash["backtrace_symbol"] == "ggml_backend_amx_mul_mat"
+    assert crash["repack"] is True and "AMX_INT8" in crash["cpu_flags"]
+    assert diagnosis["state"] == "done"
+    _no_leaked_servers()

@@ -14,7 +14,7 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +24,9 @@ from triage import causes as cause_rules
 from triage import graph as graph_mod
 from triage import observe, probes
 from triage.engine import known_good
+from triage.engine.crashes import CRASH_KIND, startup_crash
 from triage.engine.diagnosis import arm_summary, build_diagnosis, server_seconds, stack_summary
-from triage.engine.replayer import ArmRoute, LlamaReplayer
+from triage.engine.replayer import ArmRoute, LaunchEachTime, LlamaReplayer
 from triage.engine.reproduction import Signature, gate_message
 from triage.engine.scheduler import ArmState, Scheduler
 from triage.engine.servers import EngineError, Server, check_config, check_url, open_server
@@ -98,6 +99,7 @@ class Diagnoser:
         self.servers: dict[str, Server] = {}
         self.signature = Signature.from_findings(self.findings, self.exchange)
         self.reproduction: dict[str, Any] | None = None
+        self.crash: dict[str, Any] | None = None  # facts of a startup crash (crash mode)
         self.started = time.monotonic()
         self.log_dir = self.options.log_dir or (data_dir() / "runs")
         self.replayer = LlamaReplayer(self.request, self.options.seed,
@@ -117,7 +119,7 @@ class Diagnoser:
             model=model, kinds=[f["kind"] for f in self.findings if not f.get("passed", True)],
             weights=Path(str(server.model or "")).name, flags=list(server.args),
             stack={"server": server.describe(), "speculative": self.stack.speculative})
-        causes = [runs.CauseSpec(c.id, c.title) for c in catalogue().causes]
+        causes = [runs.CauseSpec(c.id, c.title) for c in self._causes(catalogue().causes)]
         plan = {
             "request": self.request, "stack": self.stack.raw, "stack_source": self.stack.source,
             "options": {"max_requests": self.options.max_requests, "seed": self.options.seed},
@@ -129,7 +131,12 @@ class Diagnoser:
 
     def _plan(self) -> None:
         incident_key = self.stack.server.key()
+        crashed = self.crash is not None
         for planned in probes.plan_arms(self.stack, self.request):
+            if planned.name != cause_rules.BASELINE and (
+                    (planned.when == "crash" and not crashed)
+                    or (crashed and planned.level == "request")):
+                continue  # crash-only arms need a crash; a crashed server serves no request
             key = incident_key if planned.level == "request" else planned.config.key()  # type: ignore[union-attr]
             self.planned[planned.name] = planned
             self.arms[planned.name] = ArmState(planned.name, planned.variant, planned.level,
@@ -147,8 +154,20 @@ class Diagnoser:
         return Scheduler(self.schedule, self.options.max_requests, judge=self._judge,
                          on_replies=self.recorder.record_replies, on_look=on_look)
 
+    def _causes(self, causes: Any) -> list[Any]:
+        """The causes this run decides: crash-only causes (`when = "crash"`) only when the
+        incident's server crashed at startup."""
+        crashed = self.crash is not None
+        return [c for c in causes if getattr(c, "when", "always") != "crash" or crashed]
+
+    def _decide(self, outcomes: Any) -> list[cause_rules.Verdict]:
+        from triage.catalogue import catalogue
+
+        return cause_rules.decide(outcomes, self._observations(),
+                                  self._causes(catalogue().causes))
+
     def _judge(self, outcomes: Any) -> dict[str, str]:
-        return {v.cause: v.status for v in cause_rules.decide(outcomes, self._observations())}
+        return {v.cause: v.status for v in self._decide(outcomes)}
 
     def _observations(self) -> cause_rules.Observations:
         return cause_rules.observations_from(
@@ -173,7 +192,7 @@ class Diagnoser:
             base = self._launch_base(servers)
             self._prepare()
             self._plan()
-            kg_dims = probes.known_good_dimensions(self.stack)
+            kg_dims = probes.known_good_dimensions(self.stack) if base is not None else {}
             server_arms = [p for p in self.planned.values() if p.level == "server"]
             self._emit("plan", f"{len(self.planned) - len(server_arms)} request arms, "
                        f"{len(server_arms)} server arms"
@@ -182,7 +201,10 @@ class Diagnoser:
             log_dir = self.log_dir / f"run-{self.recorder.run_id}"
             log_dir.mkdir(parents=True, exist_ok=True)
             try:
-                self._run_arms(base, kg_dims, log_dir)
+                if base is None:
+                    self._run_crash_mode(log_dir)
+                else:
+                    self._run_arms(base, kg_dims, log_dir)
             except KeyboardInterrupt:
                 self.recorder.set_state("interrupted")
                 raise
@@ -209,7 +231,7 @@ class Diagnoser:
             if planned.config is not None:
                 check_config(planned.config, f"arm {planned.name}")
 
-    def _launch_base(self, servers: ExitStack) -> Server:
+    def _launch_base(self, servers: ExitStack) -> Server | None:
         self._emit("launch", "starting the incident's server")
         stamp = f"run-{self.recorder.run_id}" if self.recorder.run_id else \
             f"launch-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
@@ -219,7 +241,13 @@ class Diagnoser:
         except EngineError:
             raise
         except Exception as exc:
-            raise EngineError(f"the incident's server did not start: {exc}") from exc
+            crash = startup_crash(str(exc))
+            if crash is None:
+                raise EngineError(f"the incident's server did not start: {exc}") from exc
+            # A crash at startup is the failure to diagnose, not an error (issue 12).
+            self.crash = crash
+            self._emit("crash", crash["summary"] + "; diagnosing the crash")
+            return None
         self.servers[base.key] = base
         return base
 
@@ -243,6 +271,28 @@ class Diagnoser:
             self.facts["known-good-search"] = known_good.search(
                 self.stack, kg_dims, lambda name, variant, config:
                 self._kg_arm(name, variant, config, base, log_dir))
+
+    def _run_crash_mode(self, log_dir: Path) -> None:
+        """The incident's server crashes at startup: every replay of the baseline and of
+        each server-level arm is a launch (plus one request when it starts), and the
+        failure compared across arms is the crash."""
+        assert self.crash is not None
+        self.facts["startup-crash"] = self.crash
+        self.reproduction = {"reproduced": True, "message": self.crash["summary"],
+                             "signature": {"kinds": [CRASH_KIND], "finish_reason": None,
+                                           "status_class": None}}
+        router = _Router()
+        for name, planned in self.planned.items():
+            config = self.stack.server if name == cause_rules.BASELINE else planned.config
+            router.routes[name] = LaunchEachTime(
+                config, log_dir / _safe(name), self.options.ready_timeout, self.request,
+                self.options.seed, self.options.request_timeout, planned.transform)
+        scheduler = self._scheduler()
+        asyncio.run(scheduler.baseline_look(self.arms, self.schedule[0], router))
+        for name, planned in self.planned.items():
+            if planned.level == "server":
+                self._emit("launch", f"launching {name} once per replay")
+                asyncio.run(scheduler.run(self.arms, [name], router))
 
     def _reproduce(self, scheduler: Scheduler) -> bool:
         """The reproduction gate: the baseline's first look must show the captured failure
@@ -308,7 +358,7 @@ class Diagnoser:
     def _finish(self) -> dict[str, Any]:
         gate_failed = self.reproduction is not None and not self.reproduction["reproduced"]
         obs = self._observations()
-        verdicts = cause_rules.decide({n: a.outcome() for n, a in self.arms.items()}, obs)
+        verdicts = self._decide({n: a.outcome() for n, a in self.arms.items()})
         recorded = [a for a in self.arms.values() if a.n or a.error]
         summaries = [arm_summary(a) for a in recorded]
         if gate_failed:
@@ -369,6 +419,16 @@ def _standing_causes(record: dict[str, Any]) -> list[dict[str, Any]]:
                     "undecided": "the failure did not reproduce in this run"
                     if status == "suspected" else None})
     return out
+
+
+@dataclass
+class _Router:
+    """A Replayer that sends each arm to its own replayer."""
+
+    routes: dict[str, Any] = field(default_factory=dict)
+
+    async def replay(self, arm: str, indices: Any) -> list[Any]:
+        return list(await self.routes[arm].replay(arm, indices))
 
 
 def _safe(name: str) -> str:

@@ -31,6 +31,10 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
     if not reproduces(arms):
         return not_reproduced(ID, base, "baseline (verbose raw text)")
     parse_share = share(base, *PARSE_KINDS)
+    if share(base, "server-crash") == 1.0:
+        return Verdict(ID, "rejected", f"all {base.failures} failing baseline replays are "
+                       "server crashes: there was no output to parse",
+                       refutes=["baseline"], deciding_probe="baseline")
     if parse_share == 0:
         why = f"all {base.failures} failing baseline replies parsed cleanly"
         if share(base, "length-stop") == 1.0 and base.raw_misplaced == 0:

@@ -61,6 +61,25 @@ def first_divergence(a: str, b: str) -> int | None:
     return min(len(a), len(b))
 
 
+def speculative_props(props: Any) -> dict[str, Any]:
+    """What /props says about speculative decoding (`speculative.types`, b11434: "none"
+    unless a speculative type is configured); `speculative` is True only when it names one.
+    A draft model alone shows only in the replies' `timings.draft_n` (the engine reads both)."""
+    params: Any = {}
+    if isinstance(props, dict):
+        params = (props.get("default_generation_settings") or {}).get("params") or {}
+    if not isinstance(params, dict):
+        return {}
+    nested = params.get("speculative")
+    types = params.get("speculative.types")
+    if types is None and isinstance(nested, dict):
+        types = nested.get("types")
+    if types is None:
+        return {}
+    named = [t for t in str(types).replace(";", ",").split(",") if t.strip() not in ("", "none")]
+    return {"speculative_types": types, "speculative": bool(named)}
+
+
 def observation_summary(name: str, facts: dict[str, Any]) -> str:
     if facts.get("error"):
         return f"{name}: error: {facts['error']}"
@@ -111,6 +130,7 @@ async def observe_server(server: Any, request: dict[str, Any], observations: dic
                 "model_path": props.get("model_path") if isinstance(props, dict) else None,
                 "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
                 "total_slots": slots,
+                **speculative_props(props),
             }
         except LlamaClientError as exc:
             observations["server-props"] = {"name": "server-props", "error": str(exc)}

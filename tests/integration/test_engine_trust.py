@@ -146,3 +146,39 @@ kill -SEGV $$
     assert crash["repack"] is True and "AMX_INT8" in crash["cpu_flags"]
     assert diagnosis["state"] == "done"
     _no_leaked_servers()
+
+
+def test_cli_diagnoses_from_the_request_alone_and_show_prints_it(
+    server_binary: Path, tmp_path: Path
+) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    drill = build_drill("gemma4-thinking-budget", tmp_path / "drill")
+    request_path = tmp_path / "request.json"
+    request_path.write_text(json.dumps(drill.request("greedy")))
+    env = {**os.environ, "TRIAGE_DATABASE_URL": f"sqlite:///{tmp_path / 'kb.db'}",
+           "TRIAGE_HOME": str(tmp_path / "home")}
+    out = tmp_path / "diagnosis.json"
+    cli = [sys.executable, "-m", "triage.cli"]
+    done = subprocess.run([*cli, "diagnose", "--request", str(request_path), "--stack",
+                           str(drill.out_dir / "stack.toml"), "--max-requests", "8",
+                           "--json", str(out)], env=env, capture_output=True, text=True,
+                          timeout=800)
+    assert done.returncode == 0, done.stderr
+    diagnosis = json.loads(out.read_text())
+    assert diagnosis["exchange_evidence"] is None and diagnosis["findings"] == []
+    assert diagnosis["reproduction"]["reproduced"] is True
+    assert {c["id"]: c for c in diagnosis["causes"]}["reasoning-exhausts-budget"]["status"] \
+        == "confirmed"
+    shown = subprocess.run([*cli, "show", diagnosis["incident"], "--json"], env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["run_id"] == diagnosis["run_id"]
+    typo = subprocess.run([*cli, "diagnose", "--request", str(request_path), "--stack",
+                           str(drill.out_dir / "stack.toml"), "--incident", "2026-01-01-typo"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert typo.returncode != 0 and "no such incident" in typo.stderr
+    _no_leaked_servers()

@@ -78,9 +78,6 @@ class Reply:
             "text": self.text[:RAW_TEXT_LIMIT],
         }
 
-    # The name the engine used before this record existed.
-    payload = to_dict
-
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Reply:
         return cls(
@@ -291,7 +288,6 @@ class Diagnosis:
             "schema_version": self.schema_version,
             "incident": self.incident,
             "run_id": self.run_id,
-            "generated_at": self.generated_at,
             "exchange_evidence": self.exchange_evidence,
             "findings": list(self.findings),
             "stack": dict(self.stack),
@@ -303,6 +299,8 @@ class Diagnosis:
             "cost": dict(self.cost),
             "state": self.state,
         }
+        if self.generated_at:
+            data["generated_at"] = self.generated_at
         if self.reproduction is not None:
             data["reproduction"] = dict(self.reproduction)
         return data

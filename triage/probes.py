@@ -187,9 +187,12 @@ def request_arms(request: dict[str, Any]) -> list[PlannedArm]:
     return [a for a in plan_arms(stack, request) if a.level == "request"]
 
 
-def server_arms(stack: Stack, request: dict[str, Any] | None = None) -> list[PlannedArm]:
-    """The server-level arms this stack can run (each one launch)."""
-    return [a for a in plan_arms(stack, request or {}) if a.level == "server"]
+def server_arms(stack: Stack, request: dict[str, Any] | None = None, *,
+                crashed: bool = False) -> list[PlannedArm]:
+    """The server-level arms this stack runs (each one launch); crash-only arms only when
+    the incident's server crashes at startup."""
+    return [a for a in plan_arms(stack, request or {}) if a.level == "server"
+            and (a.when == "always" or crashed)]
 
 
 def relaunchable(stack: Stack) -> bool:

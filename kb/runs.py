@@ -199,6 +199,7 @@ def run_replies(session: Session, run_id: int) -> list[Reply]:
 def evidence_id(session: Session, incident_id: int, key: str) -> int:
     row = session.exec(select(Evidence.id).where(
         Evidence.incident_id == incident_id, Evidence.key == key)).one()
+    assert row is not None
     return int(row)
 
 
@@ -222,6 +223,7 @@ def apply_verdicts(session: Session, incident_id: int, run_id: int,
                               "rationale": cause.rationale if weaker else verdict.rationale}
         if weaker:
             continue
+        assert cause.id is not None
         for relation, keys in (("supports", verdict.supports), ("refutes", verdict.refutes)):
             for key in keys:
                 ev = evidence_id(session, incident_id, key)

@@ -217,7 +217,7 @@ async def weights_confounder(incident_server: Any, alt_server: Any, request: dic
 
     facts: dict[str, Any] = {"name": "weights-confounder"}
     differs: list[str] = []
-    metas = []
+    metas: list[Any] = []
     for path in (incident_server.config.model, alt_server.config.model):
         try:
             metas.append(read_gguf_meta(Path(str(path))))
@@ -230,7 +230,7 @@ async def weights_confounder(incident_server: Any, alt_server: Any, request: dic
         facts["chat_template_sha256"] = [a.chat_template_sha256, b.chat_template_sha256]
         if a.chat_template_sha256 != b.chat_template_sha256:
             differs.append("the chat template")
-    thinking = []
+    thinking: list[bool | None] = []
     for server in (incident_server, alt_server):
         client = LlamaClient(server.base_url, timeout=timeout)
         try:

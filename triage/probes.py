@@ -10,7 +10,7 @@ configurations in, request bodies and configurations out. The engine runs them
 from __future__ import annotations
 
 import copy
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -25,7 +25,7 @@ OPEN_THINK_TAG = "<think>"
 CLOSE_THINK_TAG = "</think>"
 
 
-ObserveHook = Callable[["ObserveContext"], Awaitable["dict[str, Any] | None"]]
+ObserveHook = Callable[["ObserveContext"], Coroutine[Any, Any, "dict[str, Any] | None"]]
 
 
 @dataclass

@@ -337,6 +337,7 @@ class Diagnoser:
         context = probes.ObserveContext(base, server, self.request, self.options.seed,
                                         self.options.request_timeout,
                                         self.options.divergence_seeds)
+        facts: dict[str, Any] | None
         try:
             facts = asyncio.run(planned.observe(context))
         except Exception as exc:  # noqa: BLE001 - an observation is recorded, not fatal
@@ -409,7 +410,7 @@ class Diagnoser:
 
 def _standing_causes(record: dict[str, Any]) -> list[dict[str, Any]]:
     """The causes as they stand (this run moved none)."""
-    out = []
+    out: list[dict[str, Any]] = []
     for cause in record.get("causes") or []:
         status = str(cause.get("status", "suspected"))
         out.append({"id": str(cause.get("id")), "status": status,

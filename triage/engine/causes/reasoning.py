@@ -36,7 +36,7 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
             "a stop that is not a length stop rules out budget exhaustion",
             refutes=["baseline"], deciding_probe="baseline",
         )
-    removing = [a for a in (off, budget, server_off) if removes(a)]
+    removing = [a for a in (off, budget, server_off) if a is not None and removes(a)]
     if removing:
         named = "; ".join(f"{a.name} {a.kn()}" for a in removing)
         return Verdict(

@@ -167,3 +167,14 @@ def test_an_abandoned_run_is_marked_interrupted_and_can_be_resumed(store: Store)
     with store.session(readonly=True) as session:
         states = {r.id: r.state for r in session.exec(select(TriageRun))}
     assert states[run_id] == "interrupted" and states[fresh] == "running"
+
+
+def test_no_server_binary_is_a_clear_error_before_anything_is_recorded(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LLAMA_SERVER_BIN", str(tmp_path / "no-such-llama-server"))
+    monkeypatch.setenv("TRIAGE_CACHE_DIR", str(tmp_path / "empty-cache"))
+    stack = _stack(tmp_path, 'model = "w.gguf"')
+    with pytest.raises(EngineError, match=r"\$\.server: .*llama-server"):
+        diagnose(store, stack, REQUEST)
+    assert _incidents(store) == 0

@@ -94,7 +94,12 @@ def check_config(config: ServerConfig, where: str) -> None:
     for flag, value in zip(args, args[1:], strict=False):
         if flag in PATH_VALUE_FLAGS and flag != "--slot-save-path" and not Path(value).exists():
             raise EngineError(f"{where}: {flag} file not found: {value}")
-    resolve_binary(config.binary)
+    try:
+        resolve_binary(config.binary)
+    except EngineError as exc:
+        raise EngineError(f"{where}: {exc}") from None
+    except Exception as exc:  # no built binary and no $LLAMA_SERVER_BIN
+        raise EngineError(f"{where}: {exc}") from None
 
 
 def check_url(url: str, timeout: float = 5.0) -> None:

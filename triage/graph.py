@@ -1,7 +1,8 @@
 """The cause graph: incidents, symptoms, causes, probes, evidence and decisions (networkx).
 
 Pure: built from an incident record (the dict `kb.files.load_record` returns, the same
-shape as an incident file's front matter) and exported to DOT, GraphML and node-link JSON.
+shape as an incident file's front matter), exported to DOT for the UI and summarised
+for the diagnosis.
 
 Node ids are namespaced strings (`cause:reasoning-exhausts-budget`, `evidence:E4`, ...) so
 that several incidents can share one graph (family links) without clashes.
@@ -9,9 +10,8 @@ that several incidents can share one graph (family links) without clashes.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-from io import BytesIO
+from collections.abc import Callable
 from typing import Any
 
 import networkx as nx
@@ -88,33 +88,7 @@ def add_incident(graph: nx.MultiDiGraph, record: dict[str, Any], *, local_ids: b
                 graph.add_edge(evidence_node(key), node, relation="supports")
 
     for cause in record.get("causes") or []:
-        node = f"{p}cause:{cause.get('id')}"
-        graph.add_node(
-            node,
-            kind="cause",
-            label=str(cause.get("title") or cause.get("id")),
-            status=str(cause.get("status", "")),
-            basis=str(cause.get("basis", "")),
-            catalogue=str(cause.get("catalogue", cause.get("id"))),
-        )
-        if cause.get("status") != "rejected":
-            for symptom in record.get("symptoms") or []:
-                graph.add_edge(node, f"{p}symptom:{symptom.get('id')}", relation="explains")
-        if not record.get("symptoms"):
-            graph.add_edge(node, incident_node, relation="explains")
-        parent = cause.get("catalogue")
-        if parent and parent != cause.get("id"):
-            graph.add_edge(node, f"{p}cause:{parent}", relation="context")
-        for link in cause.get("evidence") or []:
-            key = str(link.get("id"))
-            if key not in evidence_ids:
-                continue
-            relation = str(link.get("relation", "context"))
-            graph.add_edge(evidence_node(key), node, relation=relation)
-        if cause.get("deciding_probe"):
-            probe = f"{p}probe:{cause['deciding_probe']}"
-            graph.add_node(probe, kind="probe", label=str(cause["deciding_probe"]))
-            graph.add_edge(node, probe, relation="tested-by")
+        _add_cause(graph, record, cause, p, incident_node, evidence_ids, evidence_node)
 
     for arm in arm_summaries(record):
         probe = f"{p}probe:{arm['arm']}"
@@ -146,6 +120,39 @@ def add_incident(graph: nx.MultiDiGraph, record: dict[str, Any], *, local_ids: b
     return incident_node
 
 
+def _add_cause(graph: nx.MultiDiGraph, record: dict[str, Any], cause: dict[str, Any], p: str,
+               incident_node: str, evidence_ids: set[str],
+               evidence_node: Callable[[str], str]) -> None:
+    """One cause node: what it explains, its evidence links and its deciding probe."""
+    node = f"{p}cause:{cause.get('id')}"
+    graph.add_node(
+        node,
+        kind="cause",
+        label=str(cause.get("title") or cause.get("id")),
+        status=str(cause.get("status", "")),
+        basis=str(cause.get("basis", "")),
+        catalogue=str(cause.get("catalogue", cause.get("id"))),
+    )
+    if cause.get("status") != "rejected":
+        for symptom in record.get("symptoms") or []:
+            graph.add_edge(node, f"{p}symptom:{symptom.get('id')}", relation="explains")
+    if not record.get("symptoms"):
+        graph.add_edge(node, incident_node, relation="explains")
+    parent = cause.get("catalogue")
+    if parent and parent != cause.get("id"):
+        graph.add_edge(node, f"{p}cause:{parent}", relation="context")
+    for link in cause.get("evidence") or []:
+        key = str(link.get("id"))
+        if key not in evidence_ids:
+            continue
+        relation = str(link.get("relation", "context"))
+        graph.add_edge(evidence_node(key), node, relation=relation)
+    if cause.get("deciding_probe"):
+        probe = f"{p}probe:{cause['deciding_probe']}"
+        graph.add_node(probe, kind="probe", label=str(cause["deciding_probe"]))
+        graph.add_edge(node, probe, relation="tested-by")
+
+
 def arm_summaries(record: dict[str, Any]) -> list[dict[str, Any]]:
     """Probe-arm summaries recorded by the engine (evidence payload type `arm`)."""
     arms = []
@@ -154,14 +161,6 @@ def arm_summaries(record: dict[str, Any]) -> list[dict[str, Any]]:
         if payload.get("type") == "arm" and payload.get("arm"):
             arms.append({**payload, "evidence_id": str(item.get("id"))})
     return arms
-
-
-def family_graph(records: list[dict[str, Any]]) -> nx.MultiDiGraph:
-    """Several incidents in one graph, joined by their same-family links."""
-    graph: nx.MultiDiGraph = nx.MultiDiGraph()
-    for record in records:
-        add_incident(graph, record, local_ids=False)
-    return graph
 
 
 def _short(text: Any, limit: int = 60) -> str:
@@ -210,24 +209,6 @@ def to_dot(graph: nx.MultiDiGraph) -> str:
         )
     lines.append("}")
     return "\n".join(lines) + "\n"
-
-
-def to_graphml(graph: nx.MultiDiGraph) -> str:
-    """GraphML text (attribute values stringified, as GraphML wants scalars)."""
-    clean: nx.MultiDiGraph = nx.MultiDiGraph()
-    for node, data in graph.nodes(data=True):
-        clean.add_node(str(node), **{k: str(v) for k, v in data.items()})
-    for source, target, data in graph.edges(data=True):
-        clean.add_edge(str(source), str(target), **{k: str(v) for k, v in data.items()})
-    buffer = BytesIO()
-    nx.write_graphml(clean, buffer)
-    return buffer.getvalue().decode("utf-8")
-
-
-def to_node_link(graph: nx.MultiDiGraph) -> dict[str, Any]:
-    """Node-link JSON (the d3 shape), edges under `links`."""
-    data: dict[str, Any] = nx.node_link_data(graph, edges="links")
-    return json.loads(json.dumps(data, default=str))
 
 
 def summary(graph: nx.MultiDiGraph) -> dict[str, Any]:

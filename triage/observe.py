@@ -61,6 +61,25 @@ def first_divergence(a: str, b: str) -> int | None:
     return min(len(a), len(b))
 
 
+def speculative_props(props: Any) -> dict[str, Any]:
+    """What /props says about speculative decoding (`speculative.types`, b11434: "none"
+    unless a speculative type is configured); `speculative` is True only when it names one.
+    A draft model alone shows only in the replies' `timings.draft_n` (the engine reads both)."""
+    params: Any = {}
+    if isinstance(props, dict):
+        params = (props.get("default_generation_settings") or {}).get("params") or {}
+    if not isinstance(params, dict):
+        return {}
+    nested = params.get("speculative")
+    types = params.get("speculative.types")
+    if types is None and isinstance(nested, dict):
+        types = nested.get("types")
+    if types is None:
+        return {}
+    named = [t for t in str(types).replace(";", ",").split(",") if t.strip() not in ("", "none")]
+    return {"speculative_types": types, "speculative": bool(named)}
+
+
 def observation_summary(name: str, facts: dict[str, Any]) -> str:
     if facts.get("error"):
         return f"{name}: error: {facts['error']}"
@@ -87,6 +106,8 @@ def observation_summary(name: str, facts: dict[str, Any]) -> str:
                 f"reproduce: {facts.get('needed_to_reproduce') or 'none isolated'}")
     if name == "server-props":
         return f"server props: build {facts.get('build_info')}, slots {facts.get('total_slots')}"
+    if facts.get("summary"):
+        return str(facts["summary"])[:500]
     return f"{name}: {json.dumps(facts, default=str)[:200]}"
 
 
@@ -109,6 +130,7 @@ async def observe_server(server: Any, request: dict[str, Any], observations: dic
                 "model_path": props.get("model_path") if isinstance(props, dict) else None,
                 "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
                 "total_slots": slots,
+                **speculative_props(props),
             }
         except LlamaClientError as exc:
             observations["server-props"] = {"name": "server-props", "error": str(exc)}
@@ -147,9 +169,9 @@ async def observe_server(server: Any, request: dict[str, Any], observations: dic
     finally:
         await client.aclose()
 
+
 async def spec_divergence(spec_server: Any, plain_server: Any, request: dict[str, Any],
-                          observations: dict[str, Any], *, seed: int, seeds: int,
-                          timeout: float) -> None:
+                          *, seed: int, seeds: int, timeout: float) -> dict[str, Any]:
     """Committed token streams with and without speculative decoding at fixed seeds."""
     from triage.llama.client import LlamaClient, LlamaClientError
 
@@ -178,7 +200,7 @@ async def spec_divergence(spec_server: Any, plain_server: Any, request: dict[str
     finally:
         for client in clients:
             await client.aclose()
-    observations["spec-divergence"] = {
+    return {
         "name": "spec-divergence",
         "seeds": compared,
         "diverged": diverged,
@@ -188,14 +210,14 @@ async def spec_divergence(spec_server: Any, plain_server: Any, request: dict[str
 
 
 async def weights_confounder(incident_server: Any, alt_server: Any, request: dict[str, Any],
-                             observations: dict[str, Any], *, timeout: float) -> None:
+                             *, timeout: float) -> dict[str, Any]:
     """What else differs between the incident weights and the alternate weights."""
     from triage.llama.client import LlamaClient, LlamaClientError
     from triage.llama.gguf_meta import read_gguf_meta
 
     facts: dict[str, Any] = {"name": "weights-confounder"}
     differs: list[str] = []
-    metas = []
+    metas: list[Any] = []
     for path in (incident_server.config.model, alt_server.config.model):
         try:
             metas.append(read_gguf_meta(Path(str(path))))
@@ -208,7 +230,7 @@ async def weights_confounder(incident_server: Any, alt_server: Any, request: dic
         facts["chat_template_sha256"] = [a.chat_template_sha256, b.chat_template_sha256]
         if a.chat_template_sha256 != b.chat_template_sha256:
             differs.append("the chat template")
-    thinking = []
+    thinking: list[bool | None] = []
     for server in (incident_server, alt_server):
         client = LlamaClient(server.base_url, timeout=timeout)
         try:
@@ -222,4 +244,4 @@ async def weights_confounder(incident_server: Any, alt_server: Any, request: dic
     if None not in thinking and thinking[0] != thinking[1]:
         differs.append("the thinking default")
     facts["differs"] = differs
-    observations["weights-confounder"] = facts
+    return facts

@@ -1,25 +1,21 @@
-"""The probe catalogue: each arm changes one thing about the failing request or server.
+"""Probe arms: the protocol an arm implements, and the pure request transforms.
 
-Pure: request bodies and server configurations in, request bodies and configurations out.
-The engine runs them (triage/engine.py); causes.py reads their outcomes.
+Each arm changes one thing about the failing request or server. Every arm, built-in or
+from a plugin, is a catalogue entry (`catalogue.arms.add(...)`) implementing `ProbeArm`;
+the built-ins live in `triage/engine/arms/`. Pure: request bodies and server
+configurations in, request bodies and configurations out. The engine runs them
+(triage/engine/); the cause rules (triage/causes.py) read their outcomes.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
-from triage.stackfile import (
-    ServerConfig,
-    Stack,
-    has_spec_flags,
-    set_flag,
-    split_spec_flags,
-    strip_spec_flags,
-)
+from triage.stackfile import ServerConfig, Stack, split_spec_flags
 
 NO_THINK_SUFFIX = " /no_think"
 # Markers a chat template puts in the prompt when thinking is on: Gemma 4's system-turn
@@ -29,24 +25,86 @@ OPEN_THINK_TAG = "<think>"
 CLOSE_THINK_TAG = "</think>"
 
 
+ObserveHook = Callable[["ObserveContext"], Coroutine[Any, Any, "dict[str, Any] | None"]]
+
+
+@dataclass
+class ObserveContext:
+    """What an arm's observation hook gets: the incident's server, the arm's own server
+    (server-level arms; the incident's for request-level ones), the failing request."""
+
+    base: Any  # triage.engine.servers.Server
+    server: Any
+    request: dict[str, Any]
+    seed: int
+    timeout: float
+    divergence_seeds: int = 4
+
+
 @dataclass(frozen=True)
-class RequestArm:
-    """A request-level arm: replayed on the incident's own server."""
+class PlannedArm:
+    """One arm as planned for this request and stack.
+
+    Request-level arms replay `transform(request)` on the incident's server; server-level
+    arms launch `config` and replay the unchanged request. `decides` names the causes whose
+    verdict can depend on this arm (the scheduler stops an arm once no outcome of it could
+    change those verdicts; an arm that decides nothing is informational and runs until its
+    own decision). `observe`, when set, runs once with both servers up and returns facts
+    (a dict with a `name`) stored as observation evidence and passed to the cause rules."""
 
     name: str
+    variant: str
+    level: str  # request | server
+    decides: tuple[str, ...] = ()
+    transform: Callable[[dict[str, Any]], dict[str, Any]] = copy.deepcopy
+    config: ServerConfig | None = None
+    observe: ObserveHook | None = None
+    # "always", or "crash": only when the incident's server crashes at startup (each
+    # replay of such a run is a launch, and the failure is the crash).
+    when: str = "always"
+
+
+@runtime_checkable
+class ProbeArm(Protocol):
+    """What a probe-arm plugin implements (register it with `catalogue.arms.add(obj)`).
+
+    - `id`: the arm name in the diagnosis and evidence; `level`: "request" or "server";
+    - `order`: where it runs in the plan (request arms before server arms; built-ins use
+      10-90, plugins anything else);
+    - `plan(stack, request) -> PlannedArm | None`: None when the arm does not apply to this
+      stack/request (e.g. no speculative flags to strip); otherwise how it varies the
+      request (`transform`) or the server (`config`), the causes it `decides`, an
+      optional `observe` hook, and `when` it runs ("always", or "crash": only when the
+      incident's server crashes at startup).
+    """
+
+    id: str
+    level: str
+    order: int
+
+    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None: ...
+
+
+@dataclass(frozen=True)
+class RequestArm:
+    """A built-in request-level arm: replayed on the incident's own server."""
+
+    id: str
     variant: str
     transform: Callable[[dict[str, Any]], dict[str, Any]]
     decides: tuple[str, ...]
+    order: int
+    applies: Callable[[dict[str, Any]], bool] = lambda request: True
+    level: str = "request"
 
+    @property
+    def name(self) -> str:
+        return self.id
 
-@dataclass(frozen=True)
-class ServerArm:
-    """A server-level arm: its own launch, replaying the unchanged request."""
-
-    name: str
-    variant: str
-    config: ServerConfig
-    decides: tuple[str, ...]
+    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+        if not self.applies(request):
+            return None
+        return PlannedArm(self.id, self.variant, "request", self.decides, self.transform)
 
 
 def max_tokens_of(request: dict[str, Any]) -> int | None:
@@ -101,78 +159,45 @@ def reasoning_budget(request: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def request_arms(request: dict[str, Any]) -> list[RequestArm]:
+BASELINE_ARM = PlannedArm("baseline", "the failing request as sent, seeds varied", "request")
+
+
+def plan_arms(stack: Stack, request: dict[str, Any],
+              arms: Iterable[Any] | None = None) -> list[PlannedArm]:
+    """Every catalogue arm that applies to this stack and request, in plan order, after the
+    baseline; request-level arms first."""
+    if arms is None:
+        from triage.catalogue import catalogue
+
+        arms = list(catalogue().arms)
+    chosen = sorted(arms, key=lambda a: (a.level != "request", int(getattr(a, "order", 100))))
+    planned = [BASELINE_ARM]
+    for arm in chosen:
+        item = arm.plan(stack, request)
+        if item is not None:
+            if item.level == "server" and item.config is None:
+                raise ValueError(f"server-level arm {item.name!r} planned without a config")
+            planned.append(item)
+    return planned
+
+
+def request_arms(request: dict[str, Any]) -> list[PlannedArm]:
     """The request-level arms that apply to this request (baseline first)."""
-    arms = [
-        RequestArm("baseline", "the failing request as sent, seeds varied", copy.deepcopy, ()),
-        RequestArm(
-            "thinking-off",
-            "chat_template_kwargs.enable_thinking=false",
-            thinking_off,
-            ("reasoning-exhausts-budget", "token-limit", "output-parsing"),
-        ),
-        RequestArm(
-            "no-think-suffix",
-            "'/no_think' appended to the last user message",
-            no_think_suffix,
-            (),
-        ),
-        RequestArm(
-            "reasoning-budget",
-            "reasoning_budget_tokens = max_tokens/4, max_tokens unchanged",
-            reasoning_budget,
-            ("reasoning-exhausts-budget",),
-        ),
-    ]
-    if max_tokens_of(request) is not None:
-        arms.append(
-            RequestArm("token-limit-x4", "max_tokens x4", token_limit_x4, ("token-limit",))
-        )
-    return arms
+    stack = Stack(ServerConfig())
+    return [a for a in plan_arms(stack, request) if a.level == "request"]
 
 
-def server_arms(stack: Stack) -> list[ServerArm]:
-    """The server-level arms this stack can run (each one launch)."""
-    server = stack.server
-    arms: list[ServerArm] = []
-    if server.url and not server.model:
-        return arms  # a running server we cannot relaunch: request-level probes only
-    if has_spec_flags(server.args):
-        arms.append(
-            ServerArm(
-                "spec-off",
-                "speculative-decoding flags stripped from the server args",
-                server.with_args(strip_spec_flags(server.args)),
-                ("speculative-decoding",),
-            )
-        )
-    if stack.alternate_model is not None:
-        arms.append(
-            ServerArm(
-                "alt-weights",
-                f"alternate weights {Path(stack.alternate_model).name}",
-                ServerConfig(server.binary, stack.alternate_model, server.args),
-                ("quantized-weights",),
-            )
-        )
-    if stack.alternate_binary is not None:
-        arms.append(
-            ServerArm(
-                "alt-build",
-                f"alternate binary {stack.alternate_binary}",
-                ServerConfig(stack.alternate_binary, server.model, server.args),
-                ("server-build",),
-            )
-        )
-    arms.append(
-        ServerArm(
-            "server-reasoning-off",
-            "server started with --reasoning off (the first fix candidate)",
-            server.with_args(set_flag(server.args, "--reasoning", "off", "-rea")),
-            ("reasoning-exhausts-budget",),
-        )
-    )
-    return arms
+def server_arms(stack: Stack, request: dict[str, Any] | None = None, *,
+                crashed: bool = False) -> list[PlannedArm]:
+    """The server-level arms this stack runs (each one launch); crash-only arms only when
+    the incident's server crashes at startup."""
+    return [a for a in plan_arms(stack, request or {}) if a.level == "server"
+            and (a.when == "always" or crashed)]
+
+
+def relaunchable(stack: Stack) -> bool:
+    """Can server-level arms launch variants of this stack (not a bare running URL)?"""
+    return not (stack.server.url and not stack.server.model)
 
 
 def known_good_dimensions(stack: Stack) -> dict[str, tuple[Any, Any]]:

@@ -172,6 +172,12 @@ exit 3
     diagnosis = diagnose(store, stack, drill.request("greedy"),
                          options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs",
                                                  request_timeout=30))
+    # A run that ended with errors says so, and can be resumed.
+    from triage.engine import unfinished_run
+
+    assert diagnosis["state"] == "partial"
+    unfinished = unfinished_run(store, diagnosis["incident"])
+    assert unfinished is not None and unfinished.id == diagnosis["run_id"]
     store.close()
     arms, verdicts = _arms(diagnosis), _by_cause(diagnosis)
     assert arms["alt-build"]["decision"] == "errored"

@@ -4,34 +4,20 @@ from __future__ import annotations
 
 import json
 import sys
-from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import click
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
 
 from kb.store import Store
 from triage.commands import open_store
 
 
-@lru_cache(maxsize=1)
-def diagnosis_validator() -> Draft202012Validator:
-    schema = json.loads(
-        resources.files("kb").joinpath("schemas/diagnosis.schema.json").read_text("utf-8")
-    )
-    Draft202012Validator.check_schema(schema)
-    return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
-
-
 def validate_diagnosis(diagnosis: dict[str, Any]) -> None:
     """Raise ValueError naming the JSON path if the diagnosis breaks its schema."""
-    error = best_match(diagnosis_validator().iter_errors(diagnosis))
-    if error is not None:
-        raise ValueError(f"diagnosis does not match its schema at {error.json_path}: "
-                         f"{error.message}")
+    from kb.records import validate_diagnosis as validate
+
+    validate(diagnosis)
 
 
 def _progress_printer() -> Any:
@@ -48,6 +34,9 @@ def _progress_printer() -> Any:
 def format_diagnosis(diagnosis: dict[str, Any]) -> str:
     """The diagnosis as text for a terminal."""
     lines = [f"Diagnosis of {diagnosis['incident']} (run {diagnosis.get('run_id')})", ""]
+    reproduction = diagnosis.get("reproduction") or {}
+    if reproduction and not reproduction.get("reproduced", True):
+        lines += [f"NOT REPRODUCED: {reproduction.get('message')}", ""]
     failed = [f for f in diagnosis.get("findings", []) if not f.get("passed", True)]
     if failed:
         lines.append("Findings in the failing exchange:")
@@ -94,7 +83,7 @@ def format_diagnosis(diagnosis: dict[str, Any]) -> str:
 
 
 def _load_exchange(request: Path, response: Path | None, fmt: str) -> tuple[dict, list, dict]:
-    from triage.capture import CaptureError, load_file
+    from triage.capture import CaptureError, load_file, read_file
     from triage.symptoms import classify
 
     try:
@@ -103,12 +92,28 @@ def _load_exchange(request: Path, response: Path | None, fmt: str) -> tuple[dict
         else:
             exchanges = load_file(request, format=fmt)
     except CaptureError as exc:
+        if response is None and fmt in ("auto", "pair"):
+            try:
+                body = _request_only(read_file(request))
+            except CaptureError:
+                body = None
+            if body is not None:  # reproduce from the request alone: no captured failure
+                return body, [], {}
         raise click.ClickException(str(exc)) from None
     if not exchanges:
         raise click.ClickException(f"{request}: no exchange found")
     exchange = exchanges[0]
     findings = [_finding_dict(f) for f in classify(exchange)]
     return exchange.request, findings, exchange.to_dict()
+
+
+def _request_only(data: Any) -> dict[str, Any] | None:
+    """A bare chat request body (a JSON object), or None."""
+    try:
+        body = json.loads(data if isinstance(data, str) else bytes(data).decode("utf-8"))
+    except (ValueError, TypeError):
+        return None
+    return body if isinstance(body, dict) and "response" not in body else None
 
 
 def _finding_dict(finding: Any) -> dict[str, Any]:
@@ -168,10 +173,24 @@ def diagnose_command(ctx: click.Context, request_path: Path | None, response_pat
         text = json.dumps(diagnosis, indent=2, sort_keys=True, default=str) + "\n"
         if str(json_out) == "-":
             sys.stdout.write(text)
-            return
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(text, "utf-8")
-    click.echo(format_diagnosis(diagnosis))
+        else:
+            json_out.parent.mkdir(parents=True, exist_ok=True)
+            json_out.write_text(text, "utf-8")
+    if json_out is None or str(json_out) != "-":
+        click.echo(format_diagnosis(diagnosis))
+    _exit_for_state(diagnosis)
+
+
+def _exit_for_state(diagnosis: dict[str, Any]) -> None:
+    """A run that did not reproduce the failure or ended with errors exits non-zero."""
+    state = diagnosis.get("state", "done")
+    if state == "not-reproduced":
+        message = (diagnosis.get("reproduction") or {}).get("message", "")
+        raise click.ClickException(f"{message}")
+    if state == "partial":
+        raise click.ClickException(
+            "the run ended with errors (see the arms marked ERROR); continue it with "
+            f"`triage diagnose --resume --incident {diagnosis['incident']} --stack ...`")
 
 
 def _run_diagnosis(store: Store, request_path: Path | None, response_path: Path | None,
@@ -207,18 +226,25 @@ def _run_diagnosis(store: Store, request_path: Path | None, response_path: Path 
 @click.pass_context
 def show_command(ctx: click.Context, slug: str, as_json: bool) -> None:
     """Print the latest diagnosis of an incident."""
-    from triage.engine import latest_diagnosis
+    from triage.engine import latest_diagnosis, latest_run_state
 
     with open_store(ctx) as store:
         diagnosis = latest_diagnosis(store, slug)
+        exists, state = latest_run_state(store, slug)
+    if not exists:
+        raise click.ClickException(f"no incident {slug!r} (see `triage incidents list`)")
     if diagnosis is None:
+        why = f"its latest run is {state}" if state else "no run recorded"
         raise click.ClickException(
-            f"no diagnosis recorded for {slug!r} (run `triage diagnose`, or see "
-            f"`triage incidents show {slug}`)")
+            f"no diagnosis recorded for {slug!r}: {why} (run `triage diagnose`"
+            + (", or `triage diagnose --resume`" if state in ("interrupted", "partial")
+               else "") + f", or see `triage incidents show {slug}`)")
     if as_json:
         click.echo(json.dumps(diagnosis, indent=2, sort_keys=True, default=str))
     else:
         click.echo(format_diagnosis(diagnosis))
+    if diagnosis.get("state") == "not-reproduced":
+        sys.exit(1)
 
 
 @click.command("demo")

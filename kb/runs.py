@@ -1,0 +1,346 @@
+"""Engine runs in the knowledge base: incidents opened by a run, candidate causes, the run
+row, replies and arm summaries as evidence, verdicts applied with monotone evidence, and
+the queries `show` / `--resume` need. Every function is one step of one transaction (the
+caller's session); the engine's recorder calls them, nothing else writes runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from sqlmodel import Session, col, select
+
+from kb.models import (
+    Cause,
+    Evidence,
+    EvidenceLink,
+    Incident,
+    Symptom,
+    TriageRun,
+    utcnow,
+)
+from kb.records import Reply
+from kb.store import add_evidence, add_evidence_many, get_incident, record_status_change
+
+__all__ = [
+    "CauseSpec",
+    "NewIncident",
+    "VerdictRow",
+    "apply_verdicts",
+    "ensure_causes",
+    "evidence_id",
+    "finish_run",
+    "heartbeat",
+    "last_heartbeat",
+    "latest_diagnosis",
+    "latest_result",
+    "mark_stale_runs",
+    "new_incident",
+    "record_exchange",
+    "record_replies",
+    "run_incident_slug",
+    "run_replies",
+    "set_run_state",
+    "start_run",
+    "strength",
+    "unfinished_run",
+]
+
+# A running run whose heartbeat is older than this is taken as abandoned (UI closed,
+# process killed) and marked interrupted, so it can be resumed.
+STALE_AFTER = timedelta(minutes=30)
+HEARTBEAT = "heartbeat_at"  # key in TriageRun.plan
+
+
+def strength(basis: str | None, status: str) -> int:
+    """How strong the evidence behind a status is: 0 untested ("not testable in this run",
+    "did not reproduce"), 1 a measured or inferred suspicion, or an inferred verdict,
+    2 a measured verdict (confirmed / rejected). A run only moves a cause with evidence at
+    least as strong as what set its current status."""
+    if not basis or basis == "untested":
+        return 0
+    if basis == "measured" and status in ("confirmed", "rejected"):
+        return 2
+    return 1
+
+
+@dataclass(frozen=True)
+class CauseSpec:
+    """A catalogue cause to create on an incident (id and title)."""
+
+    id: str
+    title: str
+
+
+@dataclass(frozen=True)
+class NewIncident:
+    """What a run knows of an incident it opens."""
+
+    model: str
+    kinds: list[str]
+    weights: str = ""
+    flags: list[str] = field(default_factory=list)
+    stack: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class VerdictRow:
+    """One verdict to apply: status, rationale, evidence keys that support / refute."""
+
+    cause: str
+    status: str
+    rationale: str
+    supports: list[str]
+    refutes: list[str]
+    deciding_probe: str = ""
+    basis: str = "measured"
+
+
+def _slugify(text: str) -> str:
+    out = "".join(ch.lower() if ch.isalnum() else "-" for ch in text)
+    while "--" in out:
+        out = out.replace("--", "-")
+    return out.strip("-")[:60] or "server"
+
+
+def new_incident(session: Session, spec: NewIncident) -> Incident:
+    """Open an incident for a failing exchange (slug from date, model and first finding)."""
+    today = utcnow().date()
+    first = spec.kinds[0] if spec.kinds else "failure"
+    base = f"{today.isoformat()}-{_slugify(spec.model)}-{first}"
+    slug, suffix = base, 2
+    while get_incident(session, slug) is not None:
+        slug = f"{base}-{suffix}"
+        suffix += 1
+    incident = Incident(
+        slug=slug,
+        title=f"{spec.model}: {', '.join(spec.kinds) or 'failing exchange'}",
+        opened_on=today,
+        status="open",
+        summary="Opened by `triage diagnose` from a failing exchange.",
+        model=spec.model,
+        weights=spec.weights,
+        flags=list(spec.flags),
+        stack=dict(spec.stack),
+    )
+    session.add(incident)
+    session.flush()
+    return incident
+
+
+def ensure_causes(session: Session, incident_id: int, causes: Sequence[CauseSpec],
+                  actor: str) -> None:
+    """Create the catalogue causes the incident does not have yet (suspected, untested)."""
+    existing = {c.key for c in session.exec(select(Cause).where(Cause.incident_id == incident_id))}
+    for spec in causes:
+        if spec.id in existing:
+            continue
+        cause = Cause(incident_id=incident_id, key=spec.id, catalogue_id=spec.id,
+                      title=spec.title, status="suspected", basis="untested",
+                      rationale="candidate from the catalogue; not yet probed")
+        record_status_change(session, cause, "suspected", actor=actor,
+                             rationale="candidate cause from the catalogue, before any probe")
+
+
+def record_exchange(session: Session, incident_id: int, exchange: dict[str, Any],
+                    findings: list[dict[str, Any]]) -> str:
+    """Store the failing exchange as evidence and its failed findings as symptoms."""
+    kinds = [f["kind"] for f in findings if not f.get("passed", True)]
+    evidence = add_evidence(
+        session, incident_id=incident_id, kind="exchange",
+        summary="failing exchange: " + (", ".join(kinds) if kinds else "no failed finding"),
+        payload={"exchange": exchange, "findings": findings},
+        source=str(exchange.get("source_file") or ""),
+    )
+    existing = {s.key for s in session.exec(select(Symptom).where(
+        Symptom.incident_id == incident_id))}
+    for finding in findings:
+        if finding.get("passed", True) or finding["kind"] in existing:
+            continue
+        existing.add(finding["kind"])
+        session.add(Symptom(
+            incident_id=incident_id, key=finding["kind"], kind=finding["kind"],
+            description=str(finding.get("reason", finding["kind"])),
+            observed={"score": finding.get("score"), "where": finding.get("where")},
+            evidence_keys=[evidence.key],
+        ))
+    session.flush()
+    return evidence.key
+
+
+def start_run(session: Session, incident_id: int, plan: dict[str, Any]) -> int:
+    run = TriageRun(incident_id=incident_id, plan={**plan, HEARTBEAT: utcnow().isoformat()})
+    session.add(run)
+    session.flush()
+    assert run.id is not None
+    return run.id
+
+
+def record_replies(session: Session, incident_id: int, run_id: int,
+                   replies: Sequence[Reply]) -> None:
+    """Store each reply as `probe` evidence (one numbering for the whole look)."""
+    items = [{"kind": "probe", "summary": r.summary(), "payload": r.to_dict(),
+              "source": "triage diagnose"} for r in replies]
+    add_evidence_many(session, incident_id, items, run_id=run_id)
+    heartbeat(session, run_id)
+
+
+def run_replies(session: Session, run_id: int) -> list[Reply]:
+    """The replies a run recorded (for `--resume`)."""
+    rows = session.exec(select(Evidence).where(Evidence.run_id == run_id,
+                                               Evidence.kind == "probe")).all()
+    return [Reply.from_dict(row.payload) for row in rows
+            if (row.payload or {}).get("type") == "reply"]
+
+
+def evidence_id(session: Session, incident_id: int, key: str) -> int:
+    row = session.exec(select(Evidence.id).where(
+        Evidence.incident_id == incident_id, Evidence.key == key)).one()
+    assert row is not None
+    return int(row)
+
+
+def apply_verdicts(session: Session, incident_id: int, run_id: int,
+                   verdicts: Sequence[VerdictRow], actor: str) -> dict[str, dict[str, Any]]:
+    """Move each cause to its verdict, with monotone evidence: a verdict whose basis is
+    weaker than what set the cause's current status (e.g. "not testable in this run" over
+    a measured rejection) leaves the cause as it is. Returns, per cause, its previous
+    status and whether this run moved it (`applied`)."""
+    causes = {c.key: c for c in session.exec(select(Cause).where(
+        Cause.incident_id == incident_id))}
+    out: dict[str, dict[str, Any]] = {}
+    for verdict in verdicts:
+        cause = causes.get(verdict.cause)
+        if cause is None:
+            continue
+        previous = cause.status
+        weaker = strength(verdict.basis, verdict.status) < strength(cause.basis, cause.status)
+        out[verdict.cause] = {"previous": previous, "applied": not weaker,
+                              "status": cause.status if weaker else verdict.status,
+                              "rationale": cause.rationale if weaker else verdict.rationale}
+        if weaker:
+            continue
+        assert cause.id is not None
+        for relation, keys in (("supports", verdict.supports), ("refutes", verdict.refutes)):
+            for key in keys:
+                ev = evidence_id(session, incident_id, key)
+                exists = session.exec(select(EvidenceLink).where(
+                    EvidenceLink.cause_id == cause.id, EvidenceLink.evidence_id == ev,
+                    EvidenceLink.relation == relation)).first()
+                if exists is None:
+                    session.add(EvidenceLink(cause_id=cause.id, evidence_id=ev,
+                                             relation=relation, note=f"run {run_id}"))
+        cause.rationale = verdict.rationale
+        cause.deciding_probe = verdict.deciding_probe
+        cause.basis = verdict.basis
+        if cause.status != verdict.status or verdict.status != "suspected":
+            record_status_change(session, cause, verdict.status, actor=actor,
+                                 rationale=verdict.rationale,
+                                 evidence_keys=[*verdict.supports, *verdict.refutes])
+        session.add(cause)
+    session.flush()
+    return out
+
+
+def set_run_state(session: Session, run_id: int, state: str, *,
+                  finished: bool = False, result: dict[str, Any] | None = None) -> None:
+    run = session.get(TriageRun, run_id)
+    if run is None:
+        return
+    run.state = state
+    _beat(run)
+    if finished:
+        run.finished_at = utcnow()
+    if result is not None:
+        run.result = result
+    session.add(run)
+
+
+def finish_run(session: Session, run_id: int, state: str, result: dict[str, Any]) -> None:
+    set_run_state(session, run_id, state, finished=True, result=result)
+
+
+def heartbeat(session: Session, run_id: int) -> None:
+    run = session.get(TriageRun, run_id)
+    if run is not None and run.finished_at is None:
+        _beat(run)
+        session.add(run)
+
+
+def _beat(run: TriageRun) -> None:
+    # The plan is a JSON column: reassign it (an in-place change would not be saved).
+    run.plan = {**(run.plan or {}), HEARTBEAT: utcnow().isoformat()}
+
+
+def last_heartbeat(run: TriageRun) -> datetime:
+    """When the run last showed signs of life (its start when it never beat)."""
+    beat = (run.plan or {}).get(HEARTBEAT)
+    started = run.started_at if run.started_at.tzinfo else \
+        run.started_at.replace(tzinfo=timezone.utc)
+    if not isinstance(beat, str):
+        return started
+    try:
+        parsed = datetime.fromisoformat(beat)
+    except ValueError:
+        return started
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def mark_stale_runs(session: Session, *, now: datetime | None = None,
+                    stale_after: timedelta = STALE_AFTER) -> list[int]:
+    """Mark running runs whose heartbeat stopped as interrupted; returns their ids."""
+    now = now or utcnow()
+    stale = []
+    for run in session.exec(select(TriageRun).where(TriageRun.state == "running",
+                                                    col(TriageRun.finished_at).is_(None))):
+        if now - last_heartbeat(run) > stale_after:
+            run.state = "interrupted"
+            session.add(run)
+            assert run.id is not None
+            stale.append(run.id)
+    return stale
+
+
+def latest_result(session: Session, slug: str) -> tuple[TriageRun | None, bool]:
+    """(the incident's latest run, whether the incident exists)."""
+    incident = get_incident(session, slug)
+    if incident is None:
+        return None, False
+    run = session.exec(select(TriageRun).where(TriageRun.incident_id == incident.id)
+                       .order_by(col(TriageRun.id).desc())).first()
+    return run, True
+
+
+def unfinished_run(session: Session, slug: str | None) -> TriageRun | None:
+    """The latest run without a result (interrupted or ended with errors), optionally of
+    one incident."""
+    query = select(TriageRun).where(col(TriageRun.finished_at).is_(None)
+                                    | (TriageRun.state == "partial"))
+    if slug:
+        incident = get_incident(session, slug)
+        if incident is None:
+            return None
+        query = query.where(TriageRun.incident_id == incident.id)
+    return session.exec(query.order_by(col(TriageRun.id).desc())).first()
+
+
+def run_incident_slug(session: Session, run: TriageRun) -> str:
+    incident = session.get(Incident, run.incident_id)
+    if incident is None:
+        raise LookupError(f"run {run.id}: its incident is gone")
+    return incident.slug
+
+
+def latest_diagnosis(session: Session, slug: str) -> dict[str, Any] | None:
+    """The result of the incident's latest run that has one."""
+    incident = get_incident(session, slug)
+    if incident is None:
+        return None
+    for run in session.exec(select(TriageRun).where(TriageRun.incident_id == incident.id)
+                            .order_by(col(TriageRun.id).desc())):
+        if run.result and run.result.get("incident"):
+            return dict(run.result)
+    return None

@@ -1,0 +1,99 @@
+"""The triage engine: plan -> run -> record -> decide -> Diagnosis.
+
+- `scheduler`: looks, stopping, moot arms -- pure, behind a `Replayer` protocol;
+- `replayer`: the llama-client replayer and reply scoring;
+- `servers`: server lifecycle (launch, health, death);
+- `recorder`: every write, through kb functions (kb/runs.py);
+- `reproduction`: the gate -- the baseline must show the captured failure first;
+- `known_good`: delta debugging towards the last configuration that worked;
+- `diagnosis`: arm summaries and the Diagnosis record (validated where it is built);
+- `runner`: one run; `replay`: `replay_rate` for revisits;
+- `causes/`, `arms/`: the built-in catalogue plugins (causes and probe arms).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kb import runs as _runs
+from kb.models import TriageRun
+from kb.records import RAW_TEXT_LIMIT, Reply
+from kb.store import Store
+from triage.engine.replay import ArmResult, replay_rate
+from triage.engine.replayer import classify_reply
+from triage.engine.runner import ACTOR, DiagnoseOptions, Diagnoser, ProgressEvent, ProgressFn
+from triage.engine.scheduler import ArmState
+from triage.engine.servers import EngineError, Server, open_server
+
+__all__ = [
+    "ACTOR",
+    "RAW_TEXT_LIMIT",
+    "ArmResult",
+    "ArmState",
+    "DiagnoseOptions",
+    "Diagnoser",
+    "EngineError",
+    "ProgressEvent",
+    "ProgressFn",
+    "Reply",
+    "Server",
+    "classify_reply",
+    "diagnose",
+    "latest_diagnosis",
+    "latest_run_state",
+    "open_server",
+    "replay_rate",
+    "resume",
+    "unfinished_run",
+]
+
+
+def diagnose(
+    store: Store,
+    stack: Any,
+    request: dict[str, Any],
+    *,
+    exchange: dict[str, Any] | None = None,
+    findings: list[dict[str, Any]] | None = None,
+    incident: str | None = None,
+    options: DiagnoseOptions | None = None,
+    progress: ProgressFn | None = None,
+) -> dict[str, Any]:
+    """Run the probes for one failing request against one stack; returns the diagnosis."""
+    return Diagnoser(store, stack, request, exchange=exchange, findings=findings,
+                     incident=incident, options=options, progress=progress).run()
+
+
+def latest_diagnosis(store: Store, slug: str) -> dict[str, Any] | None:
+    """The result of the incident's latest run that produced one (None: no diagnosis)."""
+    with store.session(readonly=True) as session:
+        return _runs.latest_diagnosis(session, slug)
+
+
+def latest_run_state(store: Store, slug: str) -> tuple[bool, str | None]:
+    """(does the incident exist, the state of its latest run or None)."""
+    with store.session() as session:
+        _runs.mark_stale_runs(session)
+        run, exists = _runs.latest_result(session, slug)
+        return exists, (run.state if run is not None else None)
+
+
+def unfinished_run(store: Store, slug: str | None) -> TriageRun | None:
+    """The latest run to resume (interrupted, abandoned or ended with errors), optionally
+    of one incident."""
+    with store.session() as session:
+        _runs.mark_stale_runs(session)
+        return _runs.unfinished_run(session, slug)
+
+
+def resume(store: Store, run: TriageRun, stack: Any, *, options: DiagnoseOptions | None = None,
+           progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Continue an interrupted run from the replies it already recorded."""
+    with store.session(readonly=True) as session:
+        slug = _runs.run_incident_slug(session, run)
+    diagnoser = Diagnoser(store, stack, dict(run.plan["request"]), incident=slug,
+                          findings=list(run.plan.get("findings") or []),
+                          options=options, progress=progress, run_id=run.id)
+    if run.plan.get("exchange_evidence"):
+        diagnoser.recorder.evidence_keys["exchange"] = str(run.plan["exchange_evidence"])
+    return diagnoser.run()

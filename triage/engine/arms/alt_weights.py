@@ -1,0 +1,39 @@
+"""alt-weights: the alternate weights file, plus the confounder observation (does it also
+change the chat template or the thinking default?)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from triage import observe
+from triage.probes import ObserveContext, PlannedArm, relaunchable
+from triage.stackfile import ServerConfig, Stack
+
+
+async def confounder(ctx: ObserveContext) -> dict[str, Any]:
+    return await observe.weights_confounder(ctx.base, ctx.server, ctx.request,
+                                            timeout=ctx.timeout)
+
+
+@dataclass(frozen=True)
+class AltWeights:
+    id: str = "alt-weights"
+    level: str = "server"
+    order: int = 60
+
+    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+        if not relaunchable(stack) or stack.alternate_model is None:
+            return None
+        server = stack.server
+        return PlannedArm(
+            self.id, f"alternate weights {Path(stack.alternate_model).name}", self.level,
+            ("quantized-weights",),
+            config=ServerConfig(server.binary, stack.alternate_model, server.args),
+            observe=confounder,
+        )
+
+
+def register(catalogue: object) -> None:
+    catalogue.arms.add(AltWeights())  # type: ignore[attr-defined]

@@ -1,0 +1,31 @@
+"""server-reasoning-off: the server started with `--reasoning off` (the first fix
+candidate of a reasoning-budget failure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from triage.probes import PlannedArm, relaunchable
+from triage.stackfile import Stack, set_flag
+
+
+@dataclass(frozen=True)
+class ServerReasoningOff:
+    id: str = "server-reasoning-off"
+    level: str = "server"
+    order: int = 80
+
+    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+        if not relaunchable(stack):
+            return None
+        server = stack.server
+        return PlannedArm(
+            self.id, "server started with --reasoning off (the first fix candidate)",
+            self.level, ("reasoning-exhausts-budget",),
+            config=server.with_args(set_flag(server.args, "--reasoning", "off", "-rea")),
+        )
+
+
+def register(catalogue: object) -> None:
+    catalogue.arms.add(ServerReasoningOff())  # type: ignore[attr-defined]

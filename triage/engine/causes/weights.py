@@ -1,0 +1,61 @@
+"""quantized-weights: the weights file (quantization) degrades the output."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from triage.causes import (
+    ArmOutcome,
+    CauseRule,
+    Observations,
+    Verdict,
+    arm_gate,
+    baseline_of,
+    removal_verdict,
+    removes,
+    reproduces,
+    suspect,
+)
+
+ID = "quantized-weights"
+ARM = "alt-weights"
+
+
+def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
+    base, alt = baseline_of(arms), arms.get(ARM)
+    gate = arm_gate(ID, alt, base, reproduces(arms), ARM,
+                    available=obs.has_alt_weights, missing="no alternate weights",
+                    hint="add [alternates] model to stack.toml")
+    if gate is not None:
+        return gate
+    assert alt is not None
+    if removes(alt) and obs.confounders:
+        return suspect(
+            ID,
+            f"alternate weights remove the failure ({alt.kn()}), but they also change "
+            f"{', '.join(obs.confounders)}: confounded, not attributable to quantization",
+            "alt-weights with the same chat template / thinking default",
+            supports=[ARM],
+        )
+    return removal_verdict(
+        ID, alt, base,
+        removes_text="alternate weights with the same chat template and thinking default "
+        "remove the failure",
+        unchanged_text="alternate weights leave the failure rate unchanged",
+        supports=("weights-confounder",),
+    )
+
+
+CAUSE = CauseRule(
+    id=ID,
+    number=2,
+    title="The quantized weights file",
+    mechanism="the weights (quantization) degrade the output",
+    decided_by="alternate weights, with the template/thinking-default confounder ruled out",
+    rule=rule,
+    retrospective="the quantized weights produced the failing output; other weights did not",
+)
+
+
+def register(catalogue: object) -> None:
+    catalogue.causes.add(CAUSE)  # type: ignore[attr-defined]

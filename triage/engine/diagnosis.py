@@ -1,0 +1,99 @@
+"""Diagnosis building: arm summaries and the Diagnosis record, validated where it is built."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kb.models import utcnow
+from kb.records import ArmSummary, Diagnosis, DiagnosisArm, DiagnosisCause
+from triage.causes import BASELINE, Verdict
+from triage.engine.scheduler import ArmState
+from triage.stackfile import Stack
+from triage.stats import wilson
+
+__all__ = ["arm_summary", "build_diagnosis", "server_seconds", "stack_summary"]
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else float(f"{value:.4g}")
+
+
+def server_seconds(arm: ArmState) -> float:
+    total = 0.0
+    for reply in arm.replies:
+        t = reply.timings
+        total += float(t.get("prompt_ms", 0) or 0) + float(t.get("predicted_ms", 0) or 0)
+    return total / 1000.0
+
+
+def _speed(arm: ArmState) -> float | None:
+    rates = [float(r.timings["predicted_per_second"]) for r in arm.replies
+             if isinstance(r.timings.get("predicted_per_second"), (int, float))]
+    return round(sum(rates) / len(rates), 2) if rates else None
+
+
+def arm_summary(arm: ArmState) -> ArmSummary:
+    """The arm as evidence: k/n, Wilson 95% interval, p vs baseline, decision, costs."""
+    ci = wilson(arm.failures, arm.n)
+    draft_n = sum(int(r.timings.get("draft_n", 0) or 0) for r in arm.replies)
+    accepted = sum(int(r.timings.get("draft_n_accepted", 0) or 0) for r in arm.replies)
+    is_base = arm.name == BASELINE
+    return ArmSummary(
+        arm=arm.name, variant=arm.variant, level=arm.level, n=arm.n, failures=arm.failures,
+        rate=round(arm.failures / arm.n, 4) if arm.n else None, ci95=ci.as_list(),
+        p_value=None if is_base else _round(arm.p_value),
+        p_less=None if is_base else _round(arm.p_less),
+        decision="baseline" if is_base else arm.outcome().decision,
+        stopped=arm.stopped, errors=len([r for r in arm.replies if r.error]),
+        error=arm.error, log_tail=arm.log_tail, kinds=arm.kind_counts(), speed_tok_s=_speed(arm),
+        server_seconds=round(server_seconds(arm), 3),
+        launch_seconds=round(arm.launch_seconds, 3), draft_n=draft_n,
+        draft_n_accepted=accepted,
+        draft_acceptance=round(accepted / draft_n, 4) if draft_n else None,
+    )
+
+
+def stack_summary(stack: Stack, speculative: bool) -> dict[str, Any]:
+    return {"server": stack.server.describe(), "speculative": speculative,
+            "alternate_model": str(stack.alternate_model or "") or None,
+            "alternate_binary": str(stack.alternate_binary or "") or None,
+            "known_good": stack.known_good.describe() if stack.known_good else None}
+
+
+def build_diagnosis(
+    *, slug: str, run_id: int | None, findings: list[dict[str, Any]],
+    stack: dict[str, Any], arms: Sequence[tuple[ArmSummary, str | None]],
+    observations: Sequence[dict[str, Any]], verdicts: Sequence[Verdict],
+    changes: Mapping[str, Mapping[str, Any]], keys: Any, errors: Sequence[str],
+    graph: dict[str, Any], cost: dict[str, Any], exchange_evidence: str | None,
+    state: str, reproduction: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The diagnosis JSON, checked against kb/schemas/diagnosis.schema.json. A cause that
+    this run did not move (weaker evidence than what set it) is reported with its standing
+    status and says so."""
+    causes = []
+    for verdict in verdicts:
+        change = changes.get(verdict.cause, {})
+        applied = change.get("applied", True)
+        status = verdict.status if applied else str(change.get("status", verdict.status))
+        rationale = verdict.rationale if applied else (
+            f"{change.get('rationale')} (kept: this run could not test it -- "
+            f"{verdict.rationale})")
+        causes.append(DiagnosisCause(
+            id=verdict.cause, status=status, rationale=rationale,
+            evidence=keys([*verdict.supports, *verdict.refutes]) if applied else [],
+            deciding_probe=verdict.deciding_probe, previous_status=change.get("previous"),
+            undecided=(verdict.undecided or None) if status == "suspected" else None,
+        ))
+    undecided = [f"{c.id}: {c.undecided}" for c in causes
+                 if c.status == "suspected" and c.undecided]
+    undecided += list(errors)
+    diagnosis = Diagnosis(
+        incident=slug, run_id=run_id, generated_at=utcnow().isoformat(), findings=findings,
+        arms=[DiagnosisArm.from_summary(summary, key) for summary, key in arms],
+        causes=causes, graph=graph, exchange_evidence=exchange_evidence, stack=stack,
+        observations=list(observations), undecided=undecided, cost=cost, state=state,
+        reproduction=reproduction,
+    )
+    return diagnosis.validated()

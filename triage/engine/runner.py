@@ -1,0 +1,442 @@
+"""One diagnosis run: plan -> run -> record -> decide -> Diagnosis.
+
+One launch per distinct server configuration; request-level arms share the incident's
+server and run concurrently up to its slots. Every reply is stored as evidence as soon as
+its look completes (one transaction per look), so an interrupted run leaves the KB
+consistent and `--resume` continues from the replies already recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kb import runs
+from kb.store import Store, data_dir
+from triage import causes as cause_rules
+from triage import graph as graph_mod
+from triage import observe, probes
+from triage.engine import known_good
+from triage.engine.crashes import CRASH_KIND, startup_crash
+from triage.engine.diagnosis import arm_summary, build_diagnosis, server_seconds, stack_summary
+from triage.engine.replayer import ArmRoute, LaunchEachTime, LlamaReplayer
+from triage.engine.reproduction import Signature, gate_message
+from triage.engine.scheduler import ArmState, Scheduler
+from triage.engine.servers import EngineError, Server, check_config, check_url, open_server
+from triage.stackfile import ServerConfig, Stack
+from triage.stats import DEFAULT_CAP, look_schedule
+
+__all__ = ["ACTOR", "DiagnoseOptions", "Diagnoser", "ProgressEvent", "ProgressFn"]
+
+ACTOR = "engine"
+
+
+@dataclass
+class DiagnoseOptions:
+    max_requests: int = DEFAULT_CAP  # per arm
+    seed: int = 1000
+    concurrency: int | None = None  # default: the server's slots, at most 4
+    request_timeout: float = 180.0
+    ready_timeout: float = 60.0
+    divergence_seeds: int = 4
+    log_dir: Path | None = None
+    actor: str = ACTOR
+    # Cumulative replays at which arms are examined; default: stats.look_schedule(cap).
+    # A single look (e.g. [30]) is a fixed-sample design, for comparison benchmarks.
+    looks: list[int] | None = None
+
+
+@dataclass
+class ProgressEvent:
+    stage: str
+    message: str
+    done: int = 0
+    total: int = 0
+
+
+ProgressFn = Callable[[ProgressEvent], None]
+
+
+class Diagnoser:
+    """One diagnosis run of one failing exchange against one stack."""
+
+    def __init__(
+        self,
+        store: Store,
+        stack: Stack,
+        request: dict[str, Any],
+        *,
+        exchange: dict[str, Any] | None = None,
+        findings: list[dict[str, Any]] | None = None,
+        incident: str | None = None,
+        options: DiagnoseOptions | None = None,
+        progress: ProgressFn | None = None,
+        run_id: int | None = None,
+    ) -> None:
+        self.stack = stack
+        self.request = copy.deepcopy(request)
+        self.exchange = exchange or {}
+        self.findings = findings or []
+        self.incident_slug = incident
+        self.options = options or DiagnoseOptions()
+        if stack.max_requests and self.options.max_requests == DEFAULT_CAP:
+            self.options.max_requests = stack.max_requests
+        if stack.seed is not None and self.options.seed == 1000:
+            self.options.seed = stack.seed
+        self.progress = progress or (lambda event: None)
+        self.recorder = runs_recorder(store, self.options.actor, run_id)
+        self.schedule = self.options.looks or look_schedule(self.options.max_requests)
+        self.arms: dict[str, ArmState] = {}
+        self.planned: dict[str, probes.PlannedArm] = {}
+        self.facts: dict[str, dict[str, Any]] = {}
+        self.servers: dict[str, Server] = {}
+        self.signature = Signature.from_findings(self.findings, self.exchange)
+        self.reproduction: dict[str, Any] | None = None
+        self.crash: dict[str, Any] | None = None  # facts of a startup crash (crash mode)
+        self.started = time.monotonic()
+        self.log_dir = self.options.log_dir or (data_dir() / "runs")
+        self.replayer = LlamaReplayer(self.request, self.options.seed,
+                                      self.options.request_timeout, self.options.concurrency)
+
+    # -- bookkeeping ---------------------------------------------------------------------
+    def _emit(self, stage: str, message: str, done: int = 0, total: int = 0) -> None:
+        self.recorder.heartbeat()  # a run that stops beating is taken as abandoned
+        self.progress(ProgressEvent(stage, message, done, total))
+
+    def _prepare(self) -> None:
+        from triage.catalogue import catalogue
+
+        server = self.stack.server
+        model = Path(str(server.model or server.url or "server")).stem
+        new = runs.NewIncident(
+            model=model, kinds=[f["kind"] for f in self.findings if not f.get("passed", True)],
+            weights=Path(str(server.model or "")).name, flags=list(server.args),
+            stack={"server": server.describe(), "speculative": self.stack.speculative})
+        causes = [runs.CauseSpec(c.id, c.title) for c in self._causes(catalogue().causes)]
+        plan = {
+            "request": self.request, "stack": self.stack.raw, "stack_source": self.stack.source,
+            "options": {"max_requests": self.options.max_requests, "seed": self.options.seed},
+            "findings": self.findings,
+        }
+        self.recorder.prepare(self.incident_slug, new, causes, exchange=self.exchange,
+                              findings=self.findings, plan=plan)
+        self.incident_slug = self.recorder.incident_slug
+
+    def _plan(self) -> None:
+        incident_key = self.stack.server.key()
+        crashed = self.crash is not None
+        for planned in probes.plan_arms(self.stack, self.request):
+            if planned.name != cause_rules.BASELINE and (
+                    (planned.when == "crash" and not crashed)
+                    or (crashed and planned.level == "request")):
+                continue  # crash-only arms need a crash; a crashed server serves no request
+            key = incident_key if planned.level == "request" else planned.config.key()  # type: ignore[union-attr]
+            self.planned[planned.name] = planned
+            self.arms[planned.name] = ArmState(planned.name, planned.variant, planned.level,
+                                               key, planned.decides)
+        for reply in self.recorder.previous_replies():
+            arm = self.arms.get(reply.arm)
+            if arm is not None and not arm.has(reply.index):
+                arm.replies.append(reply)
+
+    def _scheduler(self) -> Scheduler:
+        def on_look(look: int, target: int, active: list[str]) -> None:
+            self._emit("probe", f"look {look + 1}/{len(self.schedule)}: {target} replays for "
+                       + ", ".join(active), look + 1, len(self.schedule))
+
+        return Scheduler(self.schedule, self.options.max_requests, judge=self._judge,
+                         on_replies=self.recorder.record_replies, on_look=on_look)
+
+    def _causes(self, causes: Any) -> list[Any]:
+        """The causes this run decides: crash-only causes (`when = "crash"`) only when the
+        incident's server crashed at startup."""
+        crashed = self.crash is not None
+        return [c for c in causes if getattr(c, "when", "always") != "crash" or crashed]
+
+    def _decide(self, outcomes: Any) -> list[cause_rules.Verdict]:
+        from triage.catalogue import catalogue
+
+        return cause_rules.decide(outcomes, self._observations(),
+                                  self._causes(catalogue().causes))
+
+    def _judge(self, outcomes: Any) -> dict[str, str]:
+        return {v.cause: v.status for v in self._decide(outcomes)}
+
+    def _observations(self) -> cause_rules.Observations:
+        return cause_rules.observations_from(
+            self.facts, self.stack, speculative=self._speculative(),
+            planned=tuple(self.planned))
+
+    def _speculative(self) -> bool:
+        """Speculative decoding is on: flags in the stack, the server's /props, or draft
+        tokens in the baseline's timings (a URL stack shows it only there)."""
+        if self.stack.speculative or self.facts.get("server-props", {}).get("speculative"):
+            return True
+        baseline = self.arms.get(cause_rules.BASELINE)
+        return baseline is not None and any(
+            int(r.timings.get("draft_n", 0) or 0) > 0 for r in baseline.replies)
+
+    # -- main ------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        self._preflight()
+        with ExitStack() as servers:
+            # The incident's server starts before anything is recorded: a launch that fails
+            # leaves no incident and no run behind.
+            base = self._launch_base(servers)
+            self._prepare()
+            self._plan()
+            kg_dims = probes.known_good_dimensions(self.stack) if base is not None else {}
+            server_arms = [p for p in self.planned.values() if p.level == "server"]
+            self._emit("plan", f"{len(self.planned) - len(server_arms)} request arms, "
+                       f"{len(server_arms)} server arms"
+                       + (f", known-good search over {sorted(kg_dims)}" if kg_dims else ""))
+            assert self.recorder.run_id is not None
+            log_dir = self.log_dir / f"run-{self.recorder.run_id}"
+            log_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                if base is None:
+                    self._run_crash_mode(log_dir)
+                else:
+                    self._run_arms(base, kg_dims, log_dir)
+            except KeyboardInterrupt:
+                self.recorder.set_state("interrupted")
+                raise
+            except EngineError:
+                self.recorder.set_state("failed", finished=True)
+                raise
+        return self._finish()
+
+    def _preflight(self) -> None:
+        """Refuse what cannot work before launching or recording anything."""
+        messages = self.request.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise EngineError("request: $.messages is required (a non-empty list of chat "
+                              "messages); llama-server refuses a chat request without it")
+        if self.incident_slug and not self.recorder.incident_exists(self.incident_slug):
+            raise EngineError(f"--incident {self.incident_slug!r}: no such incident (omit "
+                              "--incident to open a new one)")
+        server = self.stack.server
+        if server.model is None and server.url:
+            check_url(server.url)
+        else:
+            check_config(server, "$.server")
+        for planned in probes.plan_arms(self.stack, self.request):
+            if planned.config is not None:
+                check_config(planned.config, f"arm {planned.name}")
+
+    def _launch_base(self, servers: ExitStack) -> Server | None:
+        self._emit("launch", "starting the incident's server")
+        stamp = f"run-{self.recorder.run_id}" if self.recorder.run_id else \
+            f"launch-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+        try:
+            base = servers.enter_context(open_server(
+                self.stack.server, self.log_dir / stamp / "incident", self.options.ready_timeout))
+        except EngineError:
+            raise
+        except Exception as exc:
+            crash = startup_crash(str(exc))
+            if crash is None:
+                raise EngineError(f"the incident's server did not start: {exc}") from exc
+            # A crash at startup is the failure to diagnose, not an error (issue 12).
+            self.crash = crash
+            self._emit("crash", crash["summary"] + "; diagnosing the crash")
+            return None
+        self.servers[base.key] = base
+        return base
+
+    def _run_arms(self, base: Server, kg_dims: dict[str, tuple[Any, Any]],
+                  log_dir: Path) -> None:
+        asyncio.run(observe.observe_server(base, self.request, self.facts,
+                                           seed=self.options.seed,
+                                           timeout=self.options.request_timeout))
+        request_arms = [p for p in self.planned.values() if p.level == "request"]
+        for planned in request_arms:
+            self.arms[planned.name].launch_seconds = base.launch_seconds
+            self.replayer.routes[planned.name] = ArmRoute(base, planned.transform)
+        scheduler = self._scheduler()
+        if not self._reproduce(scheduler):
+            return
+        asyncio.run(scheduler.run(self.arms, [p.name for p in request_arms], self.replayer))
+        for planned in list(self.planned.values()):
+            if planned.level == "server":
+                self._run_server_arm(planned, base, log_dir)
+        if kg_dims:
+            self.facts["known-good-search"] = known_good.search(
+                self.stack, kg_dims, lambda name, variant, config:
+                self._kg_arm(name, variant, config, base, log_dir))
+
+    def _run_crash_mode(self, log_dir: Path) -> None:
+        """The incident's server crashes at startup: every replay of the baseline and of
+        each server-level arm is a launch (plus one request when it starts), and the
+        failure compared across arms is the crash."""
+        assert self.crash is not None
+        self.facts["startup-crash"] = self.crash
+        self.reproduction = {"reproduced": True, "message": self.crash["summary"],
+                             "signature": {"kinds": [CRASH_KIND], "finish_reason": None,
+                                           "status_class": None}}
+        router = _Router()
+        for name, planned in self.planned.items():
+            config = self.stack.server if name == cause_rules.BASELINE else planned.config
+            router.routes[name] = LaunchEachTime(
+                config, log_dir / _safe(name), self.options.ready_timeout, self.request,
+                self.options.seed, self.options.request_timeout, planned.transform)
+        scheduler = self._scheduler()
+        asyncio.run(scheduler.baseline_look(self.arms, self.schedule[0], router))
+        for name, planned in self.planned.items():
+            if planned.level == "server":
+                self._emit("launch", f"launching {name} once per replay")
+                asyncio.run(scheduler.run(self.arms, [name], router))
+
+    def _reproduce(self, scheduler: Scheduler) -> bool:
+        """The reproduction gate: the baseline's first look must show the captured failure
+        signature; otherwise no arm runs and no cause moves."""
+        baseline = self.arms[cause_rules.BASELINE]
+        asyncio.run(scheduler.baseline_look(self.arms, self.schedule[0], self.replayer))
+        message = gate_message(self.signature, baseline)
+        self.reproduction = {"reproduced": message is None,
+                             "message": message or "the baseline reproduces the captured "
+                             "failure", "signature": self.signature.to_dict()}
+        if message is not None:
+            self._emit("gate", message)
+            for arm in self.arms.values():
+                if arm.name != cause_rules.BASELINE:
+                    arm.stopped = "not run: the failure did not reproduce"
+        return message is None
+
+    def _run_server_arm(self, planned: probes.PlannedArm, base: Server, log_dir: Path) -> None:
+        arm = self.arms[planned.name]
+        if arm.decision not in ("not-run", "undecided") or arm.error:
+            return
+        assert planned.config is not None
+        self._emit("launch", f"starting server for {planned.name}")
+        try:
+            with open_server(planned.config, log_dir / _safe(planned.name),
+                             self.options.ready_timeout) as server:
+                arm.launch_seconds = server.launch_seconds
+                self.servers[server.key] = server
+                if planned.observe is not None:
+                    self._observe(planned, base, server)
+                self.replayer.routes[planned.name] = ArmRoute(server, planned.transform)
+                asyncio.run(self._scheduler().run(self.arms, [planned.name], self.replayer))
+        except Exception as exc:  # noqa: BLE001 - a failed launch is an errored arm
+            if not arm.error:
+                arm.error = f"{type(exc).__name__}: {exc}"
+                arm.log_tail = str(getattr(exc, "log_tail", ""))
+                arm.decision = "errored"
+                arm.stopped = "server failed"
+
+    def _observe(self, planned: probes.PlannedArm, base: Server, server: Server) -> None:
+        assert planned.observe is not None
+        context = probes.ObserveContext(base, server, self.request, self.options.seed,
+                                        self.options.request_timeout,
+                                        self.options.divergence_seeds)
+        facts: dict[str, Any] | None
+        try:
+            facts = asyncio.run(planned.observe(context))
+        except Exception as exc:  # noqa: BLE001 - an observation is recorded, not fatal
+            facts = {"name": f"{planned.name}-observation", "error": f"{type(exc).__name__}: "
+                     f"{exc}"}
+        if facts:
+            facts = {"name": planned.name, **facts}
+            self.facts[str(facts["name"])] = facts
+
+    def _kg_arm(self, name: str, variant: str, config: ServerConfig, base: Server,
+                log_dir: Path) -> str:
+        self.arms[name] = ArmState(name, variant, "server", config.key())
+        planned = probes.PlannedArm(name, variant, "server", config=config)
+        self.planned[name] = planned
+        self._run_server_arm(planned, base, log_dir)
+        return self.arms[name].decision
+
+    # -- results -----------------------------------------------------------------------------
+    def _finish(self) -> dict[str, Any]:
+        gate_failed = self.reproduction is not None and not self.reproduction["reproduced"]
+        obs = self._observations()
+        verdicts = self._decide({n: a.outcome() for n, a in self.arms.items()})
+        recorded = [a for a in self.arms.values() if a.n or a.error]
+        summaries = [arm_summary(a) for a in recorded]
+        if gate_failed:
+            # A baseline that failed differently is not the incident's baseline: keep its
+            # replies as a reproduction measurement, never as a `baseline` arm.
+            summaries = []
+            self.facts["reproduction"] = {"name": "reproduction", **(self.reproduction or {}),
+                                          "summary": (self.reproduction or {}).get("message"),
+                                          "baseline": arm_summary(
+                                              self.arms[cause_rules.BASELINE]).to_dict()}
+        rows = None if gate_failed else [
+            runs.VerdictRow(v.cause, v.status, v.rationale, list(v.supports), list(v.refutes),
+                            v.deciding_probe, v.basis) for v in verdicts]
+        errored = [a for a in self.arms.values() if a.error]
+        state = "not-reproduced" if gate_failed else ("partial" if errored else "done")
+
+        def build(changes: dict[str, Any], record: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+            keys = self.recorder.keys
+            shown = verdicts if not gate_failed else []
+            diagnosis = build_diagnosis(
+                slug=self.recorder.incident_slug, run_id=self.recorder.run_id,
+                findings=self.findings, stack=stack_summary(self.stack, obs.speculative_enabled),
+                arms=[(s, self.recorder.evidence_keys.get(s.arm)) for s in summaries],
+                observations=[{**facts, "evidence": self.recorder.evidence_keys.get(name)}
+                              for name, facts in self.facts.items()],
+                verdicts=shown, changes=changes, keys=keys,
+                errors=[f"arm {a.name} errored: {a.error}" for a in errored],
+                graph=graph_mod.summary(graph_mod.build_graph(record)), cost=self._cost(),
+                exchange_evidence=self.recorder.evidence_keys.get("exchange"), state=state,
+                reproduction=self.reproduction,
+            )
+            if gate_failed:
+                diagnosis["causes"] = _standing_causes(record)
+            return state, diagnosis
+
+        result: dict[str, Any] = self.recorder.record_results(
+            summaries, self.facts, observe.observation_summary, rows, build)
+        self._emit("done", f"diagnosis of {self.recorder.incident_slug} recorded")
+        return result
+
+    def _cost(self) -> dict[str, Any]:
+        requests = sum(len(a.replies) for a in self.arms.values())
+        return {"requests": requests,
+                "wall_seconds": round(time.monotonic() - self.started, 3),
+                "server_seconds": round(sum(server_seconds(a) for a in self.arms.values()), 3),
+                "launch_seconds": round(sum(s.launch_seconds for s in self.servers.values()), 3)}
+
+
+def _standing_causes(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The causes as they stand (this run moved none)."""
+    out: list[dict[str, Any]] = []
+    for cause in record.get("causes") or []:
+        status = str(cause.get("status", "suspected"))
+        out.append({"id": str(cause.get("id")), "status": status,
+                    "rationale": str(cause.get("rationale") or "not moved by this run"),
+                    "evidence": [], "deciding_probe": str(cause.get("deciding_probe") or ""),
+                    "previous_status": status,
+                    "undecided": "the failure did not reproduce in this run"
+                    if status == "suspected" else None})
+    return out
+
+
+@dataclass
+class _Router:
+    """A Replayer that sends each arm to its own replayer."""
+
+    routes: dict[str, Any] = field(default_factory=dict)
+
+    async def replay(self, arm: str, indices: Any) -> list[Any]:
+        return list(await self.routes[arm].replay(arm, indices))
+
+
+def _safe(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
+
+
+def runs_recorder(store: Store, actor: str, run_id: int | None) -> Any:
+    from triage.engine.recorder import Recorder
+
+    return Recorder(store, actor, run_id=run_id)

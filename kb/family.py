@@ -496,6 +496,8 @@ def refresh_signatures(
             ).all()
         )
     written = 0
+    if pending:  # masks are about to be written with kb.vocab's numbers
+        vocab.record_builtin(session)
     statement = (
         update(_SIGNATURES)
         .where(_SIGNATURES.c.incident_id == bindparam("b_incident_id"))

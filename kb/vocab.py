@@ -8,10 +8,12 @@ kb/family.py), so a number, once used, belongs to its id for ever.
   from 32 up (`PLUGIN_FIRST`). kb gives bits only to the built-in vocabulary below; any
   other id (a plugin's) is matched by its text in family search, so plugins need nothing
   from kb.
-- The numbers the catalogue uses are recorded in the `vocabnumber` table the first time
-  they are seen (`record_numbers`); `stored_numbers` hands them back so that triage can
-  refuse a catalogue whose numbering moved (triage/catalogue/numbering.py). kb never
-  imports triage: it only stores the mapping.
+- The numbers are recorded in the `vocabnumber` table the first time they are used:
+  `record_builtin` runs in the transaction that writes signature masks (and refuses a kb
+  whose own numbers moved); triage records its catalogue's numbers (plugins included) in
+  a write of its own (`check_store_numbering(store, record=True)`). `stored_numbers` hands
+  them back so that triage refuses a catalogue whose numbering moved when it opens the
+  store (triage/catalogue/numbering.py). kb never imports triage: it only stores them.
 - Adding an id here changes which rows carry a bit: ship it with a migration that marks
   `incidentsignature` stale (as 0003_vocab does for the reserved cause ids).
 """
@@ -38,6 +40,8 @@ __all__ = [
     "SECTIONS",
     "Term",
     "VocabNumber",
+    "builtin_numbers",
+    "record_builtin",
     "record_numbers",
     "stored_numbers",
 ]
@@ -174,3 +178,29 @@ def record_numbers(session: Session, section: str, numbers: Mapping[str, int]) -
             continue
         written += 1
     return written
+
+
+def builtin_numbers() -> dict[str, dict[str, int]]:
+    """kb's own vocabulary as stored sections: check -> finding kinds, cause -> cause ids."""
+    return {"check": dict(KIND_NUMBERS), "cause": dict(CAUSE_NUMBERS)}
+
+
+def record_builtin(session: Session) -> None:
+    """Record kb's vocabulary the first time its numbers are used (a signature write), and
+    refuse a kb whose numbers moved since: its bit masks would mis-read the stored ones."""
+    from kb.store import StoreError  # kb.store imports kb.models, which imports this module
+
+    stored = stored_numbers(session)
+    for section, numbers in builtin_numbers().items():
+        held = {number: term_id for term_id, number in stored[section].items()}
+        for term_id, number in numbers.items():
+            was = stored[section].get(term_id)
+            holder = held.get(number)
+            if (was is not None and was != number) or (holder is not None and holder != term_id):
+                raise StoreError(
+                    f"kb.vocab numbers {section} {term_id!r} as {number}, but this knowledge "
+                    f"base stored {term_id!r} as {was} and number {number} for {holder!r}: "
+                    "stored family signatures would be mis-read"
+                )
+        if set(numbers) - set(stored[section]):
+            record_numbers(session, section, numbers)

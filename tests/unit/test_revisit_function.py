@@ -144,3 +144,15 @@ def test_nothing_to_revisit_is_refused_before_any_replay(store: Store, tmp_path:
         revisit_incident(store, SLUG, tmp_path / "missing.toml", replay_rate=replayer)
     assert replayer.calls == []
     assert len(_measurements(store)) == 1  # only the baseline
+
+
+def test_the_ui_action_is_the_same_revisit(store: Store, tmp_path: Path) -> None:
+    from triage.ui import actions
+
+    _incident(store)
+    with pytest.raises(actions.ActionError, match="pass --stack STACK.toml"):
+        actions.revisit(store, SLUG, None, replay_rate=FakeReplayer())
+    result = actions.revisit(store, SLUG, _stack(tmp_path),
+                             replay_rate=FakeReplayer(Outcome(8, 0, "removes", p_value=0.0002)))
+    assert result.proposal == "FIXED"
+    assert _measurements(store)[-1].key == result.evidence[0]

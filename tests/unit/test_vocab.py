@@ -61,12 +61,15 @@ def test_a_fresh_store_records_the_catalogue_numbers_once(db_url: str) -> None:
     store = Store(db_url)
     try:
         catalogue = _catalogue()
-        check_store_numbering(store, catalogue)
+        check_store_numbering(store, catalogue)  # opening checks, writes nothing
+        with store.session(readonly=True) as session:
+            assert vocab.stored_numbers(session) == {"cause": {}, "check": {}}
+        check_store_numbering(store, catalogue, record=True)
         with store.session(readonly=True) as session:
             stored = vocab.stored_numbers(session)
         assert stored["check"] == vocab.KIND_NUMBERS
         assert stored["cause"]["token-limit"] == 5
-        check_store_numbering(store, catalogue)  # again: nothing to write, no error
+        check_store_numbering(store, catalogue, record=True)  # again: nothing to write
         with store.session(readonly=True) as session:
             rows = session.exec(select(vocab.VocabNumber)).all()
         assert len(rows) == len(vocab.KIND_NUMBERS) + len(vocab.CATALOGUE_CAUSES)
@@ -77,11 +80,12 @@ def test_a_fresh_store_records_the_catalogue_numbers_once(db_url: str) -> None:
 def test_a_catalogue_whose_numbers_moved_is_refused(db_url: str) -> None:
     store = Store(db_url)
     try:
-        check_store_numbering(store, _catalogue(checks={**vocab.KIND_NUMBERS, "plug-kind": 40}))
+        plugin = _catalogue(checks={**vocab.KIND_NUMBERS, "plug-kind": 40})
+        check_store_numbering(store, plugin, record=True)
         # The plugin is gone; another plugin takes its number: its rows would be mis-read.
         moved = _catalogue(checks={**vocab.KIND_NUMBERS, "other-kind": 40})
         with pytest.raises(CatalogueError, match=r"number 40 is stored for 'plug-kind'"):
-            check_store_numbering(store, moved)
+            check_store_numbering(store, moved, record=True)
         # The plugin comes back with another number.
         renumbered = _catalogue(checks={**vocab.KIND_NUMBERS, "plug-kind": 41})
         with pytest.raises(CatalogueError, match=r"'plug-kind' is stored as number 40"):
@@ -149,6 +153,35 @@ def _incident(session, slug: str, kinds: list[str], causes: list[str]) -> None:
     session.flush()
 
 
+def test_the_first_signature_write_records_kb_numbers_and_refuses_moved_ones(
+    db_url: str,
+) -> None:
+    from kb.store import StoreError
+
+    store = Store(db_url)
+    try:
+        with store.session() as session:
+            _incident(session, "2026-01-01-a", ["empty-content"], ["token-limit"])
+        with store.session() as session:
+            assert refresh_signatures(session) == 1
+        with store.session(readonly=True) as session:
+            assert vocab.stored_numbers(session) == vocab.builtin_numbers()
+        # A knowledge base written by a kb that numbered things differently is refused.
+        with store.session() as session:
+            row = session.get(vocab.VocabNumber, ("check", "timeout"))
+            assert row is not None
+            row.number = 20
+            session.add(row)
+        with store.session() as session:
+            _incident(session, "2026-01-02-b", ["timeout"], [])
+        moved = r"check 'timeout' as 10, but .* stored 'timeout' as 20"
+        with pytest.raises(StoreError, match=moved):
+            with store.session() as session:
+                refresh_signatures(session)
+    finally:
+        store.close()
+
+
 def test_plugin_and_reserved_ids_match_in_family_search(db_url: str) -> None:
     store = Store(db_url)
     try:
@@ -177,8 +210,10 @@ def test_upgrade_to_0003_marks_every_signature_stale(db_url: str) -> None:
         store.upgrade("0002_search")
         with store.session() as session:
             _incident(session, "2026-01-01-a", ["empty-content"], ["token-limit"])
-            session.flush()
-            refresh_signatures(session)
+            # What a 0002-era refresh left: a fresh row with tuple-order bits.
+            session.connection().exec_driver_sql(
+                "UPDATE incidentsignature SET stale = false, kinds_mask = 1, causes_mask = 32"
+            )
         with store.session(readonly=True) as session:
             assert [r.stale for r in session.exec(select(IncidentSignature)).all()] == [False]
         store.upgrade()

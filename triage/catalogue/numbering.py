@@ -5,7 +5,7 @@ stable numbers (kb/vocab.py). The store records id -> number the first time a nu
 used (`kb.vocab.record_numbers`); `check_store_numbering` compares the catalogue with that
 record and with kb's own vocabulary before anything reads or writes stored rows. kb never
 imports triage, so the check lives here: one function, called where the CLI opens the
-store (triage/commands/__init__.py) and by the UI's actions.
+store (triage/commands/__init__.py).
 """
 
 from __future__ import annotations
@@ -55,11 +55,14 @@ def check_numbering(catalogue: Catalogue, stored: Mapping[str, Mapping[str, int]
         section.check_numbering({**builtin, **stored.get(name, {})})
 
 
-def check_store_numbering(store: Store, catalogue: Catalogue | None = None) -> None:
-    """Check the catalogue against the store's recorded numbers, then record new ones.
+def check_store_numbering(
+    store: Store, catalogue: Catalogue | None = None, *, record: bool = False
+) -> None:
+    """Check the catalogue against the store's recorded numbers (a read-only transaction).
 
-    Reads in a read-only transaction; writes (one transaction) only when the catalogue
-    has ids the store has not recorded yet, re-checking inside the write.
+    With `record`, also record the catalogue's ids the store has not seen yet (one write
+    transaction, re-checked inside it): call it from a path that writes anyway, so that a
+    command that fails changes nothing.
     """
     if catalogue is None:
         from triage.catalogue import catalogue as process_catalogue
@@ -73,7 +76,7 @@ def check_store_numbering(store: Store, catalogue: Catalogue | None = None) -> N
         set(section.numbers()) - set(stored.get(name, {}))
         for name, (section, _) in sections.items()
     )
-    if not missing:
+    if not record or not missing:
         return
     with store.session() as session:
         stored = vocab.stored_numbers(session)

@@ -3,12 +3,11 @@ entry point alone runs on every capture, counts as user-facing, and has a stable
 
 from __future__ import annotations
 
-import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from plugin_dist import installed
 
 from kb import vocab
 from triage import symptoms
@@ -48,18 +47,8 @@ def _reply(text: str) -> dict[str, object]:
 @pytest.fixture
 def installed_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A distribution with one `triage.plugins` entry point, found on sys.path."""
-    (tmp_path / "shouting_plugin.py").write_text(textwrap.dedent(PLUGIN))
-    info = tmp_path / "shouting_plugin-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: shouting-plugin\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[triage.plugins]\nshouting = shouting_plugin\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    catalogue.cache_clear()
-    try:
+    with installed(tmp_path, "shouting_plugin", PLUGIN):
         yield
-    finally:
-        catalogue.cache_clear()
-        sys.modules.pop("shouting_plugin", None)
 
 
 def test_builtin_checks_are_registered_through_entry_points() -> None:

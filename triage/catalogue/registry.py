@@ -28,6 +28,8 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "triage.plugins"
+# Modules of this distribution: their plugins load first (kb's trigger kinds are built-ins).
+BUILTIN_PREFIXES = ("triage.", "kb.")
 
 
 class CatalogueError(Exception):
@@ -160,12 +162,12 @@ class Catalogue:
 
     @classmethod
     def load(cls, entry_points: list[metadata.EntryPoint] | None = None) -> Catalogue:
-        """Build the catalogue: built-in plugins (`triage.*` modules) first, then the rest
+        """Build the catalogue: built-in plugins (`triage.*`, `kb.*` modules) first, then the rest
         in name order, so numbering checks and "already registered" errors are stable."""
         catalogue = cls()
         eps = list(metadata.entry_points(group=ENTRY_POINT_GROUP)) if entry_points is None \
             else list(entry_points)
-        eps.sort(key=lambda ep: (not ep.value.startswith("triage."), ep.name))
+        eps.sort(key=lambda ep: (not ep.value.startswith(BUILTIN_PREFIXES), ep.name))
         seen: set[str] = set()
         for ep in eps:
             if ep.name in seen:  # the same distribution seen twice on sys.path

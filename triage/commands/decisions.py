@@ -15,6 +15,7 @@ import click
 
 from kb import decisions as kb_decisions
 from kb.decisions import DecisionError
+from triage.catalogue import catalogue
 from triage.commands import echo_json, open_store
 from triage.engine import EngineError
 from triage.revisit import RevisitResult, revisit_incident
@@ -133,6 +134,7 @@ def decide_command(
             evidence_keys=evidence_keys,
             force=force,
             at=now(),
+            trigger_kinds=catalogue().triggers,
         )
         data: dict[str, Any] = {
             "slug": slug,
@@ -158,7 +160,9 @@ def decide_command(
     if data["revisit_on"]:
         click.echo(f"  revisit on: {data['revisit_on']}")
     for trigger in data["triggers"]:
-        click.echo(f"  trigger: {kb_decisions.describe_trigger(trigger)}")
+        click.echo(
+            f"  trigger: {kb_decisions.describe_trigger(trigger, catalogue().triggers)}"
+        )
     if data["evidence"]:
         click.echo(f"  evidence: {', '.join(data['evidence'])}")
 
@@ -202,7 +206,9 @@ def parked_command(ctx: click.Context, due_only: bool, as_json: bool) -> None:
     """Parked incidents: revisit date, triggers, which are due or overdue and why."""
     day = today()
     with open_store(ctx) as store, store.session(readonly=True) as session:
-        items = kb_decisions.parked(session, day, due_only=due_only)
+        items = kb_decisions.parked(
+            session, day, due_only=due_only, trigger_kinds=catalogue().triggers
+        )
     if as_json:
         echo_json({"today": day.isoformat(), "parked": [item.to_dict() for item in items]})
         return
@@ -251,7 +257,10 @@ def revisit_command(
     with open_store(ctx) as store:
         if all_due:
             with store.session(readonly=True) as session:
-                slugs = [item.slug for item in kb_decisions.parked(session, today(), due_only=True)]
+                due = kb_decisions.parked(
+                    session, today(), due_only=True, trigger_kinds=catalogue().triggers
+                )
+                slugs = [item.slug for item in due]
         else:
             assert slug is not None
             slugs = [slug]

@@ -20,6 +20,7 @@ from kb import decisions as kb_decisions
 from kb.models import CAUSE_STATUSES, DECISION_KINDS, Cause
 from kb.store import Store, StoreError, record_status_change, require_incident
 from triage import capture, engine, stackfile, symptoms
+from triage.catalogue import catalogue
 from triage.revisit import ReplayRate, RevisitResult, revisit_incident
 
 
@@ -73,6 +74,7 @@ def record_decision(store: Store, slug: str, decision: DecisionInput) -> None:
             triggers=[t.strip() for t in decision.triggers if t.strip()],
             evidence_keys=decision.evidence_keys,
             force=decision.force,
+            trigger_kinds=catalogue().triggers,
         )
 
 

@@ -237,6 +237,67 @@ def latest_decision(session: Session, incident_id: int) -> Decision | None:
     ).first()
 
 
+def _check_parked(
+    session: Session,
+    incident: Incident,
+    rationale: str,
+    revisit_date: date | None,
+    normalised: list[dict[str, Any]],
+    decided_at: datetime,
+    trigger_kinds: KindLookup | None,
+) -> None:
+    """PARKED needs a rationale and a way back; pins what "new" means for its triggers."""
+    slug = incident.slug
+    problems = []
+    if not rationale:
+        problems.append("a rationale (--why): why it is parked")
+    if revisit_date is None and not normalised:
+        problems.append(
+            "a way back: a revisit date (--revisit-on YYYY-MM-DD) and/or triggers "
+            f"(--when {TRIGGER_SYNTAX})"
+        )
+    if problems:
+        raise DecisionError(f"{slug}: PARKED needs " + " and ".join(problems))
+    if revisit_date is not None and revisit_date < decided_at.date():
+        raise DecisionError(
+            f"{slug}: the revisit date {revisit_date} is before the decision "
+            f"({decided_at.date()})"
+        )
+    registry = kb_triggers.BUILTIN_KINDS if trigger_kinds is None else trigger_kinds
+    for trigger in normalised:
+        # Pin what "new" means at decision time, so the trigger reads on its own.
+        kind = registry.get(trigger["kind"])
+        if kind is not None:  # normalised above: always known
+            kind.pin(trigger, session, incident)
+
+
+def _check_fixed(
+    session: Session,
+    incident: Incident,
+    fix: str,
+    keys: list[str],
+    rationale: str,
+    force: bool,
+) -> tuple[bool, list[str], str]:
+    """FIXED needs the fix and the evidence: (verified, evidence keys, rationale)."""
+    slug = incident.slug
+    if not fix:
+        raise DecisionError(f"{slug}: FIXED needs the fix (--fix TEXT): what was changed")
+    check = check_fix(session, incident, keys)
+    if not check.verified and not force:
+        raise DecisionError(
+            f"{slug}: refusing FIXED without evidence: "
+            + check.describe()
+            + ". Use --force to record an unverified fix."
+        )
+    keys = keys + [k for k in check.evidence_keys() if k not in keys]
+    if check.verified:
+        summary = "Verified: " + check.describe() + "."
+    else:
+        summary = "UNVERIFIED fix (recorded with --force): " + check.describe() + "."
+    return check.verified, keys, f"{rationale} {summary}".strip() if rationale else summary
+
+
 def record_decision(
     session: Session,
     slug: str,
@@ -286,42 +347,10 @@ def record_decision(
     verified = True
 
     if kind == "PARKED":
-        problems = []
-        if not rationale:
-            problems.append("a rationale (--why): why it is parked")
-        if revisit_date is None and not normalised:
-            problems.append(
-                "a way back: a revisit date (--revisit-on YYYY-MM-DD) and/or triggers "
-                f"(--when {TRIGGER_SYNTAX})"
-            )
-        if problems:
-            raise DecisionError(f"{slug}: PARKED needs " + " and ".join(problems))
-        if revisit_date is not None and revisit_date < decided_at.date():
-            raise DecisionError(
-                f"{slug}: the revisit date {revisit_date} is before the decision "
-                f"({decided_at.date()})"
-            )
-        registry = kb_triggers.BUILTIN_KINDS if trigger_kinds is None else trigger_kinds
-        for trigger in normalised:
-            # Pin what "new" means at decision time, so the trigger reads on its own.
-            registry.get(trigger["kind"]).pin(trigger, session, incident)
+        _check_parked(session, incident, rationale, revisit_date, normalised, decided_at,
+                      trigger_kinds)
     elif kind == "FIXED":
-        if not fix:
-            raise DecisionError(f"{slug}: FIXED needs the fix (--fix TEXT): what was changed")
-        check = check_fix(session, incident, keys)
-        if not check.verified and not force:
-            raise DecisionError(
-                f"{slug}: refusing FIXED without evidence: "
-                + check.describe()
-                + ". Use --force to record an unverified fix."
-            )
-        verified = check.verified
-        keys += [k for k in check.evidence_keys() if k not in keys]
-        if verified:
-            summary = "Verified: " + check.describe() + "."
-        else:
-            summary = "UNVERIFIED fix (recorded with --force): " + check.describe() + "."
-        rationale = f"{rationale} {summary}".strip() if rationale else summary
+        verified, keys, rationale = _check_fixed(session, incident, fix, keys, rationale, force)
     else:  # REOPENED
         if not rationale:
             raise DecisionError(f"{slug}: REOPENED needs a rationale (--why): what came back")

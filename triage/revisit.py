@@ -229,7 +229,7 @@ def _plan(store: Store, slug: str, stack_path: Path | None) -> _Plan:
             source=(
                 str(stack_path)
                 if stack_path
-                else kb_decisions.recorded_stack_source(session, incident)
+                else kb_decisions.recorded_stack_source(session, incident) or ""
             ),
             deciding=[
                 (cause.key, cause.deciding_probe)
@@ -306,14 +306,23 @@ def _record(
     with store.session() as session:
         incident = require_incident(session, slug)
         assert incident.id is not None
-        common = {"incident_id": incident.id, "kind": "measurement",
-                  "source": f"triage revisit --stack {source}", "recorded_at": at}
-        evidence = add_evidence(session, summary=summary, payload=after, **common)
-        keys.append(evidence.key)
-        against = kb_decisions.ArmCounts((evidence.key,), after["failures"], after["n"])
+
+        def add(text: str, payload: dict[str, Any]) -> str:
+            return add_evidence(
+                session,
+                incident_id=incident.id,
+                kind="measurement",
+                summary=text,
+                payload=payload,
+                source=f"triage revisit --stack {source}",
+                recorded_at=at,
+            ).key
+
+        keys.append(add(summary, after))
+        against = kb_decisions.ArmCounts((keys[0],), after["failures"], after["n"])
         for probe, payload in probes:
             line = _summary_line(f"revisit probe {probe} on the current stack", payload, against)
-            keys.append(add_evidence(session, summary=line, payload=payload, **common).key)
+            keys.append(add(line, payload))
     return keys
 
 

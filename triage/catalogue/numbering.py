@@ -11,6 +11,7 @@ store (triage/commands/__init__.py).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from kb import vocab
 from kb.store import Store
@@ -19,7 +20,7 @@ from triage.catalogue.registry import Catalogue, CatalogueError, Section
 __all__ = ["check_numbering", "check_store_numbering", "check_vocab"]
 
 
-def _sections(catalogue: Catalogue) -> dict[str, tuple[Section[object], Mapping[str, int]]]:
+def _sections(catalogue: Catalogue) -> dict[str, tuple[Section[Any], Mapping[str, int]]]:
     """Stored section name -> (catalogue section, kb's built-in numbers for it)."""
     return {
         "cause": (catalogue.causes, vocab.CAUSE_NUMBERS),

@@ -68,13 +68,6 @@ def parse_trigger(text: str, trigger_kinds: KindLookup | None = None) -> dict[st
     return kb_triggers.parse(text, trigger_kinds)
 
 
-def normalise_trigger(
-    trigger: dict[str, Any], trigger_kinds: KindLookup | None = None
-) -> dict[str, Any]:
-    """Check a trigger dict; returns it with `kind` first (the file order)."""
-    return kb_triggers.normalise(trigger, trigger_kinds)
-
-
 def describe_trigger(trigger: dict[str, Any], trigger_kinds: KindLookup | None = None) -> str:
     """One line for people: what the trigger waits for."""
     return kb_triggers.describe(trigger, trigger_kinds)

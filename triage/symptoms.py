@@ -75,7 +75,6 @@ __all__ = [
     "view",
 ]
 
-_view = view  # the old private name
 
 
 class _Plan(NamedTuple):

@@ -142,7 +142,7 @@ _FAMILY_PATTERNS = [
 ]
 # Stack keys read for each fingerprint field, in order of preference.
 _MODEL_KEYS = ("model", "weights", "model_path", "model_name")
-_BUILD_KEYS = ("server_build", "build", "build_info", "build_number", "system_fingerprint")
+_BUILD_KEYS = vocab.BUILD_KEYS
 _SPEC_KEYS = ("speculative", "spec", "speculative_decoding")
 _THINKING_KEYS = ("thinking_default", "thinking", "enable_thinking")
 # Server flags that turn speculative decoding on (`--spec-type none` does not).

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from sqlmodel import Session, col, select
 
+from kb import vocab
 from kb.models import Evidence, Incident
 from kb.store import StoreError
 
@@ -52,11 +53,9 @@ __all__ = [
 ]
 
 DEFAULT_MIN_CAPTURES = 5
-# Payload keys that carry a llama-server build ("b11434-abcdef", 11434, "11434") or a
-# weights file hash; searched at any depth of an evidence payload. `sha256` alone is not
-# one of them: captures use it for the hash of the raw capture.
-BUILD_KEYS = ("server_build", "build", "build_number", "build_info", "system_fingerprint")
-WEIGHTS_KEYS = ("weights_sha256", "weights_hash", "model_sha256", "model_hash")
+# Payload keys that carry a build or a weights hash, searched at any depth (kb/vocab.py).
+BUILD_KEYS = vocab.BUILD_KEYS
+WEIGHTS_KEYS = vocab.WEIGHTS_KEYS
 
 
 class DecisionError(StoreError):

@@ -29,6 +29,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Field, Session, SQLModel, select
 
 __all__ = [
+    "BUILD_KEYS",
     "BUILTIN_LIMIT",
     "CATALOGUE_CAUSES",
     "CAUSE_NUMBERS",
@@ -40,6 +41,7 @@ __all__ = [
     "SECTIONS",
     "Term",
     "VocabNumber",
+    "WEIGHTS_KEYS",
     "builtin_numbers",
     "record_builtin",
     "record_numbers",
@@ -101,6 +103,13 @@ CAUSES: tuple[Term, ...] = CATALOGUE_CAUSES + RESERVED_CAUSES
 
 KIND_NUMBERS: dict[str, int] = {term.id: term.number for term in FINDING_KINDS}
 CAUSE_NUMBERS: dict[str, int] = {term.id: term.number for term in CAUSES}
+
+# Keys of a stack dict or an evidence payload that carry a llama-server build ("b11434-abc",
+# 11434) or a weights-file hash, in order of preference (kb.family reads the first present;
+# kb.triggers searches payloads for all). `sha256` alone is not one: captures use it for
+# the hash of the raw capture.
+BUILD_KEYS = ("server_build", "build", "build_info", "build_number", "system_fingerprint")
+WEIGHTS_KEYS = ("weights_sha256", "weights_hash", "model_sha256", "model_hash")
 
 # Stored sections: the catalogue's numbered sections map onto these names.
 SECTIONS = ("cause", "check")

@@ -20,213 +20,57 @@ Triggers are dicts as in the incident files (`kind` first, extra keys kept):
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import date, datetime, timezone
+from datetime import date, datetime
 from typing import Any
 
 from scipy.stats import fisher_exact
 from sqlmodel import Session, col, select
 
+from kb import triggers as kb_triggers
 from kb.models import DECISION_KINDS, Cause, Decision, Evidence, Incident, TriageRun, utcnow
-from kb.store import StoreError, get_incident
+from kb.store import get_incident
+from kb.triggers import KindLookup, TriggerContext
+from kb.triggers import aware as _aware
+from kb.triggers import incident_evidence as _incident_evidence
 
-TRIGGER_KINDS = ("new-build", "new-weights", "failure-rate", "date")
+# Re-exported: these lived here before kb/triggers.py, and callers import them from here.
+BUILD_KEYS = kb_triggers.BUILD_KEYS
+WEIGHTS_KEYS = kb_triggers.WEIGHTS_KEYS
+DEFAULT_MIN_CAPTURES = kb_triggers.DEFAULT_MIN_CAPTURES
+DecisionError = kb_triggers.DecisionError
+TriggerState = kb_triggers.TriggerState
+build_number = kb_triggers.build_number
+capture_failed = kb_triggers.capture_failed
+evidence_builds = kb_triggers.evidence_builds
+evidence_weights = kb_triggers.evidence_weights
+TRIGGER_KINDS = kb_triggers.ids(kb_triggers.BUILTIN_KINDS)
 SIGNIFICANCE = 0.05
-DEFAULT_MIN_CAPTURES = 5
 REVISIT_ARM = "revisit"
 BASELINE_ARM = "baseline"
-# Payload keys that carry a llama-server build ("b11434-abcdef", 11434, "11434") or a
-# weights file hash; searched at any depth of an evidence payload. `sha256` alone is not
-# one of them: captures use it for the hash of the raw capture.
-BUILD_KEYS = ("server_build", "build", "build_number", "build_info", "system_fingerprint")
-WEIGHTS_KEYS = ("weights_sha256", "weights_hash", "model_sha256", "model_hash")
 STATUS_AFTER = {"PARKED": "parked", "FIXED": "fixed", "REOPENED": "reopened"}
 ALLOWED_FROM = {
     "PARKED": ("open", "parked", "reopened"),
     "FIXED": ("open", "parked", "reopened"),
     "REOPENED": ("fixed", "closed"),
 }
-TRIGGER_SYNTAX = (
-    "new-build[>BUILD] | new-weights[!=SHA256] | failure-rate[>RATE][,min=N] | date=YYYY-MM-DD"
-)
-
-
-class DecisionError(StoreError):
-    """A decision the knowledge base refuses; the message says what is missing."""
+TRIGGER_SYNTAX = kb_triggers.syntax(kb_triggers.BUILTIN_KINDS)
 
 
 # --------------------------------------------------------------------------- triggers
+# One class per kind in kb/triggers.py; these functions read a registry of kinds
+# (`trigger_kinds`, default the built-ins; triage passes `catalogue().triggers`).
 
 
-def build_number(value: Any) -> int | None:
-    """The build number in `11434`, `"11434"`, `"b11434"`, `"b11434-abc1234"`, else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value if value > 0 else None
-    if isinstance(value, str):
-        match = re.match(r"^\s*(?:build\s*)?[bv]?(\d+)\b", value, re.IGNORECASE)
-        if match:
-            return int(match.group(1))
-    return None
-
-
-def parse_trigger(text: str) -> dict[str, Any]:
+def parse_trigger(text: str, trigger_kinds: KindLookup | None = None) -> dict[str, Any]:
     """A trigger from its command-line form (see TRIGGER_SYNTAX)."""
-    spec = text.strip()
-    match = re.fullmatch(r"(?:new-)?build(?:\s*>\s*(\S+))?", spec, re.IGNORECASE)
-    if match:
-        trigger: dict[str, Any] = {"kind": "new-build"}
-        if match.group(1):
-            after = build_number(match.group(1))
-            if after is None:
-                raise DecisionError(f"trigger {text!r}: {match.group(1)!r} is not a build number")
-            trigger["after"] = after
-        return trigger
-    match = re.fullmatch(r"(?:new-)?weights(?:\s*!=\s*(\S+))?", spec, re.IGNORECASE)
-    if match:
-        trigger = {"kind": "new-weights"}
-        if match.group(1):
-            trigger["hash"] = match.group(1).lower()
-        return trigger
-    match = re.fullmatch(
-        r"failure-rate(?:\s*>\s*([0-9.]+)(%?))?(?:\s*,\s*min\s*=\s*(\d+))?",
-        spec,
-        re.IGNORECASE,
-    )
-    if match:
-        trigger = {"kind": "failure-rate"}
-        if match.group(1):
-            try:
-                threshold = float(match.group(1))
-            except ValueError:
-                raise DecisionError(f"trigger {text!r}: {match.group(1)!r} is not a rate") from None
-            trigger["threshold"] = threshold / 100 if match.group(2) else threshold
-        if match.group(3):
-            trigger["min_captures"] = int(match.group(3))
-        return normalise_trigger(trigger)
-    match = re.fullmatch(r"date\s*[=:]\s*(\S+)", spec, re.IGNORECASE)
-    if match:
-        return normalise_trigger({"kind": "date", "on": match.group(1)})
-    raise DecisionError(f"unknown trigger {text!r}; expected one of: {TRIGGER_SYNTAX}")
+    return kb_triggers.parse(text, trigger_kinds)
 
 
-def normalise_trigger(trigger: dict[str, Any]) -> dict[str, Any]:
-    """Check a trigger dict; returns it with `kind` first (the file order)."""
-    if not isinstance(trigger, dict):
-        raise DecisionError(f"a trigger must be a mapping, got {trigger!r}")
-    kind = trigger.get("kind")
-    if kind not in TRIGGER_KINDS:
-        raise DecisionError(f"unknown trigger kind {kind!r} (expected one of {TRIGGER_KINDS})")
-    if kind == "failure-rate" and "threshold" in trigger:
-        threshold = trigger.get("threshold")
-        if (
-            not isinstance(threshold, (int, float))
-            or isinstance(threshold, bool)
-            or not 0 <= threshold < 1
-        ):
-            raise DecisionError(
-                f"failure-rate trigger needs a threshold between 0 and 1, got {threshold!r}"
-            )
-    if kind == "failure-rate":
-        minimum = trigger.get("min_captures", DEFAULT_MIN_CAPTURES)
-        if not isinstance(minimum, int) or isinstance(minimum, bool) or minimum < 1:
-            raise DecisionError(f"failure-rate trigger: min_captures must be >= 1, got {minimum!r}")
-    if kind == "date":
-        _as_date(trigger.get("on"), "date trigger 'on'")
-    if kind == "new-build" and "after" in trigger and build_number(trigger["after"]) is None:
-        raise DecisionError(
-            f"new-build trigger: 'after' is not a build number: {trigger['after']!r}"
-        )
-    return {"kind": kind, **{k: v for k, v in trigger.items() if k != "kind"}}
-
-
-def describe_trigger(trigger: dict[str, Any]) -> str:
+def describe_trigger(trigger: dict[str, Any], trigger_kinds: KindLookup | None = None) -> str:
     """One line for people: what the trigger waits for."""
-    kind = trigger.get("kind")
-    if kind == "new-build":
-        after = trigger.get("after")
-        text = f"a llama-server build newer than b{after}" if after else "a new llama-server build"
-    elif kind == "new-weights":
-        known = trigger.get("hash")
-        text = f"weights other than {str(known)[:12]}" if known else "a new weights file"
-    elif kind == "failure-rate":
-        minimum = trigger.get("min_captures", DEFAULT_MIN_CAPTURES)
-        if "threshold" in trigger:
-            threshold = float(trigger["threshold"])
-            text = f"failure rate above {threshold:.0%} in >= {minimum} new captures"
-        else:
-            text = f"any failures in >= {minimum} new captures (no threshold set)"
-    elif kind == "date":
-        text = f"date {trigger.get('on')}"
-    else:
-        text = str(kind)
-    note = trigger.get("note")
-    return f"{text} ({note})" if note else text
-
-
-def _as_date(value: Any, what: str) -> date:
-    if isinstance(value, datetime):
-        return value.date()
-    if isinstance(value, date):
-        return value
-    if isinstance(value, str):
-        try:
-            return date.fromisoformat(value.strip())
-        except ValueError:
-            pass
-    raise DecisionError(f"{what}: {value!r} is not a date (YYYY-MM-DD)")
-
-
-def _aware(value: datetime) -> datetime:
-    # SQLite hands back naive values; the store writes UTC.
-    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value
-
-
-def _find_values(payload: Any, keys: Sequence[str], depth: int = 0) -> list[Any]:
-    """Values under any of `keys` anywhere in a JSON payload (bounded depth)."""
-    found: list[Any] = []
-    if depth > 6:
-        return found
-    if isinstance(payload, dict):
-        for key, value in payload.items():
-            if key in keys and isinstance(value, (str, int)):
-                found.append(value)
-            elif isinstance(value, (dict, list)):
-                found.extend(_find_values(value, keys, depth + 1))
-    elif isinstance(payload, list):
-        for value in payload[:1000]:
-            found.extend(_find_values(value, keys, depth + 1))
-    return found
-
-
-def evidence_builds(evidence: Evidence) -> list[int]:
-    """llama-server build numbers an evidence payload reports."""
-    numbers = (build_number(v) for v in _find_values(evidence.payload, BUILD_KEYS))
-    return sorted({n for n in numbers if n is not None})
-
-
-def evidence_weights(evidence: Evidence) -> list[str]:
-    """Weights-file hashes an evidence payload reports."""
-    return sorted({str(v).lower() for v in _find_values(evidence.payload, WEIGHTS_KEYS) if v})
-
-
-def capture_failed(payload: dict[str, Any]) -> bool | None:
-    """Whether a captured exchange shows the failure: an explicit `failed`, else any finding
-    that did not pass; None when the capture does not say."""
-    failed = payload.get("failed")
-    if isinstance(failed, bool):
-        return failed
-    findings = payload.get("findings")
-    if isinstance(findings, list) and findings:
-        verdicts = [f.get("passed") for f in findings if isinstance(f, dict)]
-        if any(v is False for v in verdicts):
-            return True
-        if verdicts and all(v is True for v in verdicts):
-            return False
-    return None
+    return kb_triggers.describe(trigger, trigger_kinds)
 
 
 # --------------------------------------------------------------------------- fix evidence
@@ -262,16 +106,6 @@ def arm_payload(evidence: Evidence) -> dict[str, Any] | None:
     if n <= 0 or not 0 <= failures <= n:
         return None
     return payload
-
-
-def _incident_evidence(session: Session, incident_id: int) -> list[Evidence]:
-    return list(
-        session.exec(
-            select(Evidence)
-            .where(Evidence.incident_id == incident_id)
-            .order_by(col(Evidence.recorded_at), col(Evidence.id))
-        ).all()
-    )
 
 
 def baseline_counts(
@@ -396,22 +230,65 @@ def latest_decision(session: Session, incident_id: int) -> Decision | None:
     ).first()
 
 
-def _known_build(session: Session, incident: Incident) -> int | None:
-    assert incident.id is not None
-    numbers = [build_number(incident.server_build)]
-    numbers += [build_number(v) for v in _find_values(incident.stack, BUILD_KEYS)]
-    for row in _incident_evidence(session, incident.id):
-        numbers += evidence_builds(row)
-    known = [n for n in numbers if n is not None]
-    return max(known) if known else None
+def _check_parked(
+    session: Session,
+    incident: Incident,
+    rationale: str,
+    revisit_date: date | None,
+    normalised: list[dict[str, Any]],
+    decided_at: datetime,
+    trigger_kinds: KindLookup | None,
+) -> None:
+    """PARKED needs a rationale and a way back; pins what "new" means for its triggers."""
+    slug = incident.slug
+    problems = []
+    if not rationale:
+        problems.append("a rationale (--why): why it is parked")
+    if revisit_date is None and not normalised:
+        problems.append(
+            "a way back: a revisit date (--revisit-on YYYY-MM-DD) and/or triggers "
+            f"(--when {TRIGGER_SYNTAX})"
+        )
+    if problems:
+        raise DecisionError(f"{slug}: PARKED needs " + " and ".join(problems))
+    if revisit_date is not None and revisit_date < decided_at.date():
+        raise DecisionError(
+            f"{slug}: the revisit date {revisit_date} is before the decision "
+            f"({decided_at.date()})"
+        )
+    registry = kb_triggers.BUILTIN_KINDS if trigger_kinds is None else trigger_kinds
+    for trigger in normalised:
+        # Pin what "new" means at decision time, so the trigger reads on its own.
+        kind = registry.get(trigger["kind"])
+        if kind is not None:  # normalised above: always known
+            kind.pin(trigger, session, incident)
 
 
-def _known_weights(session: Session, incident: Incident) -> str | None:
-    assert incident.id is not None
-    hashes = [str(v).lower() for v in _find_values(incident.stack, WEIGHTS_KEYS) if v]
-    for row in _incident_evidence(session, incident.id):
-        hashes += evidence_weights(row)
-    return hashes[-1] if hashes else None
+def _check_fixed(
+    session: Session,
+    incident: Incident,
+    fix: str,
+    keys: list[str],
+    rationale: str,
+    force: bool,
+) -> tuple[bool, list[str], str]:
+    """FIXED needs the fix and the evidence: (verified, evidence keys, rationale)."""
+    slug = incident.slug
+    if not fix:
+        raise DecisionError(f"{slug}: FIXED needs the fix (--fix TEXT): what was changed")
+    check = check_fix(session, incident, keys)
+    if not check.verified and not force:
+        raise DecisionError(
+            f"{slug}: refusing FIXED without evidence: "
+            + check.describe()
+            + ". Use --force to record an unverified fix."
+        )
+    keys = keys + [k for k in check.evidence_keys() if k not in keys]
+    if check.verified:
+        summary = "Verified: " + check.describe() + "."
+    else:
+        summary = "UNVERIFIED fix (recorded with --force): " + check.describe() + "."
+    return check.verified, keys, f"{rationale} {summary}".strip() if rationale else summary
 
 
 def record_decision(
@@ -428,8 +305,12 @@ def record_decision(
     evidence_keys: Sequence[str] = (),
     force: bool = False,
     at: datetime | None = None,
+    trigger_kinds: KindLookup | None = None,
 ) -> Decision:
-    """Validate and store one decision, and set the incident's status accordingly."""
+    """Validate and store one decision, and set the incident's status accordingly.
+
+    `trigger_kinds` is the registry of revisit trigger kinds (default: kb's built-ins).
+    """
     kind = kind.upper()
     if kind not in DECISION_KINDS:
         raise DecisionError(f"unknown decision {kind!r} (expected one of {DECISION_KINDS})")
@@ -450,55 +331,19 @@ def record_decision(
     if unknown:
         raise DecisionError(f"{slug}: unknown evidence id(s) {unknown}")
     rationale, tradeoff, fix = rationale.strip(), tradeoff.strip(), fix.strip()
-    revisit_date = _as_date(revisit_on, "revisit date") if revisit_on else None
+    revisit_date = kb_triggers.as_date(revisit_on, "revisit date") if revisit_on else None
     normalised = [
-        parse_trigger(t) if isinstance(t, str) else normalise_trigger(t) for t in triggers
+        kb_triggers.parse(t, trigger_kinds) if isinstance(t, str)
+        else kb_triggers.normalise(t, trigger_kinds)
+        for t in triggers
     ]
     verified = True
 
     if kind == "PARKED":
-        problems = []
-        if not rationale:
-            problems.append("a rationale (--why): why it is parked")
-        if revisit_date is None and not normalised:
-            problems.append(
-                "a way back: a revisit date (--revisit-on YYYY-MM-DD) and/or triggers "
-                f"(--when {TRIGGER_SYNTAX})"
-            )
-        if problems:
-            raise DecisionError(f"{slug}: PARKED needs " + " and ".join(problems))
-        if revisit_date is not None and revisit_date < decided_at.date():
-            raise DecisionError(
-                f"{slug}: the revisit date {revisit_date} is before the decision "
-                f"({decided_at.date()})"
-            )
-        for trigger in normalised:
-            # Pin what "new" means at decision time, so the trigger reads on its own.
-            if trigger["kind"] == "new-build" and "after" not in trigger:
-                build = _known_build(session, incident)
-                if build is not None:
-                    trigger["after"] = build
-            if trigger["kind"] == "new-weights" and "hash" not in trigger:
-                weights = _known_weights(session, incident)
-                if weights is not None:
-                    trigger["hash"] = weights
+        _check_parked(session, incident, rationale, revisit_date, normalised, decided_at,
+                      trigger_kinds)
     elif kind == "FIXED":
-        if not fix:
-            raise DecisionError(f"{slug}: FIXED needs the fix (--fix TEXT): what was changed")
-        check = check_fix(session, incident, keys)
-        if not check.verified and not force:
-            raise DecisionError(
-                f"{slug}: refusing FIXED without evidence: "
-                + check.describe()
-                + ". Use --force to record an unverified fix."
-            )
-        verified = check.verified
-        keys += [k for k in check.evidence_keys() if k not in keys]
-        if verified:
-            summary = "Verified: " + check.describe() + "."
-        else:
-            summary = "UNVERIFIED fix (recorded with --force): " + check.describe() + "."
-        rationale = f"{rationale} {summary}".strip() if rationale else summary
+        verified, keys, rationale = _check_fixed(session, incident, fix, keys, rationale, force)
     else:  # REOPENED
         if not rationale:
             raise DecisionError(f"{slug}: REOPENED needs a rationale (--why): what came back")
@@ -525,17 +370,6 @@ def record_decision(
 
 
 # --------------------------------------------------------------------------- parked list
-
-
-@dataclass(frozen=True)
-class TriggerState:
-    """One revisit condition of a parked incident, checked against the record."""
-
-    trigger: dict[str, Any]
-    description: str
-    fired: bool
-    reason: str
-    evidence_keys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -574,100 +408,18 @@ class ParkedIncident:
         return data
 
 
-def _date_state(on: date, today: date, revisit: Evidence | None, label: str) -> TriggerState:
-    trigger = {"kind": "date", "on": on.isoformat()}
-    if today < on:
-        return TriggerState(trigger, label, False, f"{label} {on} is in {(on - today).days} day(s)")
-    if revisit is not None and _aware(revisit.recorded_at).date() >= on:
-        return TriggerState(
-            trigger,
-            label,
-            False,
-            f"{label} {on} passed; revisited on {_aware(revisit.recorded_at).date()} "
-            f"[{revisit.key}]",
-            (revisit.key,),
-        )
-    days = (today - on).days
-    when = "today" if days == 0 else f"{days} day(s) ago"
-    return TriggerState(trigger, label, True, f"{label} {on} passed {when}")
-
-
-def _check_trigger(
-    trigger: dict[str, Any],
-    *,
-    incident: Incident,
-    before: list[Evidence],
-    after: list[Evidence],
+def parked(
+    session: Session,
     today: date,
-    revisit: Evidence | None,
-) -> TriggerState:
-    kind = trigger.get("kind")
-    label = describe_trigger(trigger)
-    if kind == "date":
-        state = _date_state(_as_date(trigger.get("on"), "date trigger"), today, revisit, "date")
-        return TriggerState(trigger, label, state.fired, state.reason, state.evidence_keys)
-    if kind == "new-build":
-        known = [build_number(trigger.get("after")), build_number(incident.server_build)]
-        for row in before:
-            known += evidence_builds(row)
-        baseline = max((n for n in known if n is not None), default=None)
-        for row in after:
-            newer = [n for n in evidence_builds(row) if baseline is None or n > baseline]
-            if newer:
-                was = f" (was b{baseline})" if baseline is not None else ""
-                return TriggerState(
-                    trigger,
-                    label,
-                    True,
-                    f"build b{max(newer)} seen in [{row.key}]{was}",
-                    (row.key,),
-                )
-        shown = f"b{baseline}" if baseline is not None else "none recorded"
-        return TriggerState(trigger, label, False, f"no newer build seen (known: {shown})")
-    if kind == "new-weights":
-        known_hashes = {str(trigger["hash"]).lower()} if trigger.get("hash") else set()
-        known_hashes |= {str(v).lower() for v in _find_values(incident.stack, WEIGHTS_KEYS) if v}
-        for row in before:
-            known_hashes |= set(evidence_weights(row))
-        for row in after:
-            new = [h for h in evidence_weights(row) if h not in known_hashes]
-            if new:
-                return TriggerState(
-                    trigger, label, True, f"weights {new[0][:12]} seen in [{row.key}]", (row.key,)
-                )
-        return TriggerState(trigger, label, False, "no new weights hash seen")
-    if kind == "failure-rate":
-        threshold = float(trigger.get("threshold", 0))
-        minimum = int(trigger.get("min_captures", DEFAULT_MIN_CAPTURES))
-        verdicts = [
-            (row.key, verdict)
-            for row in after
-            if row.kind == "exchange"
-            and row.incident_id == incident.id
-            and (verdict := capture_failed(row.payload or {})) is not None
-        ]
-        failures = sum(1 for _, failed in verdicts if failed)
-        n = len(verdicts)
-        if n >= minimum and failures / n > threshold:
-            keys = tuple(k for k, failed in verdicts if failed)
-            return TriggerState(
-                trigger,
-                label,
-                True,
-                f"{failures}/{n} new captures failed ({failures / n:.0%} > {threshold:.0%})",
-                keys,
-            )
-        return TriggerState(
-            trigger, label, False, f"{failures}/{n} new captures failed (needs >= {minimum})"
-        )
-    return TriggerState(trigger, label, False, f"unknown trigger kind {kind!r}: check by hand")
-
-
-def parked(session: Session, today: date, *, due_only: bool = False) -> list[ParkedIncident]:
+    *,
+    due_only: bool = False,
+    trigger_kinds: KindLookup | None = None,
+) -> list[ParkedIncident]:
     """Parked incidents with their revisit date and triggers, which are due and why.
 
     Evidence is read as of `today`; a `revisit` arm recorded after the decision settles the
     conditions that fired before it (the next one has to be newer than the revisit).
+    `trigger_kinds` checks the triggers (default: kb's built-in kinds).
     """
     incidents = session.exec(
         select(Incident).where(Incident.status == "parked").order_by(col(Incident.slug))
@@ -678,7 +430,7 @@ def parked(session: Session, today: date, *, due_only: bool = False) -> list[Par
     result = []
     for incident in incidents:
         assert incident.id is not None
-        item = _parked_item(session, incident, today, unattached)
+        item = _parked_item(session, incident, today, unattached, trigger_kinds)
         if not due_only or item.due:
             result.append(item)
     return result
@@ -696,9 +448,55 @@ def _unattached_evidence(session: Session, today: date) -> list[Evidence]:
     ]
 
 
-def parked_incident(session: Session, incident: Incident, today: date) -> ParkedIncident:
+def parked_incident(
+    session: Session,
+    incident: Incident,
+    today: date,
+    trigger_kinds: KindLookup | None = None,
+) -> ParkedIncident:
     """The parked-list entry of one incident (as `parked` computes it), as of `today`."""
-    return _parked_item(session, incident, today)
+    return _parked_item(session, incident, today, None, trigger_kinds)
+
+
+def _unparked(incident: Incident) -> ParkedIncident:
+    return ParkedIncident(
+        slug=incident.slug,
+        title=incident.title,
+        parked_on=None,
+        decided_by="",
+        rationale="",
+        tradeoff="",
+        fix="",
+        revisit_on=None,
+        triggers=(),
+        state="due",
+        reasons=("status is parked but no PARKED decision is recorded: nothing brings it back",),
+    )
+
+
+def _trigger_states(
+    decision: Decision,
+    context: TriggerContext,
+    trigger_kinds: KindLookup | None,
+) -> list[TriggerState]:
+    """The revisit date (if any) and every trigger of a PARKED decision, checked."""
+    states: list[TriggerState] = []
+    if decision.revisit_on is not None:
+        state = kb_triggers.date_state(
+            decision.revisit_on, context.today, context.revisit, "revisit date"
+        )
+        states.append(
+            TriggerState(
+                {"kind": "date", "on": decision.revisit_on.isoformat()},
+                f"revisit on {decision.revisit_on}",
+                state.fired,
+                state.reason,
+                state.evidence_keys,
+            )
+        )
+    for trigger in decision.revisit_triggers:
+        states.append(kb_triggers.check(trigger, context, trigger_kinds))
+    return states
 
 
 def _parked_item(
@@ -706,27 +504,14 @@ def _parked_item(
     incident: Incident,
     today: date,
     unattached: list[Evidence] | None = None,
+    trigger_kinds: KindLookup | None = None,
 ) -> ParkedIncident:
     assert incident.id is not None
     if unattached is None:
         unattached = _unattached_evidence(session, today)
     decision = latest_decision(session, incident.id)
     if decision is None or decision.kind != "PARKED":
-        return ParkedIncident(
-            slug=incident.slug,
-            title=incident.title,
-            parked_on=None,
-            decided_by="",
-            rationale="",
-            tradeoff="",
-            fix="",
-            revisit_on=None,
-            triggers=(),
-            state="due",
-            reasons=(
-                "status is parked but no PARKED decision is recorded: nothing brings it back",
-            ),
-        )
+        return _unparked(incident)
     decided_at = _aware(decision.decided_at)
     # Evidence "as of today": the incident's own plus captures not attached to any incident.
     own = [
@@ -747,40 +532,20 @@ def _parked_item(
     settled_at = _aware(last_revisit.recorded_at) if last_revisit else decided_at
     # What was known when parked (or last revisited, including the revisit's own build and
     # weights) against what was seen since.
-    before = [row for row in rows if _aware(row.recorded_at) <= settled_at]
-    after = [row for row in rows if _aware(row.recorded_at) > settled_at]
-
-    states: list[TriggerState] = []
-    days_overdue = 0
-    if decision.revisit_on is not None:
-        state = _date_state(decision.revisit_on, today, last_revisit, "revisit date")
-        states.append(
-            TriggerState(
-                {"kind": "date", "on": decision.revisit_on.isoformat()},
-                f"revisit on {decision.revisit_on}",
-                state.fired,
-                state.reason,
-                state.evidence_keys,
-            )
-        )
-    for trigger in decision.revisit_triggers:
-        states.append(
-            _check_trigger(
-                trigger,
-                incident=incident,
-                before=before,
-                after=after,
-                today=today,
-                revisit=last_revisit,
-            )
-        )
+    context = TriggerContext(
+        incident=incident,
+        before=[row for row in rows if _aware(row.recorded_at) <= settled_at],
+        after=[row for row in rows if _aware(row.recorded_at) > settled_at],
+        today=today,
+        revisit=last_revisit,
+    )
+    states = _trigger_states(decision, context, trigger_kinds)
     dates = [
-        _as_date(s.trigger["on"], "date")
+        kb_triggers.as_date(s.trigger["on"], "date")
         for s in states
         if s.fired and s.trigger.get("kind") == "date"
     ]
-    if dates:
-        days_overdue = max((today - d).days for d in dates)
+    days_overdue = max((today - d).days for d in dates) if dates else 0
     fired = [s for s in states if s.fired]
     reasons: tuple[str, ...]
     if not states:

@@ -61,7 +61,8 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Field, Session, SQLModel, col, select
 
-from kb.models import CAUSE_CATALOGUE_IDS, Cause, FamilyLink, Incident, Symptom
+from kb import vocab
+from kb.models import Cause, FamilyLink, Incident, Symptom
 from kb.store import StoreError, require_incident
 
 __all__ = [
@@ -83,21 +84,12 @@ __all__ = [
 ]
 
 # Finding kinds with a fixed bit in `kinds_mask` (any other kind is matched by its text).
-FINDING_KINDS = (
-    "empty-content",
-    "length-stop",
-    "reasoning-exhausted-budget",
-    "runaway-reasoning",
-    "tool-args-invalid-json",
-    "tool-args-schema-violation",
-    "tool-markup-leaked",
-    "parse-failure",
-    "truncated-stream",
-    "http-error",
-    "timeout",
-)
-KIND_BITS = {kind: 1 << index for index, kind in enumerate(FINDING_KINDS)}
-CAUSE_BITS = {cause: 1 << index for index, cause in enumerate(CAUSE_CATALOGUE_IDS)}
+FINDING_KINDS = tuple(term.id for term in vocab.FINDING_KINDS)
+# Bit = the id's stable number in kb/vocab.py, never a tuple position: stored masks must
+# mean the same thing after an id is added anywhere. Plugin ids (not in kb.vocab) have no
+# bit and are matched by their text in `kinds` / `causes`.
+KIND_BITS = {term.id: 1 << term.number for term in vocab.FINDING_KINDS}
+CAUSE_BITS = {term.id: 1 << term.number for term in vocab.CAUSES}
 
 # Finding kinds that are direct observations of one catalogue cause (see module docstring).
 IMPLIED_CAUSES = {
@@ -150,7 +142,7 @@ _FAMILY_PATTERNS = [
 ]
 # Stack keys read for each fingerprint field, in order of preference.
 _MODEL_KEYS = ("model", "weights", "model_path", "model_name")
-_BUILD_KEYS = ("server_build", "build", "build_info", "build_number", "system_fingerprint")
+_BUILD_KEYS = vocab.BUILD_KEYS
 _SPEC_KEYS = ("speculative", "spec", "speculative_decoding")
 _THINKING_KEYS = ("thinking_default", "thinking", "enable_thinking")
 # Server flags that turn speculative decoding on (`--spec-type none` does not).
@@ -504,6 +496,8 @@ def refresh_signatures(
             ).all()
         )
     written = 0
+    if pending:  # masks are about to be written with kb.vocab's numbers
+        vocab.record_builtin(session)
     statement = (
         update(_SIGNATURES)
         .where(_SIGNATURES.c.incident_id == bindparam("b_incident_id"))

@@ -12,15 +12,10 @@ from typing import Any, Optional
 from sqlalchemy import JSON, Column, Index, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
-# Stable identifiers used in files, JSON and tests.
-CAUSE_CATALOGUE_IDS = (
-    "reasoning-exhausts-budget",
-    "speculative-decoding",
-    "quantized-weights",
-    "server-build",
-    "output-parsing",
-    "token-limit",
-)
+from kb.vocab import CATALOGUE_CAUSES
+
+# Stable identifiers used in files, JSON and tests (their numbers live in kb/vocab.py).
+CAUSE_CATALOGUE_IDS = tuple(term.id for term in CATALOGUE_CAUSES)
 CAUSE_STATUSES = ("confirmed", "suspected", "rejected")
 CAUSE_BASES = ("measured", "inferred", "untested")
 EVIDENCE_KINDS = ("measurement", "probe", "observation", "reference", "log", "exchange")

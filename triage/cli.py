@@ -33,14 +33,10 @@ def cli(ctx: click.Context, database: str | None) -> None:
 
 
 def _register_all() -> None:
+    # Every command module is part of the distribution: a missing one is a broken install,
+    # and its ImportError should say so.
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:  # area not built yet
-                continue
-            raise
-        module.register(cli)
+        importlib.import_module(name).register(cli)
 
 
 _register_all()

@@ -1,6 +1,7 @@
 """`triage decide | parked | revisit | retro` through the real click group, on SQLite and
 PostgreSQL; the clock comes from TRIAGE_TODAY. Revisit's server runs are replaced by a
-stand-in `replay_rate` here (the real server is in tests/integration/test_revisit.py)."""
+stand-in `replay_rate` here, handed to the CLI through its context object (the real server
+is in tests/integration/test_revisit.py)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,11 @@ def triage(db_url: str, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-unt
             monkeypatch.delenv("TRIAGE_TODAY", raising=False)
         else:
             monkeypatch.setenv("TRIAGE_TODAY", today)
-        return runner.invoke(cli, ["--database", db_url, *args], catch_exceptions=False)
+        # The revisit's replayer, when a test supplies one (see _fake_replay).
+        obj = {"replay_rate": run.replay_rate} if run.replay_rate is not None else None
+        return runner.invoke(cli, ["--database", db_url, *args], obj=obj, catch_exceptions=False)
+
+    run.replay_rate = None  # type: ignore[attr-defined]
 
     imported = run("import", str(INCIDENTS))
     assert imported.exit_code == 0, imported.output
@@ -289,9 +294,8 @@ def drill_incident(db_url: str, tmp_path: Path) -> Path:
     return stack
 
 
-def _fake_replay(monkeypatch: pytest.MonkeyPatch, outcomes: list[tuple[int, int, str]]) -> list:
-    import triage.engine
-
+def _fake_replay(triage: Any, outcomes: list[tuple[int, int, str]]) -> list:
+    """Replace the revisit's server runs with `outcomes` (failures, n, decision) in order."""
     calls: list[dict[str, Any]] = []
 
     def replay_rate(stack, bodies, *, max_requests, baseline=None, log_dir=None):  # type: ignore[no-untyped-def]
@@ -314,14 +318,14 @@ def _fake_replay(monkeypatch: pytest.MonkeyPatch, outcomes: list[tuple[int, int,
             error="ServerStartError: llama-server exited with code 1" if not n else "",
         )
 
-    monkeypatch.setattr(triage.engine, "replay_rate", replay_rate, raising=False)
+    triage.replay_rate = replay_rate
     return calls
 
 
 def test_revisit_proposes_fixed_with_before_after_rates(  # type: ignore[no-untyped-def]
     triage, db_url: str, drill_incident: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls = _fake_replay(monkeypatch, [(0, 8, "removes")])
+    calls = _fake_replay(triage, [(0, 8, "removes")])
     result = triage(
         "revisit",
         "2026-07-01-drill",
@@ -361,7 +365,7 @@ def test_revisit_proposes_fixed_with_before_after_rates(  # type: ignore[no-unty
     assert decision["verified"] is True and decision["evidence"] == ["E2", revisit["id"]]
 
     # Revisited again once fixed, the failure is back: REOPENED is proposed.
-    _fake_replay(monkeypatch, [(8, 8, "unchanged"), (0, 8, "removes")])
+    _fake_replay(triage, [(8, 8, "unchanged"), (0, 8, "removes")])
     back = triage("revisit", "2026-07-01-drill", "--stack", str(drill_incident), today="2026-09-01")
     assert back.exit_code == 0, back.output
     assert "the failure is back (before 8/8 (100%), after 8/8 (100%)" in back.output
@@ -372,7 +376,7 @@ def test_revisit_proposes_fixed_with_before_after_rates(  # type: ignore[no-unty
 def test_revisit_keeps_parked_when_unchanged_and_all_due(  # type: ignore[no-untyped-def]
     triage, drill_incident: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls = _fake_replay(monkeypatch, [(8, 8, "unchanged"), (0, 8, "removes")])
+    calls = _fake_replay(triage, [(8, 8, "unchanged"), (0, 8, "removes")])
     nothing = triage("revisit", "--all-due", "--stack", str(drill_incident), today="2026-07-15")
     assert nothing.exit_code == 0
     assert nothing.output.strip() == "no parked incident is due as of 2026-07-15"
@@ -401,7 +405,7 @@ def test_revisit_keeps_parked_when_unchanged_and_all_due(  # type: ignore[no-unt
 def test_revisit_errors_are_clear(  # type: ignore[no-untyped-def]
     triage, drill_incident: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _fake_replay(monkeypatch, [])
+    _fake_replay(triage, [])
     usage = triage("revisit")
     assert usage.exit_code == 2 and "give one SLUG or --all-due" in usage.output
     no_stack = triage("revisit", "2026-07-01-drill")
@@ -419,7 +423,7 @@ def test_revisit_errors_are_clear(  # type: ignore[no-untyped-def]
 def test_revisit_that_cannot_start_the_server_fails_clearly(  # type: ignore[no-untyped-def]
     triage, db_url: str, drill_incident: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _fake_replay(monkeypatch, [(0, 0, "errored")])
+    _fake_replay(triage, [(0, 0, "errored")])
     result = triage("revisit", "2026-07-01-drill", "--stack", str(drill_incident))
     assert result.exit_code == 1
     assert "revisit errored: ServerStartError: llama-server exited with code 1" in result.output

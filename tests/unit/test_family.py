@@ -104,8 +104,9 @@ def test_spec_and_thinking(stack: dict[str, Any], spec: str, thinking: str) -> N
 
 
 def test_finding_kinds_match_the_symptom_checks() -> None:
-    symptoms = pytest.importorskip("triage.symptoms")
-    assert set(FINDING_KINDS) == set(symptoms.KINDS)
+    from triage import symptoms
+
+    assert FINDING_KINDS == symptoms.KINDS  # the catalogue's built-in checks, in number order
 
 
 def test_similarity_is_a_weighted_jaccard_over_what_the_query_knows() -> None:
@@ -199,42 +200,34 @@ def test_qwen_incidents_are_the_family_of_a_new_drill_capture(family_store: Stor
     assert "2026-04-01-mistral-timeouts" not in [m.slug for m in matches]
 
 
-@pytest.mark.skipif(
-    not list(INCIDENTS_DIR.glob("*qwen*.md")), reason="incidents/ has no Qwen files yet"
-)
 def test_imported_qwen_incidents_are_the_family_of_a_new_drill_capture(store: Store) -> None:
     from kb.files import import_paths
+    from triage.symptoms import failure_kinds
 
     import_paths(store, [INCIDENTS_DIR])
     qwen = {path.stem for path in INCIDENTS_DIR.glob("*qwen*.md")}
-    kinds = set(DRILL_KINDS)
-    try:
-        from triage.symptoms import failure_kinds
-
-        # The greedy request of the thinking-budget drill, as llama-server answers it.
-        kinds = failure_kinds(
-            {
-                "request": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 800},
-                "response": {
-                    "choices": [
-                        {
-                            "index": 0,
-                            "finish_reason": "length",
-                            "message": {
-                                "role": "assistant",
-                                "content": "",
-                                "reasoning_content": "the harbour is calm " * 240,
-                            },
-                        }
-                    ],
-                    "usage": {"completion_tokens": 800, "prompt_tokens": 12},
-                },
-                "status": 200,
-            }
-        )
-        assert {"empty-content", "length-stop"} <= kinds
-    except ImportError:
-        pass
+    # The greedy request of the thinking-budget drill, as llama-server answers it.
+    kinds = failure_kinds(
+        {
+            "request": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 800},
+            "response": {
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "length",
+                        "message": {
+                            "role": "assistant",
+                            "content": "",
+                            "reasoning_content": "the harbour is calm " * 240,
+                        },
+                    }
+                ],
+                "usage": {"completion_tokens": 800, "prompt_tokens": 12},
+            },
+            "status": 200,
+        }
+    )
+    assert {"empty-content", "length-stop"} <= kinds
     with store.session() as session:
         matches = similar_incidents(session, signature(kinds, set(), DRILL_STACK))
         assert qwen <= {m.slug for m in matches}
@@ -331,11 +324,6 @@ def _cli(store: Store, *args: str) -> Any:
     return result
 
 
-@pytest.mark.skipif(
-    not (CAPTURES / "budget-greedy.response.json").exists()
-    or not list(INCIDENTS_DIR.glob("*qwen*.md")),
-    reason="needs the real drill captures and the incident files",
-)
 def test_family_command_on_a_real_drill_capture_lists_the_qwen_incidents(store: Store) -> None:
     import json
 

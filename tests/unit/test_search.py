@@ -17,7 +17,6 @@ from kb.search import HIGHLIGHT_END, HIGHLIGHT_START, SearchHit, query_terms, se
 from kb.store import Store, add_evidence
 
 INCIDENTS_DIR = Path(__file__).resolve().parents[2] / "incidents"
-REFERENCE_FILE = INCIDENTS_DIR / "2026-06-10-gemma4-empty-response.md"
 HOSTILE = [
     "",
     "   ",
@@ -108,7 +107,6 @@ def test_reference_query_finds_the_reference_incident(reference_store: Store) ->
     assert HIGHLIGHT_START in reference.snippet and HIGHLIGHT_END in reference.snippet
 
 
-@pytest.mark.skipif(not REFERENCE_FILE.exists(), reason="incidents/ not written yet")
 def test_reference_query_finds_the_imported_reference_file(store: Store) -> None:
     from kb.files import import_paths
 

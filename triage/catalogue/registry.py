@@ -28,6 +28,8 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "triage.plugins"
+# Modules of this distribution: their plugins load first (kb's trigger kinds are built-ins).
+BUILTIN_PREFIXES = ("triage.", "kb.")
 
 
 class CatalogueError(Exception):
@@ -70,7 +72,7 @@ class Section(Generic[T]):
                     "integer `number`"
                 )
             for other_id, other in self._entries.items():
-                if getattr(other, "number") == number:
+                if getattr(other, "number") == number:  # noqa: B009 (T is typed by id only)
                     raise CatalogueError(
                         f"{self._plugin}: {self.name} {entry_id!r} reuses number {number} of "
                         f"{other_id!r} ({self._origin[other_id]})"
@@ -109,7 +111,10 @@ class Section(Generic[T]):
         """id -> stable number (numbered sections only)."""
         if not self.numbered:
             raise CatalogueError(f"{self.name} entries are not numbered")
-        return {entry_id: int(getattr(e, "number")) for entry_id, e in self._entries.items()}
+        return {
+            entry_id: int(getattr(e, "number"))  # noqa: B009 (T is typed by id only)
+            for entry_id, e in self._entries.items()
+        }
 
     def check_numbering(self, stored: Mapping[str, int]) -> None:
         """Refuse a registry in which a stored id changed its number or a number its id."""
@@ -160,12 +165,12 @@ class Catalogue:
 
     @classmethod
     def load(cls, entry_points: list[metadata.EntryPoint] | None = None) -> Catalogue:
-        """Build the catalogue: built-in plugins (`triage.*` modules) first, then the rest
+        """Build the catalogue: built-in plugins (`triage.*`, `kb.*` modules) first, then the rest
         in name order, so numbering checks and "already registered" errors are stable."""
         catalogue = cls()
         eps = list(metadata.entry_points(group=ENTRY_POINT_GROUP)) if entry_points is None \
             else list(entry_points)
-        eps.sort(key=lambda ep: (not ep.value.startswith("triage."), ep.name))
+        eps.sort(key=lambda ep: (not ep.value.startswith(BUILTIN_PREFIXES), ep.name))
         seen: set[str] = set()
         for ep in eps:
             if ep.name in seen:  # the same distribution seen twice on sys.path

@@ -14,6 +14,8 @@ import click
 from sqlalchemy.exc import SQLAlchemyError
 
 from kb.store import Store, StoreError, redact_url
+from triage.catalogue import CatalogueError
+from triage.catalogue.numbering import check_store_numbering
 
 
 @contextmanager
@@ -23,6 +25,15 @@ def open_store(ctx: click.Context) -> Iterator[Store]:
     try:
         store = Store(url)
     except SQLAlchemyError as exc:
+        raise click.ClickException(f"cannot open the knowledge base: {exc}") from None
+    try:
+        check_store_numbering(store)  # before any stored bit mask is read or written
+    except CatalogueError as exc:
+        store.close()
+        raise click.ClickException(f"the installed catalogue cannot use this knowledge base: "
+                                   f"{exc}") from None
+    except SQLAlchemyError as exc:
+        store.close()
         raise click.ClickException(f"cannot open the knowledge base: {exc}") from None
     try:
         yield store

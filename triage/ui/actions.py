@@ -1,14 +1,13 @@
-"""What the UI writes, and the one adapter to the engine.
+"""What the UI writes, and its calls into the engine and the revisit.
 
 Pages call these; each write is one `kb` transaction. Decisions go through
 `kb.decisions.record_decision` (the same rules as `triage decide`); a status override goes
 through `kb.store.record_status_change`, so it lands in the cause's history like an engine
-change.
+change; a revisit is `triage.revisit.revisit_incident`, the function `triage revisit` uses.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date
@@ -20,6 +19,9 @@ from sqlmodel import col, select
 from kb import decisions as kb_decisions
 from kb.models import CAUSE_STATUSES, DECISION_KINDS, Cause
 from kb.store import Store, StoreError, record_status_change, require_incident
+from triage import capture, engine, stackfile, symptoms
+from triage.catalogue import catalogue
+from triage.revisit import ReplayRate, RevisitResult, revisit_incident
 
 
 class ActionError(Exception):
@@ -72,6 +74,7 @@ def record_decision(store: Store, slug: str, decision: DecisionInput) -> None:
             triggers=[t.strip() for t in decision.triggers if t.strip()],
             evidence_keys=decision.evidence_keys,
             force=decision.force,
+            trigger_kinds=catalogue().triggers,
         )
 
 
@@ -114,10 +117,6 @@ def override_cause_status(
 # --------------------------------------------------------------------------- new triage
 
 
-class EngineUnavailable(Exception):
-    """The engine (or the capture layer) is not installed in this build."""
-
-
 @dataclass
 class TriageInput:
     exchange: bytes
@@ -131,11 +130,6 @@ class TriageInput:
 
 def prepare(triage: TriageInput) -> tuple[Any, Any]:
     """Parse and validate the exchange and the stack; raises ValueError with a readable message."""
-    try:
-        capture = importlib.import_module("triage.capture")
-        stackfile = importlib.import_module("triage.stackfile")
-    except ModuleNotFoundError as exc:
-        raise EngineUnavailable(f"{exc.name} is not installed yet") from exc
     if not triage.exchange.strip():
         raise ValueError("paste or upload the failing exchange")
     if not triage.stack_text.strip():
@@ -200,13 +194,6 @@ def run_triage(
     incident: str | None = None,
 ) -> dict[str, Any]:
     """Classify the exchange, run the engine's probes, return the diagnosis (with `incident`)."""
-    try:
-        engine = importlib.import_module("triage.engine")
-        symptoms = importlib.import_module("triage.symptoms")
-    except ModuleNotFoundError as exc:
-        if exc.name in ("triage.engine", "triage.symptoms"):
-            raise EngineUnavailable(f"{exc.name} is not installed yet") from exc
-        raise
     options = engine.DiagnoseOptions()
     if max_requests:
         options.max_requests = int(max_requests)
@@ -226,3 +213,24 @@ def run_triage(
         raise ValueError(f"engine: {exc}") from exc
     progress(1.0, "done")
     return diagnosis
+
+
+# --------------------------------------------------------------------------- revisit
+
+
+def revisit(
+    store: Store,
+    slug: str,
+    stack_path: Path | None = None,
+    *,
+    max_requests: int = 32,
+    replay_rate: ReplayRate | None = None,
+) -> RevisitResult:
+    """Re-probe a parked or fixed incident on the current stack and record the run as
+    evidence (what `triage revisit` does); the proposal is for a person to decide."""
+    try:
+        return revisit_incident(
+            store, slug, stack_path, max_requests=max_requests, replay_rate=replay_rate
+        )
+    except (kb_decisions.DecisionError, stackfile.StackError, engine.EngineError) as exc:
+        raise ActionError(str(exc)) from exc

@@ -85,8 +85,6 @@ if submitted:
             store, exchange, stack, report,
             max_requests=int(max_requests), incident=incident_slug.strip() or None,
         )
-    except actions.EngineUnavailable as exc:
-        st.error(md_escape(f"Cannot run a triage in this build: {exc}."))
     except ValueError as exc:
         st.error(md_escape(str(exc)))
     except Exception as exc:  # the engine's own failures: show them, keep the form

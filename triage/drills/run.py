@@ -97,6 +97,7 @@ def run_drill(
             "build": binary_build_info(binary).get("build_number"),
             "model": str(drill.model),
             "args": list(drill.server_args),
+            "host_workaround": drill.host_note,
             "launch_seconds": launch_seconds,
             "log": str(log_path),
         },

@@ -30,19 +30,47 @@ from pathlib import Path
 
 import httpx
 
+from triage.llama.crash import CrashReport, crash_report, host_cpu_flags, read_log
+
 LOOPBACK = "127.0.0.1"
 # Flags the launcher owns; a spec that sets them would fight over the listening socket.
 RESERVED_FLAGS = frozenset({"--host", "--port", "-m", "--model"})
 STOP_GRACE_SECONDS = 5.0
 HEALTH_POLL_SECONDS = 0.05
+# llama-server prints its `system_info:` line (CPU features, REPACK) only at trace level (4);
+# the crash report needs it. Trace adds a few lines per request, not per token.
+TRACE_VERBOSITY = 4
+VERBOSITY_FLAGS = frozenset({"-lv", "--verbosity", "--log-verbosity", "-v", "--verbose",
+                             "--log-verbose"})
 
 
-class ServerStartError(RuntimeError):
-    """llama-server did not become healthy (bad spec, exit during load, timeout)."""
+class _ReportedError(RuntimeError):
+    """An error that carries the server's CrashReport (None when there is nothing to report,
+    e.g. a missing model file) and its log tail."""
+
+    def __init__(self, message: str, *, report: CrashReport | None = None,
+                 log_tail: str | None = None) -> None:
+        super().__init__(message)
+        self.report = report
+        if log_tail is None:
+            log_tail = "\n".join(report.log_tail) if report is not None else ""
+        self.log_tail = log_tail
 
 
-class ServerCrashed(RuntimeError):
-    """A running llama-server exited without being asked to."""
+class ServerStartError(_ReportedError):
+    """llama-server did not become healthy (bad spec, exit during load, timeout).
+
+    `report` is a CrashReport when the process ran and died (phase "startup") or never
+    answered /health (phase "hang")."""
+
+
+class ServerCrashed(_ReportedError):
+    """A running llama-server exited without being asked to (`report.phase` "mid-request")."""
+
+
+class ServerHung(ServerCrashed):
+    """A running llama-server stopped answering: a request got no complete answer in time
+    while the process still ran (`report.phase` "hang"). The server has been stopped."""
 
 
 @dataclass(frozen=True)
@@ -145,14 +173,58 @@ class RunningServer:
         """The last lines of the server log."""
         return _read_tail(self.log_path, lines)
 
+    def crash_report(self, phase: str | None = None, detail: str = "") -> CrashReport:
+        """What the log and exit status say now. Phase by default: "hang" while the process
+        runs, "startup" before it was healthy, else "mid-request"."""
+        code = self.process.poll()
+        if phase is None:
+            phase = "hang" if code is None else (
+                "startup" if self.launch_seconds is None else "mid-request")
+        return crash_report(phase, exit_code=code, log_text=read_log(self.log_path),
+                            host_flags=host_cpu_flags(), detail=detail,
+                            log_path=str(self.log_path))
+
     def check(self) -> None:
-        """Raise ServerCrashed if the server has exited without `stop`."""
+        """Raise ServerCrashed (with its CrashReport) if the server has exited without `stop`."""
         code = self.process.poll()
         if code is not None and not self._stopping:
+            report = self.crash_report("startup" if self.launch_seconds is None
+                                       else "mid-request")
             raise ServerCrashed(
                 f"llama-server (pid {self.pid}, port {self.port}) exited with code {code}; "
-                f"log {self.log_path}:\n{self.log_tail(25)}"
+                f"{report.sentence()}\nlog {self.log_path}:\n{self.log_tail(25)}",
+                report=report, log_tail=self.log_tail(25),
             )
+
+    def hung(self, detail: str) -> ServerHung:
+        """Declare the server hung (e.g. a request never answered): stop it (the whole process
+        group) and return the ServerHung error with its report, for the caller to raise."""
+        report = self.crash_report("hang", detail)  # read before stopping: still running
+        tail = self.log_tail(25)
+        self.stop(grace=2.0)
+        return ServerHung(
+            f"llama-server (pid {self.pid}, port {self.port}) hung: {detail}; stopped it. "
+            f"{report.sentence()}\nlog {self.log_path}:\n{tail}",
+            report=report, log_tail=tail,
+        )
+
+    def explain(self, error: BaseException) -> ServerCrashed | None:
+        """Turn a failed request into a server failure when the server is why: it died
+        (ServerCrashed, phase "mid-request") or it is still running but the request timed out
+        (ServerHung, the server stopped). None when the server looks fine."""
+        if self._stopping:
+            return None
+        # A dying server can drop the connection a moment before its exit status is there.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=0.5)
+        try:
+            self.check()
+        except ServerCrashed as crashed:
+            return crashed
+        if getattr(error, "kind", None) == "timeout" or isinstance(
+                error, (TimeoutError, httpx.TimeoutException)):
+            return self.hung(f"a request got no complete answer ({error})")
+        return None
 
     def _signal_group(self, sig: int) -> None:
         # The server leads its own session (start_new_session), so its process group holds
@@ -167,6 +239,9 @@ class RunningServer:
             self._stopping = True
             if self.process.poll() is None:
                 self._signal_group(signal.SIGTERM)
+                # A stopped (SIGSTOP'd, hung in a debugger) server only acts on SIGTERM once
+                # continued.
+                self._signal_group(signal.SIGCONT)
                 try:
                     self.process.wait(timeout=grace)
                 except subprocess.TimeoutExpired:
@@ -261,7 +336,7 @@ def _wait_healthy(server: RunningServer, ready_timeout: float) -> None:
         while True:
             code = server.process.poll()
             if code is not None:
-                raise ServerStartError(_exit_message(server, code))
+                raise _exit_error(server, code)
             try:
                 response = client.get(url)
                 if response.status_code == 200:
@@ -270,22 +345,27 @@ def _wait_healthy(server: RunningServer, ready_timeout: float) -> None:
             except httpx.HTTPError as exc:
                 last_status = type(exc).__name__
             if time.monotonic() >= deadline:
+                detail = f"no healthy /health within {ready_timeout:g}s (last: {last_status})"
+                report = server.crash_report("hang", detail)
                 raise ServerStartError(
                     f"llama-server on port {server.port} not healthy within {ready_timeout:g}s "
-                    f"(last /health: {last_status}); log {server.log_path}:\n"
-                    f"{server.log_tail(25)}"
+                    f"(last /health: {last_status}); {report.sentence()}\n"
+                    f"log {server.log_path}:\n{server.log_tail(25)}",
+                    report=report, log_tail=server.log_tail(25),
                 )
             time.sleep(HEALTH_POLL_SECONDS)
 
 
-def _exit_message(server: RunningServer, code: int) -> str:
+def _exit_error(server: RunningServer, code: int) -> ServerStartError:
     tail = server.log_tail(25)
     hint = ""
     if "couldn't bind" in tail or "Address already in use" in tail:
         hint = f" (port {server.port} on {server.host} is already in use)"
-    return (
-        f"llama-server exited with code {code} during startup{hint}; "
-        f"argv {server.argv}; log {server.log_path}:\n{tail}"
+    report = server.crash_report("startup")
+    return ServerStartError(
+        f"llama-server exited with code {code} during startup{hint}; {report.sentence()}\n"
+        f"argv {server.argv}; log {server.log_path}:\n{tail}",
+        report=report, log_tail=tail,
     )
 
 
@@ -297,6 +377,7 @@ def start(
     port: int | None = None,
     host: str = LOOPBACK,
     metrics: bool = True,
+    verbosity: int | None = TRACE_VERBOSITY,
 ) -> RunningServer:
     """Start a server and wait until /health is 200; the caller must `stop()` it."""
     binary = Path(spec.binary)
@@ -307,9 +388,12 @@ def start(
     if port is not None and port_in_use(port, host):
         raise ServerStartError(f"port {port} on {host} is already in use")
     chosen_port = port if port is not None else free_port(host)
-    full_spec = spec
+    extra = []
     if metrics and "--metrics" not in spec.args:
-        full_spec = ServerSpec(spec.binary, spec.model, [*spec.args, "--metrics"])
+        extra.append("--metrics")
+    if verbosity is not None and not VERBOSITY_FLAGS.intersection(spec.args):
+        extra += ["-lv", str(verbosity)]
+    full_spec = ServerSpec(spec.binary, spec.model, [*spec.args, *extra]) if extra else spec
     argv = full_spec.argv(chosen_port, host)
 
     _install_sigterm_handler()
@@ -349,14 +433,14 @@ def launch(
     port: int | None = None,
     host: str = LOOPBACK,
     metrics: bool = True,
+    verbosity: int | None = TRACE_VERBOSITY,
 ) -> Iterator[RunningServer]:
     """Context manager: a healthy server for the block, stopped afterwards whatever happens."""
     attempts = 1 if port is not None else 3
     for attempt in range(attempts):
         try:
-            server = start(
-                spec, log_dir, ready_timeout, port=port, host=host, metrics=metrics
-            )
+            server = start(spec, log_dir, ready_timeout, port=port, host=host,
+                           metrics=metrics, verbosity=verbosity)
             break
         except ServerStartError as exc:
             # A free port can be taken between our probe and the server's bind: retry.

@@ -22,15 +22,20 @@ from triage.llama.crash import (
 
 # The start of a real b11434 log at -lv 4 on this (AMD, no AMX) host: REPACK on, no AMX.
 NO_AMX_LOG = """\
-build: 11434 (8e2e2dc3) with GNU 12.2.0 for Linux x86_64
-system_info: n_threads = 1 (n_threads_batch = 1) / 2 | CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | \
-AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | AVX512 = 1 | AVX512_VBMI = 1 | AVX512_VNNI = 1 | \
-AVX512_BF16 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 |
-load_tensors:   CPU_Mapped model buffer size =     6.03 MiB
-common_init_from_params: warming up the model with an empty run - please wait ... \
+0.00.009.019 I cmn  common_param: common_params_print_info: verbosity = 4 (adjust with the \
+`-lv N` CLI arg)
+0.00.009.029 I cmn  common_param:   - CPU     : AMD EPYC (24105 MiB, 24105 MiB free)
+0.00.009.085 I cmn  common_param: system_info: n_threads = 1 (n_threads_batch = 1) / 2 | \
+CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | AVX512 = 1 | \
+AVX512_VBMI = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | 
+0.00.011.669 I srv    load_model: loading model '/tmp/drill/gemma4-thinking-budget-qat.gguf'
+0.00.020.042 I load_tensors:   CPU_Mapped model buffer size =     0.63 MiB
+0.00.020.043 I load_tensors:   CPU_REPACK model buffer size =     0.17 MiB
+0.00.114.665 I cmn  common_init_: warming up the model with an empty run - please wait ... \
 (--no-warmup to disable)
-main: server is listening on http://127.0.0.1:8080
-srv  update_slots: all slots are idle
+0.00.135.795 I srv  llama_server: model loaded
+0.00.135.814 I srv  llama_server: listening on http://127.0.0.1:48435
+0.00.135.939 I srv  update_slots: all slots are idle
 """
 
 GDB_BACKTRACE = """\
@@ -62,7 +67,7 @@ def test_amx_startup_crash_names_signal_symbol_and_amx_facts():
     assert report.stage == "warm-up"
     sentence = report.sentence()
     for words in ("crashed with SIGSEGV during startup (warm-up)", "ggml_backend_amx_mul_mat",
-                  "AMX_INT8 = 1", "REPACK = 1", "AMX model buffer size = 4.50 MiB",
+                  "AMX_INT8 = 1", "REPACK = 1", "AMX model buffer size = 0.17 MiB",
                   "amx_int8, amx_tile", "--no-repack", "llama.cpp#20824"):
         assert words in sentence
     data = report.to_dict()

@@ -17,24 +17,29 @@ from pathlib import Path
 
 __all__ = ["AMX_CRASH_LOG", "write_amx_crash_standin"]
 
-# What the real binary prints at -lv 4 up to the crash, shortened; the backtrace is glibc's
+# What the real binary prints at -lv 4 up to the crash (format and lines as b11434 prints
+# them here, with the AMX host's CPU, features and buffer), shortened; the backtrace is glibc's
 # backtrace_symbols_fd form (mangled C++ names), as a crash handler or gdb would add it.
 AMX_CRASH_LOG = """\
-build: 11434 (8e2e2dc3) with GNU 12.2.0 for Linux x86_64
-system_info: n_threads = 1 (n_threads_batch = 1) / 8 | CPU : SSE3 = 1 | SSSE3 = 1 | \
-AVX = 1 | AVX_VNNI = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | AVX512 = 1 | \
-AVX512_VBMI = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | AMX_INT8 = 1 | LLAMAFILE = 1 | \
-OPENMP = 1 | REPACK = 1 |
-main: loading model
-srv    load_model: loading model '{model}'
-load_tensors: loading model tensors, this can take a while... (mmap = true, direct_io = false)
-load_tensors:          AMX model buffer size =     4.50 MiB
-load_tensors:   CPU_Mapped model buffer size =     6.03 MiB
-llama_context: constructing llama_context
-llama_context:        CPU  output buffer size =     0.01 MiB
-common_init_from_params: warming up the model with an empty run - please wait ... \
+0.00.002.319 I srv  llama_server: initializing ...
+0.00.008.970 I cmn  common_param: common_params_print_info: build 11434 (sdist) with GNU 12.2.0 \
+for Linux x86_64
+0.00.009.019 I cmn  common_param: common_params_print_info: verbosity = 4 (adjust with the \
+`-lv N` CLI arg)
+0.00.009.029 I cmn  common_param:   - CPU     : Intel(R) Xeon(R) Platinum 8480+ (257654 MiB, \
+250112 MiB free)
+0.00.009.085 I cmn  common_param: system_info: n_threads = 1 (n_threads_batch = 1) / 8 | \
+CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX_VNNI = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | \
+AVX512 = 1 | AVX512_VBMI = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | AMX_INT8 = 1 | LLAMAFILE = 1 | \
+OPENMP = 1 | REPACK = 1 | 
+0.00.011.669 I srv    load_model: loading model '{model}'
+0.00.020.042 I load_tensors:   CPU_Mapped model buffer size =     0.63 MiB
+0.00.020.043 I load_tensors:          AMX model buffer size =     0.17 MiB
+0.00.114.598 I sched_reserve:        CPU compute buffer size =     7.52 MiB
+0.00.114.646 I cmn          init: llama threadpool init, n_threads = 1
+0.00.114.665 I cmn  common_init_: warming up the model with an empty run - please wait ... \
 (--no-warmup to disable)
-/opt/llama/lib/libggml-cpu.so(_Z24ggml_backend_amx_mul_matP19ggml_compute_paramsP11ggml_tensor\
+/opt/llama/lib/libggml-cpu.so(_Z24ggml_backend_amx_mul_matPK19ggml_compute_paramsP11ggml_tensor\
 +0x3c4)[0x7f3d2a4b13c4]
 /opt/llama/lib/libggml-cpu.so(+0x4f1de)[0x7f3d2a4a71de]
 /opt/llama/lib/libggml-cpu.so(ggml_graph_compute+0xe6)[0x7f3d2a4a9a46]

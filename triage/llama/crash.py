@@ -6,11 +6,13 @@ override, so that both sides of the AMX branch are testable on any host).
 
 What llama-server prints that matters (build 11434):
 
-* at `-lv 4` (trace), once at startup: ``system_info: n_threads = 1 (n_threads_batch = 1) / 2 |
+* at `-lv 4` (trace), once at startup (after a "0.00.009.085 I cmn  common_param: " prefix,
+  as every line): ``system_info: n_threads = 1 (n_threads_batch = 1) / 2 |
   CPU : SSE3 = 1 | ... | AMX_INT8 = 1 | ... | REPACK = 1 |`` -- the CPU features the binary
   was built for and uses, and whether weights are repacked for the CPU kernels;
 * at info level, per weights buffer: ``load_tensors:   AMX model buffer size = 6.03 MiB`` (or
-  ``CPU_REPACK``) when weights were repacked into the AMX / CPU-repack layout;
+  ``CPU_REPACK``; measured here on an AVX-512 host without AMX: ``CPU_REPACK ... 0.17 MiB``)
+  when weights were repacked into the AMX / CPU-repack layout;
 * ``warming up the model with an empty run`` right before the warm-up decode, where the AMX
   repacked path of GCC 11/12 builds segfaults (llama.cpp#20824, ollama#17205);
 * a backtrace only when something printed one (gdb, glibc `backtrace_symbols_fd`, ggml's own
@@ -66,7 +68,7 @@ _STAGES = (
     ("load_tensors:", "model load"),
     ("llama_context:", "context setup"),
     ("warming up the model", "warm-up"),
-    ("server is listening", "serving"),
+    ("listening on http", "serving"),
     ("all slots are idle", "serving"),
     ("launch_slot_with_task", "decoding a request"),
     ("processing task", "decoding a request"),

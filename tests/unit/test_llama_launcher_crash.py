@@ -179,3 +179,27 @@ def test_healthy_server_does_not_explain_a_client_error(tmp_path: Path, model: P
         assert server.explain(error) is None and server.alive()
     finally:
         server.stop()
+
+
+def test_log_is_bounded_and_keeps_its_head_and_latest_tail(tmp_path: Path, model: Path,
+                                                            monkeypatch: pytest.MonkeyPatch):
+    import triage.llama.launcher as launcher
+
+    monkeypatch.setattr(launcher, "LOG_LIMIT_BYTES", 20_000)
+    monkeypatch.setattr(launcher, "LOG_KEEP_TAIL_BYTES", 4_000)
+    chatty = script(tmp_path, "srv", FAKE_SERVER.replace(
+        'print("main: server', 'print("\\n".join(f"trace line {i}" for i in range(50000)))\n'
+        'print("last words", flush=True)\nprint("main: server'))
+    server = start(ServerSpec(chatty, model), tmp_path / "logs")
+    try:
+        # Still running: the tail past the limit is in memory, and reports see it.
+        assert server.log_tail(2).splitlines()[-1].startswith("main: server is listening")
+        assert server.crash_report().cpu_features == {"AVX2": "1", "REPACK": "1"}  # the head
+    finally:
+        server.stop()
+    text = server.log_path.read_text()
+    assert len(text) < 20_000 + 4_000 + 600  # + the argv line and the marker
+    assert text.startswith("# argv:") and "system_info" in text
+    assert "# [triage] log limit of 20000 bytes reached" in text
+    assert "last words" in text and "trace line 49999" in text
+    assert "trace line 20000" not in text  # the middle was dropped

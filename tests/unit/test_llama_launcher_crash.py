@@ -203,3 +203,21 @@ def test_log_is_bounded_and_keeps_its_head_and_latest_tail(tmp_path: Path, model
     assert "# [triage] log limit of 20000 bytes reached" in text
     assert "last words" in text and "trace line 49999" in text
     assert "trace line 20000" not in text  # the middle was dropped
+
+
+def test_drill_run_on_a_server_that_stops_answering_says_it_hung(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from triage.drills import build_drill
+    from triage.drills.run import run_drill
+
+    template = tmp_path / "template.jinja"
+    template.write_text("{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}")
+    monkeypatch.setenv("TRIAGE_GEMMA4_TEMPLATE", str(template))
+    drill = build_drill("gemma4-toolcall", tmp_path / "drill")
+    binary = script(tmp_path, "srv", FAKE_SERVER)
+    with pytest.raises(LlamaClientError) as info:
+        run_drill(drill, log_dir=tmp_path / "logs", binary=binary, timeout=1, contrasts=False)
+    report = info.value.report
+    assert report is not None and report.phase == "hang"
+    assert "llama-server hung (serving): a request got no complete answer" in str(info.value)
+    assert running_servers() == []

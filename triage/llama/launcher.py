@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import io
 import os
 import signal
 import socket
@@ -27,7 +28,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 import httpx
 
@@ -124,7 +124,7 @@ class _LogPump:
     only the last `keep` bytes in memory and appends them, after a marker line, at the end.
     (Trace level adds ~3.4 KB per request and ~14 KB at startup, measured on b11434.)"""
 
-    def __init__(self, source: IO[bytes], path: Path, limit: int, keep: int) -> None:
+    def __init__(self, source: io.BufferedReader, path: Path, limit: int, keep: int) -> None:
         self.path = path
         self._source = source
         self._limit = limit
@@ -490,7 +490,7 @@ def start(
         preexec_fn=_preexec(),
     )
     server = RunningServer(full_spec, process, host, chosen_port, log_path, argv)
-    assert process.stdout is not None
+    assert isinstance(process.stdout, io.BufferedReader)
     server.log_pump = _LogPump(process.stdout, log_path, LOG_LIMIT_BYTES, LOG_KEEP_TAIL_BYTES)
     _REGISTRY.add(server)
     try:

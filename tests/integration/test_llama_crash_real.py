@@ -163,3 +163,20 @@ def test_demo_drill_on_simulated_amx_host_avoids_the_crash(
         stack_path, drill.request("greedy"), tmp_path)
     assert b'"finish_reason":"length"' in response_path.read_bytes().replace(b" ", b"")
     assert running_servers() == []
+
+
+def test_no_repack_really_keeps_the_weights_out_of_the_repacked_layout(
+        thinking_drill: Drill, server_factory):
+    """What the workaround changes on the real binary: no repacked weight buffer (on this
+    Q4_0 drill model a CPU_REPACK buffer appears without the flag, AMX on an AMX host)."""
+    from triage.llama.crash import host_cpu_flags, host_has_amx
+
+    with_flag = server_factory(thinking_drill.model, [*LONG_ARGS, "--no-repack"])
+    report = with_flag.crash_report("hang")
+    assert report.cpu_features.get("REPACK") == "1"  # built with it ...
+    assert report.buffers and not any(
+        line.startswith(("CPU_REPACK ", "AMX ")) for line in report.buffers)  # ... not used
+    if host_has_amx(host_cpu_flags()):
+        return  # the suite runs every server with --no-repack here (tests/conftest.py)
+    without = server_factory(thinking_drill.model, LONG_ARGS)
+    assert any(line.startswith("CPU_REPACK ") for line in without.crash_report("hang").buffers)

@@ -84,3 +84,21 @@ def test_suite_wrapper_appends_no_repack_on_amx_host_only(tmp_path: Path):
                           capture_output=True, text=True, timeout=30)
     assert done.stdout.strip() == "-m a b.gguf --port 1 --no-repack"
     assert NOTE in done.stderr  # the server log says why the flag is there
+
+
+def test_stack_note_is_read_back_from_drill_stacks_only(
+        tmp_path: Path, stand_in_template: None, monkeypatch: pytest.MonkeyPatch):
+    from triage.drills.host import stack_host_note
+
+    monkeypatch.setenv("TRIAGE_CPU_FLAGS", AMX_FLAGS)
+    amx = build_drill("gemma4-thinking-budget", tmp_path / "amx")
+    assert stack_host_note(amx.out_dir / "stack.toml") == NOTE
+    monkeypatch.setenv("TRIAGE_CPU_FLAGS", "avx2")
+    plain = build_drill("gemma4-thinking-budget", tmp_path / "plain")
+    assert stack_host_note(plain.out_dir / "stack.toml") is None
+    # A user's stack with --no-repack of their own is not labelled a host workaround.
+    user = tmp_path / "user.toml"
+    user.write_text('[server]\nmodel = "m.gguf"\nargs = ["--no-repack"]\n'
+                    '# host workaround: --no-repack (AMX host, llama.cpp#20824)\n')
+    assert stack_host_note(user) is None
+    assert stack_host_note(tmp_path / "missing.toml") is None

@@ -23,6 +23,7 @@ from triage.llama.crash import (
 
 __all__ = [
     "AMX_WORKAROUND_NOTE",
+    "stack_host_note",
     "host_workaround_args",
     "host_workaround_note",
     "write_workaround_wrapper",
@@ -59,3 +60,24 @@ def write_workaround_wrapper(real_binary: Path, dest: Path,
     )
     dest.chmod(dest.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return dest
+
+
+STACK_NOTE_PREFIX = "# host workaround:"
+STACK_HEAD_BYTES = 4096
+
+
+def stack_host_note(stack_path: Path | str) -> str | None:
+    """The host-workaround note a drill's stack.toml carries (written by
+    `triage.drills.registry.write_stack` in its header comment), else None -- for the
+    diagnosis's stack description. A user's own stack has none: nothing is added to it."""
+    try:
+        with Path(stack_path).open("rb") as handle:
+            head = handle.read(STACK_HEAD_BYTES).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in head.splitlines():
+        if not line.startswith("#"):
+            break  # only the header comment counts
+        if line.startswith(STACK_NOTE_PREFIX):
+            return line[2:].split(" -- ", 1)[0].strip()
+    return None

@@ -166,3 +166,27 @@ def test_long_log_lines_are_clipped_in_the_tail():
 
 def test_workaround_note_names_flag_and_upstream_issue():
     assert AMX_WORKAROUND_NOTE == "host workaround: --no-repack (AMX host, llama.cpp#20824)"
+
+
+# What b11434 prints for a missing draft model (measured) and for a typo'd flag.
+DRAFT_MISSING_LOG = """\
+0.00.022.617 I srv    load_model: loading model '/tmp/drill/qat.gguf'
+0.00.414.869 E llama_model_load: error loading model: llama_model_loader: failed to load model \
+from /nope.gguf
+0.00.414.889 E llama_model_load_from_file_impl: failed to load model
+0.00.414.892 E srv    load_model: failed to load draft model, '/nope.gguf'
+0.00.418.080 E srv  llama_server: exiting due to model loading error
+"""
+
+
+def test_first_error_line_is_named_for_a_plain_exit():
+    report = crash_report("startup", exit_code=1, log_text=DRAFT_MISSING_LOG)
+    assert report.errors[0].startswith("llama_model_load: error loading model")
+    assert len(report.errors) == 4
+    assert report.sentence().startswith(
+        'llama-server exited with code 1 during startup (model load) (first error: '
+        '"llama_model_load: error loading model: llama_model_loader: failed to load model '
+        'from /nope.gguf")')
+    typo = crash_report("startup", exit_code=1, log_text="error: invalid argument: --bogus\n")
+    assert typo.errors == ("error: invalid argument: --bogus",)
+    assert crash_report("startup", exit_code=1, log_text=NO_AMX_LOG).errors == ()

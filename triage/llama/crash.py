@@ -57,6 +57,11 @@ _GDB_FRAME = re.compile(r"^\s*#\d+\s+(?:0x[0-9a-fA-F]+\s+in\s+)?(?P<sym>[^\s(]+)
 _GLIBC_FRAME = re.compile(r"\((?P<sym>[^()+\s]+)\+0x[0-9a-fA-F]+\)\s*\[0x[0-9a-fA-F]+\]")
 _UNWIND_FRAME = re.compile(r"^\s*\d+:\s+0x[0-9a-fA-F]+\s+(?P<sym>\S+)\s*$")
 _MANGLED_PLAIN = re.compile(r"^_Z(?P<len>\d+)")
+# Error lines: the logger's level letter after the timestamp ("0.00.414.869 E llama_model_load:
+# error loading model: ...") or the argument parser's "error: invalid argument: --bogus".
+_ERROR_LINE = re.compile(r"^(?:\d+\.\d+\.\d+\.\d+ E (?P<logged>.+)|(?P<plain>error: .+))$",
+                         re.IGNORECASE)
+MAX_ERRORS = 5
 # Frames that belong to the crash reporting itself, not to the crash.
 _REPORTER_FRAMES = frozenset({
     "ggml_print_backtrace", "ggml_print_backtrace_symbols", "ggml_abort",
@@ -156,6 +161,20 @@ def buffer_lines(lines: Iterable[str]) -> list[str]:
     return found
 
 
+def error_lines(lines: Iterable[str]) -> list[str]:
+    """The first error lines the server logged (level E, or "error: ..."), without prefixes."""
+    found: list[str] = []
+    for line in lines:
+        match = _ERROR_LINE.match(line.strip())
+        if match:
+            text = _clip((match.group("logged") or match.group("plain")).strip())
+            if text not in found:
+                found.append(text)
+            if len(found) >= MAX_ERRORS:
+                break
+    return found
+
+
 def last_stage(lines: Iterable[str]) -> str | None:
     """What the server was doing by its log's last recognised line (e.g. "warm-up")."""
     stage = None
@@ -220,6 +239,7 @@ class CrashReport:
     buffers: tuple[str, ...] = ()  # "AMX model buffer size = 6.03 MiB", ...
     host_flags: frozenset[str] = frozenset()
     stage: str | None = None  # last recognised stage: model load, warm-up, serving, ...
+    errors: tuple[str, ...] = ()  # the first error lines of the log (level E / "error:")
     detail: str = ""  # what the launcher/client saw (e.g. "no /health within 60s")
     log_path: str | None = None
 
@@ -266,6 +286,7 @@ class CrashReport:
             "signal": self.signal,
             "stage": self.stage,
             "detail": self.detail,
+            "errors": list(self.errors),
             "backtrace_symbol": self.backtrace_symbol,
             "backtrace": list(self.backtrace),
             "cpu_features": dict(self.cpu_features),
@@ -301,6 +322,8 @@ def _sentence(report: CrashReport) -> str:
     parts = [_what_happened(report)]
     if report.backtrace_symbol:
         parts.append(f"in {report.backtrace_symbol}")
+    if report.errors:
+        parts.append(f'(first error: "{report.errors[0]}")')
     facts = []
     if report.cpu_features:
         shown = [f"{name} = {report.cpu_features[name]}"
@@ -357,6 +380,7 @@ def crash_report(
         buffers=tuple(buffer_lines(lines)),
         host_flags=frozenset(host_flags),
         stage=last_stage(lines),
+        errors=tuple(error_lines(lines)),
         detail=detail,
         log_path=log_path,
     )

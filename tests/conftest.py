@@ -1,5 +1,10 @@
 """Shared fixtures: an isolated data directory per test, and the store over SQLite and PostgreSQL.
 
+On a host whose CPU has AMX (or with TRIAGE_CPU_FLAGS naming amx_* flags), llama-server b11434
+segfaults in its repacked AMX path while warming up any drill model (llama.cpp#20824): the
+session then points LLAMA_SERVER_BIN at a wrapper that adds --no-repack to every server the
+tests start, and says so in the report header and in every server log.
+
 PostgreSQL is a real throwaway PostgreSQL 15 cluster started once per session with
 initdb/pg_ctl on a free port (as the `postgres` user when running as root, since initdb
 refuses root), with a fresh database per test.
@@ -20,6 +25,48 @@ from pathlib import Path
 import pytest
 
 PG_BIN = Path(os.environ.get("TRIAGE_PG_BIN", "/usr/lib/postgresql/15/bin"))
+_HOST_WORKAROUND = pytest.StashKey[tuple[Path, str | None, str]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """On an AMX host, every llama-server of the suite runs with --no-repack (see above)."""
+    from triage.drills.host import host_workaround_note, write_workaround_wrapper
+    from triage.llama.build import BINARY_ENV, find_server_binary
+
+    note = host_workaround_note()
+    if note is None:
+        return
+    try:
+        real = find_server_binary()
+    except Exception:  # noqa: BLE001 -- no binary: the integration fixtures skip or fail
+        return
+    folder = Path(tempfile.mkdtemp(prefix="triage-host-workaround-"))
+    wrapper = write_workaround_wrapper(real, folder / "llama-server")
+    if wrapper is None:
+        shutil.rmtree(folder, ignore_errors=True)
+        return
+    config.stash[_HOST_WORKAROUND] = (folder, os.environ.get(BINARY_ENV), note)
+    os.environ[BINARY_ENV] = str(wrapper)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    if _HOST_WORKAROUND not in config.stash:
+        return []
+    folder, _, note = config.stash[_HOST_WORKAROUND]
+    return [f"{note}: every llama-server runs through {folder / 'llama-server'}"]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from triage.llama.build import BINARY_ENV
+
+    if _HOST_WORKAROUND not in config.stash:
+        return
+    folder, previous, _ = config.stash[_HOST_WORKAROUND]
+    if previous is None:
+        os.environ.pop(BINARY_ENV, None)
+    else:
+        os.environ[BINARY_ENV] = previous
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

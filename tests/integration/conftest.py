@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 
 from triage.drills import Drill, build_drill
+from triage.drills.host import host_workaround_args
 from triage.llama.launcher import RunningServer, ServerSpec, running_servers, start
 
-# Drill servers: one compute thread each (see triage.drills.registry.SERVER_ARGS).
-PLAIN_ARGS = ["-c", "16384", "-np", "4", "-t", "1", "-tb", "1"]
+# Drill servers: one compute thread each (see triage.drills.registry.SERVER_ARGS), and
+# --no-repack on an AMX host (triage.drills.host; the args show it).
+PLAIN_ARGS = ["-c", "16384", "-np", "4", "-t", "1", "-tb", "1", *host_workaround_args()]
 
 
 @pytest.fixture(scope="session")

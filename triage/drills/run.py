@@ -8,7 +8,7 @@ from typing import Any
 
 from triage.drills.registry import Drill
 from triage.llama.build import binary_build_info, find_server_binary
-from triage.llama.client import ChatResult, LlamaClient
+from triage.llama.client import ChatResult, LlamaClient, LlamaClientError
 from triage.llama.launcher import ServerSpec, launch
 
 TIMING_KEYS = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "draft_n",
@@ -85,9 +85,17 @@ def run_drill(
         bodies.extend(drill.contrasts.items())
     spec = ServerSpec(binary, drill.model, list(drill.server_args))
     with launch(spec, log_dir) as server:
-        summaries = asyncio.run(
-            _send_all(server.base_url, bodies, timeout, _slots(drill.server_args))
-        )
+        try:
+            summaries = asyncio.run(
+                _send_all(server.base_url, bodies, timeout, _slots(drill.server_args))
+            )
+        except LlamaClientError as exc:
+            explained = server.explain(exc)  # died or hung: say how, with its report
+            if explained is None:
+                raise
+            why = explained.report.sentence() if explained.report else str(explained)
+            raise LlamaClientError(f"{exc}; {why}", kind=exc.kind, url=exc.url,
+                                   report=explained.report) from explained
         launch_seconds = server.launch_seconds
         log_path = server.log_path
     return {
@@ -97,6 +105,7 @@ def run_drill(
             "build": binary_build_info(binary).get("build_number"),
             "model": str(drill.model),
             "args": list(drill.server_args),
+            "host_workaround": drill.host_note,
             "launch_seconds": launch_seconds,
             "log": str(log_path),
         },

@@ -14,10 +14,12 @@ from triage.llama.client import (
     LlamaClientError,
     StreamResult,
 )
+from triage.llama.crash import CrashReport, crash_report, host_cpu_flags, host_has_amx
 from triage.llama.gguf_meta import GGUFMeta, GGUFMetaError, read_gguf_meta
 from triage.llama.launcher import (
     RunningServer,
     ServerCrashed,
+    ServerHung,
     ServerSpec,
     ServerStartError,
     launch,
@@ -28,6 +30,7 @@ from triage.llama.launcher import (
 __all__ = [
     "BuildError",
     "ChatResult",
+    "CrashReport",
     "GGUFMeta",
     "GGUFMetaError",
     "HttpResult",
@@ -36,12 +39,16 @@ __all__ = [
     "RunningServer",
     "ServerBinaryNotFound",
     "ServerCrashed",
+    "ServerHung",
     "ServerSpec",
     "ServerStartError",
     "StreamResult",
     "binary_build_info",
     "build_server",
+    "crash_report",
     "find_server_binary",
+    "host_cpu_flags",
+    "host_has_amx",
     "launch",
     "read_gguf_meta",
     "running_servers",

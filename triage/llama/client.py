@@ -29,12 +29,16 @@ SECRET_HEADERS = frozenset(
 
 
 class LlamaClientError(RuntimeError):
-    """The request did not complete: kind is connect, timeout, disconnected or http."""
+    """The request did not complete: kind is connect, timeout, disconnected or http.
 
-    def __init__(self, message: str, *, kind: str, url: str) -> None:
+    `report` is a triage.llama.crash.CrashReport when the caller found out why (the server it
+    launched died or hung, see RunningServer.explain); None otherwise."""
+
+    def __init__(self, message: str, *, kind: str, url: str, report: Any = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.url = url
+        self.report = report
 
 
 def safe_headers(headers: Mapping[str, str]) -> dict[str, str]:

@@ -10,6 +10,13 @@ Every server started here is stopped again, in layers:
 * on Linux, servers started from the main thread get PR_SET_PDEATHSIG, so even a SIGKILL of
   Python takes them down. (Not from other threads: the signal fires when the *thread* that
   started the child ends.)
+
+A server that dies or hangs raises an error carrying a `CrashReport` (triage.llama.crash):
+`ServerStartError.report` (phase "startup", or "hang" when /health never answered),
+`ServerCrashed.report` from `check()`/`explain()` (phase "mid-request") and `ServerHung`
+from `hung()`/`explain()` (phase "hang", server stopped). Servers run at `-lv 4`, the level
+at which llama-server prints its `system_info` line; their output reaches the log through a
+pipe, bounded to LOG_LIMIT_BYTES plus the last LOG_KEEP_TAIL_BYTES.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import io
 import os
 import signal
 import socket
@@ -30,19 +38,52 @@ from pathlib import Path
 
 import httpx
 
+from triage.llama.crash import CrashReport, crash_report, host_cpu_flags, read_log
+
 LOOPBACK = "127.0.0.1"
 # Flags the launcher owns; a spec that sets them would fight over the listening socket.
 RESERVED_FLAGS = frozenset({"--host", "--port", "-m", "--model"})
 STOP_GRACE_SECONDS = 5.0
 HEALTH_POLL_SECONDS = 0.05
+# llama-server prints its `system_info:` line (CPU features, REPACK) only at trace level (4);
+# the crash report needs it. Measured on b11434 with a drill: 13.6 KB at startup and ~4.4 KB
+# per request at -lv 4, vs 0.9 KB and ~1.0 KB at the default level 3 (lines per request,
+# never per token).
+TRACE_VERBOSITY = 4
+# Per server log: the first LOG_LIMIT_BYTES, then only the last LOG_KEEP_TAIL_BYTES.
+LOG_LIMIT_BYTES = 16 * 1024 * 1024
+LOG_KEEP_TAIL_BYTES = 256 * 1024
+VERBOSITY_FLAGS = frozenset({"-lv", "--verbosity", "--log-verbosity", "-v", "--verbose",
+                             "--log-verbose"})
 
 
-class ServerStartError(RuntimeError):
-    """llama-server did not become healthy (bad spec, exit during load, timeout)."""
+class _ReportedError(RuntimeError):
+    """An error that carries the server's CrashReport (None when there is nothing to report,
+    e.g. a missing model file) and its log tail."""
+
+    def __init__(self, message: str, *, report: CrashReport | None = None,
+                 log_tail: str | None = None) -> None:
+        super().__init__(message)
+        self.report = report
+        if log_tail is None:
+            log_tail = "\n".join(report.log_tail) if report is not None else ""
+        self.log_tail = log_tail
 
 
-class ServerCrashed(RuntimeError):
-    """A running llama-server exited without being asked to."""
+class ServerStartError(_ReportedError):
+    """llama-server did not become healthy (bad spec, exit during load, timeout).
+
+    `report` is a CrashReport when the process ran and died (phase "startup") or never
+    answered /health (phase "hang")."""
+
+
+class ServerCrashed(_ReportedError):
+    """A running llama-server exited without being asked to (`report.phase` "mid-request")."""
+
+
+class ServerHung(ServerCrashed):
+    """A running llama-server stopped answering: a request got no complete answer in time
+    while the process still ran (`report.phase` "hang"). The server has been stopped."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +128,57 @@ def port_in_use(port: int, host: str = LOOPBACK) -> bool:
     return False
 
 
+class _LogPump:
+    """Copies a server's output into its log file, at most `limit` bytes; past that it keeps
+    only the last `keep` bytes in memory and appends them, after a marker line, at the end."""
+
+    def __init__(self, source: io.BufferedReader, path: Path, limit: int, keep: int) -> None:
+        self.path = path
+        self._source = source
+        self._limit = limit
+        self._keep = keep
+        self._written = 0
+        self._ring = bytearray()
+        self._dropped = 0
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name=f"log {path.name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with self._source, self.path.open("ab") as out:
+            while chunk := self._source.read1(65536):
+                room = self._limit - self._written
+                if room > 0:
+                    out.write(chunk[:room])
+                    out.flush()
+                    self._written += min(room, len(chunk))
+                    chunk = chunk[room:]
+                if chunk:
+                    with self._lock:
+                        self._ring += chunk
+                        excess = len(self._ring) - self._keep
+                        if excess > 0:
+                            self._dropped += excess
+                            del self._ring[:excess]
+            with self._lock:
+                if self._ring:
+                    out.write(self._marker() + bytes(self._ring))
+                    self._ring.clear()
+
+    def _marker(self) -> bytes:
+        return (f"\n# [triage] log limit of {self._limit} bytes reached: {self._dropped} bytes "
+                f"dropped, the last {len(self._ring)} bytes follow\n").encode()
+
+    def pending(self) -> bytes:
+        """Output past the limit not yet in the file (the process still runs)."""
+        with self._lock:
+            return self._marker() + bytes(self._ring) if self._ring else b""
+
+    def join(self, timeout: float) -> None:
+        """Wait until the output is in the file (EOF: every writer has exited)."""
+        self._thread.join(timeout)
+
+
 def _read_tail(path: Path, lines: int) -> str:
     try:
         with path.open("rb") as handle:
@@ -119,6 +211,7 @@ class RunningServer:
         self.argv = argv
         self.started_at = time.monotonic()
         self.launch_seconds: float | None = None
+        self.log_pump: _LogPump | None = None
         self._stopping = False
         self._lock = threading.RLock()
 
@@ -141,18 +234,79 @@ class RunningServer:
         """True while the process runs."""
         return self.process.poll() is None
 
+    def _drain_log(self) -> bytes:
+        """Output not in the log file yet; waits briefly for the rest once the process ended."""
+        if self.log_pump is None:
+            return b""
+        if self.process.poll() is not None:
+            self.log_pump.join(timeout=2.0)
+        return self.log_pump.pending()
+
+    def log_text(self) -> str:
+        """The log's head and tail (bounded, see crash.read_log), including pending output."""
+        pending = self._drain_log()[-LOG_KEEP_TAIL_BYTES:]
+        return read_log(self.log_path) + pending.decode("utf-8", errors="replace")
+
     def log_tail(self, lines: int = 40) -> str:
         """The last lines of the server log."""
-        return _read_tail(self.log_path, lines)
+        pending = self._drain_log()
+        if not pending:
+            return _read_tail(self.log_path, lines)
+        text = pending.decode("utf-8", errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def crash_report(self, phase: str | None = None, detail: str = "") -> CrashReport:
+        """What the log and exit status say now. Phase by default: "hang" while the process
+        runs, "startup" before it was healthy, else "mid-request"."""
+        code = self.process.poll()
+        if phase is None:
+            phase = "hang" if code is None else (
+                "startup" if self.launch_seconds is None else "mid-request")
+        return crash_report(phase, exit_code=code, log_text=self.log_text(),
+                            host_flags=host_cpu_flags(), detail=detail,
+                            log_path=str(self.log_path))
 
     def check(self) -> None:
-        """Raise ServerCrashed if the server has exited without `stop`."""
+        """Raise ServerCrashed (with its CrashReport) if the server has exited without `stop`."""
         code = self.process.poll()
         if code is not None and not self._stopping:
+            report = self.crash_report("startup" if self.launch_seconds is None
+                                       else "mid-request")
             raise ServerCrashed(
                 f"llama-server (pid {self.pid}, port {self.port}) exited with code {code}; "
-                f"log {self.log_path}:\n{self.log_tail(25)}"
+                f"{report.sentence()}\nlog {self.log_path}:\n{self.log_tail(25)}",
+                report=report, log_tail=self.log_tail(25),
             )
+
+    def hung(self, detail: str) -> ServerHung:
+        """Declare the server hung (e.g. a request never answered): stop it (the whole process
+        group) and return the ServerHung error with its report, for the caller to raise."""
+        report = self.crash_report("hang", detail)  # read before stopping: still running
+        tail = self.log_tail(25)
+        self.stop(grace=2.0)
+        return ServerHung(
+            f"llama-server (pid {self.pid}, port {self.port}) hung: {detail}; stopped it. "
+            f"{report.sentence()}\nlog {self.log_path}:\n{tail}",
+            report=report, log_tail=tail,
+        )
+
+    def explain(self, error: BaseException) -> ServerCrashed | None:
+        """Turn a failed request into a server failure when the server is why: it died
+        (ServerCrashed, phase "mid-request") or it is still running but the request timed out
+        (ServerHung, the server stopped). None when the server looks fine."""
+        if self._stopping:
+            return None
+        # A dying server can drop the connection a moment before its exit status is there.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=0.5)
+        try:
+            self.check()
+        except ServerCrashed as crashed:
+            return crashed
+        if getattr(error, "kind", None) == "timeout" or isinstance(
+                error, (TimeoutError, httpx.TimeoutException)):
+            return self.hung(f"a request got no complete answer ({error})")
+        return None
 
     def _signal_group(self, sig: int) -> None:
         # The server leads its own session (start_new_session), so its process group holds
@@ -167,6 +321,9 @@ class RunningServer:
             self._stopping = True
             if self.process.poll() is None:
                 self._signal_group(signal.SIGTERM)
+                # A stopped (SIGSTOP'd, hung in a debugger) server only acts on SIGTERM once
+                # continued.
+                self._signal_group(signal.SIGCONT)
                 try:
                     self.process.wait(timeout=grace)
                 except subprocess.TimeoutExpired:
@@ -174,6 +331,8 @@ class RunningServer:
                     self.process.wait(timeout=grace)
             # Stragglers of the group (children of a wrapper that already exited).
             self._signal_group(signal.SIGKILL)
+            if self.log_pump is not None:
+                self.log_pump.join(timeout=2.0)
             _REGISTRY.discard(self)
             return self.process.returncode
 
@@ -261,7 +420,7 @@ def _wait_healthy(server: RunningServer, ready_timeout: float) -> None:
         while True:
             code = server.process.poll()
             if code is not None:
-                raise ServerStartError(_exit_message(server, code))
+                raise _exit_error(server, code)
             try:
                 response = client.get(url)
                 if response.status_code == 200:
@@ -270,22 +429,27 @@ def _wait_healthy(server: RunningServer, ready_timeout: float) -> None:
             except httpx.HTTPError as exc:
                 last_status = type(exc).__name__
             if time.monotonic() >= deadline:
+                detail = f"no healthy /health within {ready_timeout:g}s (last: {last_status})"
+                report = server.crash_report("hang", detail)
                 raise ServerStartError(
                     f"llama-server on port {server.port} not healthy within {ready_timeout:g}s "
-                    f"(last /health: {last_status}); log {server.log_path}:\n"
-                    f"{server.log_tail(25)}"
+                    f"(last /health: {last_status}); {report.sentence()}\n"
+                    f"log {server.log_path}:\n{server.log_tail(25)}",
+                    report=report, log_tail=server.log_tail(25),
                 )
             time.sleep(HEALTH_POLL_SECONDS)
 
 
-def _exit_message(server: RunningServer, code: int) -> str:
+def _exit_error(server: RunningServer, code: int) -> ServerStartError:
     tail = server.log_tail(25)
     hint = ""
     if "couldn't bind" in tail or "Address already in use" in tail:
         hint = f" (port {server.port} on {server.host} is already in use)"
-    return (
-        f"llama-server exited with code {code} during startup{hint}; "
-        f"argv {server.argv}; log {server.log_path}:\n{tail}"
+    report = server.crash_report("startup")
+    return ServerStartError(
+        f"llama-server exited with code {code} during startup{hint}; {report.sentence()}\n"
+        f"argv {server.argv}; log {server.log_path}:\n{tail}",
+        report=report, log_tail=tail,
     )
 
 
@@ -297,6 +461,7 @@ def start(
     port: int | None = None,
     host: str = LOOPBACK,
     metrics: bool = True,
+    verbosity: int | None = TRACE_VERBOSITY,
 ) -> RunningServer:
     """Start a server and wait until /health is 200; the caller must `stop()` it."""
     binary = Path(spec.binary)
@@ -307,29 +472,34 @@ def start(
     if port is not None and port_in_use(port, host):
         raise ServerStartError(f"port {port} on {host} is already in use")
     chosen_port = port if port is not None else free_port(host)
-    full_spec = spec
+    extra = []
     if metrics and "--metrics" not in spec.args:
-        full_spec = ServerSpec(spec.binary, spec.model, [*spec.args, "--metrics"])
+        extra.append("--metrics")
+    if verbosity is not None and not VERBOSITY_FLAGS.intersection(spec.args):
+        extra += ["-lv", str(verbosity)]
+    full_spec = ServerSpec(spec.binary, spec.model, [*spec.args, *extra]) if extra else spec
     argv = full_spec.argv(chosen_port, host)
 
     _install_sigterm_handler()
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"llama-server-{chosen_port}-{time.strftime('%Y%m%d-%H%M%S')}.log"
-    with log_path.open("wb") as log_file:
-        log_file.write(f"# argv: {argv}\n".encode())
-        log_file.flush()
-        process = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=_child_env(),
-            # Own session: a Ctrl-C in the terminal reaches Python, which stops the server
-            # in order, instead of killing the server under a request.
-            start_new_session=True,
-            preexec_fn=_preexec(),
-        )
+    log_path.write_bytes(f"# argv: {argv}\n".encode())
+    process = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        # Through a pipe, so the log stays bounded (_LogPump). If Python dies, the server's
+        # next write fails (SIGPIPE) when nothing else stopped it.
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=_child_env(),
+        # Own session: a Ctrl-C in the terminal reaches Python, which stops the server
+        # in order, instead of killing the server under a request.
+        start_new_session=True,
+        preexec_fn=_preexec(),
+    )
     server = RunningServer(full_spec, process, host, chosen_port, log_path, argv)
+    assert isinstance(process.stdout, io.BufferedReader)
+    server.log_pump = _LogPump(process.stdout, log_path, LOG_LIMIT_BYTES, LOG_KEEP_TAIL_BYTES)
     _REGISTRY.add(server)
     try:
         _wait_healthy(server, ready_timeout)
@@ -349,14 +519,14 @@ def launch(
     port: int | None = None,
     host: str = LOOPBACK,
     metrics: bool = True,
+    verbosity: int | None = TRACE_VERBOSITY,
 ) -> Iterator[RunningServer]:
     """Context manager: a healthy server for the block, stopped afterwards whatever happens."""
     attempts = 1 if port is not None else 3
     for attempt in range(attempts):
         try:
-            server = start(
-                spec, log_dir, ready_timeout, port=port, host=host, metrics=metrics
-            )
+            server = start(spec, log_dir, ready_timeout, port=port, host=host,
+                           metrics=metrics, verbosity=verbosity)
             break
         except ServerStartError as exc:
             # A free port can be taken between our probe and the server's bind: retry.

@@ -24,8 +24,10 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
+from scipy.optimize import minimize_scalar
 from scipy.stats import binom, hypergeom
 
 from triage import stats
@@ -130,7 +132,7 @@ def _compare_decision(rule: str, looks: int, k0: int, n: int, k1: int, both: int
 
 # -- the fixed-N design -----------------------------------------------------------------------
 def fixed_power(n: int, base_rate: float, arm_rate: float, alpha: float = stats.ALPHA) -> float:
-    """Exact P(one-sided Fisher p < alpha) for n baseline and n arm replays."""
+    """Exact P(one-sided Fisher p < alpha) for n baseline and n arm replays: "removes"."""
     k = np.arange(n + 1)
     k0, k1 = np.meshgrid(k, k, indexing="ij")
     # fisher_exact(alternative="less") on [[k1, n-k1], [k0, n-k0]] is this hypergeometric cdf.
@@ -139,23 +141,96 @@ def fixed_power(n: int, base_rate: float, arm_rate: float, alpha: float = stats.
     return float(np.sum(weights[p_less < alpha]))
 
 
+def _unchanged_statistic(n: int, effect_ratio: float) -> np.ndarray:
+    """den * k1 - num * k0 >= 0 on the (k0, k1) grid, effect_ratio = num / den: an integer
+    form of k1 - effect_ratio * k0, the sum of the pairs' Y of `stats.unchanged_evalue`."""
+    ratio = Fraction(effect_ratio).limit_denominator(100)
+    k = np.arange(n + 1)
+    k0, k1 = np.meshgrid(k, k, indexing="ij")
+    return ratio.denominator * k1 - ratio.numerator * k0 + ratio.numerator * n
+
+
+def _tail(n: int, statistic: np.ndarray, base_rate: float, arm_rate: float) -> np.ndarray:
+    """P(statistic >= t) for every integer t in its range."""
+    k = np.arange(n + 1)
+    weights = np.outer(binom.pmf(k, n, base_rate), binom.pmf(k, n, arm_rate))
+    mass = np.bincount(statistic.ravel(), weights=weights.ravel())
+    return np.cumsum(mass[::-1])[::-1]
+
+
+def unchanged_threshold(n: int, base_rate: float, alpha: float = stats.ALPHA,
+                        effect_ratio: float = stats.EFFECT_RATIO) -> int:
+    """Critical value of the fixed design's one-shot "unchanged" test: the smallest t with
+    P(statistic >= t) <= alpha when the arm cuts the rate exactly effect_ratio-fold (a smaller
+    cut only lowers the tail). Calibrated at the true baseline rate, which a real test does
+    not know: generous to the fixed design, so the comparison does not flatter the sequential
+    rule."""
+    statistic = _unchanged_statistic(n, effect_ratio)
+    tail = _tail(n, statistic, base_rate, effect_ratio * base_rate)
+    return int(np.flatnonzero(tail <= alpha)[0]) if np.any(tail <= alpha) else len(tail)
+
+
+def fixed_unchanged_power(n: int, base_rate: float, arm_rate: float,
+                          alpha: float = stats.ALPHA) -> float:
+    """Exact P(the fixed design says "unchanged") for n baseline and n arm replays."""
+    statistic = _unchanged_statistic(n, stats.EFFECT_RATIO)
+    tail = _tail(n, statistic, base_rate, arm_rate)
+    threshold = unchanged_threshold(n, base_rate, alpha)
+    return float(tail[threshold]) if threshold < len(tail) else 0.0
+
+
 def matched_fixed_n(base_rate: float, power: float, alpha: float = stats.ALPHA,
-                    limit: int = MAX_FIXED_N) -> int | None:
-    """Smallest N whose fixed design removes with at least `power` when the arm removes the
-    failure (None: not within `limit`). Power is not monotone in N for discrete tests; this
-    is the first N that reaches it."""
+                    limit: int = MAX_FIXED_N, unchanged_power: float = 0.0) -> int | None:
+    """Smallest N whose fixed design says "removes" with at least `power` when the arm removes
+    the failure and "unchanged" with at least `unchanged_power` when it has no effect (None:
+    not within `limit`). Power is not monotone in N for discrete tests; this is the first N
+    that reaches both."""
+    def enough(n: int) -> bool:
+        return (fixed_power(n, base_rate, 0.0, alpha) >= power and (
+            unchanged_power <= 0
+            or fixed_unchanged_power(n, base_rate, base_rate, alpha) >= unchanged_power))
+
     n, step = 2, 1
     while n <= limit:
-        if fixed_power(n, base_rate, 0.0, alpha) >= power:
+        if enough(n):
             break
         n += step
         step = min(step + 1, 16) if n > 64 else 1
     else:
         return None
     # Coarse steps above 64: walk back to the first N that reaches it.
-    while n > 2 and fixed_power(n - 1, base_rate, 0.0, alpha) >= power:
+    while n > 2 and enough(n - 1):
         n -= 1
     return n
+
+
+# -- the lower bound for any rule ------------------------------------------------------------
+def _bernoulli_kl(a: float, b: float) -> float:
+    out = 0.0
+    if a > 0:
+        out += a * np.log(a / b)
+    if a < 1:
+        out += (1 - a) * np.log((1 - a) / (1 - b))
+    return float(out)
+
+
+def wald_bound(base_rate: float, arm_rate: float, null_ratio: float, power: float,
+               alpha: float = stats.ALPHA) -> float:
+    """Fewest expected requests (baseline + arm, in pairs) of ANY sequential rule that has
+    error rate <= alpha under the null "arm rate = null_ratio x baseline rate" and says the
+    other thing with probability `power` at (base_rate, arm_rate): Wald's inequality
+    E[pairs] >= ((1-b) ln((1-b)/alpha) + b ln(b/(1-alpha))) / KL, b = 1 - power, with KL the
+    information per pair against the least favourable null rate."""
+    def kl(p: float) -> float:
+        return (_bernoulli_kl(base_rate, p)
+                + _bernoulli_kl(arm_rate, min(null_ratio * p, 1 - 1e-12)))
+
+    info = minimize_scalar(kl, bounds=(1e-9, 1 - 1e-9), method="bounded").fun
+    beta = min(max(1.0 - power, 0.0), 1.0 - alpha)
+    needed = (1 - beta) * np.log((1 - beta) / alpha)
+    if beta > 0:
+        needed += beta * np.log(beta / (1 - alpha))
+    return float(2 * max(needed, 0.0) / info)
 
 
 # -- the table -------------------------------------------------------------------------------
@@ -180,25 +255,40 @@ def format_table(cells: Sequence[Cell]) -> str:
 
     "removes" on an arm without effect is a false confirmation, "unchanged" on an arm that
     removes the failure a false rejection; "no repro" is the rule giving up because the
-    baseline shows no failure."""
+    baseline shows no failure. "bound / 2N": Wald's lower bound on the mean requests of any
+    sequential rule with the same error rates and power, over the fixed design's 2N."""
     fixed = _fixed_costs(cells)
     lines = []
     for design in dict.fromkeys(cell.design for cell in cells):
         lines += [f"rule {design.rule}, looks at {_looks(design.looks)}:", "",
                   "| base rate | arm effect | removes | unchanged | no repro | undecided | "
-                  "mean req | p95 req | fixed 2N | mean / 2N |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "mean req | p95 req | fixed 2N | mean / 2N | bound / 2N |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for cell in (c for c in cells if c.design == design):
             n_fixed = fixed.get((design, cell.base_rate))
             ratio = f"{cell.mean_requests / (2 * n_fixed):.2f}" if n_fixed else "-"
+            bound = _bound(cell)
+            floor = f"{bound / (2 * n_fixed):.2f}" if n_fixed and bound else "-"
             lines.append(
                 f"| {cell.base_rate:g} | {cell.effect} | "
                 f"{_pct(cell.share('removes'))} | {_pct(cell.share('unchanged'))} | "
                 f"{_pct(cell.share('no-baseline-failure'))} | "
                 f"{_pct(cell.share('undecided'))} | {cell.mean_requests:.1f} | "
-                f"{cell.p95_requests:.0f} | {2 * n_fixed if n_fixed else '-'} | {ratio} |")
+                f"{cell.p95_requests:.0f} | {2 * n_fixed if n_fixed else '-'} | {ratio} | "
+                f"{floor} |")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _bound(cell: Cell) -> float | None:
+    """Wald's lower bound for any rule with this cell's error rates (None: halved arms, where
+    neither verdict is the right one)."""
+    if cell.effect == "removed":
+        return wald_bound(cell.base_rate, 0.0, 1.0, cell.share_interval("removes").low)
+    if cell.effect == "none":
+        return wald_bound(cell.base_rate, cell.base_rate, stats.EFFECT_RATIO,
+                          cell.share_interval("unchanged").low)
+    return None
 
 
 def _looks(looks: Sequence[int]) -> str:
@@ -214,15 +304,21 @@ def false_confirmation(cells: Sequence[Cell], design: Design) -> dict[float, Cel
 
 
 def _fixed_costs(cells: Sequence[Cell]) -> dict[tuple[Design, float], int]:
-    """Per design and baseline rate: N of the fixed design matched to the power shown."""
+    """Per design and baseline rate: N of the fixed design matched to the powers shown (the
+    lower 95% Wilson bounds of the simulated "removes" share when the arm removes the failure
+    and "unchanged" share when it has no effect)."""
+    by_key = {(c.design, c.base_rate, c.effect): c for c in cells}
     out = {}
-    for cell in cells:
-        if cell.effect != "removed":
+    for (design, base_rate, effect), cell in by_key.items():
+        if effect != "removed":
             continue
         power = cell.share_interval("removes").low
-        n_fixed = matched_fixed_n(cell.base_rate, power) if power > stats.ALPHA else None
+        none = by_key.get((design, base_rate, "none"))
+        unchanged = none.share_interval("unchanged").low if none else 0.0
+        n_fixed = (matched_fixed_n(base_rate, power, unchanged_power=unchanged)
+                   if max(power, unchanged) > stats.ALPHA else None)
         if n_fixed:
-            out[(cell.design, cell.base_rate)] = n_fixed
+            out[(design, base_rate)] = n_fixed
     return out
 
 

@@ -111,3 +111,20 @@ def test_unknown_effect_and_bad_triage_counts_are_refused() -> None:
         sim.simulate_cell(ENGINE, 0.2, "tripled", triages=10, rng=np.random.default_rng(0))
     with pytest.raises(SystemExit):
         sim.main(["--triages", "3"])
+
+
+def test_wald_bound_known_answer_and_no_simulated_rule_beats_it(
+    engine_table: list[sim.Cell],
+) -> None:
+    # Deterministic failure, certain power: each pair is worth ln 4 against the least
+    # favourable null (both arms failing half the time), and ln 20 is needed.
+    assert sim.wald_bound(1.0, 0.0, 1.0, power=1.0) == pytest.approx(
+        2 * np.log(20) / np.log(4), rel=1e-4)
+    for cell in engine_table:
+        if cell.effect == "halved":
+            continue
+        verdict = "removes" if cell.effect == "removed" else "unchanged"
+        bound = sim.wald_bound(cell.base_rate, cell.arm_rate,
+                               1.0 if cell.effect == "removed" else stats.EFFECT_RATIO,
+                               power=cell.share(verdict))
+        assert cell.mean_requests >= bound, (cell.base_rate, cell.effect)

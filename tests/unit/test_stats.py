@@ -180,3 +180,13 @@ def test_unchanged_bet_crosses_with_probability_at_most_alpha_at_a_fourfold_cut(
     crossing = _exact_crossing(p, EFFECT_RATIO * p, 64,
                                lambda a, b, c: unchanged_evalue(a, b, c))
     assert crossing <= 0.05
+
+
+def test_e_value_rule_without_pairs_assumes_the_least_informative_pairing() -> None:
+    # Counts only: failures are assumed to fall on different seeds (no concordant failure).
+    assert compare(8, 8, 0, 8, rule="e-value").decision == "removes"
+    assert compare(10, 40, 8, 40, rule="e-value").decision == "undecided"
+    # The same counts with 8 failures on shared seeds are evidence of no effect.
+    assert compare(10, 40, 8, 40, paired=(10, 2)).decision == "unchanged"
+    with pytest.raises(ValueError, match="as many baseline replies"):
+        compare(8, 16, 0, 8, rule="e-value")

@@ -76,13 +76,21 @@ class Cell:
 
 
 def simulate_cell(design: Design, base_rate: float, effect: str, *, triages: int,
-                  rng: np.random.Generator) -> Cell:
-    """`triages` simulated triages of one arm with independent replays on both sides."""
+                  rng: np.random.Generator, coupling: float = 0.0) -> Cell:
+    """`triages` simulated triages of one arm. `coupling` is the chance that a seed drives
+    both sides of its pair (the arm then fails only on a seed the baseline fails on, at the
+    same marginal rate); otherwise the two replies are independent."""
     if effect not in EFFECTS:
         raise ValueError(f"unknown effect {effect!r}; expected one of {', '.join(EFFECTS)}")
+    if not 0.0 <= coupling <= 1.0:
+        raise ValueError(f"coupling must be in [0, 1], got {coupling}")
     cap = design.looks[-1]
+    arm_rate = base_rate * EFFECTS[effect]
     base = rng.random((triages, cap)) < base_rate
-    arm = rng.random((triages, cap)) < base_rate * EFFECTS[effect]
+    arm = rng.random((triages, cap)) < arm_rate
+    if coupling > 0:
+        coupled = base & (rng.random((triages, cap)) < (arm_rate / base_rate if base_rate else 0))
+        arm = np.where(rng.random((triages, cap)) < coupling, coupled, arm)
     return evaluate(design, base_rate, effect, base, arm)
 
 
@@ -236,7 +244,7 @@ def wald_bound(base_rate: float, arm_rate: float, null_ratio: float, power: floa
 # -- the table -------------------------------------------------------------------------------
 def run(designs: Sequence[Design], *, base_rates: Sequence[float] = BASE_RATES,
         effects: Sequence[str] = tuple(EFFECTS), triages: int = DEFAULT_TRIAGES,
-        seed: int = DEFAULT_SEED) -> list[Cell]:
+        seed: int = DEFAULT_SEED, coupling: float = 0.0) -> list[Cell]:
     """Every design at every rate and effect; each cell on its own seeded stream, and every
     design sees the same replay outcomes in a cell (common random numbers)."""
     cells = []
@@ -245,7 +253,7 @@ def run(designs: Sequence[Design], *, base_rates: Sequence[float] = BASE_RATES,
             for design in designs:
                 rng = np.random.default_rng([seed, i, j])
                 cells.append(simulate_cell(design, base_rate, effect, triages=triages,
-                                           rng=rng))
+                                           rng=rng, coupling=coupling))
     return cells
 
 
@@ -338,13 +346,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m triage.simulate", description=__doc__)
     parser.add_argument("--triages", type=int, default=DEFAULT_TRIAGES)
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    parser.add_argument("--coupling", type=float, default=0.0,
+                        help="chance that a seed drives both replies of its pair (default 0)")
     args = parser.parse_args(argv)
     if not 10 <= args.triages <= 1_000_000:
         parser.error("--triages must be between 10 and 1000000")
+    if not 0.0 <= args.coupling <= 1.0:
+        parser.error("--coupling must be between 0 and 1")
     started = time.monotonic()
-    cells = run(DESIGNS, triages=args.triages, seed=args.seed)
+    cells = run(DESIGNS, triages=args.triages, seed=args.seed, coupling=args.coupling)
     print(format_table(cells))
     print(f"\n{args.triages} simulated triages per cell, seed {args.seed}, "
+          f"coupling {args.coupling:g}, "
           f"{time.monotonic() - started:.1f} s", file=sys.stderr)
     return 0
 

@@ -128,3 +128,20 @@ def test_wald_bound_known_answer_and_no_simulated_rule_beats_it(
                                1.0 if cell.effect == "removed" else stats.EFFECT_RATIO,
                                power=cell.share(verdict))
         assert cell.mean_requests >= bound, (cell.base_rate, cell.effect)
+
+
+@pytest.mark.parametrize("coupling", [0.5, 1.0])
+def test_seed_coupled_pairs_keep_the_guarantee_and_decide_sooner(coupling: float) -> None:
+    # The engine replays arm and baseline with the same seed; when that seed drives both
+    # replies (same server, a transform that changes nothing), no-effect pairs agree.
+    rng = np.random.default_rng(11)
+    coupled = sim.simulate_cell(ENGINE, 0.2, "none", triages=3000, rng=rng, coupling=coupling)
+    independent = sim.simulate_cell(ENGINE, 0.2, "none", triages=3000,
+                                    rng=np.random.default_rng(11))
+    assert coupled.share_interval("removes").high <= 0.05
+    if coupling == 1.0:
+        assert coupled.counts["removes"] == 0  # no discordant pair, nothing to bet on
+    assert coupled.mean_requests < independent.mean_requests
+    removed = sim.simulate_cell(ENGINE, 0.35, "removed", triages=1000,
+                                rng=np.random.default_rng(3), coupling=coupling)
+    assert removed.counts["unchanged"] == 0 and removed.share("removes") > 0.95

@@ -145,3 +145,18 @@ def test_seed_coupled_pairs_keep_the_guarantee_and_decide_sooner(coupling: float
     removed = sim.simulate_cell(ENGINE, 0.35, "removed", triages=1000,
                                 rng=np.random.default_rng(3), coupling=coupling)
     assert removed.counts["unchanged"] == 0 and removed.share("removes") > 0.95
+
+
+def test_the_simulator_decides_exactly_as_compare_does_for_the_engine() -> None:
+    rng = np.random.default_rng(2)
+    n = rng.integers(1, 65, 400)
+    k0 = rng.integers(0, n + 1)
+    both = rng.integers(0, k0 + 1)
+    k1 = both + rng.integers(0, n - k0 + 1)  # arm-only failures on seeds the baseline passed
+    for look in sorted(set(n.tolist())):
+        rows = n == look
+        simulated = sim._decide(ENGINE, look, k0[rows], k1[rows], both[rows])
+        engine = [stats.compare(int(a), look, int(b), look, paired=(int(a), int(a - c)),
+                                looks=len(ENGINE.looks)).decision
+                  for a, b, c in zip(k0[rows], k1[rows], both[rows], strict=True)]
+        assert list(simulated) == engine

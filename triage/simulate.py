@@ -334,7 +334,7 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-PREVIOUS_LOOKS = (4, 8, 16, 32, 64)  # the doubling schedule the engine used before
+PREVIOUS_LOOKS = tuple(stats.look_schedule(stats.DEFAULT_CAP, doubling=True))  # used before
 DESIGNS = (
     Design("bonferroni", PREVIOUS_LOOKS),  # the rule before issue 15
     Design("e-value", PREVIOUS_LOOKS),  # the new rule at the old looks

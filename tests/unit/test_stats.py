@@ -32,6 +32,9 @@ def test_look_schedule_steps_by_the_first_look_up_to_the_cap() -> None:
     assert look_schedule(30) == [4, 8, 12, 16, 20, 24, 28, 30]
     assert look_schedule(16, first=8) == [8, 16]
     assert look_schedule(3) == [3]
+    # The previous schedule, for callers still on the Bonferroni rule.
+    assert look_schedule(64, doubling=True) == [4, 8, 16, 32, 64]
+    assert look_schedule(30, doubling=True) == [4, 8, 16, 30]
 
 
 @pytest.mark.parametrize("k0,n0", [(1, 1), (4, 4)])

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: all sysdeps venv server test test-unit test-integration bench demo ui lint clean
+.PHONY: all sysdeps venv server test test-unit test-integration bench demo ui lint clean sim
 
 all: test
 
@@ -36,6 +36,11 @@ test-unit: venv
 
 bench: sysdeps venv server
 	$(BIN)/pytest -m bench -s -p no:cacheprovider tests/bench $(PYTEST_ARGS)
+
+# Operating characteristics of the arm decision rules (simulated, seeded: same table every run).
+SIM_ARGS ?=
+sim: venv
+	$(BIN)/python -m triage.simulate $(SIM_ARGS)
 
 # DEMO_UI=--no-ui skips starting the web UI after the diagnosis.
 DEMO_UI ?= --ui

@@ -1,32 +1,49 @@
-"""Honest statistics for intermittent failures: Wilson intervals, Fisher's exact test and a
-group-sequential rule that stops an arm as soon as the data decide it.
+"""Honest statistics for intermittent failures: Wilson intervals, Fisher's exact test and
+sequential rules that stop an arm as soon as the data decide it.
 
-The sequential rule compares an arm (the failing request with one candidate cause removed)
-against the baseline replay of the same request:
+An arm (the failing request with one candidate cause removed) is compared with the baseline
+replay of the same request. The engine replays arm and baseline with the same seeds, so replay
+i of the arm and replay i of the baseline form a pair. Two rules:
 
-* "removes": the arm fails significantly less often than the baseline. One-sided Fisher
-  exact p below alpha / looks (Bonferroni over the planned looks, so peeking at every look
-  keeps the overall false-positive rate at or below alpha).
-* "unchanged": the data exclude the effect that removing the cause would have. The arm has
-  at least MIN_UNCHANGED_N replays and the lower 95% Wilson bound of its failure rate is
-  above `effect_ratio` times the upper 95% Wilson bound of the baseline's: even the most
-  favourable reading of the data leaves the arm failing at more than that fraction of the
-  baseline. This is the "enough power to have seen a difference" condition: a reduction to
-  that fraction would have been detected. With seed-matched replays (the engine pairs every
-  arm's replay i with the baseline's replay i) the same claim is also made from the pairs: of
-  the baseline's failing replays (at least MIN_PAIRED_FAILURES), the share the arm fixed has an
-  upper 95% bound below 1 - effect_ratio.
-* otherwise "undecided", and the arm gets more replays at the next look, up to the cap.
+"e-value" (the default when the seed-matched pairs are known): two anytime-valid tests built
+from the pairs, each a product of bets that is a nonnegative supermartingale under its null
+hypothesis, whatever the correlation inside a pair. By Ville's inequality the chance that
+one ever reaches 1/alpha under its null is at most alpha, however often and whenever it is
+looked at, so the looks need no Bonferroni correction and can be as frequent as the slots.
 
-Looks are at 4, 8, 16, 32, ... replays: a deterministic failure (temperature 0) is decided
-within the first two looks (4 vs 4: one-sided p = 0.014; 8 vs 8: p = 8e-5), an intermittent
-one takes more.
+* "removes": null "the arm fails at least as often as the baseline". A pair where only the
+  baseline fails is then no more likely than one where only the arm fails; a bet on the
+  baseline-only side pays (1 + lam) and loses to (1 - lam) (a mixture over lam, weighted
+  towards lam = 1: a cause that removes the failure makes every discordant pair go that way).
+  Decided when the mixture reaches 1/alpha and at least MIN_REMOVES_FAILURES baseline failures
+  were fixed by the arm: 5 discordant pairs at the fastest, never one sample.
+* "unchanged": null "the arm removes at least 1 - effect_ratio of the failures" (arm rate
+  <= effect_ratio x baseline rate). Per pair Y = arm_failed - effect_ratio * baseline_failed
+  has mean <= 0 under that null; the bets pay (1 + lam * Y). A deterministic failure that the
+  arm keeps is "unchanged" at the first look (4 of 4 pairs failing on both sides: an arm that
+  removed three quarters of the failures would do that with probability <= 0.25^4).
+
+Guaranteed, per arm and so per cause: P(removes | the arm does not lower the failure rate)
+<= alpha and P(unchanged | the arm cuts the rate at least fourfold) <= alpha, at every baseline
+rate, with any look schedule, assuming only that pairs are independent of each other.
+
+"bonferroni" (the earlier rule, still used without seed-matched pairs, e.g. against a
+baseline recorded earlier with a different number of replies): one-sided Fisher exact p below
+alpha / looks removes; "unchanged" needs at least MIN_UNCHANGED_N replays and the lower 95%
+Wilson bound of the arm's rate above effect_ratio x the baseline's upper bound (or, with pairs,
+an upper bound below 1 - effect_ratio on the share of the baseline's failures the arm fixed).
+
+Otherwise "undecided", and the arm gets more replays at the next look, up to the cap.
+`triage.simulate` measures both rules' error rates and request counts (`make sim`).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 from scipy.stats import binomtest, fisher_exact
 
 ALPHA = 0.05
@@ -35,11 +52,28 @@ DEFAULT_CAP = 64
 # "Removing the cause removes the symptom" means at least a fourfold drop in the failure rate;
 # an arm that provably keeps more than a quarter of the baseline's rate is "unchanged".
 EFFECT_RATIO = 0.25
-# "Unchanged" is a claim about the absence of an effect: never made on fewer replays than this,
-# even when a handful of failures already bound the rate (e.g. 3/4 failing).
+# Bonferroni rule: "unchanged" is a claim about the absence of an effect: never made on fewer
+# replays than this, even when a handful of failures already bound the rate (e.g. 3/4 failing).
 MIN_UNCHANGED_N = 8
 # The paired form of "unchanged" needs at least this many baseline failures to look at.
 MIN_PAIRED_FAILURES = 4
+# E-value rule: never "removes" from fewer baseline failures fixed by the arm than this (the
+# bets need five at the fastest anyway), nor "unchanged" from fewer pairs than this.
+MIN_REMOVES_FAILURES = 3
+MIN_PAIRS = FIRST_LOOK
+# E-value rule: "no-baseline-failure" (give up: the failure does not reproduce) only once the
+# baseline's upper 95% Wilson bound is below this rate (0 failures in 16 replays). Earlier, a
+# failure that shows up one time in five would be abandoned after 0/4 in 41% of the triages.
+NO_REPRO_BOUND = 0.2
+RULES = ("e-value", "bonferroni")
+# (lam, weight) of the mixture of bets; chosen with `make sim` (see triage/simulate.py).
+# Removes: most weight on lam = 1 (a removed cause sends every discordant pair the baseline's
+# way; 0.6 * 2^5 + 0.25 * 1.8^5 >= 20 decides after five), the rest on smaller bets that
+# survive an unrelated arm failure (10 baseline-only vs 1 arm-only still decides).
+REMOVES_BETS = ((1.0, 0.6), (0.8, 0.25), (0.5, 0.15))
+# Unchanged: one bet, lam = 2 (pays 3x on an arm-only failure, 2.5x on both failing, halves on
+# a baseline-only failure); it beat mixtures over lam in 0.5-3 at every rate in the table.
+UNCHANGED_BETS = ((2.0, 1.0),)
 
 
 @dataclass(frozen=True)
@@ -74,14 +108,24 @@ def fisher_two_sided(k1: int, n1: int, k0: int, n0: int) -> float:
     return float(fisher_exact([[k1, n1 - k1], [k0, n0 - k0]]).pvalue)
 
 
-def look_schedule(cap: int = DEFAULT_CAP, first: int = FIRST_LOOK) -> list[int]:
-    """Cumulative sample sizes at which an arm is examined: first, 2*first, ... capped."""
+def look_schedule(cap: int = DEFAULT_CAP, first: int = FIRST_LOOK, *,
+                  doubling: bool = False) -> list[int]:
+    """Cumulative sample sizes at which an arm is examined: first, 2*first, 3*first, ...
+    capped. Every `first` replies (one round of the server's slots): the e-value rule is valid
+    at any looks, and looking often stops sooner (doubling cost a quarter to a third more
+    requests at failure rates 0.2-0.35, `make sim`). `doubling=True` gives the previous
+    first, 2*first, 4*first, ... schedule: fewer looks for the Bonferroni rule, which divides
+    alpha by their number."""
     cap = max(cap, 1)
-    sizes = []
-    n = min(first, cap)
-    while n < cap:
-        sizes.append(n)
-        n *= 2
+    first = max(first, 1)
+    if doubling:
+        sizes = []
+        n = min(first, cap)
+        while n < cap:
+            sizes.append(n)
+            n *= 2
+    else:
+        sizes = list(range(min(first, cap), cap, first))
     sizes.append(cap)
     return sizes
 
@@ -98,6 +142,9 @@ class Comparison:
     p_two_sided: float
     alpha_per_look: float
     decision: str  # removes | unchanged | undecided | no-baseline-failure
+    rule: str = "bonferroni"
+    e_removes: float | None = None  # e-value rule: the two running bets
+    e_unchanged: float | None = None
 
     @property
     def rate(self) -> float:
@@ -118,28 +165,126 @@ def compare(
     alpha: float = ALPHA,
     effect_ratio: float = EFFECT_RATIO,
     paired: tuple[int, int] | None = None,
+    rule: str | None = None,
 ) -> Comparison:
     """Decide an arm against the baseline at one look (see the module docstring).
 
     `paired` = (baseline failures among seed-matched pairs, how many of those the arm fixed).
+    `rule` defaults to "e-value" when the pairs are given, both sides have the same number of
+    replies (every reply paired) and there is more than one look; else "bonferroni" (with one
+    look: a plain one-sided Fisher test at alpha). `looks` only matters for "bonferroni".
     """
-    alpha_per_look = alpha / max(looks, 1)
+    rule = rule or ("e-value" if paired is not None and n0 == n1 and looks > 1
+                    else "bonferroni")
+    if rule not in RULES:
+        raise ValueError(f"unknown rule {rule!r}; expected one of {', '.join(RULES)}")
     p_less = fisher_less(k1, n1, k0, n0)
     p_two = fisher_two_sided(k1, n1, k0, n0)
-    baseline_ci = wilson(k0, n0)
-    arm_ci = wilson(k1, n1)
-    if n0 > 0 and n1 > 0 and p_less < alpha_per_look:
-        decision = "removes"
-    elif n1 >= MIN_UNCHANGED_N and n0 > 0 and (
-        arm_ci.low > effect_ratio * baseline_ci.high or _paired_unchanged(paired, effect_ratio)
+    if rule == "bonferroni":
+        decision = _bonferroni_decision(k0, n0, k1, n1, p_less, looks=looks, alpha=alpha,
+                                        effect_ratio=effect_ratio, paired=paired)
+        return Comparison(k0, n0, k1, n1, p_less, p_two, alpha / max(looks, 1), decision)
+    arm_only, base_only, both = pair_counts(k0, n0, k1, n1, paired)
+    e_rm = float(removes_evalue(arm_only, base_only))
+    e_un = float(unchanged_evalue(arm_only, base_only, both, effect_ratio))
+    decision = str(evalue_decisions(
+        np.array([k0]), np.array([n0]), np.array([arm_only]), np.array([base_only]),
+        np.array([both]), alpha=alpha, effect_ratio=effect_ratio)[0])
+    return Comparison(k0, n0, k1, n1, p_less, p_two, alpha, decision, "e-value", e_rm, e_un)
+
+
+def _bonferroni_decision(k0: int, n0: int, k1: int, n1: int, p_less: float, *, looks: int,
+                         alpha: float, effect_ratio: float,
+                         paired: tuple[int, int] | None) -> str:
+    if n0 > 0 and n1 > 0 and p_less < alpha / max(looks, 1):
+        return "removes"
+    if n1 >= MIN_UNCHANGED_N and n0 > 0 and (
+        wilson(k1, n1).low > effect_ratio * wilson(k0, n0).high
+        or _paired_unchanged(paired, effect_ratio)
     ):
-        decision = "unchanged"
-    elif n0 > 0 and k0 == 0 and baseline_ci.high < 0.5:
-        # The baseline itself does not reproduce: nothing can be removed.
-        decision = "no-baseline-failure"
-    else:
-        decision = "undecided"
-    return Comparison(k0, n0, k1, n1, p_less, p_two, alpha_per_look, decision)
+        return "unchanged"
+    if _no_baseline_failure(k0, n0):
+        return "no-baseline-failure"
+    return "undecided"
+
+
+def _no_baseline_failure(k0: int, n0: int) -> bool:
+    """The baseline itself does not reproduce: nothing can be removed."""
+    return n0 > 0 and k0 == 0 and wilson(k0, n0).high < 0.5
+
+
+def pair_counts(k0: int, n0: int, k1: int, n1: int,
+                paired: tuple[int, int] | None) -> tuple[int, int, int]:
+    """(pairs where only the arm failed, only the baseline failed, both failed).
+
+    With `paired` = (baseline failures among the pairs, how many the arm fixed) the counts are
+    exact. Without, the arrangement of failures that gives the least evidence either way is
+    taken: as many discordant pairs as the counts allow (a concordant failure is evidence for
+    "unchanged", a discordant pair against both bets' nulls less than a concordant one)."""
+    if n0 != n1:
+        raise ValueError(f"pairs need as many baseline replies as arm replies ({n0} vs {n1})")
+    if paired is not None:
+        base_failures, fixed = paired
+        both = max(base_failures - fixed, 0)
+        return max(k1 - both, 0), max(fixed, 0), both
+    both = max(k0 + k1 - n0, 0)
+    return k1 - both, k0 - both, both
+
+
+def removes_evalue(arm_only: Any, base_only: Any,
+                   bets: tuple[tuple[float, float], ...] | None = None) -> Any:
+    """Mixture of bets against "the arm fails at least as often as the baseline" (arrays ok).
+
+    Under that null a discordant pair is baseline-only with probability <= 1/2, so each bet
+    (1 + lam)^base_only * (1 - lam)^arm_only is a test supermartingale."""
+    arm_only, base_only = np.asarray(arm_only, float), np.asarray(base_only, float)
+    total = np.zeros(np.broadcast(arm_only, base_only).shape)
+    for lam, weight in bets or REMOVES_BETS:
+        total = total + weight * (1.0 + lam) ** base_only * (1.0 - lam) ** arm_only
+    return total
+
+
+def unchanged_evalue(arm_only: Any, base_only: Any, both: Any,
+                     effect_ratio: float = EFFECT_RATIO,
+                     bets: tuple[tuple[float, float], ...] | None = None) -> Any:
+    """Mixture of bets against "the arm fails at most effect_ratio times as often as the
+    baseline" (arrays ok): per pair Y = arm_failed - effect_ratio * baseline_failed has mean
+    <= 0 under that null and lies in [-effect_ratio, 1]; each bet multiplies by 1 + lam * Y
+    with 0 < lam < 1 / effect_ratio."""
+    arm_only, base_only = np.asarray(arm_only, float), np.asarray(base_only, float)
+    both = np.asarray(both, float)
+    total = np.zeros(np.broadcast(arm_only, base_only, both).shape)
+    for lam, weight in bets or UNCHANGED_BETS:
+        lam = min(lam, 0.999 / effect_ratio)
+        total = total + weight * ((1.0 + lam) ** arm_only
+                                  * (1.0 + lam * (1.0 - effect_ratio)) ** both
+                                  * (1.0 - lam * effect_ratio) ** base_only)
+    return total
+
+
+def evalue_decisions(k0: Any, n: Any, arm_only: Any, base_only: Any, both: Any, *,
+                     alpha: float = ALPHA, effect_ratio: float = EFFECT_RATIO) -> Any:
+    """The e-value rule on arrays of paired counts (what `compare` and the simulator call)."""
+    k0, n = np.asarray(k0), np.asarray(n)
+    e_rm = removes_evalue(arm_only, base_only)
+    e_un = unchanged_evalue(arm_only, base_only, both, effect_ratio)
+    removes = (e_rm >= 1.0 / alpha) & (np.asarray(base_only) >= MIN_REMOVES_FAILURES)
+    unchanged = (e_un >= 1.0 / alpha) & (n >= MIN_PAIRS)
+    no_failure = (k0 == 0) & (n >= _no_repro_n())
+    out = np.full(np.shape(removes), "undecided", dtype=object)
+    out[no_failure] = "no-baseline-failure"
+    out[unchanged] = "unchanged"
+    out[removes] = "removes"
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _no_repro_n() -> int:
+    """Replays without a baseline failure after which it counts as not reproducing."""
+    n = 1
+    while wilson(0, n).high >= NO_REPRO_BOUND:
+        n += 1
+    return n
 
 
 def _paired_unchanged(paired: tuple[int, int] | None, effect_ratio: float) -> bool:
@@ -158,4 +303,3 @@ def _paired_unchanged(paired: tuple[int, int] | None, effect_ratio: float) -> bo
 def baseline_reproduces(k0: int, n0: int) -> bool:
     """The failure reproduces: the baseline's 95% interval excludes a zero failure rate."""
     return n0 > 0 and k0 > 0 and wilson(k0, n0).low > 0.0
-

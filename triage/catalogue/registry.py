@@ -70,7 +70,7 @@ class Section(Generic[T]):
                     "integer `number`"
                 )
             for other_id, other in self._entries.items():
-                if getattr(other, "number") == number:
+                if other.number == number:
                     raise CatalogueError(
                         f"{self._plugin}: {self.name} {entry_id!r} reuses number {number} of "
                         f"{other_id!r} ({self._origin[other_id]})"
@@ -109,7 +109,7 @@ class Section(Generic[T]):
         """id -> stable number (numbered sections only)."""
         if not self.numbered:
             raise CatalogueError(f"{self.name} entries are not numbered")
-        return {entry_id: int(getattr(e, "number")) for entry_id, e in self._entries.items()}
+        return {entry_id: int(e.number) for entry_id, e in self._entries.items()}
 
     def check_numbering(self, stored: Mapping[str, int]) -> None:
         """Refuse a registry in which a stored id changed its number or a number its id."""

@@ -206,3 +206,18 @@ def test_cpu_parsing_and_missing_features():
     assert cpu.missing_on_host(features, older) == ["avx512f", "amx_tile", "amx_int8"]
     assert cpu.missing_on_host(None, older) == []
     assert "not recorded" in cpu.summarize(None)
+
+
+def test_server_which_names_the_cpu_features_of_a_cached_build(fake_tools, monkeypatch):
+    path = build.build_server(build_number=9589, python=str(fake_tools["python"]),
+                              log=lambda m: None)
+    monkeypatch.setenv("LLAMA_SERVER_BIN", str(path))
+    runner = CliRunner()
+    result = runner.invoke(cli, ["server", "which"])
+    assert result.exit_code == 0, result.output
+    features = build.build_cpu_features(path)
+    assert f"built for {cpu.summarize(features)}" in result.output
+    data = json.loads(runner.invoke(cli, ["server", "which", "--json"]).output)
+    assert data["build_number"] == 9589 and data["cpu"] == features
+    # a binary outside the cache has no recorded features
+    assert build.build_cpu_features(fake_tools["python"]) is None

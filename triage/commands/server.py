@@ -12,6 +12,7 @@ from triage.llama.build import (
     BUILD_NUMBER,
     BuildError,
     binary_build_info,
+    build_cpu_features,
     build_server,
     find_server_binary,
     list_builds,
@@ -19,6 +20,7 @@ from triage.llama.build import (
     published_versions,
 )
 from triage.llama.client import LlamaClientError
+from triage.llama.cpu import missing_on_host, summarize
 from triage.llama.launcher import ServerStartError
 
 
@@ -102,11 +104,18 @@ def which_command(as_json: bool) -> None:
         info = binary_build_info(path)
     except BuildError as exc:
         raise click.ClickException(str(exc)) from exc
+    features = build_cpu_features(path)
     if as_json:
-        click.echo(json.dumps({**info, "binary": str(path)}, indent=2))
+        click.echo(json.dumps({**info, "binary": str(path), "cpu": features}, indent=2))
         return
     note = "" if info["build_number"] == BUILD_NUMBER else f" (drills target b{BUILD_NUMBER})"
     click.echo(f"{path}\nbuild {info['build_number']} (commit {info['commit']}){note}")
+    if features:
+        click.echo(f"built for {summarize(features)}")
+        missing = missing_on_host(features)
+        if missing:
+            click.echo(f"warning: this CPU lacks {', '.join(missing)}, which the build host "
+                       "had: rebuild here (`triage server build --force`)")
 
 
 @click.command("drill")

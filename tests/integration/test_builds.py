@@ -190,3 +190,51 @@ def test_bisect_command_records_every_tested_build(alt_binary: Path, thinking_dr
     assert "b11434:" not in again.stderr
     assert running_servers() == []
 
+
+
+def _stand_in_build(number: int, real: Path, good: bool) -> Path:
+    """A cache entry b<number> whose binary is the real llama-server (b11434), started with
+    the server-side fix when `good`: the bisect command finds it like any cached build."""
+    from triage.llama.build import build_root, cmake_flags
+
+    root = build_root(number)
+    binary = root / "bin" / "llama-server"
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    extra = " --reasoning off" if good else ""
+    binary.write_text(f'#!/bin/sh\nexec "{real}" "$@"{extra}\n')
+    binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
+    (root / "BUILD_INFO.json").write_text(json.dumps(
+        {"build_number": number, "cmake_flags": cmake_flags(number), "binary": str(binary)}))
+    return binary
+
+
+def test_bisect_command_over_a_stand_in_cache(server_binary: Path, thinking_drill: Drill,
+                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("TRIAGE_CACHE_DIR", str(tmp_path / "cache"))
+    versions = [101, 102, 103, 104, 105, 106]
+    for number in versions:
+        _stand_in_build(number, server_binary, good=number < 104)
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps(thinking_drill.request("greedy")))
+    database = f"sqlite:///{tmp_path / 'kb.db'}"
+    argv = ["--database", database, "bisect", "--good", "b101", "--bad", "b106",
+            "--versions", ",".join(map(str, versions)), "--request", str(request),
+            "--stack", str(thinking_drill.out_dir / "stack.toml"), "--reference-n", "8"]
+    result = CliRunner().invoke(cli, argv)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "-> first-bad" in out and "first bad build: b104" in out
+    assert "last good: b103: good -- 0/4 failed" in out
+    assert "first bad: b104: bad -- 8/8 failed" in out
+    assert "llama.cpp commits between: 1 (https://github.com/ggml-org/llama.cpp/compare/" \
+           "b103...b104)" in out
+    slug = out.rsplit("evidence recorded on incident ", 1)[1].strip()
+    store = Store(database)
+    with store.session(readonly=True) as session:
+        incident = get_incident(session, slug)
+        assert incident is not None
+        rows = session.exec(select(Evidence).where(Evidence.incident_id == incident.id)).all()
+    builds = sorted(row.payload["build"] for row in rows if row.kind == "probe")
+    assert builds == [101, 103, 104, 106]  # bad end, good end, then the midpoints
+    assert all(row.payload["n"] >= 4 for row in rows if row.kind == "probe")
+    assert running_servers() == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +42,24 @@ def _versions(value: str | None, good: int, bad: int) -> list[int]:
         raise click.ClickException(str(exc)) from None
 
 
-def _load_request(path: Path) -> dict[str, Any]:
+MAX_REQUEST_BYTES = 10 * 1024 * 1024
+
+
+def _load_request(path: Path, response: Path | None) -> dict[str, Any]:
+    """A JSON request body as it is, else any capture the capture layer reads."""
+    if path.stat().st_size > MAX_REQUEST_BYTES:
+        raise click.ClickException(f"{path}: larger than {MAX_REQUEST_BYTES} bytes")
+    if response is None:
+        try:
+            body = json.loads(path.read_text("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            body = None
+        if isinstance(body, dict) and isinstance(body.get("messages"), list):
+            return body
     from triage.capture import CaptureError, load_file
 
     try:
-        exchanges = load_file(path)
+        exchanges = load_file(path, response=response) if response else load_file(path)
     except CaptureError as exc:
         raise click.ClickException(str(exc)) from None
     if not exchanges:
@@ -55,8 +69,8 @@ def _load_request(path: Path) -> dict[str, Any]:
 
 def format_report(report: Any, commits: dict[str, Any] | None, incident: str) -> str:
     """The bisection as text for a terminal."""
-    lines = [f"Bisection b{report.good}..b{report.bad} ({report.builds_in_range} published "
-             f"builds; {len(report.tested)} tested, {report.requests} requests) -> "
+    lines = [f"Bisection b{report.good}..b{report.bad} ({report.builds_in_range} builds in "
+             f"range; {len(report.tested)} tested, {report.requests} requests) -> "
              f"{report.outcome}", f"  {report.message}", "",
              "Tested builds (failures k/n, rate, 95% Wilson interval, p vs the bad build):"]
     lines += [f"  {result.describe()}" for result in report.tested]
@@ -84,6 +98,9 @@ def format_report(report: Any, commits: dict[str, Any] | None, incident: str) ->
 @click.option("--request", "request_path", required=True,
               type=click.Path(path_type=Path, dir_okay=False, exists=True),
               help="The failing request (JSON body or any capture format).")
+@click.option("--response", "response_path", default=None,
+              type=click.Path(path_type=Path, dir_okay=False, exists=True),
+              help="Its response, for capture formats that need one.")
 @click.option("--stack", "stack_path", required=True,
               type=click.Path(path_type=Path, dir_okay=False, exists=True),
               help="stack.toml: model and args of the failing server (its binary is replaced "
@@ -100,7 +117,8 @@ def format_report(report: Any, commits: dict[str, Any] | None, incident: str) ->
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_context
 def bisect_command(ctx: click.Context, good_ref: str, bad_ref: str, request_path: Path,
-                   stack_path: Path, incident: str | None, versions_list: str | None,
+                   response_path: Path | None, stack_path: Path, incident: str | None,
+                   versions_list: str | None,
                    reference_n: int, max_requests: int, seed: int, restart: bool,
                    as_json: bool) -> None:
     """Find the first published build that fails the request: noisy bisection, each build
@@ -124,7 +142,7 @@ def bisect_command(ctx: click.Context, good_ref: str, bad_ref: str, request_path
 
     good, bad = _build(good_ref, "--good"), _build(bad_ref, "--bad")
     versions = _versions(versions_list, good, bad)
-    request = _load_request(request_path)
+    request = _load_request(request_path, response_path)
     try:
         stack = load_stack(stack_path)
     except StackError as exc:
@@ -165,6 +183,9 @@ def bisect_command(ctx: click.Context, good_ref: str, bad_ref: str, request_path
                                 meta={"incident": slug},
                                 options=BisectOptions(reference_n=reference_n, cap=max_requests,
                                                       state_path=state_path))
+            if bisector.results:
+                log(f"resuming: {len(bisector.results)} builds measured before "
+                    f"({', '.join(f'b{n}' for n in sorted(bisector.results))})")
             report = bisector.run()
         except BisectError as exc:
             raise click.ClickException(str(exc)) from None

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: all sysdeps venv server test test-unit test-integration bench demo ui lint clean sim
+.PHONY: all sysdeps venv server server-alt test test-unit test-integration bench demo ui lint clean sim
 
 all: test
 
@@ -24,17 +24,22 @@ venv: $(BIN)/.installed
 server: venv sysdeps
 	$(BIN)/triage server build
 
+# The second real build the alt-build and bisect tests use (shares the ccache; cached).
+ALT_BUILD ?= 9589
+server-alt: server
+	$(BIN)/triage server build --version $(ALT_BUILD)
+
 lint: venv
 	$(BIN)/ruff check kb triage tests
 
-test: sysdeps venv server
+test: sysdeps venv server server-alt
 	$(BIN)/ruff check kb triage tests
 	$(BIN)/pytest -m "not bench" $(PYTEST_ARGS)
 
 test-unit: venv
 	$(BIN)/pytest -m "not bench and not integration and not browser" $(PYTEST_ARGS)
 
-bench: sysdeps venv server
+bench: sysdeps venv server server-alt
 	$(BIN)/pytest -m bench -s -p no:cacheprovider tests/bench $(PYTEST_ARGS)
 
 # Operating characteristics of the arm decision rules (simulated, seeded: same table every run).

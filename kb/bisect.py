@@ -1,0 +1,41 @@
+"""Bisection records: the incident a bisection reports to, and one evidence row per tested
+build (kb knows nothing about builds or servers: it stores what `triage bisect` measured)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from sqlmodel import Session
+
+from kb.models import Evidence, Incident, utcnow
+from kb.store import add_evidence, get_incident, require_incident
+
+SOURCE = "triage bisect"
+
+
+def bisect_incident(session: Session, slug: str | None, *, title: str, model: str,
+                    flags: list[str], stack: dict[str, Any]) -> Incident:
+    """The named incident (must exist), or a new open one titled `title`."""
+    if slug:
+        return require_incident(session, slug)
+    today = utcnow().date()
+    base = f"{today.isoformat()}-{re.sub(r'[^a-z0-9]+', '-', title.lower()).strip('-')[:80]}"
+    slug, suffix = base, 2
+    while get_incident(session, slug) is not None:
+        slug, suffix = f"{base}-{suffix}", suffix + 1
+    incident = Incident(
+        slug=slug, title=title, opened_on=today, status="open", model=model[:300],
+        summary="Opened by `triage bisect`: which llama.cpp build first fails.",
+        flags=list(flags), stack=stack,
+    )
+    session.add(incident)
+    session.flush()
+    return incident
+
+
+def record_bisect_step(session: Session, incident_id: int, summary: str,
+                       payload: dict[str, Any], *, kind: str = "probe") -> Evidence:
+    """One tested build (kind `probe`) or the bisection's result (kind `observation`)."""
+    return add_evidence(session, incident_id=incident_id, kind=kind, summary=summary,
+                        payload=payload, source=SOURCE)

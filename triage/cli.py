@@ -15,6 +15,7 @@ COMMAND_MODULES = [
     "triage.commands.decisions",
     "triage.commands.search",
     "triage.commands.ui",
+    "triage.commands.proxy",
 ]
 
 

@@ -87,10 +87,11 @@ def identity_from_props(props: Any) -> dict[str, str]:
     """Model, build and chat template hash of a llama-server from its /props reply."""
     if not isinstance(props, dict):
         return {"model": "", "build": "", "template_sha256": ""}
-    model = props.get("model_alias") or ""
     path = props.get("model_path") or ""
-    if not model and isinstance(path, str) and path:
-        model = os.path.basename(path)
+    model = props.get("model_alias") or path
+    # llama-server's default alias is the model path: keep the file name only.
+    if isinstance(model, str) and (model == path or model.endswith(".gguf")):
+        model = os.path.basename(model)
     template = props.get("chat_template")
     template_hash = (
         hashlib.sha256(template.encode()).hexdigest() if isinstance(template, str) else ""

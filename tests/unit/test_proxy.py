@@ -385,3 +385,55 @@ def _whole_day() -> tuple[Any, Any]:
 
     now = utcnow()
     return now - timedelta(days=1), now + timedelta(days=1)
+
+
+def test_failures_after_parking_fire_the_parked_incidents_capture_trigger(
+    db_file: str, tmp_path: Path
+) -> None:
+    import time as clock
+    from datetime import timedelta
+
+    from proxy_fakes import raw_record
+
+    from kb.decisions import parked, record_decision
+    from kb.models import utcnow
+
+    recorder = Recorder(db_file, spool_path=tmp_path / "spool.jsonl", replica="r")
+    recorder.start()
+    try:
+        now = clock.time()
+        for i in range(8):
+            recorder.submit(raw_record(f"a{i}", "" if i % 2 else "A fine answer here.",
+                                       at=now - 30 + i))
+        recorder.flush(8)
+        (opened,) = recorder.opened
+        store = Store(db_file, migrate=False)
+        try:
+            with store.session() as session:
+                record_decision(session, opened["slug"], "PARKED", rationale="rare, tolerated",
+                                by="on-call", triggers=["failure-rate,min=3"],
+                                at=utcnow() - timedelta(seconds=5))
+            with store.session(readonly=True) as session:
+                assert not parked(session, utcnow().date())[0].due
+        finally:
+            store.close()
+        for i in range(6):  # three more failures, recorded after the decision
+            recorder.submit(raw_record(f"b{i}", "" if i % 2 else "A fine answer here.",
+                                       at=clock.time() + 1 + i))
+        recorder.flush(14)
+    finally:
+        recorder.stop()
+    assert len(recorder.opened) == 1  # the parked incident got the evidence, no new one
+    store = Store(db_file, migrate=False)
+    try:
+        with store.session(readonly=True) as session:
+            (item,) = parked(session, utcnow().date() + timedelta(days=1))
+            incident = session.exec(select(Incident)).one()
+            counts = live.incident_live_counts(session, incident.id, utcnow() - timedelta(hours=1),
+                                               utcnow() + timedelta(minutes=1))
+    finally:
+        store.close()
+    assert item.due, item.reasons
+    (trigger,) = [t for t in item.triggers if t.trigger["kind"] == "failure-rate"]
+    assert trigger.fired and "3/3 new captures failed" in trigger.reason
+    assert counts == (7, 14)

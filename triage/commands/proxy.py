@@ -92,6 +92,10 @@ def proxy_command(
     click.echo(f"triage proxy: http://{host}:{port} -> {config.upstream}", err=True)
     try:
         uvicorn.Server(uvicorn_config(app, host, port, log_level="info")).run()
+    except KeyboardInterrupt:
+        # uvicorn shut down gracefully (exchanges written or spooled) and then re-raised
+        # the Ctrl-C: that is a normal stop, not an abort.
+        pass
     finally:
         if hook is not None:
             hook.stop()

@@ -241,3 +241,4 @@ def _server_metric(base_url: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise AssertionError(f"llama-server /metrics has no {name}")
+

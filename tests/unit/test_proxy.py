@@ -7,14 +7,16 @@ tests/integration/test_proxy_drill.py)."""
 from __future__ import annotations
 
 import json
+import re
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from proxy_fakes import FakeUpstream
+from proxy_fakes import FakeUpstream, chat_reply
 from sqlmodel import select
 
 from kb import live
@@ -437,3 +439,68 @@ def test_failures_after_parking_fire_the_parked_incidents_capture_trigger(
     (trigger,) = [t for t in item.triggers if t.trigger["kind"] == "failure-rate"]
     assert trigger.fired and "3/3 new captures failed" in trigger.reason
     assert counts == (7, 14)
+
+
+class _OneRequestPerConnection:
+    """An HTTP/1.1 server that answers the first request of each connection with keep-alive
+    and closes the connection, unanswered, when a second request arrives on it -- the race
+    a pooled connection meets when llama-server (cpp-httplib) ends keep-alive."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.answered = 0
+        self.dropped = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
+
+    def _connection(self, conn: socket.socket) -> None:
+        with conn:
+            for number in (1, 2):
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    data += chunk
+                head, _, rest = data.partition(b"\r\n\r\n")
+                length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1)) \
+                    if re.search(rb"(?i)content-length", head) else 0
+                while len(rest) < length:
+                    rest += conn.recv(65536)
+                if number == 2:
+                    self.dropped += 1
+                    return  # closed without a response byte
+                body = json.dumps(chat_reply("A complete answer from a fresh connection."))
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                             b"content-length: " + str(len(body)).encode() + b"\r\n"
+                             b"connection: keep-alive\r\n\r\n" + body.encode())
+                self.answered += 1
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_pooled_connection_the_upstream_closed_is_retried_not_a_502(
+    make_proxy: ProxyFactory,
+) -> None:
+    server = _OneRequestPerConnection()
+    try:
+        proxy = make_proxy(f"http://127.0.0.1:{server.port}")
+        with httpx.Client() as client:
+            statuses = [client.post(f"{proxy.url}/v1/chat/completions",
+                                    json=chat("ok")).status_code for _ in range(4)]
+    finally:
+        server.close()
+    assert statuses == [200] * 4
+    assert server.dropped >= 1  # the race did happen, and the proxy sent the request again

@@ -239,9 +239,8 @@ class ProxyApp:
             (k, v) for k, v in scope["headers"] if k.decode("latin-1").lower() not in REQUEST_DROP
         ]
         record = _record_start(scope, body, headers, wall)
-        request = self._client.build_request(scope["method"], url, headers=headers, content=body)
         try:
-            response = await self._client.send(request, stream=True)
+            response = await self._send(scope["method"], url, headers, body)
         except httpx.TimeoutException:
             await self._upstream_failed(send, record, 504, "upstream timed out", started, True)
             return
@@ -277,6 +276,25 @@ class ProxyApp:
         self.metrics.requests.labels(path, f"{response.status_code // 100}xx").inc()
         self.metrics.latency.labels(path, "true" if stream else "false").observe(elapsed)
         self._submit(record)
+
+    async def _send(
+        self, method: str, url: str, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> httpx.Response:
+        """Send upstream; once more if a pooled keep-alive connection turned out closed.
+
+        llama-server (cpp-httplib) closes keep-alive connections after a number of requests
+        or seconds idle; a request that meets such a connection gets no response byte at all
+        (RemoteProtocolError / ReadError / WriteError before the status line), so the
+        upstream never saw it and sending it again on a fresh connection is safe."""
+        assert self._client is not None
+        for attempt in (1, 2):
+            request = self._client.build_request(method, url, headers=headers, content=body)
+            try:
+                return await self._client.send(request, stream=True)
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     async def _stream(
         self, response: httpx.Response, receive: Receive, send: Send, record: dict[str, Any]

@@ -504,3 +504,20 @@ def test_a_pooled_connection_the_upstream_closed_is_retried_not_a_502(
         server.close()
     assert statuses == [200] * 4
     assert server.dropped >= 1  # the race did happen, and the proxy sent the request again
+
+
+def test_a_full_spool_drops_and_counts_instead_of_filling_the_disk(
+    upstream: tuple[FakeUpstream, str], make_proxy: ProxyFactory, db_file: str, tmp_path: Path
+) -> None:
+    _, upstream_url = upstream
+    switch = _SwitchableStore(db_file)
+    proxy = make_proxy(upstream_url, recorder_options={"store_factory": switch,
+                                                       "max_spool_bytes": 6000})
+    for _ in range(6):
+        assert httpx.post(f"{proxy.url}/v1/chat/completions", json=chat("ok")).status_code == 200
+    proxy.recorder.flush(6)
+    kept = proxy.recorder.spooled_count()
+    assert 0 < kept < 6
+    assert (tmp_path / "spool.jsonl").stat().st_size <= 6000
+    metrics = httpx.get(f"{proxy.url}/metrics").text
+    assert f"triage_proxy_recording_dropped_total {float(6 - kept)}" in metrics

@@ -48,7 +48,9 @@ DEFAULT_QUEUE_SIZE = 10_000
 DEFAULT_BATCH_SIZE = 256
 CURRENT_WINDOW = timedelta(minutes=10)
 TRAILING_WINDOW = timedelta(hours=1)
-MAX_SPOOL_LINE = 64 * 1024 * 1024
+# The spool is bounded: past this size (a database down for a long time), further exchanges
+# are counted in triage_proxy_recording_dropped_total instead of filling the disk.
+DEFAULT_MAX_SPOOL_BYTES = 1024 * 1024 * 1024
 _STOP = object()
 
 
@@ -249,6 +251,7 @@ class Recorder:
         on_incident: Callable[[dict[str, Any]], None] | None = None,
         store_factory: Callable[[str | None], Store] = Store,
         rng: random.Random | None = None,
+        max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES,
     ) -> None:
         if not 0.0 <= sample_successes <= 1.0:
             raise ValueError("--sample-successes must be between 0 and 1")
@@ -265,6 +268,7 @@ class Recorder:
         self.on_incident = on_incident
         self._store_factory = store_factory
         self._rng = rng or random.Random()
+        self.max_spool_bytes = max_spool_bytes
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
         self._thread: threading.Thread | None = None
         self._store: Store | None = None
@@ -400,12 +404,23 @@ class Recorder:
     def _spool(self, prepared: list[Prepared]) -> None:
         if not prepared:
             return
+        written = dropped = 0
         with self._lock:
+            size = self.spool_path.stat().st_size if self.spool_path.exists() else 0
             with self.spool_path.open("a", encoding="utf-8") as handle:
                 for item in prepared:
-                    handle.write(item.to_line())
+                    line = item.to_line()
+                    if size + len(line) > self.max_spool_bytes:
+                        dropped += 1
+                        continue
+                    handle.write(line)
+                    size += len(line)
+                    written += 1
                 handle.flush()
-        self.metrics.spooled.inc(len(prepared))
+        self.metrics.spooled.inc(written)
+        if dropped:
+            log.error("spool %s is full: %d exchange(s) not recorded", self.spool_path, dropped)
+            self.metrics.recording_dropped.inc(dropped)
 
     def spooled_count(self) -> int:
         if not self.spool_path.exists():

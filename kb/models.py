@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import date, datetime, timezone
 from typing import Any, Optional
 
-from sqlalchemy import JSON, Column, Index, Text, UniqueConstraint
+from sqlalchemy import JSON, Column, Index, LargeBinary, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 from kb.vocab import CATALOGUE_CAUSES
@@ -166,3 +166,53 @@ class TriageRun(SQLModel, table=True):
     state: str = Field(default="running", max_length=20)
     plan: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     result: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+
+
+# --------------------------------------------------------------------------- live proxy
+# Written by `triage proxy` (kb/live.py): one row per recorded exchange, and one row per
+# failure signature that has an incident, so that replicas sharing a database never open two.
+
+
+class LiveExchange(SQLModel, table=True):
+    """One exchange recorded by the live proxy (redacted; body compressed, maybe sampled out)."""
+
+    __table_args__ = (
+        Index("ix_liveexchange_cell", "model", "client", "signature", "recorded_at"),
+        Index("ix_liveexchange_model_recorded", "model", "recorded_at"),
+    )
+    id: Optional[int] = Field(default=None, primary_key=True)
+    # Idempotency key chosen by the proxy when the exchange happened: a spooled exchange
+    # replayed twice is stored once.
+    key: str = Field(max_length=64, unique=True)
+    recorded_at: datetime = Field(default_factory=utcnow, index=True)
+    replica: str = Field(default="", max_length=100)
+    path: str = Field(default="", max_length=200)
+    model: str = Field(default="", max_length=300)
+    client: str = Field(default="", max_length=200)
+    # "" for a working reply; else sorted failing kinds + status class, e.g. "empty-content|2xx".
+    signature: str = Field(default="", max_length=300)
+    failed: bool = False
+    status: Optional[int] = None
+    elapsed_ms: Optional[float] = None
+    stream: bool = False
+    upstream_build: str = Field(default="", max_length=100)
+    template_sha256: str = Field(default="", max_length=64)
+    findings: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    # zlib-compressed JSON of the redacted exchange; None when a success was sampled out.
+    body: Optional[bytes] = Field(default=None, sa_column=Column(LargeBinary, nullable=True))
+    body_truncated: bool = False
+
+
+class LiveSignature(SQLModel, table=True):
+    """A failure signature the proxy opened (or attached to) an incident for."""
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    key: str = Field(max_length=400, unique=True)  # model + "\x1f" + signature
+    model: str = Field(default="", max_length=300)
+    signature: str = Field(max_length=300)
+    incident_id: int = Field(foreign_key="incident.id", index=True, ondelete="CASCADE")
+    opened_at: datetime = Field(default_factory=utcnow)
+    opened_by: str = Field(default="", max_length=100)
+    first_exchange_key: str = Field(default="", max_length=64)
+    latest_exchange_key: str = Field(default="", max_length=64)
+    detection: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))

@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "triage.commands.search",
     "triage.commands.ui",
     "triage.commands.bisect",
+    "triage.commands.proxy",
 ]
 
 

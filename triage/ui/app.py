@@ -18,6 +18,7 @@ PAGES = [
             url_path="decisions"),
     st.Page("views/retrospective.py", title="Retrospective", icon=":material/history_edu:",
             url_path="retrospective"),
+    st.Page("views/live.py", title="Live", icon=":material/monitoring:", url_path="live"),
 ]
 
 st.navigation(PAGES).run()

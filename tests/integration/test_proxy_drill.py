@@ -1,0 +1,244 @@
+"""The live proxy in front of the real llama-server b11434 serving the intermittent
+gemma4-toolcall drill (T=1: the tool call leaks into the reasoning in ~30% of replies).
+
+A client sends requests through the proxy; the proxy's failure rate (k/n, Wilson interval)
+matches what the client itself saw and contains the drill's designed rate, exactly one
+incident is opened, streamed and non-streamed clients get exactly the bytes the upstream
+sent (checked against a TCP tap between the proxy and llama-server), and a client that
+leaves mid-stream frees the llama-server slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlmodel import select
+
+from kb import live
+from kb.models import Incident, utcnow
+from kb.store import Store
+from triage.drills import Drill
+from triage.llama.launcher import RunningServer
+from triage.proxy import ProxyApp, ProxyConfig, ProxyMetrics, Recorder, serving
+from triage.stats import wilson
+
+pytestmark = pytest.mark.integration
+
+N_REQUESTS = 60
+
+
+@pytest.fixture(scope="module")
+def drill_server(
+    serve, toolcall_drill: Drill, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningServer]:
+    with serve(toolcall_drill.model, toolcall_drill.server_args,
+               tmp_path_factory.mktemp("logs")) as server:
+        yield server
+
+
+@pytest.fixture
+def proxy(drill_server: RunningServer, tmp_path: Path) -> Iterator[tuple[str, Recorder, str]]:
+    url = f"sqlite:///{tmp_path / 'kb.db'}"
+    metrics = ProxyMetrics()
+    recorder = Recorder(url, spool_path=tmp_path / "spool.jsonl", metrics=metrics,
+                        replica="it", flush_seconds=0.05)
+    app = ProxyApp(ProxyConfig(drill_server.base_url), recorder=recorder, metrics=metrics)
+    with serving(app) as server:
+        yield server.url, recorder, url
+
+
+def _failed(reply: dict[str, Any]) -> bool:
+    """The client's own check: the drill fails by answering without the tool call."""
+    message = reply["choices"][0]["message"]
+    return not message.get("tool_calls")
+
+
+def test_proxy_measures_the_drill_rate_and_opens_one_incident(
+    proxy: tuple[str, Recorder, str], toolcall_drill: Drill
+) -> None:
+    proxy_url, recorder, db_url = proxy
+    body = toolcall_drill.request("sampled")
+
+    def send(seed: int) -> dict[str, Any]:
+        reply = httpx.post(f"{proxy_url}/v1/chat/completions", json={**body, "seed": seed},
+                           headers={"user-agent": "drill-client/1"}, timeout=300)
+        assert reply.status_code == 200
+        return reply.json()
+
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(send, range(1, N_REQUESTS + 1)))
+    client_failures = sum(_failed(r) for r in replies)
+    recorder.flush(N_REQUESTS)
+
+    store = Store(db_url, migrate=False)
+    try:
+        with store.session(readonly=True) as session:
+            cells = live.cell_counts(session, utcnow().replace(year=2000), utcnow().replace(
+                year=3000))
+            opened = live.live_incidents(session)
+            incidents = session.exec(select(Incident)).all()
+    finally:
+        store.close()
+    assert 0 < client_failures < N_REQUESTS, "the drill is intermittent at T=1"
+    proxy_failures = sum(c.failures for c in cells)
+    assert {c.n for c in cells} == {N_REQUESTS}
+    assert proxy_failures == client_failures  # every failure the client saw, and no other
+    interval = wilson(proxy_failures, N_REQUESTS)
+    assert interval.low <= client_failures / N_REQUESTS <= interval.high
+    designed = toolcall_drill.manifest["parameters"]["failure_rate"]["temperature_1"]
+    wide = wilson(proxy_failures, N_REQUESTS, confidence=0.999)  # flakes < 1 in 1000
+    assert wide.low <= designed <= wide.high, (proxy_failures, designed)
+    assert len(incidents) == 1 and len(opened) == 1
+    assert opened[0]["model"] == toolcall_drill.model.name
+    assert incidents[0].server_build.startswith("b11434")
+
+
+# --------------------------------------------------------------------------- byte-exact
+
+
+class Tap:
+    """A TCP relay that keeps every byte llama-server sends back (one list per connection)."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.received: list[bytearray] = []
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.port = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.server = self.loop.run_until_complete(
+            asyncio.start_server(self._handle, "127.0.0.1", 0)
+        )
+        self.port = self.server.sockets[0].getsockname()[1]
+        self.ready.set()
+        self.loop.run_forever()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        record = bytearray()
+        self.received.append(record)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter,
+                       keep: bytearray | None) -> None:
+            while data := await src.read(65536):
+                if keep is not None:
+                    keep.extend(data)
+                dst.write(data)
+                await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer, None), pipe(up_reader, writer, record),
+                             return_exceptions=True)
+
+    def __enter__(self) -> Tap:
+        self.thread.start()
+        self.ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.call_soon_threadsafe(self.server.close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def http_bodies(raw: bytes) -> list[bytes]:
+    """The bodies of the HTTP/1.1 responses in one connection's bytes (de-chunked)."""
+    bodies = []
+    rest = raw
+    while rest:
+        head, _, rest = rest.partition(b"\r\n\r\n")
+        headers = {
+            line.split(b":", 1)[0].strip().lower(): line.split(b":", 1)[1].strip()
+            for line in head.split(b"\r\n")[1:]
+            if b":" in line
+        }
+        if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
+            body = bytearray()
+            while True:
+                size_line, _, rest = rest.partition(b"\r\n")
+                size = int(size_line.split(b";")[0], 16)
+                chunk, rest = rest[:size], rest[size + 2:]
+                if size == 0:
+                    break
+                body.extend(chunk)
+            bodies.append(bytes(body))
+        else:
+            length = int(headers.get(b"content-length", b"0"))
+            bodies.append(rest[:length])
+            rest = rest[length:]
+    return bodies
+
+
+def test_streamed_and_non_streamed_clients_get_exactly_the_upstream_bytes(
+    drill_server: RunningServer, toolcall_drill: Drill, tmp_path: Path
+) -> None:
+    body = toolcall_drill.request("greedy")
+    with Tap(drill_server.port) as tap:
+        config = ProxyConfig(f"http://127.0.0.1:{tap.port}", identity_refresh_seconds=0)
+        recorder = Recorder(f"sqlite:///{tmp_path / 'kb.db'}", spool_path=tmp_path / "s.jsonl")
+        app = ProxyApp(config, recorder=recorder)
+        with serving(app) as server:
+            plain = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=300)
+            with httpx.stream("POST", f"{server.url}/v1/chat/completions",
+                              json={**body, "stream": True}, timeout=300) as response:
+                streamed = b"".join(response.iter_raw())
+    sent = [b for connection in tap.received for b in http_bodies(bytes(connection))]
+    assert plain.status_code == 200 and plain.content in sent
+    assert json.loads(plain.content)["choices"][0]["finish_reason"] == "tool_calls"
+    assert streamed in sent and streamed.endswith(b"data: [DONE]\n\n")
+    assert streamed.count(b"data: ") > 5  # a real stream, not one blob
+
+
+# --------------------------------------------------------------------------- disconnect
+
+
+def test_client_leaving_mid_stream_frees_the_slot(
+    server_factory, toolcall_drill: Drill, tmp_path: Path
+) -> None:
+    server = server_factory(toolcall_drill.model, ["-c", "16384", "-np", "1", "-t", "1",
+                                                   "-tb", "1", "--metrics"])
+    app = ProxyApp(ProxyConfig(server.base_url, identity_refresh_seconds=0))
+    # 16000 tokens whatever the model says: seconds of work for the one slot, unless the
+    # request is cancelled when the client leaves.
+    # (no tools: the streamed tool-call parser ends a long stream of calls with an error)
+    endless = {"messages": [{"role": "user", "content": "Tell me about Paris."}],
+               "max_tokens": 16000, "ignore_eos": True, "stream": True, "seed": 7}
+    with serving(app) as proxy_server:
+        with httpx.stream("POST", f"{proxy_server.url}/v1/chat/completions", json=endless,
+                          timeout=300) as response:
+            for chunk in response.iter_raw():
+                if b"data: " in chunk:
+                    break
+        deadline = time.monotonic() + 120
+        while _slot_busy(server.base_url) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        predicted = _server_metric(server.base_url, "llamacpp:tokens_predicted_total")
+        assert 0 < predicted < 8000, f"the slot generated {predicted} tokens for a client that left"
+        # and the one slot serves the next request
+        reply = httpx.post(f"{proxy_server.url}/v1/chat/completions",
+                           json=toolcall_drill.request("greedy"), timeout=300)
+        assert reply.status_code == 200
+
+
+def _slot_busy(base_url: str) -> bool:
+    return bool(httpx.get(f"{base_url}/slots", timeout=10).json()[0]["is_processing"])
+
+
+def _server_metric(base_url: str, name: str) -> float:
+    for line in httpx.get(f"{base_url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"llama-server /metrics has no {name}")
+

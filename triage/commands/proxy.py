@@ -1,0 +1,105 @@
+"""`triage proxy`: the live recording proxy in front of a llama-server."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from pathlib import Path
+
+import click
+
+from kb.store import data_dir
+
+
+@click.command("proxy")
+@click.option("--upstream", required=True, envvar="TRIAGE_PROXY_UPSTREAM",
+              help="The llama-server to forward to, e.g. http://127.0.0.1:8080.")
+@click.option("--listen", default="127.0.0.1:8081", show_default=True,
+              help="HOST:PORT to listen on.")
+@click.option("--stack", "stack_path", type=click.Path(path_type=Path, dir_okay=False,
+                                                       exists=True),
+              default=None, help="stack.toml that --auto-diagnose replays against.")
+@click.option("--sample-successes", type=click.FloatRange(0.0, 1.0), default=1.0,
+              show_default=True,
+              help="Share of working exchanges whose bodies are stored (failures: all).")
+@click.option("--auto-diagnose", is_flag=True,
+              help="Start `triage diagnose` against --stack for each incident opened.")
+@click.option("--diagnose-upstream", is_flag=True,
+              help="Allow --auto-diagnose to replay against the production upstream.")
+@click.option("--spool", "spool_path", type=click.Path(path_type=Path, dir_okay=False),
+              default=None, help="Where exchanges wait while the database is down "
+              "(default: DATA_DIR/proxy-spool.jsonl).")
+@click.option("--window-minutes", type=click.IntRange(1, 24 * 60), default=10,
+              show_default=True, help="Current window of the change detection.")
+@click.option("--trailing-minutes", type=click.IntRange(1, 7 * 24 * 60), default=60,
+              show_default=True, help="Trailing window it is compared with.")
+@click.option("--upstream-timeout", type=click.FloatRange(0.1, 24 * 3600), default=600.0,
+              show_default=True, help="Seconds allowed between two upstream bytes (then 504).")
+@click.option("--replica", default=None, help="Name of this replica (default: host-pid).")
+@click.pass_context
+def proxy_command(
+    ctx: click.Context,
+    upstream: str,
+    listen: str,
+    stack_path: Path | None,
+    sample_successes: float,
+    auto_diagnose: bool,
+    diagnose_upstream: bool,
+    spool_path: Path | None,
+    window_minutes: int,
+    trailing_minutes: int,
+    upstream_timeout: float,
+    replica: str | None,
+) -> None:
+    """Forward /v1/*, /props and /health to a llama-server, record every exchange, keep
+    failure rates and open incidents when a failure signature appears or rises."""
+    import uvicorn
+
+    from triage.proxy import ProxyApp, ProxyConfig, ProxyMetrics, Recorder, parse_listen
+    from triage.proxy.diagnose import AutoDiagnose, AutoDiagnoseError, check_stack
+    from triage.proxy.server import uvicorn_config
+
+    try:
+        host, port = parse_listen(listen)
+        config = ProxyConfig(upstream=upstream, read_timeout=upstream_timeout)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if replica:
+        config.replica = replica
+    database = (ctx.obj or {}).get("database")
+    hook = None
+    if auto_diagnose:
+        if stack_path is None:
+            raise click.UsageError("--auto-diagnose needs --stack")
+        try:
+            check_stack(stack_path, config.upstream, allow_upstream=diagnose_upstream)
+        except AutoDiagnoseError as exc:
+            raise click.UsageError(str(exc)) from None
+        hook = AutoDiagnose(stack_path, data_dir() / "proxy-diagnoses", database_url=database)
+    metrics = ProxyMetrics()
+    recorder = Recorder(
+        database,
+        spool_path=spool_path or data_dir() / "proxy-spool.jsonl",
+        sample_successes=sample_successes,
+        replica=config.replica,
+        metrics=metrics,
+        current_window=timedelta(minutes=window_minutes),
+        trailing_window=timedelta(minutes=trailing_minutes),
+        on_incident=hook,
+    )
+    app = ProxyApp(config, recorder=recorder, metrics=metrics)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    click.echo(f"triage proxy: http://{host}:{port} -> {config.upstream}", err=True)
+    try:
+        uvicorn.Server(uvicorn_config(app, host, port, log_level="info")).run()
+    except KeyboardInterrupt:
+        # uvicorn shut down gracefully (exchanges written or spooled) and then re-raised
+        # the Ctrl-C: that is a normal stop, not an abort.
+        pass
+    finally:
+        if hook is not None:
+            hook.stop()
+
+
+def register(group: click.Group) -> None:
+    group.add_command(proxy_command)

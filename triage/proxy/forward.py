@@ -1,0 +1,454 @@
+"""The forwarding half of the proxy: a raw ASGI app in front of llama-server.
+
+`/v1/*`, `/props` and `/health` go to the upstream through one shared `httpx.AsyncClient`
+pool, byte for byte: the request body as received, the response body as sent (raw bytes,
+no decoding), status and headers intact except the hop-by-hop ones. Responses are streamed
+through chunk by chunk as they arrive (SSE included); nothing is buffered before the client
+gets it. A client that disconnects cancels the upstream request (its connection is closed,
+so llama-server stops generating and frees the slot).
+
+The proxy answers by itself only when the upstream cannot: 502 (unreachable) and 504 (no
+response headers in time) as OpenAI-style JSON errors, 413 for a request body above the
+cap, 404 for paths it does not forward. Each inference exchange (a POST under /v1/) is
+handed to the recorder as a plain record (bytes and numbers); redaction, classification and
+storage happen off the hot path (triage.proxy.recorder).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+
+from triage.proxy.metrics import ProxyMetrics
+
+log = logging.getLogger("triage.proxy")
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+# RFC 9110 7.6.1 hop-by-hop fields, plus what the proxy recomputes (host, content-length of
+# the request: httpx sets both from what it sends).
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+REQUEST_DROP = HOP_BY_HOP | {"host", "content-length"}
+FORWARDED_EXACT = frozenset({"/props", "/health"})
+DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
+DEFAULT_MAX_RECORD_BYTES = 4 * 1024 * 1024
+
+
+class RecordSink(Protocol):
+    def submit(self, record: dict[str, Any]) -> bool: ...
+
+
+@dataclass
+class ProxyConfig:
+    """How the proxy reaches its upstream and what it accepts."""
+
+    upstream: str
+    connect_timeout: float = 5.0
+    # Time allowed between two bytes from the upstream (and for the response headers).
+    read_timeout: float = 600.0
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    identity_refresh_seconds: float = 60.0
+    max_connections: int = 512
+    replica: str = field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
+
+    def __post_init__(self) -> None:
+        self.upstream = self.upstream.rstrip("/")
+        if not self.upstream.startswith(("http://", "https://")):
+            raise ValueError(f"--upstream must be an http(s) URL, got {self.upstream!r}")
+
+
+def identity_from_props(props: Any) -> dict[str, str]:
+    """Model, build and chat template hash of a llama-server from its /props reply."""
+    if not isinstance(props, dict):
+        return {"model": "", "build": "", "template_sha256": ""}
+    path = props.get("model_path") or ""
+    model = props.get("model_alias") or path
+    # llama-server's default alias is the model path: keep the file name only.
+    if isinstance(model, str) and (model == path or model.endswith(".gguf")):
+        model = os.path.basename(model)
+    template = props.get("chat_template")
+    template_hash = (
+        hashlib.sha256(template.encode()).hexdigest() if isinstance(template, str) else ""
+    )
+    build = props.get("build_info") or ""
+    return {
+        "model": str(model)[:300],
+        "build": str(build)[:100],
+        "template_sha256": template_hash,
+    }
+
+
+def _error_body(status: int, message: str, kind: str) -> bytes:
+    return json.dumps({"error": {"code": status, "message": message, "type": kind}}).encode()
+
+
+class _Disconnected(Exception):
+    """The client went away while the response was being sent."""
+
+
+class ProxyApp:
+    """ASGI app: forward, measure, hand exchanges to the recorder."""
+
+    def __init__(
+        self,
+        config: ProxyConfig,
+        *,
+        recorder: Any | None = None,
+        metrics: ProxyMetrics | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.config = config
+        self.recorder = recorder
+        self.metrics = metrics or ProxyMetrics()
+        self.identity: dict[str, str] = {"model": "", "build": "", "template_sha256": ""}
+        self._transport = transport
+        self._client: httpx.AsyncClient | None = None
+        self._refresher: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def startup(self) -> None:
+        config = self.config
+        limits = httpx.Limits(
+            max_connections=config.max_connections,
+            max_keepalive_connections=config.max_connections,
+        )
+        timeout = httpx.Timeout(
+            connect=config.connect_timeout,
+            read=config.read_timeout,
+            write=config.read_timeout,
+            pool=config.read_timeout,
+        )
+        self._client = httpx.AsyncClient(
+            limits=limits, timeout=timeout, transport=self._transport, follow_redirects=False
+        )
+        # Only what the client sent goes upstream: no httpx default User-Agent, Accept or
+        # Accept-Encoding (a compressed reply would not be what the client asked for).
+        for name in ("user-agent", "accept", "accept-encoding"):
+            self._client.headers.pop(name, None)
+        if self.recorder is not None and hasattr(self.recorder, "start"):
+            self.recorder.start()
+        await self.refresh_identity()
+        if config.identity_refresh_seconds > 0:
+            self._refresher = asyncio.create_task(self._refresh_loop())
+
+    async def shutdown(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            await asyncio.gather(self._refresher, return_exceptions=True)
+        if self._client is not None:
+            await self._client.aclose()
+        if self.recorder is not None and hasattr(self.recorder, "stop"):
+            await asyncio.to_thread(self.recorder.stop)
+
+    async def refresh_identity(self) -> None:
+        """Read model, build and template hash from the upstream's /props (kept on failure)."""
+        assert self._client is not None
+        try:
+            reply = await self._client.get(
+                f"{self.config.upstream}/props", timeout=self.config.connect_timeout
+            )
+            if reply.status_code == 200:
+                self.identity = identity_from_props(reply.json())
+        except (httpx.HTTPError, ValueError) as exc:
+            log.warning("cannot read upstream /props: %s", type(exc).__name__)
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.identity_refresh_seconds)
+            await self.refresh_identity()
+
+    # ------------------------------------------------------------------ ASGI
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["type"] == "http":
+            await self._http(scope, receive, send)
+        # websockets are not forwarded: llama-server has none
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.startup()
+                except Exception as exc:  # noqa: BLE001 -- reported to the server, not raised
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        if path == "/metrics" and scope["method"] == "GET":
+            await _respond(send, 200, self.metrics.exposition(), self.metrics.content_type)
+            return
+        if not (path.startswith("/v1/") or path in FORWARDED_EXACT):
+            message = "triage proxy forwards /v1/*, /props and /health only"
+            await _respond(send, 404, _error_body(404, message, "not_found_error"))
+            return
+        body = await _read_body(receive, self.config.max_request_bytes)
+        if body is None:
+            limit = self.config.max_request_bytes
+            message = f"request body exceeds the proxy's limit of {limit} bytes"
+            await _respond(send, 413, _error_body(413, message, "invalid_request_error"))
+            return
+        await self._forward(scope, receive, send, body)
+
+    async def _forward(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
+        assert self._client is not None, "the proxy was not started (lifespan)"
+        started = time.perf_counter()
+        wall = time.time()
+        path: str = scope["path"]
+        raw_path = scope.get("raw_path") or path.encode()
+        query = scope.get("query_string") or b""
+        url = self.config.upstream + raw_path.decode("latin-1")
+        if query:
+            url += "?" + query.decode("latin-1")
+        headers = [
+            (k, v) for k, v in scope["headers"] if k.decode("latin-1").lower() not in REQUEST_DROP
+        ]
+        record = _record_start(scope, body, headers, wall)
+        try:
+            response = await self._send(scope["method"], url, headers, body)
+        except httpx.TimeoutException:
+            await self._upstream_failed(send, record, 504, "upstream timed out", started, True)
+            return
+        except httpx.HTTPError as exc:
+            detail = f"upstream unreachable ({type(exc).__name__})"
+            await self._upstream_failed(send, record, 502, detail, started, False)
+            return
+        ttfb = time.perf_counter() - started
+        self.metrics.first_byte.labels(path).observe(ttfb)
+        record["status"] = response.status_code
+        record["response_headers"] = list(response.headers.raw)
+        record["ttfb_ms"] = ttfb * 1000
+        record["identity"] = dict(self.identity)
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": response.status_code,
+                    "headers": [
+                        (k, v)
+                        for k, v in response.headers.raw
+                        if k.decode("latin-1").lower() not in HOP_BY_HOP
+                    ],
+                }
+            )
+            await self._stream(response, receive, send, record)
+        finally:
+            await response.aclose()
+        elapsed = time.perf_counter() - started
+        record["elapsed_ms"] = elapsed * 1000
+        stream = b"text/event-stream" in response.headers.get("content-type", "").encode()
+        record["stream"] = stream
+        self.metrics.requests.labels(path, f"{response.status_code // 100}xx").inc()
+        self.metrics.latency.labels(path, "true" if stream else "false").observe(elapsed)
+        self._submit(record)
+
+    async def _send(
+        self, method: str, url: str, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> httpx.Response:
+        """Send upstream; once more if a pooled keep-alive connection turned out closed.
+
+        llama-server (cpp-httplib) closes keep-alive connections after a number of requests
+        or seconds idle; a request that meets such a connection gets no response byte at all
+        (RemoteProtocolError / ReadError / WriteError before the status line), so the
+        upstream never saw it and sending it again on a fresh connection is safe."""
+        assert self._client is not None
+        for attempt in (1, 2):
+            request = self._client.build_request(method, url, headers=headers, content=body)
+            try:
+                return await self._client.send(request, stream=True)
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _stream(
+        self, response: httpx.Response, receive: Receive, send: Send, record: dict[str, Any]
+    ) -> None:
+        """Pump the upstream body to the client; stop (closing upstream) if the client leaves."""
+        pump = asyncio.create_task(self._pump(response, send, record))
+        watch = asyncio.create_task(_wait_disconnect(receive))
+        done, _ = await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if pump not in done:
+            pump.cancel()
+            record["client_disconnected"] = True
+        else:
+            watch.cancel()
+        results = await asyncio.gather(pump, watch, return_exceptions=True)
+        outcome = results[0]
+        if isinstance(outcome, _Disconnected):
+            record["client_disconnected"] = True
+        elif isinstance(outcome, BaseException) and not isinstance(
+            outcome, asyncio.CancelledError
+        ):
+            raise outcome
+
+    async def _pump(self, response: httpx.Response, send: Send, record: dict[str, Any]) -> None:
+        chunks: list[bytes] = record["response_chunks"]
+        kept = 0
+        cap = self.config.max_record_bytes
+        try:
+            async for chunk in response.aiter_raw():
+                if not chunk:
+                    continue
+                try:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                except OSError as exc:  # uvicorn's ClientDisconnected is an OSError
+                    raise _Disconnected() from exc
+                if kept < cap:
+                    chunks.append(chunk[: cap - kept])
+                    kept += min(len(chunk), cap - kept)
+                    if kept >= cap:
+                        record["body_truncated"] = True
+        except httpx.TimeoutException:
+            # The upstream went quiet mid-response: the status is already sent; end the
+            # body so the client sees a truncated reply, and record the timeout.
+            record["timed_out"] = True
+        except httpx.HTTPError as exc:
+            record["transport_error"] = f"upstream closed mid-response ({type(exc).__name__})"
+            record["upstream_truncated"] = True
+        try:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError as exc:
+            raise _Disconnected() from exc
+
+    async def _upstream_failed(
+        self,
+        send: Send,
+        record: dict[str, Any],
+        status: int,
+        message: str,
+        started: float,
+        timed_out: bool,
+    ) -> None:
+        body = _error_body(status, message, "upstream_error")
+        try:
+            await _respond(send, status, body)
+        except OSError:
+            record["client_disconnected"] = True
+        elapsed = time.perf_counter() - started
+        record.update(
+            status=status,
+            elapsed_ms=elapsed * 1000,
+            transport_error=message,
+            timed_out=timed_out,
+            response_headers=[(b"content-type", b"application/json")],
+            identity=dict(self.identity),
+        )
+        record["response_chunks"].append(body)
+        self.metrics.requests.labels(record["path"], "transport").inc()
+        self.metrics.latency.labels(record["path"], "false").observe(elapsed)
+        self._submit(record)
+
+    def _submit(self, record: dict[str, Any]) -> None:
+        if self.recorder is None or not record["recordable"]:
+            return
+        if not self.recorder.submit(record):
+            self.metrics.recording_dropped.inc()
+
+
+def _record_start(
+    scope: Scope, body: bytes, headers: list[tuple[bytes, bytes]], wall: float
+) -> dict[str, Any]:
+    user_agent = ""
+    for name, value in scope["headers"]:
+        if name.lower() == b"user-agent":
+            user_agent = value.decode("latin-1")
+    path: str = scope["path"]
+    return {
+        "key": uuid.uuid4().hex,
+        "at": wall,
+        "method": scope["method"],
+        "path": path,
+        "recordable": scope["method"] == "POST" and path.startswith("/v1/"),
+        "request_body": body,
+        "request_headers": headers,
+        "client": user_agent,
+        "status": None,
+        "response_headers": [],
+        "response_chunks": [],
+        "elapsed_ms": None,
+        "ttfb_ms": None,
+        "timed_out": False,
+        "transport_error": None,
+        "client_disconnected": False,
+        "body_truncated": False,
+        "upstream_truncated": False,
+        "stream": False,
+        "identity": {},
+    }
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The whole request body, or None once it exceeds `limit` bytes."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        parts.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(parts)
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _respond(
+    send: Send, status: int, body: bytes, content_type: str = "application/json"
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", content_type.encode()),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})

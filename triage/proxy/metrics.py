@@ -1,0 +1,102 @@
+"""Prometheus metrics of the proxy (`/metrics`), one registry per proxy instance.
+
+Request counts and latencies are updated on the hot path (cheap, lock-protected counters);
+failures by signature, tokens and speculative-decoding draft acceptance are updated by the
+background writer once an exchange is classified.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client.exposition import generate_latest
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class ProxyMetrics:
+    """The proxy's counters and histograms, in their own registry."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        registry = self.registry
+        self.requests = Counter(
+            "triage_proxy_requests",
+            "Requests forwarded, by path and status class.",
+            ["path", "status_class"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "triage_proxy_request_duration_seconds",
+            "Time from request to the last response byte, by path and streaming.",
+            ["path", "stream"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.first_byte = Histogram(
+            "triage_proxy_time_to_first_byte_seconds",
+            "Time from request to the upstream's response headers.",
+            ["path"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.exchanges = Counter(
+            "triage_proxy_exchanges",
+            "Classified exchanges, by model.",
+            ["model"],
+            registry=registry,
+        )
+        self.failures = Counter(
+            "triage_proxy_failures",
+            "Failing exchanges, by model and failure signature.",
+            ["model", "signature"],
+            registry=registry,
+        )
+        self.tokens = Counter(
+            "triage_proxy_tokens",
+            "Tokens reported by the upstream (usage/timings), by model and kind.",
+            ["model", "kind"],
+            registry=registry,
+        )
+        self.draft_tokens = Counter(
+            "triage_proxy_draft_tokens",
+            "Speculative decoding: drafted and accepted tokens (timings.draft_*).",
+            ["model", "kind"],
+            registry=registry,
+        )
+        self.recording_dropped = Counter(
+            "triage_proxy_recording_dropped",
+            "Exchanges not recorded because the recording queue was full.",
+            registry=registry,
+        )
+        self.spooled = Counter(
+            "triage_proxy_spooled",
+            "Exchanges written to the local spool because the database was unavailable.",
+            registry=registry,
+        )
+        self.incidents = Counter(
+            "triage_proxy_incidents_opened",
+            "Incidents opened by this proxy, by model and signature.",
+            ["model", "signature"],
+            registry=registry,
+        )
+
+    def observe_exchange(self, model: str, signature: str, usage: dict[str, Any]) -> None:
+        """Counters of one classified exchange (called by the writer)."""
+        self.exchanges.labels(model).inc()
+        if signature:
+            self.failures.labels(model, signature).inc()
+        for kind in ("prompt", "completion"):
+            value = usage.get(f"{kind}_tokens")
+            if isinstance(value, int) and value > 0:
+                self.tokens.labels(model, kind).inc(value)
+        for kind, key in (("drafted", "draft_n"), ("accepted", "draft_n_accepted")):
+            value = usage.get(key)
+            if isinstance(value, int) and value > 0:
+                self.draft_tokens.labels(model, kind).inc(value)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

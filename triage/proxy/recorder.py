@@ -1,0 +1,582 @@
+"""The recording half of the proxy: a bounded queue and one background writer thread.
+
+The hot path only calls `Recorder.submit(record)` (a non-blocking `put_nowait`; a full queue
+drops the record and counts it in `/metrics`). The writer takes records in batches and, for
+each one: builds the exchange the same way captures are built
+(`triage.capture.exchange_from_http`: request and response redacted), classifies it with the
+same symptom checks (`triage.symptoms.classify`), derives its failure signature, compresses
+the body (successes are kept with probability `sample_successes`; failures always), and
+writes the batch through `kb.live` in one transaction, where the change detection may open
+an incident.
+
+Database unavailable: the batch goes to a local JSONL spool (already redacted, each line
+with its idempotency key) and the proxy keeps forwarding. The spool is replayed before the
+next batch once the database answers; replayed keys already stored are skipped, so a crash
+between a replay's commit and the spool's truncation stores nothing twice.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import queue
+import random
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+
+from kb import live
+from kb.models import Incident
+from kb.store import Store
+from triage.capture import CaptureError, exchange_from_http, redact_headers, redact_text
+from triage.proxy.metrics import ProxyMetrics
+from triage.proxy.rates import detect, failure_signature
+from triage.symptoms import USER_FACING_KINDS, classify
+
+log = logging.getLogger("triage.proxy")
+
+DEFAULT_QUEUE_SIZE = 10_000
+DEFAULT_BATCH_SIZE = 256
+CURRENT_WINDOW = timedelta(minutes=10)
+TRAILING_WINDOW = timedelta(hours=1)
+# The spool is bounded: past this size (a database down for a long time), further exchanges
+# are counted in triage_proxy_recording_dropped_total instead of filling the disk.
+DEFAULT_MAX_SPOOL_BYTES = 1024 * 1024 * 1024
+_STOP = object()
+
+
+@dataclass
+class Prepared:
+    """One classified, redacted exchange ready for the store (or the spool)."""
+
+    row: dict[str, Any]
+    kinds: list[str]
+    example: dict[str, Any] | None  # evidence item for a failing exchange
+    usage: dict[str, Any] = field(default_factory=dict)
+
+    def to_line(self) -> str:
+        row = dict(self.row)
+        row["recorded_at"] = row["recorded_at"].isoformat()
+        if row.get("body") is not None:
+            row["body"] = base64.b64encode(row["body"]).decode()
+        example = None
+        if self.example is not None:
+            example = {k: v for k, v in self.example.items() if k != "recorded_at"}
+        return json.dumps({"row": row, "kinds": self.kinds, "example": example}) + "\n"
+
+    @classmethod
+    def from_line(cls, line: str) -> Prepared:
+        data = json.loads(line)
+        row = dict(data["row"])
+        row["recorded_at"] = datetime.fromisoformat(row["recorded_at"])
+        if row.get("body") is not None:
+            row["body"] = base64.b64decode(row["body"])
+        example = data.get("example")
+        if example is not None:
+            example["recorded_at"] = row["recorded_at"]
+        return cls(row=row, kinds=list(data.get("kinds") or []), example=example)
+
+
+def _usage(response: dict[str, Any] | None) -> dict[str, Any]:
+    """Token counts and draft acceptance from a reply's usage/timings (llama-server)."""
+    if not isinstance(response, dict):
+        return {}
+    out: dict[str, Any] = {}
+    usage = response.get("usage")
+    if isinstance(usage, dict):
+        for key in ("prompt_tokens", "completion_tokens"):
+            if isinstance(usage.get(key), int):
+                out[key] = usage[key]
+    timings = response.get("timings")
+    if isinstance(timings, dict):
+        for key in ("draft_n", "draft_n_accepted"):
+            if isinstance(timings.get(key), int):
+                out[key] = timings[key]
+        if "completion_tokens" not in out and isinstance(timings.get("predicted_n"), int):
+            out["completion_tokens"] = timings["predicted_n"]
+        if "prompt_tokens" not in out and isinstance(timings.get("prompt_n"), int):
+            out["prompt_tokens"] = timings["prompt_n"]
+    return out
+
+
+def _sse_timings(text: str) -> dict[str, Any]:
+    """The last `timings`/`usage` of a stream (the reassembled reply may not keep them)."""
+    found: dict[str, Any] = {}
+    for line in reversed(text.splitlines()):
+        if not line.startswith("data:") or "timings" not in line and "usage" not in line:
+            continue
+        try:
+            value = json.loads(line[5:].strip())
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            found = _usage(value)
+            if found:
+                return found
+    return found
+
+
+def prepare(record: dict[str, Any], *, keep_success: bool, replica: str) -> Prepared:
+    """Redact, classify and compress one raw record from the hot path."""
+    body = b"".join(record["response_chunks"])
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in record["request_headers"]}
+    response_headers = {
+        k.decode("latin-1"): v.decode("latin-1") for k, v in record["response_headers"]
+    }
+    transport = record.get("transport_error") is not None and record.get("status") in (502, 504)
+    status = None if transport else record.get("status")
+    identity = record.get("identity") or {}
+    exchange_dict: dict[str, Any] | None = None
+    kinds: list[str]
+    try:
+        request = json.loads(record["request_body"] or b"null")
+        exchange = exchange_from_http(
+            request if isinstance(request, dict) else {"_raw": request},
+            None if transport else body,
+            status=status,
+            elapsed_ms=record.get("elapsed_ms"),
+            timed_out=bool(record.get("timed_out")),
+            url=record["path"],
+            headers=headers,
+            response_headers=response_headers,
+            source_file="proxy",
+        )
+        if transport and exchange.error is None and not record.get("timed_out"):
+            exchange.error = {
+                "message": redact_text(str(record["transport_error"])),
+                "type": "transport",
+                "code": record.get("status"),
+                "in_stream": False,
+            }
+        if record.get("upstream_truncated"):
+            exchange.truncated = True
+        findings = classify(exchange)
+        kinds = sorted({f.kind for f in findings if not f.passed} & USER_FACING_KINDS)
+        if transport and not kinds:
+            kinds = ["timeout" if record.get("timed_out") else "http-error"]
+        exchange_dict = exchange.to_dict()
+        finding_dicts = [f.to_dict() for f in findings]
+        usage = _usage(exchange.response)
+        if not usage and record.get("stream"):
+            usage = _sse_timings(body.decode("utf-8", "replace"))
+    except (CaptureError, ValueError, RecursionError) as exc:
+        # Not a chat exchange the checks can read (malformed JSON, a non-object request):
+        # what the upstream answered decides.
+        http_status = record.get("status")
+        failing = transport or http_status is None or http_status >= 400
+        kinds = ["http-error"] if failing else []
+        finding_dicts = []
+        usage = {}
+        exchange_dict = {
+            "unparsed": redact_text(str(exc))[:500],
+            "status": http_status,
+            "request_headers": redact_headers(headers),
+            "request_text": redact_text(record["request_body"][:4096].decode("utf-8", "replace")),
+            "response_text": redact_text(body[:4096].decode("utf-8", "replace")),
+        }
+    signature = failure_signature(kinds, status, transport=transport)
+    model = identity.get("model") or ""
+    if not model and exchange_dict and isinstance(exchange_dict.get("request"), dict):
+        model = str(exchange_dict["request"].get("model") or "")
+    failed = bool(signature)
+    payload = {
+        "exchange": exchange_dict,
+        "findings": finding_dicts,
+        "symptoms": kinds,
+        "failed": failed,
+        "live_key": record["key"],
+        "signature": signature,
+        "upstream": identity,
+        "client": redact_text(record.get("client") or "")[:200],
+        "client_disconnected": bool(record.get("client_disconnected")),
+    }
+    recorded_at = datetime.fromtimestamp(record["at"], tz=timezone.utc)
+    keep = failed or keep_success
+    row = {
+        "key": record["key"],
+        "recorded_at": recorded_at,
+        "replica": replica[:100],
+        "path": record["path"][:200],
+        "model": model[:300],
+        "client": payload["client"],
+        "signature": signature,
+        "failed": failed,
+        "status": record.get("status"),
+        "elapsed_ms": record.get("elapsed_ms"),
+        "stream": bool(record.get("stream")),
+        "upstream_build": str(identity.get("build") or "")[:100],
+        "template_sha256": str(identity.get("template_sha256") or "")[:64],
+        "findings": kinds,
+        "body": live.compress_body(payload) if keep else None,
+        "body_truncated": bool(record.get("body_truncated")),
+    }
+    example = None
+    if failed:
+        example = {
+            "kind": "exchange",
+            "summary": f"live exchange {record['key'][:12]} via proxy: {signature}",
+            "payload": payload,
+            "source": f"proxy:{replica}",
+            "recorded_at": recorded_at,
+        }
+    return Prepared(row=row, kinds=kinds, example=example, usage=usage)
+
+
+class Recorder:
+    """Queue + writer thread; see the module docstring."""
+
+    def __init__(
+        self,
+        database_url: str | None,
+        *,
+        spool_path: Path,
+        sample_successes: float = 1.0,
+        replica: str = "proxy",
+        metrics: ProxyMetrics | None = None,
+        queue_size: int = DEFAULT_QUEUE_SIZE,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        flush_seconds: float = 0.2,
+        retry_seconds: float = 2.0,
+        current_window: timedelta = CURRENT_WINDOW,
+        trailing_window: timedelta = TRAILING_WINDOW,
+        on_incident: Callable[[dict[str, Any]], None] | None = None,
+        store_factory: Callable[[str | None], Store] = Store,
+        rng: random.Random | None = None,
+        max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES,
+    ) -> None:
+        if not 0.0 <= sample_successes <= 1.0:
+            raise ValueError("--sample-successes must be between 0 and 1")
+        self.database_url = database_url
+        self.spool_path = Path(spool_path)
+        self.sample_successes = sample_successes
+        self.replica = replica
+        self.metrics = metrics or ProxyMetrics()
+        self.batch_size = batch_size
+        self.flush_seconds = flush_seconds
+        self.retry_seconds = retry_seconds
+        self.current_window = current_window
+        self.trailing_window = trailing_window
+        self.on_incident = on_incident
+        self._store_factory = store_factory
+        self._rng = rng or random.Random()
+        self.max_spool_bytes = max_spool_bytes
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
+        self._thread: threading.Thread | None = None
+        self._store: Store | None = None
+        self._lock = FileLock(str(self.spool_path) + ".lock")
+        self._last_failure = 0.0
+        self.opened: list[dict[str, Any]] = []
+        self.written = 0
+        self.submitted = 0
+
+    # ------------------------------------------------------------------ hot path
+
+    def submit(self, record: dict[str, Any]) -> bool:
+        """Queue a raw record without blocking; False when the queue is full (dropped)."""
+        try:
+            self._queue.put_nowait(record)
+        except queue.Full:
+            return False
+        self.submitted += 1
+        return True
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self.spool_path.parent.mkdir(parents=True, exist_ok=True)
+        # Migrate here, before serving: Alembic is not safe to run from two threads of one
+        # process at once. A database that is down now is retried by the writer.
+        try:
+            self._open_store()
+        except (SQLAlchemyError, OSError) as exc:
+            log.warning("database unavailable at start (%s): spooling", type(exc).__name__)
+            self._store = None
+        self._thread = threading.Thread(target=self._run, name="triage-proxy-writer", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Write what is queued (or spool it) and stop the writer."""
+        if self._thread is None:
+            return
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+        self._thread = None
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    def flush(self, expected: int = 0, timeout: float = 30.0) -> None:
+        """Block until every record queued so far has been written or spooled; with
+        `expected`, first until that many records were submitted (the proxy hands a record
+        over just after the client has its last byte)."""
+        deadline = time.monotonic() + timeout
+        while self.submitted < expected and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self._queue.join()
+
+    # ------------------------------------------------------------------ writer
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            batch: list[dict[str, Any]] = []
+            try:
+                item = self._queue.get(timeout=self.retry_seconds)
+            except queue.Empty:
+                self._replay_if_due()
+                continue
+            taken = 1
+            if item is _STOP:
+                stopping = True
+            else:
+                batch.append(item)
+            while not stopping and len(batch) < self.batch_size:
+                try:
+                    item = self._queue.get(timeout=self.flush_seconds if batch else 0)
+                except queue.Empty:
+                    break
+                taken += 1
+                if item is _STOP:
+                    stopping = True
+                else:
+                    batch.append(item)
+            try:
+                self._process(batch)
+            except Exception:  # noqa: BLE001 -- the writer must outlive any one bad batch
+                log.exception("recording a batch of %d exchanges failed", len(batch))
+            finally:
+                for _ in range(taken):
+                    self._queue.task_done()
+
+    def _process(self, batch: list[dict[str, Any]]) -> None:
+        prepared = []
+        for record in batch:
+            keep = self.sample_successes >= 1.0 or self._rng.random() < self.sample_successes
+            try:
+                item = prepare(record, keep_success=keep, replica=self.replica)
+            except Exception:  # noqa: BLE001 -- one unreadable record must not lose the batch
+                log.exception("cannot classify exchange %s", record.get("key"))
+                continue
+            self.metrics.observe_exchange(item.row["model"], item.row["signature"], item.usage)
+            prepared.append(item)
+        if not self._replay_spool():
+            self._spool(prepared)
+            return
+        if prepared and not self._write_or_spool(prepared):
+            return
+
+    def _write_or_spool(self, prepared: list[Prepared]) -> bool:
+        try:
+            self._write(prepared)
+        except (SQLAlchemyError, OSError) as exc:
+            log.warning("database unavailable (%s): spooling %d", type(exc).__name__, len(prepared))
+            self._drop_store()
+            self._spool(prepared)
+            return False
+        return True
+
+    def _drop_store(self) -> None:
+        if self._store is not None:
+            try:
+                self._store.close()
+            except Exception:  # noqa: BLE001 -- closing a broken engine
+                pass
+            self._store = None
+
+    def _open_store(self) -> Store:
+        if self._store is None:
+            self._store = self._store_factory(self.database_url)
+        return self._store
+
+    # ------------------------------------------------------------------ spool
+
+    def _spool(self, prepared: list[Prepared]) -> None:
+        if not prepared:
+            return
+        written = dropped = 0
+        with self._lock:
+            size = self.spool_path.stat().st_size if self.spool_path.exists() else 0
+            with self.spool_path.open("a", encoding="utf-8") as handle:
+                for item in prepared:
+                    line = item.to_line()
+                    if size + len(line) > self.max_spool_bytes:
+                        dropped += 1
+                        continue
+                    handle.write(line)
+                    size += len(line)
+                    written += 1
+                handle.flush()
+        self.metrics.spooled.inc(written)
+        if dropped:
+            log.error("spool %s is full: %d exchange(s) not recorded", self.spool_path, dropped)
+            self.metrics.recording_dropped.inc(dropped)
+
+    def spooled_count(self) -> int:
+        if not self.spool_path.exists():
+            return 0
+        with self._lock:
+            with self.spool_path.open(encoding="utf-8") as handle:
+                return sum(1 for line in handle if line.strip())
+
+    def _replay_if_due(self) -> None:
+        if self.spool_path.exists() and self.spool_path.stat().st_size > 0:
+            self._replay_spool()
+
+    def _replay_spool(self) -> bool:
+        """Write the spooled exchanges; True when the spool is empty afterwards."""
+        if not self.spool_path.exists() or self.spool_path.stat().st_size == 0:
+            return True
+        with self._lock:
+            items = []
+            with self.spool_path.open(encoding="utf-8") as handle:
+                for number, line in enumerate(handle, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        items.append(Prepared.from_line(line))
+                    except (ValueError, KeyError, TypeError):
+                        # A line cut by a crash mid-write: keep it aside, never silently.
+                        log.error("spool %s line %d is unreadable; kept", self.spool_path, number)
+                        with open(str(self.spool_path) + ".bad", "a", encoding="utf-8") as bad:
+                            bad.write(line)
+            try:
+                for start in range(0, len(items), self.batch_size):
+                    self._write(items[start : start + self.batch_size])
+            except (SQLAlchemyError, OSError) as exc:
+                log.info("database still unavailable (%s); spool kept", type(exc).__name__)
+                self._drop_store()
+                return False
+            # Only now: a crash before this line replays keys that are already stored,
+            # which the unique key turns into no-ops.
+            self.spool_path.write_text("", encoding="utf-8")
+        return True
+
+    # ------------------------------------------------------------------ store
+
+    def _write(self, prepared: list[Prepared]) -> None:
+        store = self._open_store()
+        opened: list[dict[str, Any]] = []
+        for attempt in range(3):
+            try:
+                with store.session() as session:
+                    opened = self._write_batch(session, prepared)
+                break
+            except IntegrityError:
+                # A replica stored the same signature or key between our read and our
+                # write (the advisory lock makes this rare): the retry finds its rows.
+                if attempt == 2:
+                    raise
+        self.written += len(prepared)
+        for incident in opened:
+            self.metrics.incidents.labels(incident["model"], incident["signature"]).inc()
+            self.opened.append(incident)
+            if self.on_incident is not None:
+                try:
+                    self.on_incident(incident)
+                except Exception:  # noqa: BLE001 -- a failing hook must not stop recording
+                    log.exception("auto-diagnose hook failed for %s", incident["slug"])
+
+    def _write_batch(self, session: Any, prepared: list[Prepared]) -> list[dict[str, Any]]:
+        inserted = set(live.insert_exchanges(session, [p.row for p in prepared]))
+        groups: dict[tuple[str, str], list[Prepared]] = defaultdict(list)
+        for item in prepared:
+            if item.row["failed"] and item.row["key"] in inserted:
+                groups[(item.row["model"], item.row["signature"])].append(item)
+        opened = []
+        for (model, signature), items in sorted(groups.items()):
+            items.sort(key=lambda p: p.row["recorded_at"])
+            result = self._signature_batch(session, model, signature, items)
+            if result is not None:
+                opened.append(result)
+        return opened
+
+    def _signature_batch(
+        self, session: Any, model: str, signature: str, items: list[Prepared]
+    ) -> dict[str, Any] | None:
+        until = items[-1].row["recorded_at"] + timedelta(microseconds=1)
+        since = until - self.current_window
+        k, n = live.signature_counts(session, model, signature, since, until)
+        k0, n0 = live.signature_counts(
+            session, model, signature, since - self.trailing_window, since
+        )
+        detection = detect(k, n, k0, n0)
+        examples = [p.example for p in items if p.example is not None]
+        existing = live.find_signature(session, model, signature)
+        if existing is not None:
+            live.add_examples(session, existing, examples)
+            live.update_detection(session, existing, detection.to_dict())
+            return None
+        if not detection.alarm:
+            return None
+        first = self._first_example(session, model, signature, since, examples)
+        upstream = dict(items[-1].example["payload"].get("upstream") or {})  # type: ignore[index]
+        rate = detection.to_dict()["rate"]
+        low, high = rate["interval"]  # type: ignore[index]
+        kinds = items[-1].kinds
+        what = "new failure" if detection.new else "failure rate rose"
+        summary = (
+            f"{what}: {signature} in {k}/{n} exchanges of {model or 'unknown model'} in the last "
+            f"{int(self.current_window.total_seconds() // 60)} min (95% CI {low:.0%}-{high:.0%}; "
+            f"trailing {k0}/{n0}); upstream build {upstream.get('build') or '?'}, template "
+            f"{(upstream.get('template_sha256') or '?')[:12]}"
+        )
+        title = f"Live: {', '.join(kinds)} from {model or 'unknown model'} ({k}/{n} failing)"
+        sig_row, opened_now = live.open_incident(
+            session,
+            model=model,
+            signature=signature,
+            kinds=kinds,
+            title=title,
+            summary=summary,
+            upstream=upstream,
+            detection=detection.to_dict(),
+            examples=[*first, *examples],
+            opened_by=self.replica,
+        )
+        if not opened_now:
+            live.add_examples(session, sig_row, examples)
+            return None
+        incident = session.get(Incident, sig_row.incident_id)
+        return {
+            "slug": incident.slug,
+            "model": model,
+            "signature": signature,
+            "detection": detection.to_dict(),
+            "example": examples[-1]["payload"] if examples else None,
+        }
+
+    def _first_example(
+        self,
+        session: Any,
+        model: str,
+        signature: str,
+        since: datetime,
+        examples: list[dict[str, Any]],
+    ) -> list[dict[str, Any]]:
+        """The earliest failing exchange of the window, when it came in an earlier batch."""
+        first = live.first_failing(session, model, signature, since)
+        if first is None:
+            return []
+        key, recorded_at, payload = first
+        if payload is None or any(e["payload"].get("live_key") == key for e in examples):
+            return []
+        return [
+            {
+                "kind": "exchange",
+                "summary": f"live exchange {key[:12]} via proxy: {signature} (first)",
+                "payload": payload,
+                "source": f"proxy:{self.replica}",
+                "recorded_at": recorded_at,
+            }
+        ]

@@ -1,0 +1,96 @@
+"""Live: what `triage proxy` recorded -- failure rates over time per signature (a chart), the
+upstream's identity, the current rates with their intervals, and the incidents it opened."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pandas as pd
+import streamlit as st
+
+from kb import live
+from kb.models import utcnow
+from triage.stats import wilson
+from triage.ui import data, nav
+from triage.ui.text import md_escape
+
+WINDOWS = {"last hour": timedelta(hours=1), "last 6 hours": timedelta(hours=6),
+           "last 24 hours": timedelta(days=1), "last 7 days": timedelta(days=7)}
+BUCKETS = 30  # points per series in the chart
+
+st.title("Live")
+store = data.get_store()
+choice = st.selectbox("Window", list(WINDOWS), index=2, key="live_window")
+span = WINDOWS[choice]
+until = utcnow() + timedelta(seconds=1)
+since = until - span
+bucket = span / BUCKETS
+with store.session(readonly=True) as session:
+    upstream = live.latest_upstream(session)
+    points = live.series(session, since, until, bucket)
+    cells = live.cell_counts(session, since, until)
+    opened = live.live_incidents(session)
+
+if upstream is None:
+    st.info("Nothing recorded yet. Put `triage proxy --upstream URL` in front of a "
+            "llama-server and send traffic through it.")
+else:
+    st.subheader("Upstream")
+    cols = st.columns(3)
+    cols[0].metric("Model", upstream["model"] or "unknown")
+    cols[1].metric("Build", upstream["build"] or "unknown")
+    cols[2].metric("Chat template", (upstream["template_sha256"] or "unknown")[:12])
+    st.caption(f"as of the latest exchange, {upstream['recorded_at']:%Y-%m-%d %H:%M:%S} UTC, "
+               f"via {md_escape(upstream['replica'])}")
+
+st.subheader("Failure rate over time")
+if points:
+    frame = pd.DataFrame(
+        {
+            "time": [p["bucket"] for p in points],
+            "signature": [f"{p['model']} · {p['signature']}" for p in points],
+            "rate": [p["failures"] / p["n"] for p in points],
+        }
+    )
+    chart = frame.pivot_table(index="time", columns="signature", values="rate", aggfunc="max")
+    st.line_chart(chart.fillna(0.0), y_label="failure rate", x_label="time (UTC)")
+    st.caption(f"Share of each model's exchanges failing with the signature, per "
+               f"{int(bucket.total_seconds() // 60) or 1}-minute bucket.")
+else:
+    st.success(f"No failing exchange in the {choice}.")
+
+st.subheader("Rates in the window")
+if cells:
+    rows = []
+    for cell in cells:
+        interval = wilson(cell.failures, cell.n)
+        rows.append(
+            {
+                "Model": cell.model,
+                "Client": cell.client,
+                "Signature": cell.signature,
+                "k/n": f"{cell.failures}/{cell.n}",
+                "Rate": round(cell.failures / cell.n, 4) if cell.n else 0.0,
+                "95% interval": f"{interval.low:.1%} - {interval.high:.1%}",
+            }
+        )
+    st.dataframe(pd.DataFrame(rows), hide_index=True, use_container_width=True)
+else:
+    st.caption("No failures recorded in the window.")
+
+st.subheader("Incidents opened by the proxy")
+if not opened:
+    st.caption("None yet: a signature opens one when the sequential test finds it new or rising.")
+for item in opened:
+    rate = item["detection"].get("rate", {})
+    with st.container(border=True):
+        st.markdown(
+            f"**{md_escape(item['title'])}**  \n"
+            f"{md_escape(item['slug'])} · {md_escape(item['status'])} · signature "
+            f"{md_escape(item['signature'])} · at detection "
+            f"{rate.get('failures', '?')}/{rate.get('n', '?')} "
+            f"(95% CI {md_escape(rate.get('interval', '?'))}) · opened by "
+            f"{md_escape(item['opened_by'])}"
+        )
+        st.page_link(nav.INCIDENT, label="Open the incident", icon=":material/open_in_new:",
+                     query_params={"slug": item["slug"]})

@@ -25,7 +25,7 @@ import math
 import os
 import re
 from collections.abc import Iterable
-from datetime import date, datetime, time, timezone
+from datetime import date, datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -36,12 +36,26 @@ from jsonschema.exceptions import best_match
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, select
 
+from kb.fileio import (
+    MAX_FILE_BYTES,
+    InputTooLarge,
+    dump_yaml,
+    load_yaml,
+    read_bounded,
+    write_atomic,
+)
+from kb.filerecord import (
+    _timeline_entry,
+    _trigger,
+    format_timestamp,
+    list_records,
+    load_record,
+    parse_timestamp,
+)
 from kb.models import (
     CAUSE_CATALOGUE_IDS,
     Cause,
-    CauseStatusChange,
     Decision,
-    Evidence,
     EvidenceLink,
     FamilyLink,
     Incident,
@@ -51,11 +65,14 @@ from kb.models import (
 from kb.store import Store, StoreError, add_evidence, get_incident, record_status_change
 
 __all__ = [
+    "ExportError",
     "RecordError",
     "SCHEMA_PATH",
     "dump_yaml",
     "export_all",
     "export_incident",
+    "export_incidents",
+    "format_timestamp",
     "import_paths",
     "incident_paths",
     "list_records",
@@ -63,12 +80,12 @@ __all__ = [
     "load_yaml",
     "parse_file",
     "parse_text",
+    "parse_timestamp",
     "render_record",
 ]
 
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "incident.schema.json"
 FRONT_MATTER_FENCE = "---"
-YAML_WIDTH = 100
 
 # Front matter key order; export writes exactly these keys in this order.
 INCIDENT_KEYS = (
@@ -101,105 +118,10 @@ class RecordError(StoreError):
         super().__init__(f"{self.file}: {json_path}: {message}")
 
 
-# --------------------------------------------------------------------------- YAML
-
-
-_TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
-_STR_TAG = "tag:yaml.org,2002:str"
-
-
-def _without_timestamps(
-    resolvers: dict[Any, list[tuple[str, Any]]],
-) -> dict[Any, list[tuple[str, Any]]]:
-    return {
-        first: [(tag, regexp) for tag, regexp in entries if tag != _TIMESTAMP_TAG]
-        for first, entries in resolvers.items()
-    }
-
-
-class _Loader(yaml.SafeLoader):
-    """Safe loading; dates and datetimes stay strings; duplicate keys are an error."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _value in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                duplicate = key in seen
-                seen.add(key)
-            except TypeError:  # unhashable key: reported by the constructor below
-                continue
-            if duplicate:
-                raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping",
-                    node.start_mark,
-                    f"found duplicate key {key!r}",
-                    key_node.start_mark,
-                )
-        return super().construct_mapping(node, deep=deep)
-
-
-_Loader.yaml_implicit_resolvers = _without_timestamps(yaml.SafeLoader.yaml_implicit_resolvers)
-# An explicit !!timestamp tag stays a string too.
-_Loader.add_constructor(_TIMESTAMP_TAG, yaml.SafeLoader.construct_yaml_str)  # type: ignore[type-var]
-
-
-class _Dumper(yaml.SafeDumper):
-    """Canonical output: block style, indented sequences, no anchors, no timestamp quoting."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
-
-    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
-        super().increase_indent(flow, False)
-
-
-# Without the timestamp resolver a string like 2026-06-10 is written plain; _Loader reads
-# it back as the same string.
-_Dumper.yaml_implicit_resolvers = _without_timestamps(yaml.SafeDumper.yaml_implicit_resolvers)
-
-# The YAML reader folds these into "\n" (or keeps them as breaks) inside block and
-# single-quoted scalars; only double quotes (with escapes) keep them exactly.
-_NEEDS_DOUBLE_QUOTES = frozenset("\r\x85\u2028\u2029")
-
-
-def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
-    if _NEEDS_DOUBLE_QUOTES.intersection(data):
-        return dumper.represent_scalar(_STR_TAG, data, style='"')
-    if "\n" in data:
-        # The emitter falls back to quotes when a literal block cannot hold the text
-        # (e.g. trailing spaces on a line).
-        return dumper.represent_scalar(_STR_TAG, data, style="|")
-    return dumper.represent_scalar(_STR_TAG, data)
-
-
-_Dumper.add_representer(str, _represent_str)
-
-
-def load_yaml(text: str) -> Any:
-    """Parse YAML safely; dates/datetimes stay strings; duplicate keys raise yaml.YAMLError."""
-    return yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader subclass
-
-
-def dump_yaml(data: Any) -> str:
-    """Canonical YAML text of `data` (keys in the given order)."""
-    return yaml.dump(
-        data,
-        Dumper=_Dumper,
-        sort_keys=False,
-        allow_unicode=True,
-        default_flow_style=False,
-        width=YAML_WIDTH,
-    )
-
-
 # --------------------------------------------------------------------------- time
 
 
 _DATE_TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(Z|[+-]\d{2}:\d{2})$")
-_DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
 def _is_date_time(instance: object) -> bool:
@@ -224,26 +146,6 @@ def _format_checker() -> FormatChecker:
     checker.checks("date-time", raises=ValueError)(_is_date_time)
     checker.checks("uri")(_is_uri)
     return checker
-
-
-def parse_timestamp(value: str) -> datetime:
-    """A file timestamp (date or RFC 3339 date-time) as an aware UTC datetime."""
-    if _DATE_RE.match(value):
-        return datetime.combine(date.fromisoformat(value), time(0), tzinfo=timezone.utc)
-    return datetime.fromisoformat(value).astimezone(timezone.utc)
-
-
-def format_timestamp(value: datetime) -> str:
-    """The canonical file form of a stored timestamp."""
-    if value.tzinfo is None:  # SQLite hands back naive values; the store writes UTC
-        value = value.replace(tzinfo=timezone.utc)
-    value = value.astimezone(timezone.utc)
-    if (value.hour, value.minute, value.second, value.microsecond) == (0, 0, 0, 0):
-        return value.date().isoformat()
-    text = value.strftime("%Y-%m-%dT%H:%M:%S")
-    if value.microsecond:
-        text += f".{value.microsecond:06d}"
-    return text + "Z"
 
 
 # --------------------------------------------------------------------------- parsing
@@ -314,6 +216,8 @@ def parse_text(text: str, file: str = "<text>") -> dict[str, Any]:
     front, body = split_front_matter(text, file)
     try:
         data = load_yaml(front)
+    except RecursionError:  # a backstop: the loader limits nesting well below this
+        raise RecordError(file, "$", "invalid YAML front matter: nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 2}, column {mark.column + 1}" if mark else ""
@@ -344,7 +248,9 @@ def parse_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Parse and validate one incident file (see `parse_text`)."""
     name = str(path)
     try:
-        raw = Path(path).read_bytes()
+        raw = read_bounded(path, MAX_FILE_BYTES)
+    except InputTooLarge as exc:
+        raise RecordError(name, "$", f"cannot read the file: {exc}") from None
     except OSError as exc:
         raise RecordError(name, "$", f"cannot read the file: {exc.strerror}") from None
     try:
@@ -738,267 +644,6 @@ def _insert_family(
     session.flush()
 
 
-# --------------------------------------------------------------------------- records
-
-
-def _drop_empty(pairs: Iterable[tuple[str, Any]], *required: str) -> dict[str, Any]:
-    """The canonical rule: optional keys with an empty value are not written.
-
-    Keys the schema requires are always written, even when empty, so that a bad stored
-    value shows up as a validation error instead of silently vanishing from the file.
-    """
-    return {
-        key: value for key, value in pairs if key in required or value not in ("", None, [], {})
-    }
-
-
-def _timeline_entry(entry: dict[str, Any]) -> dict[str, Any]:
-    return _drop_empty(
-        [
-            ("at", entry["at"]),
-            ("event", entry["event"]),
-            ("evidence", list(entry.get("evidence", []))),
-        ],
-        "at",
-        "event",
-    )
-
-
-def _trigger(trigger: dict[str, Any]) -> dict[str, Any]:
-    return {"kind": trigger["kind"], **{k: v for k, v in trigger.items() if k != "kind"}}
-
-
-def _rows(session: Session, model: Any, *where: Any) -> list[Any]:
-    return list(session.exec(select(model).where(*where).order_by(model.id)).all())
-
-
-def load_record(session: Session, slug: str) -> dict[str, Any]:
-    """The full record of one incident as a plain dict: the canonical front matter + `body`."""
-    incident = get_incident(session, slug)
-    if incident is None:
-        raise StoreError(f"no incident with slug {slug!r}")
-    evidence = _rows(session, Evidence, Evidence.incident_id == incident.id)
-    evidence_keys = {row.id: row.key for row in evidence}
-    causes = _rows(session, Cause, Cause.incident_id == incident.id)
-    cause_rows = {row.id: row for row in causes}
-
-    stack = _drop_empty(
-        [
-            ("model", incident.model),
-            ("weights", incident.weights),
-            ("server_build", incident.server_build),
-            ("flags", list(incident.flags)),
-        ]
-    )
-    stack.update(incident.stack)
-
-    cause_records = []
-    for cause in causes:
-        links = [
-            _drop_empty(
-                [
-                    ("id", evidence_keys[link.evidence_id]),
-                    ("relation", link.relation),
-                    ("note", link.note),
-                ],
-                "id",
-                "relation",
-            )
-            for link in _rows(session, EvidenceLink, EvidenceLink.cause_id == cause.id)
-        ]
-        history = [
-            _drop_empty(
-                [
-                    ("from", change.from_status),
-                    ("to", change.to_status),
-                    ("at", format_timestamp(change.changed_at)),
-                    ("actor", change.actor),
-                    ("rationale", change.rationale),
-                    ("evidence", list(change.evidence_keys)),
-                ],
-                "to",
-                "at",
-                "actor",
-                "rationale",
-            )
-            for change in _rows(session, CauseStatusChange, CauseStatusChange.cause_id == cause.id)
-        ]
-        cause_records.append(
-            _drop_empty(
-                [
-                    ("id", cause.key),
-                    ("catalogue", cause.catalogue_id),
-                    ("title", cause.title),
-                    ("status", cause.status),
-                    ("basis", cause.basis),
-                    ("rationale", cause.rationale),
-                    ("deciding_probe", cause.deciding_probe),
-                    ("evidence", links),
-                    ("history", history),
-                ],
-                "id",
-                "catalogue",
-                "title",
-                "status",
-                "basis",
-            )
-        )
-
-    decisions = [
-        _drop_empty(
-            [
-                ("kind", decision.kind),
-                ("at", format_timestamp(decision.decided_at)),
-                ("by", decision.decided_by),
-                ("rationale", decision.rationale),
-                ("tradeoff", decision.tradeoff),
-                ("fix", decision.fix),
-                ("verified", bool(decision.verified)),
-                ("revisit_on", decision.revisit_on.isoformat() if decision.revisit_on else None),
-                ("triggers", [_trigger(t) for t in decision.revisit_triggers]),
-                ("evidence", list(decision.evidence_keys)),
-            ],
-            "kind",
-            "at",
-            "rationale",
-            "verified",
-        )
-        for decision in _rows(session, Decision, Decision.incident_id == incident.id)
-    ]
-
-    family = []
-    family_links = _rows(
-        session,
-        FamilyLink,
-        FamilyLink.from_cause_id.in_(list(cause_rows) or [-1]),  # type: ignore[attr-defined]
-    )
-    for link in family_links:
-        other = session.get(Cause, link.to_cause_id)
-        assert other is not None
-        other_incident = session.get(Incident, other.incident_id)
-        assert other_incident is not None
-        family.append(
-            _drop_empty(
-                [
-                    ("cause", cause_rows[link.from_cause_id].key),
-                    ("incident", other_incident.slug),
-                    ("other_cause", other.key),
-                    ("note", link.note),
-                ],
-                "cause",
-                "incident",
-                "other_cause",
-            )
-        )
-
-    symptoms = [
-        _drop_empty(
-            [
-                ("id", row.key),
-                ("kind", row.kind),
-                ("description", row.description),
-                ("observed", dict(row.observed)),
-                ("evidence", list(row.evidence_keys)),
-            ],
-            "id",
-            "description",
-        )
-        for row in _rows(session, Symptom, Symptom.incident_id == incident.id)
-    ]
-    evidence_records = [
-        _drop_empty(
-            [
-                ("id", row.key),
-                ("kind", row.kind),
-                ("summary", row.summary),
-                ("source", row.source),
-                ("recorded_at", format_timestamp(row.recorded_at)),
-                ("payload", dict(row.payload)),
-            ],
-            "id",
-            "kind",
-            "summary",
-            "recorded_at",
-        )
-        for row in evidence
-    ]
-    references = [
-        _drop_empty([("url", row.url), ("title", row.title), ("note", row.note)])
-        for row in _rows(session, Reference, Reference.incident_id == incident.id)
-    ]
-    record = _drop_empty(
-        [
-            ("slug", incident.slug),
-            ("title", incident.title),
-            ("status", incident.status),
-            ("opened", incident.opened_on.isoformat()),
-            ("closed", incident.closed_on.isoformat() if incident.closed_on else None),
-            ("summary", incident.summary),
-            ("impact", incident.impact),
-            ("stack", stack),
-            ("timeline", [_timeline_entry(entry) for entry in incident.timeline]),
-            ("symptoms", symptoms),
-            ("evidence", evidence_records),
-            ("causes", cause_records),
-            ("decisions", decisions),
-            ("references", references),
-            ("family", family),
-        ],
-        "slug",
-        "title",
-        "status",
-        "opened",
-    )
-    record["body"] = incident.body
-    return record
-
-
-def list_records(
-    session: Session,
-    *,
-    status: str | None = None,
-    cause: str | None = None,
-    cause_status: str | None = None,
-    model: str | None = None,
-) -> list[dict[str, Any]]:
-    """Incident summaries, oldest first; filters: incident status, a cause (catalogue id or
-    key) optionally with its status, a substring of the model."""
-    query = select(Incident).order_by(Incident.opened_on, Incident.slug)  # type: ignore[arg-type]
-    if status is not None:
-        query = query.where(Incident.status == status)
-    if model is not None:
-        query = query.where(Incident.model.contains(model))  # type: ignore[attr-defined]
-    summaries = []
-    for incident in session.exec(query).all():
-        causes = _rows(session, Cause, Cause.incident_id == incident.id)
-        if cause is not None or cause_status is not None:
-            matching = [
-                c
-                for c in causes
-                if (cause is None or cause in (c.key, c.catalogue_id))
-                and (cause_status is None or c.status == cause_status)
-            ]
-            if not matching:
-                continue
-        decisions = _rows(session, Decision, Decision.incident_id == incident.id)
-        summaries.append(
-            {
-                "slug": incident.slug,
-                "title": incident.title,
-                "status": incident.status,
-                "opened": incident.opened_on.isoformat(),
-                "closed": incident.closed_on.isoformat() if incident.closed_on else None,
-                "model": incident.model,
-                "server_build": incident.server_build,
-                "causes": [
-                    {"id": c.key, "catalogue": c.catalogue_id, "status": c.status} for c in causes
-                ],
-                "decision": decisions[-1].kind if decisions else None,
-            }
-        )
-    return summaries
-
-
 # --------------------------------------------------------------------------- export
 
 
@@ -1025,35 +670,81 @@ def _checked_text(record: dict[str, Any], path: Path) -> str:
 
 
 def _write(path: Path, text: str) -> None:
-    # Write next to the target and rename, so a reader never sees half a file.
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(text.encode("utf-8"))
-    os.replace(tmp, path)
+    # An exclusive temporary file in the folder, then rename (kb.fileio.write_atomic): a
+    # reader never sees half a file and a pre-planted `.<slug>.md.tmp` link is never followed.
+    write_atomic(path, text.encode("utf-8"))
+
+
+class ExportError(RecordError):
+    """Some incidents could not be exported (each named with its field); the others were."""
+
+    def __init__(self, failures: list[RecordError], written: list[Path]) -> None:
+        first = failures[0]
+        super().__init__(first.file, first.json_path, first.message)
+        self.failures = failures
+        self.written = written
+        self.args = ("\n".join(str(f) for f in failures),)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _export_one(store: Store, slug: str, out: Path) -> tuple[Path, str]:
+    path = out / f"{slug}.md"
+    try:
+        with store.session(readonly=True) as session:
+            record = load_record(session, slug)
+        return path, _checked_text(record, path)
+    except RecordError:
+        raise
+    except StoreError as exc:
+        raise RecordError(path, "$", str(exc)) from None
+    except (KeyError, TypeError, ValueError) as exc:  # rows no file could hold
+        raise RecordError(path, "$", f"cannot render the record: {exc!r}") from None
+
+
+def export_incidents(
+    store: Store, out_dir: str | os.PathLike[str], slugs: Iterable[str] | None = None
+) -> tuple[list[Path], list[RecordError]]:
+    """Write incidents (all, by slug, or the `slugs` given) to `<out_dir>/<slug>.md`.
+
+    One bad record never blocks the others: each is rendered and checked like a file being
+    imported, the good ones are written, and the refused ones come back as errors naming
+    the file and field. Returns (paths written, errors).
+    """
+    if slugs is None:
+        with store.session(readonly=True) as session:
+            slugs = sorted(session.exec(select(Incident.slug)).all())
+    out = Path(out_dir)
+    texts: list[tuple[Path, str]] = []
+    errors: list[RecordError] = []
+    for slug in slugs:
+        try:
+            texts.append(_export_one(store, slug, out))
+        except RecordError as exc:
+            errors.append(exc)
+    if texts:
+        out.mkdir(parents=True, exist_ok=True)
+    for path, text in texts:
+        _write(path, text)
+    return [path for path, _text in texts], errors
 
 
 def export_incident(store: Store, slug: str, out_dir: str | os.PathLike[str]) -> Path:
     """Write one incident to `<out_dir>/<slug>.md`; the path written."""
-    with store.session(readonly=True) as session:
-        record = load_record(session, slug)
-    out = Path(out_dir)
-    path = out / f"{slug}.md"
-    text = _checked_text(record, path)
-    out.mkdir(parents=True, exist_ok=True)
-    _write(path, text)
-    return path
+    written, errors = export_incidents(store, out_dir, [slug])
+    if errors:
+        raise errors[0]
+    return written[0]
 
 
 def export_all(store: Store, out_dir: str | os.PathLike[str]) -> list[Path]:
     """Write every stored incident to `<out_dir>/<slug>.md`; the paths written, by slug.
 
-    Every file is rendered and checked before the first one is written.
+    A record export would refuse does not stop the others: they are written, then
+    ExportError (a RecordError) names every refused one.
     """
-    with store.session(readonly=True) as session:
-        slugs = sorted(session.exec(select(Incident.slug)).all())
-        records = [load_record(session, slug) for slug in slugs]
-    out = Path(out_dir)
-    texts = [(out / f"{r['slug']}.md", _checked_text(r, out / f"{r['slug']}.md")) for r in records]
-    out.mkdir(parents=True, exist_ok=True)
-    for path, text in texts:
-        _write(path, text)
-    return [path for path, _text in texts]
+    written, errors = export_incidents(store, out_dir)
+    if errors:
+        raise ExportError(errors, written)
+    return written

@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 from jsonschema import Draft202012Validator, FormatChecker
 from jsonschema.exceptions import best_match
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlmodel import Session, select
 
 from kb.fileio import (
@@ -62,7 +62,14 @@ from kb.models import (
     Reference,
     Symptom,
 )
-from kb.store import Store, StoreError, add_evidence, get_incident, record_status_change
+from kb.store import (
+    Store,
+    StoreError,
+    add_evidence,
+    describe_db_error,
+    get_incident,
+    record_status_change,
+)
 
 __all__ = [
     "ExportError",
@@ -448,8 +455,14 @@ def import_paths(
                 raise _DryRun
     except _DryRun:
         pass
+    except IntegrityError as exc:
+        # Typically the loser of two imports of the same file running at once.
+        raise StoreError(
+            f"the database refused the import: {describe_db_error(exc)} "
+            "(did another import store the same incident at the same time?)"
+        ) from None
     except SQLAlchemyError as exc:
-        raise StoreError(f"the database refused the import: {exc}") from exc
+        raise StoreError(f"the database refused the import: {describe_db_error(exc)}") from None
     return [record["slug"] for _file, record in records]
 
 

@@ -213,3 +213,27 @@ def test_incident_slugs_always_match_the_file_pattern() -> None:
     assert unique_incident_slug(
         date(2026, 12, 1), "Modèle-ÜBER²-qat", "empty-content", exists=taken.__contains__
     ) == f"{slug}-3"
+
+
+def test_export_cli_writes_the_good_records_names_the_bad_one_and_fails(
+    store: Store, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from triage.cli import cli
+
+    good = "2026-07-01-alpha"
+    import_paths(store, [_minimal_file(tmp_path / "in", good)])
+    bad_slug = "2026-07-02-modèle-über²-qat"
+    with store.session() as session:
+        session.add(Incident(slug=bad_slug, title="bad", opened_on=date(2026, 7, 2)))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        cli,
+        ["export", "--out", str(out)],
+        env={"TRIAGE_DATABASE_URL": store.url, "TRIAGE_HOME": str(tmp_path / "home")},
+    )
+    assert result.exit_code == 1, result.output
+    assert "wrote 1 file(s)" in result.stdout
+    assert f"Error: not exported: {out / bad_slug}.md: $.slug:" in result.stderr
+    assert (out / f"{good}.md").exists()

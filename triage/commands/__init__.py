@@ -13,7 +13,7 @@ from typing import Any
 import click
 from sqlalchemy.exc import SQLAlchemyError
 
-from kb.store import Store, StoreError, redact_url
+from kb.store import Store, StoreError, database_url, describe_db_error, redact_url
 
 
 @contextmanager
@@ -22,15 +22,21 @@ def open_store(ctx: click.Context) -> Iterator[Store]:
     url = (ctx.obj or {}).get("database")
     try:
         store = Store(url)
-    except SQLAlchemyError as exc:
+    except StoreError as exc:
         raise click.ClickException(f"cannot open the knowledge base: {exc}") from None
+    except SQLAlchemyError as exc:
+        raise click.ClickException(
+            f"cannot open the knowledge base {redact_url(database_url(url))}: "
+            f"{describe_db_error(exc)}"
+        ) from None
     try:
         yield store
     except StoreError as exc:
         raise click.ClickException(str(exc)) from None
     except SQLAlchemyError as exc:
+        # One line: never the SQL statement or its parameters (they may hold captured text).
         raise click.ClickException(
-            f"database error on {redact_url(store.url)}: {exc.__class__.__name__}: {exc}"
+            f"database error on {redact_url(store.url)}: {describe_db_error(exc)}"
         ) from None
     finally:
         store.close()

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from sqlalchemy.exc import SQLAlchemyError
 
-from kb.store import Store, StoreError, database_url, redact_url
+from kb.store import Store, StoreError, database_url, describe_db_error, redact_url
 
 APP = Path(__file__).resolve().parent.parent / "ui" / "app.py"
 
@@ -38,8 +38,10 @@ def start_ui(database: str | None, *, port: int = 8501, host: str = "127.0.0.1")
     url = database_url(database)
     try:
         Store(url).close()  # apply migrations once, and fail here with a clear message
-    except (StoreError, SQLAlchemyError) as exc:
+    except StoreError as exc:
         raise click.ClickException(f"{redact_url(url)}: {exc}") from None
+    except SQLAlchemyError as exc:
+        raise click.ClickException(f"{redact_url(url)}: {describe_db_error(exc)}") from None
     env = dict(os.environ, TRIAGE_DATABASE_URL=url)
     click.echo(f"triage ui on http://{host}:{port} (knowledge base {redact_url(url)})", err=True)
     argv = streamlit_argv(port, host)

@@ -21,7 +21,6 @@ any valid file reaches the canonical form after one import/export.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from collections.abc import Iterable
@@ -36,6 +35,7 @@ from jsonschema.exceptions import best_match
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlmodel import Session, select
 
+from kb.filecheck import RecordError, _check_plain_data, _check_references
 from kb.fileio import (
     MAX_FILE_BYTES,
     InputTooLarge,
@@ -53,7 +53,6 @@ from kb.filerecord import (
     parse_timestamp,
 )
 from kb.models import (
-    CAUSE_CATALOGUE_IDS,
     Cause,
     Decision,
     EvidenceLink,
@@ -61,6 +60,15 @@ from kb.models import (
     Incident,
     Reference,
     Symptom,
+)
+from kb.sidecar import (
+    SidecarError,
+    decode_sidecar,
+    encode_sidecar,
+    merge_evidence,
+    read_sidecar,
+    sidecar_paths,
+    split_evidence,
 )
 from kb.store import (
     Store,
@@ -115,16 +123,6 @@ INCIDENT_KEYS = (
 STACK_KEYS = ("model", "weights", "server_build", "flags")
 
 
-class RecordError(StoreError):
-    """An incident file the knowledge base refuses: which file, which field, what is wrong."""
-
-    def __init__(self, file: str | os.PathLike[str], json_path: str, message: str) -> None:
-        self.file = str(file)
-        self.json_path = json_path
-        self.message = message
-        super().__init__(f"{self.file}: {json_path}: {message}")
-
-
 # --------------------------------------------------------------------------- time
 
 
@@ -165,47 +163,6 @@ def _validator() -> Draft202012Validator:
     return Draft202012Validator(schema, format_checker=_format_checker())
 
 
-def _json_path(parts: Iterable[str | int]) -> str:
-    path = "$"
-    for part in parts:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", part):
-            path += f".{part}"
-        else:
-            path += "[" + json.dumps(part, ensure_ascii=False) + "]"
-    return path
-
-
-def _check_plain_data(value: Any, file: str, parts: list[str | int]) -> None:
-    """Only what JSON (and PostgreSQL text) can hold, so a record stores and exports as read."""
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise RecordError(
-                    file, _json_path(parts), f"key {key!r} must be a string (quote it)"
-                )
-            _check_plain_data(key, file, parts)
-            _check_plain_data(item, file, [*parts, key])
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            _check_plain_data(item, file, [*parts, index])
-    elif isinstance(value, str):
-        if "\x00" in value:
-            raise RecordError(file, _json_path(parts), "text contains a NUL character")
-        if any("\ud800" <= ch <= "\udfff" for ch in value):
-            raise RecordError(file, _json_path(parts), "text contains a lone surrogate")
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise RecordError(file, _json_path(parts), f"{value!r} is not a finite number")
-    elif value is None or isinstance(value, (bool, int)):
-        pass
-    else:
-        raise RecordError(
-            file, _json_path(parts), f"unsupported YAML value of type {type(value).__name__}"
-        )
-
-
 def split_front_matter(text: str, file: str) -> tuple[str, str]:
     """(YAML text, Markdown body) of a file's text."""
     if not text.startswith(FRONT_MATTER_FENCE + "\n"):
@@ -217,8 +174,17 @@ def split_front_matter(text: str, file: str) -> tuple[str, str]:
     return rest[: match.start()], rest[match.end() :]
 
 
-def parse_text(text: str, file: str = "<text>") -> dict[str, Any]:
-    """Parse and validate one incident file's text: the front matter dict plus `body`."""
+def parse_text(
+    text: str,
+    file: str = "<text>",
+    sidecar: tuple[str, list[dict[str, Any]]] | None = None,
+) -> dict[str, Any]:
+    """Parse and validate one incident file's text: the front matter dict plus `body`.
+
+    `sidecar` is (file name, evidence entries) of its evidence sidecar (kb/sidecar.py):
+    the entries join the front matter's evidence and are checked with it; an error in one
+    names the sidecar and its line.
+    """
     text = text.replace("\r\n", "\n")
     front, body = split_front_matter(text, file)
     try:
@@ -232,11 +198,13 @@ def parse_text(text: str, file: str = "<text>") -> dict[str, Any]:
         raise RecordError(file, "$", f"invalid YAML front matter{where}: {problem}") from None
     if not isinstance(data, dict):
         raise RecordError(file, "$", "the front matter must be a YAML mapping")
-    _check_plain_data(data, file, [])
-    error = best_match(_validator().iter_errors(data))
-    if error is not None:
-        raise RecordError(file, error.json_path, error.message)
-    _check_references(data, file)
+    front_ids = {id(item) for item in data.get("evidence") or [] if isinstance(item, dict)}
+    if sidecar is not None and sidecar[1] and isinstance(data.get("evidence") or [], list):
+        data["evidence"] = merge_evidence(list(data.get("evidence") or []), sidecar[1])
+    try:
+        _validate(data, file)
+    except RecordError as exc:
+        raise _in_sidecar(exc, data, front_ids, sidecar) from None
     stem = Path(file).name.removesuffix(".md") if file.endswith(".md") else None
     if stem is not None and stem != data["slug"]:
         raise RecordError(
@@ -251,8 +219,33 @@ def parse_text(text: str, file: str = "<text>") -> dict[str, Any]:
     return record
 
 
+def _validate(data: dict[str, Any], file: str) -> None:
+    _check_plain_data(data, file, [])
+    error = best_match(_validator().iter_errors(data))
+    if error is not None:
+        raise RecordError(file, error.json_path, error.message)
+    _check_references(data, file)
+
+
+def _in_sidecar(
+    error: RecordError,
+    data: dict[str, Any],
+    front_ids: set[int],
+    sidecar: tuple[str, list[dict[str, Any]]] | None,
+) -> RecordError:
+    """An error about a sidecar entry, named by the sidecar file and line."""
+    match = re.match(r"^\$\.evidence\[(\d+)\](.*)$", error.json_path)
+    if sidecar is None or match is None:
+        return error
+    item = data["evidence"][int(match.group(1))]
+    if id(item) in front_ids:
+        return error
+    line = next(n for n, entry in enumerate(sidecar[1], start=1) if entry is item)
+    return RecordError(sidecar[0], f"line {line}: ${match.group(2)}", error.message)
+
+
 def parse_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Parse and validate one incident file (see `parse_text`)."""
+    """Parse and validate one incident file and its evidence sidecar (see `parse_text`)."""
     name = str(path)
     try:
         raw = read_bounded(path, MAX_FILE_BYTES)
@@ -264,138 +257,11 @@ def parse_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RecordError(name, "$", f"not UTF-8 text (byte {exc.start})") from None
-    return parse_text(text, name)
-
-
-def _check_references(data: dict[str, Any], file: str) -> None:
-    """The checks JSON Schema cannot express: ids, links, history, dates."""
-    slug: str = data["slug"]
-    opened = date.fromisoformat(data["opened"])
-    if slug[:10] != data["opened"]:
-        raise RecordError(
-            file, "$.slug", f"slug date {slug[:10]} does not match opened {data['opened']}"
-        )
-    if data.get("closed") and date.fromisoformat(data["closed"]) < opened:
-        raise RecordError(file, "$.closed", f"closed {data['closed']} is before opened")
-
-    evidence_ids: set[str] = set()
-    for index, item in enumerate(data.get("evidence", [])):
-        if item["id"] in evidence_ids:
-            raise RecordError(
-                file, f"$.evidence[{index}].id", f"duplicate evidence id {item['id']!r}"
-            )
-        evidence_ids.add(item["id"])
-
-    def known(ids: list[str], path: str) -> None:
-        for index, key in enumerate(ids):
-            if key not in evidence_ids:
-                raise RecordError(
-                    file, f"{path}[{index}]", f"no evidence with id {key!r} in this file"
-                )
-
-    for index, entry in enumerate(data.get("timeline", [])):
-        known(entry.get("evidence", []), f"$.timeline[{index}].evidence")
-
-    symptom_ids: set[str] = set()
-    for index, symptom in enumerate(data.get("symptoms", [])):
-        if symptom["id"] in symptom_ids:
-            raise RecordError(
-                file, f"$.symptoms[{index}].id", f"duplicate symptom id {symptom['id']!r}"
-            )
-        symptom_ids.add(symptom["id"])
-        known(symptom.get("evidence", []), f"$.symptoms[{index}].evidence")
-
-    cause_ids: set[str] = set()
-    for index, cause in enumerate(data.get("causes", [])):
-        path = f"$.causes[{index}]"
-        key = cause["id"]
-        if key in cause_ids:
-            raise RecordError(file, f"{path}.id", f"duplicate cause id {key!r}")
-        cause_ids.add(key)
-        catalogue = cause.get("catalogue")
-        if key in CAUSE_CATALOGUE_IDS:
-            if catalogue not in (None, key):
-                raise RecordError(
-                    file,
-                    f"{path}.catalogue",
-                    f"catalogue cause {key!r} cannot refine {catalogue!r}; "
-                    "give the sub-hypothesis its own id",
-                )
-        elif catalogue is None:
-            raise RecordError(
-                file,
-                f"{path}.id",
-                f"unknown cause id {key!r}: not a catalogue id ({', '.join(CAUSE_CATALOGUE_IDS)}) "
-                "and no `catalogue` field naming the catalogue cause it refines",
-            )
-        links: set[tuple[str, str]] = set()
-        for link_index, link in enumerate(cause.get("evidence", [])):
-            link_path = f"{path}.evidence[{link_index}]"
-            if link["id"] not in evidence_ids:
-                raise RecordError(
-                    file, f"{link_path}.id", f"no evidence with id {link['id']!r} in this file"
-                )
-            if (link["id"], link["relation"]) in links:
-                raise RecordError(
-                    file, link_path, f"duplicate link to {link['id']!r} ({link['relation']})"
-                )
-            links.add((link["id"], link["relation"]))
-        _check_history(cause, file, path, known)
-
-    for index, decision in enumerate(data.get("decisions", [])):
-        path = f"$.decisions[{index}]"
-        known(decision.get("evidence", []), f"{path}.evidence")
-        revisit = decision.get("revisit_on")
-        if revisit and date.fromisoformat(revisit) < parse_timestamp(decision["at"]).date():
-            raise RecordError(
-                file, f"{path}.revisit_on", f"revisit_on {revisit} is before the decision"
-            )
-
-    family_pairs: set[tuple[str, str, str]] = set()
-    for index, link in enumerate(data.get("family", [])):
-        path = f"$.family[{index}]"
-        if link["cause"] not in cause_ids:
-            raise RecordError(
-                file, f"{path}.cause", f"no cause with id {link['cause']!r} in this file"
-            )
-        pair = (link["cause"], link["incident"], link["other_cause"])
-        if pair in family_pairs:
-            raise RecordError(file, path, "duplicate family link")
-        family_pairs.add(pair)
-        if link["incident"] == slug and link["other_cause"] not in cause_ids:
-            raise RecordError(
-                file,
-                f"{path}.other_cause",
-                f"no cause with id {link['other_cause']!r} in this file",
-            )
-        if link["incident"] == slug and link["other_cause"] == link["cause"]:
-            raise RecordError(file, path, "a cause cannot be linked to itself")
-
-
-def _check_history(cause: dict[str, Any], file: str, path: str, known: Any) -> None:
-    history = cause.get("history", [])
-    previous: str | None = None
-    previous_at: datetime | None = None
-    for index, change in enumerate(history):
-        change_path = f"{path}.history[{index}]"
-        if change.get("from") != previous:
-            expected = "no `from` (first entry)" if previous is None else f"from: {previous}"
-            raise RecordError(
-                file,
-                f"{change_path}.from",
-                f"from {change.get('from')!r} does not follow the previous entry ({expected})",
-            )
-        at = parse_timestamp(change["at"])
-        if previous_at is not None and at < previous_at:
-            raise RecordError(file, f"{change_path}.at", "history entries must be in time order")
-        known(change.get("evidence", []), f"{change_path}.evidence")
-        previous, previous_at = change["to"], at
-    if history and previous != cause["status"]:
-        raise RecordError(
-            file,
-            f"{path}.status",
-            f"status {cause['status']!r} differs from the last history entry (to: {previous})",
-        )
+    try:
+        side_path, items = read_sidecar(Path(path))
+    except SidecarError as exc:
+        raise RecordError(exc.file, exc.where, exc.message) from None
+    return parse_text(text, name, (str(side_path), items) if side_path else None)
 
 
 # --------------------------------------------------------------------------- import
@@ -660,32 +526,58 @@ def _insert_family(
 # --------------------------------------------------------------------------- export
 
 
-def render_record(record: dict[str, Any]) -> str:
-    """The canonical file text of a record (as returned by `load_record`)."""
+def render_record(record: dict[str, Any], *, front: dict[str, Any] | None = None) -> str:
+    """The canonical file text of a record (as returned by `load_record`).
+
+    `front`: the record to write as front matter when it differs from the one the
+    retrospective is generated from (export puts replay evidence in the sidecar).
+    """
     # The retrospective is generated from the record on every export and replaces the one
     # the body held (between its markers), so re-import and re-export stay byte-stable.
     from kb.retro import replace_retro_section, retro_section
 
-    front = {key: record[key] for key in INCIDENT_KEYS if key in record}
+    shown = front if front is not None else record
+    matter = {key: shown[key] for key in INCIDENT_KEYS if key in shown}
     body = replace_retro_section(str(record.get("body", "")), retro_section(record))
-    return f"{FRONT_MATTER_FENCE}\n{dump_yaml(front)}{FRONT_MATTER_FENCE}\n{body}"
+    return f"{FRONT_MATTER_FENCE}\n{dump_yaml(matter)}{FRONT_MATTER_FENCE}\n{body}"
 
 
-def _checked_text(record: dict[str, Any], path: Path) -> str:
-    """The file text of a record, validated like a file being imported.
+def _checked_files(record: dict[str, Any], path: Path) -> tuple[str, tuple[str, bytes] | None]:
+    """The file text and evidence sidecar (suffix, bytes) of a record, validated like a
+    file being imported.
 
     Rows written by other parts of the product (the engine) pass the same checks, so export
     never writes a file that import would refuse; the error names the file and field.
     """
-    text = render_record(record)
-    parse_text(text, str(path))
-    return text
+    front_evidence, side_evidence = split_evidence(list(record.get("evidence", [])))
+    front = {**record, "evidence": front_evidence}
+    if not front_evidence:
+        del front["evidence"]
+    text = render_record(record, front=front)
+    sidecar = encode_sidecar(side_evidence) if side_evidence else None
+    side = None
+    if sidecar is not None:
+        side_name = str(path.with_name(path.name.removesuffix(".md") + sidecar[0]))
+        side = (side_name, decode_sidecar(sidecar[1], side_name, sidecar[0].endswith(".gz")))
+    parse_text(text, str(path), side)
+    return text, sidecar
 
 
 def _write(path: Path, text: str) -> None:
     # An exclusive temporary file in the folder, then rename (kb.fileio.write_atomic): a
     # reader never sees half a file and a pre-planted `.<slug>.md.tmp` link is never followed.
     write_atomic(path, text.encode("utf-8"))
+
+
+def _write_files(path: Path, text: str, sidecar: tuple[str, bytes] | None) -> None:
+    """The sidecar first (so the file never names evidence that is not there yet), then the
+    file; a sidecar of the other form (or of a record that has none now) is removed."""
+    for candidate in sidecar_paths(path):
+        if sidecar is not None and candidate.name.endswith(sidecar[0]):
+            write_atomic(candidate, sidecar[1])
+        elif candidate.is_file() or candidate.is_symlink():
+            candidate.unlink()
+    _write(path, text)
 
 
 class ExportError(RecordError):
@@ -702,12 +594,14 @@ class ExportError(RecordError):
         return str(self.args[0])
 
 
-def _export_one(store: Store, slug: str, out: Path) -> tuple[Path, str]:
+def _export_one(
+    store: Store, slug: str, out: Path
+) -> tuple[Path, str, tuple[str, bytes] | None]:
     path = out / f"{slug}.md"
     try:
         with store.session(readonly=True) as session:
             record = load_record(session, slug)
-        return path, _checked_text(record, path)
+        return (path, *_checked_files(record, path))
     except RecordError:
         raise
     except StoreError as exc:
@@ -729,7 +623,7 @@ def export_incidents(
         with store.session(readonly=True) as session:
             slugs = sorted(session.exec(select(Incident.slug)).all())
     out = Path(out_dir)
-    texts: list[tuple[Path, str]] = []
+    texts: list[tuple[Path, str, tuple[str, bytes] | None]] = []
     errors: list[RecordError] = []
     for slug in slugs:
         try:
@@ -738,9 +632,9 @@ def export_incidents(
             errors.append(exc)
     if texts:
         out.mkdir(parents=True, exist_ok=True)
-    for path, text in texts:
-        _write(path, text)
-    return [path for path, _text in texts], errors
+    for path, text, sidecar in texts:
+        _write_files(path, text, sidecar)
+    return [path for path, _text, _sidecar in texts], errors
 
 
 def export_incident(store: Store, slug: str, out_dir: str | os.PathLike[str]) -> Path:

@@ -240,7 +240,9 @@ def test_new_triage_runs_the_real_engine_and_lands_on_the_incident(
             page.get_by_label("Paste it", exact=False).fill(request_path.read_text())
             page.get_by_label("Response body", exact=False).fill(response_path.read_text())
             # The only configured stack is preselected; the page shows what it runs.
-            expect(page.get_by_text(stack_path.name, exact=True).first).to_be_visible()
+            page.get_by_text("What this stack runs").click()
+            expect(page.locator('[data-testid="stCode"]').filter(
+                has_text="[server]").first).to_be_visible()
             page.get_by_label("Most requests per probe arm", exact=False).fill("16")
             page.get_by_role("button", name="Run triage").click()
             expect(page.locator('[data-testid="stProgress"]').first).to_be_visible()

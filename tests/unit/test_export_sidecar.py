@@ -151,3 +151,18 @@ def test_a_gzip_bomb_sidecar_is_refused(tmp_path: Path, monkeypatch: pytest.Monk
     path.with_name(f"{SLUG}.evidence.jsonl.gz").write_bytes(gzip.compress(b" " * (4 << 20)))
     with pytest.raises(RecordError, match="decompresses to more than"):
         parse_file(path)
+
+
+def test_export_cli_names_the_sidecar(store: Store, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from triage.cli import cli
+
+    import_paths(store, [_incident(tmp_path / "in")])
+    _diagnose(store, replies=3, reasoning_chars=10)
+    result = CliRunner().invoke(
+        cli, ["export", "--out", str(tmp_path / "out")],
+        env={"TRIAGE_DATABASE_URL": store.url, "TRIAGE_HOME": str(tmp_path / "home")},
+    )
+    assert result.exit_code == 0, result.output
+    assert f"    + {SLUG}.evidence.jsonl (replay evidence)" in result.stdout.splitlines()

@@ -9,6 +9,7 @@ import click
 
 from kb.files import export_incidents, import_paths, list_records, load_record
 from kb.models import CAUSE_STATUSES, INCIDENT_STATUSES
+from kb.sidecar import sidecar_paths
 from triage.commands import echo_json, open_store
 
 
@@ -52,6 +53,9 @@ def export_command(ctx: click.Context, slugs: tuple[str, ...], out_dir: Path) ->
     click.echo(f"wrote {len(paths)} file(s)")
     for path in paths:
         click.echo(f"  {path}")
+        for sidecar in sidecar_paths(path):
+            if sidecar.is_file():
+                click.echo(f"    + {sidecar.name} (replay evidence)")
     if errors:
         for error in errors:
             click.echo(f"Error: not exported: {error}", err=True)

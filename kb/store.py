@@ -112,6 +112,7 @@ def describe_db_error(exc: BaseException) -> str:
         message = lines[0] if lines else ""
         # SQLAlchemy's own wrapper text starts with "(driver.Error) ..." -- keep the message.
         message = re.sub(r"^\([\w.]+\)\s*", "", message)
+    message = re.sub(r"(://[^:/@\s]+):[^@\s]*@", r"\1:***@", message)  # no passwords
     name = type(source).__name__
     return f"{name}: {message}" if message else name
 
@@ -301,6 +302,8 @@ def _lock_numbering(session: Session, incident_id: int | None) -> None:
 def _numbering_cache(session: Session) -> dict[tuple[int | None, str], int]:
     """Next free number per (incident, prefix), valid for the current transaction only."""
     transaction = session.get_transaction()
+    if transaction is None:  # no transaction yet (autobegin): nothing to reuse or keep
+        return {}
     cached = session.info.get("triage_evidence_numbers")
     if cached is None or cached[0] is not transaction:
         cached = (transaction, {})

@@ -203,3 +203,16 @@ def test_count_helper_sees_every_row(store: Store) -> None:
         add_evidence_many(session, None, [{"kind": "log", "summary": "a"}] * 3)
     with store.session(readonly=True) as session:
         assert session.exec(select(func.count()).select_from(Evidence)).one() == 3
+
+
+def test_numbering_is_not_reused_across_transactions_of_one_session(store: Store) -> None:
+    from sqlmodel import Session
+
+    with Session(store.engine) as session:  # autobegin, commit, autobegin again
+        first = add_evidence(session, incident_id=None, kind="log", summary="first").key
+        session.commit()
+        with store.session() as other:
+            add_evidence(other, incident_id=None, kind="log", summary="another writer")
+        later = add_evidence(session, incident_id=None, kind="log", summary="later").key
+        session.commit()
+    assert (first, later) == ("E1", "E3")

@@ -21,11 +21,10 @@ any valid file reaches the canonical form after one import/export.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from collections.abc import Iterable
-from datetime import date, datetime, time, timezone
+from datetime import date, datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -33,29 +32,62 @@ from typing import Any
 import yaml
 from jsonschema import Draft202012Validator, FormatChecker
 from jsonschema.exceptions import best_match
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlmodel import Session, select
 
+from kb.filecheck import RecordError, _check_plain_data, _check_references
+from kb.fileio import (
+    MAX_FILE_BYTES,
+    InputTooLarge,
+    dump_yaml,
+    load_yaml,
+    read_bounded,
+    write_atomic,
+)
+from kb.filerecord import (
+    _timeline_entry,
+    _trigger,
+    format_timestamp,
+    list_records,
+    load_record,
+    parse_timestamp,
+)
 from kb.models import (
-    CAUSE_CATALOGUE_IDS,
     Cause,
-    CauseStatusChange,
     Decision,
-    Evidence,
     EvidenceLink,
     FamilyLink,
     Incident,
     Reference,
     Symptom,
 )
-from kb.store import Store, StoreError, add_evidence, get_incident, record_status_change
+from kb.sidecar import (
+    SidecarError,
+    decode_sidecar,
+    encode_sidecar,
+    merge_evidence,
+    read_sidecar,
+    sidecar_paths,
+    split_evidence,
+)
+from kb.store import (
+    Store,
+    StoreError,
+    add_evidence,
+    describe_db_error,
+    get_incident,
+    record_status_change,
+)
 
 __all__ = [
+    "ExportError",
     "RecordError",
     "SCHEMA_PATH",
     "dump_yaml",
     "export_all",
     "export_incident",
+    "export_incidents",
+    "format_timestamp",
     "import_paths",
     "incident_paths",
     "list_records",
@@ -63,12 +95,12 @@ __all__ = [
     "load_yaml",
     "parse_file",
     "parse_text",
+    "parse_timestamp",
     "render_record",
 ]
 
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "incident.schema.json"
 FRONT_MATTER_FENCE = "---"
-YAML_WIDTH = 100
 
 # Front matter key order; export writes exactly these keys in this order.
 INCIDENT_KEYS = (
@@ -91,115 +123,10 @@ INCIDENT_KEYS = (
 STACK_KEYS = ("model", "weights", "server_build", "flags")
 
 
-class RecordError(StoreError):
-    """An incident file the knowledge base refuses: which file, which field, what is wrong."""
-
-    def __init__(self, file: str | os.PathLike[str], json_path: str, message: str) -> None:
-        self.file = str(file)
-        self.json_path = json_path
-        self.message = message
-        super().__init__(f"{self.file}: {json_path}: {message}")
-
-
-# --------------------------------------------------------------------------- YAML
-
-
-_TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
-_STR_TAG = "tag:yaml.org,2002:str"
-
-
-def _without_timestamps(
-    resolvers: dict[Any, list[tuple[str, Any]]],
-) -> dict[Any, list[tuple[str, Any]]]:
-    return {
-        first: [(tag, regexp) for tag, regexp in entries if tag != _TIMESTAMP_TAG]
-        for first, entries in resolvers.items()
-    }
-
-
-class _Loader(yaml.SafeLoader):
-    """Safe loading; dates and datetimes stay strings; duplicate keys are an error."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _value in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                duplicate = key in seen
-                seen.add(key)
-            except TypeError:  # unhashable key: reported by the constructor below
-                continue
-            if duplicate:
-                raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping",
-                    node.start_mark,
-                    f"found duplicate key {key!r}",
-                    key_node.start_mark,
-                )
-        return super().construct_mapping(node, deep=deep)
-
-
-_Loader.yaml_implicit_resolvers = _without_timestamps(yaml.SafeLoader.yaml_implicit_resolvers)
-# An explicit !!timestamp tag stays a string too.
-_Loader.add_constructor(_TIMESTAMP_TAG, yaml.SafeLoader.construct_yaml_str)  # type: ignore[type-var]
-
-
-class _Dumper(yaml.SafeDumper):
-    """Canonical output: block style, indented sequences, no anchors, no timestamp quoting."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
-
-    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
-        super().increase_indent(flow, False)
-
-
-# Without the timestamp resolver a string like 2026-06-10 is written plain; _Loader reads
-# it back as the same string.
-_Dumper.yaml_implicit_resolvers = _without_timestamps(yaml.SafeDumper.yaml_implicit_resolvers)
-
-# The YAML reader folds these into "\n" (or keeps them as breaks) inside block and
-# single-quoted scalars; only double quotes (with escapes) keep them exactly.
-_NEEDS_DOUBLE_QUOTES = frozenset("\r\x85\u2028\u2029")
-
-
-def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
-    if _NEEDS_DOUBLE_QUOTES.intersection(data):
-        return dumper.represent_scalar(_STR_TAG, data, style='"')
-    if "\n" in data:
-        # The emitter falls back to quotes when a literal block cannot hold the text
-        # (e.g. trailing spaces on a line).
-        return dumper.represent_scalar(_STR_TAG, data, style="|")
-    return dumper.represent_scalar(_STR_TAG, data)
-
-
-_Dumper.add_representer(str, _represent_str)
-
-
-def load_yaml(text: str) -> Any:
-    """Parse YAML safely; dates/datetimes stay strings; duplicate keys raise yaml.YAMLError."""
-    return yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader subclass
-
-
-def dump_yaml(data: Any) -> str:
-    """Canonical YAML text of `data` (keys in the given order)."""
-    return yaml.dump(
-        data,
-        Dumper=_Dumper,
-        sort_keys=False,
-        allow_unicode=True,
-        default_flow_style=False,
-        width=YAML_WIDTH,
-    )
-
-
 # --------------------------------------------------------------------------- time
 
 
 _DATE_TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(Z|[+-]\d{2}:\d{2})$")
-_DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
 def _is_date_time(instance: object) -> bool:
@@ -226,26 +153,6 @@ def _format_checker() -> FormatChecker:
     return checker
 
 
-def parse_timestamp(value: str) -> datetime:
-    """A file timestamp (date or RFC 3339 date-time) as an aware UTC datetime."""
-    if _DATE_RE.match(value):
-        return datetime.combine(date.fromisoformat(value), time(0), tzinfo=timezone.utc)
-    return datetime.fromisoformat(value).astimezone(timezone.utc)
-
-
-def format_timestamp(value: datetime) -> str:
-    """The canonical file form of a stored timestamp."""
-    if value.tzinfo is None:  # SQLite hands back naive values; the store writes UTC
-        value = value.replace(tzinfo=timezone.utc)
-    value = value.astimezone(timezone.utc)
-    if (value.hour, value.minute, value.second, value.microsecond) == (0, 0, 0, 0):
-        return value.date().isoformat()
-    text = value.strftime("%Y-%m-%dT%H:%M:%S")
-    if value.microsecond:
-        text += f".{value.microsecond:06d}"
-    return text + "Z"
-
-
 # --------------------------------------------------------------------------- parsing
 
 
@@ -254,47 +161,6 @@ def _validator() -> Draft202012Validator:
     schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
     Draft202012Validator.check_schema(schema)
     return Draft202012Validator(schema, format_checker=_format_checker())
-
-
-def _json_path(parts: Iterable[str | int]) -> str:
-    path = "$"
-    for part in parts:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", part):
-            path += f".{part}"
-        else:
-            path += "[" + json.dumps(part, ensure_ascii=False) + "]"
-    return path
-
-
-def _check_plain_data(value: Any, file: str, parts: list[str | int]) -> None:
-    """Only what JSON (and PostgreSQL text) can hold, so a record stores and exports as read."""
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise RecordError(
-                    file, _json_path(parts), f"key {key!r} must be a string (quote it)"
-                )
-            _check_plain_data(key, file, parts)
-            _check_plain_data(item, file, [*parts, key])
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            _check_plain_data(item, file, [*parts, index])
-    elif isinstance(value, str):
-        if "\x00" in value:
-            raise RecordError(file, _json_path(parts), "text contains a NUL character")
-        if any("\ud800" <= ch <= "\udfff" for ch in value):
-            raise RecordError(file, _json_path(parts), "text contains a lone surrogate")
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise RecordError(file, _json_path(parts), f"{value!r} is not a finite number")
-    elif value is None or isinstance(value, (bool, int)):
-        pass
-    else:
-        raise RecordError(
-            file, _json_path(parts), f"unsupported YAML value of type {type(value).__name__}"
-        )
 
 
 def split_front_matter(text: str, file: str) -> tuple[str, str]:
@@ -308,12 +174,23 @@ def split_front_matter(text: str, file: str) -> tuple[str, str]:
     return rest[: match.start()], rest[match.end() :]
 
 
-def parse_text(text: str, file: str = "<text>") -> dict[str, Any]:
-    """Parse and validate one incident file's text: the front matter dict plus `body`."""
+def parse_text(
+    text: str,
+    file: str = "<text>",
+    sidecar: tuple[str, list[dict[str, Any]]] | None = None,
+) -> dict[str, Any]:
+    """Parse and validate one incident file's text: the front matter dict plus `body`.
+
+    `sidecar` is (file name, evidence entries) of its evidence sidecar (kb/sidecar.py):
+    the entries join the front matter's evidence and are checked with it; an error in one
+    names the sidecar and its line.
+    """
     text = text.replace("\r\n", "\n")
     front, body = split_front_matter(text, file)
     try:
         data = load_yaml(front)
+    except RecursionError:  # a backstop: the loader limits nesting well below this
+        raise RecordError(file, "$", "invalid YAML front matter: nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 2}, column {mark.column + 1}" if mark else ""
@@ -321,11 +198,13 @@ def parse_text(text: str, file: str = "<text>") -> dict[str, Any]:
         raise RecordError(file, "$", f"invalid YAML front matter{where}: {problem}") from None
     if not isinstance(data, dict):
         raise RecordError(file, "$", "the front matter must be a YAML mapping")
-    _check_plain_data(data, file, [])
-    error = best_match(_validator().iter_errors(data))
-    if error is not None:
-        raise RecordError(file, error.json_path, error.message)
-    _check_references(data, file)
+    front_ids = {id(item) for item in data.get("evidence") or [] if isinstance(item, dict)}
+    if sidecar is not None and sidecar[1] and isinstance(data.get("evidence") or [], list):
+        data["evidence"] = merge_evidence(list(data.get("evidence") or []), sidecar[1])
+    try:
+        _validate(data, file)
+    except RecordError as exc:
+        raise _in_sidecar(exc, data, front_ids, sidecar) from None
     stem = Path(file).name.removesuffix(".md") if file.endswith(".md") else None
     if stem is not None and stem != data["slug"]:
         raise RecordError(
@@ -340,149 +219,49 @@ def parse_text(text: str, file: str = "<text>") -> dict[str, Any]:
     return record
 
 
+def _validate(data: dict[str, Any], file: str) -> None:
+    _check_plain_data(data, file, [])
+    error = best_match(_validator().iter_errors(data))
+    if error is not None:
+        raise RecordError(file, error.json_path, error.message)
+    _check_references(data, file)
+
+
+def _in_sidecar(
+    error: RecordError,
+    data: dict[str, Any],
+    front_ids: set[int],
+    sidecar: tuple[str, list[dict[str, Any]]] | None,
+) -> RecordError:
+    """An error about a sidecar entry, named by the sidecar file and line."""
+    match = re.match(r"^\$\.evidence\[(\d+)\](.*)$", error.json_path)
+    if sidecar is None or match is None:
+        return error
+    item = data["evidence"][int(match.group(1))]
+    if id(item) in front_ids:
+        return error
+    line = next(n for n, entry in enumerate(sidecar[1], start=1) if entry is item)
+    return RecordError(sidecar[0], f"line {line}: ${match.group(2)}", error.message)
+
+
 def parse_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Parse and validate one incident file (see `parse_text`)."""
+    """Parse and validate one incident file and its evidence sidecar (see `parse_text`)."""
     name = str(path)
     try:
-        raw = Path(path).read_bytes()
+        raw = read_bounded(path, MAX_FILE_BYTES)
+    except InputTooLarge as exc:
+        raise RecordError(name, "$", f"cannot read the file: {exc}") from None
     except OSError as exc:
         raise RecordError(name, "$", f"cannot read the file: {exc.strerror}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RecordError(name, "$", f"not UTF-8 text (byte {exc.start})") from None
-    return parse_text(text, name)
-
-
-def _check_references(data: dict[str, Any], file: str) -> None:
-    """The checks JSON Schema cannot express: ids, links, history, dates."""
-    slug: str = data["slug"]
-    opened = date.fromisoformat(data["opened"])
-    if slug[:10] != data["opened"]:
-        raise RecordError(
-            file, "$.slug", f"slug date {slug[:10]} does not match opened {data['opened']}"
-        )
-    if data.get("closed") and date.fromisoformat(data["closed"]) < opened:
-        raise RecordError(file, "$.closed", f"closed {data['closed']} is before opened")
-
-    evidence_ids: set[str] = set()
-    for index, item in enumerate(data.get("evidence", [])):
-        if item["id"] in evidence_ids:
-            raise RecordError(
-                file, f"$.evidence[{index}].id", f"duplicate evidence id {item['id']!r}"
-            )
-        evidence_ids.add(item["id"])
-
-    def known(ids: list[str], path: str) -> None:
-        for index, key in enumerate(ids):
-            if key not in evidence_ids:
-                raise RecordError(
-                    file, f"{path}[{index}]", f"no evidence with id {key!r} in this file"
-                )
-
-    for index, entry in enumerate(data.get("timeline", [])):
-        known(entry.get("evidence", []), f"$.timeline[{index}].evidence")
-
-    symptom_ids: set[str] = set()
-    for index, symptom in enumerate(data.get("symptoms", [])):
-        if symptom["id"] in symptom_ids:
-            raise RecordError(
-                file, f"$.symptoms[{index}].id", f"duplicate symptom id {symptom['id']!r}"
-            )
-        symptom_ids.add(symptom["id"])
-        known(symptom.get("evidence", []), f"$.symptoms[{index}].evidence")
-
-    cause_ids: set[str] = set()
-    for index, cause in enumerate(data.get("causes", [])):
-        path = f"$.causes[{index}]"
-        key = cause["id"]
-        if key in cause_ids:
-            raise RecordError(file, f"{path}.id", f"duplicate cause id {key!r}")
-        cause_ids.add(key)
-        catalogue = cause.get("catalogue")
-        if key in CAUSE_CATALOGUE_IDS:
-            if catalogue not in (None, key):
-                raise RecordError(
-                    file,
-                    f"{path}.catalogue",
-                    f"catalogue cause {key!r} cannot refine {catalogue!r}; "
-                    "give the sub-hypothesis its own id",
-                )
-        elif catalogue is None:
-            raise RecordError(
-                file,
-                f"{path}.id",
-                f"unknown cause id {key!r}: not a catalogue id ({', '.join(CAUSE_CATALOGUE_IDS)}) "
-                "and no `catalogue` field naming the catalogue cause it refines",
-            )
-        links: set[tuple[str, str]] = set()
-        for link_index, link in enumerate(cause.get("evidence", [])):
-            link_path = f"{path}.evidence[{link_index}]"
-            if link["id"] not in evidence_ids:
-                raise RecordError(
-                    file, f"{link_path}.id", f"no evidence with id {link['id']!r} in this file"
-                )
-            if (link["id"], link["relation"]) in links:
-                raise RecordError(
-                    file, link_path, f"duplicate link to {link['id']!r} ({link['relation']})"
-                )
-            links.add((link["id"], link["relation"]))
-        _check_history(cause, file, path, known)
-
-    for index, decision in enumerate(data.get("decisions", [])):
-        path = f"$.decisions[{index}]"
-        known(decision.get("evidence", []), f"{path}.evidence")
-        revisit = decision.get("revisit_on")
-        if revisit and date.fromisoformat(revisit) < parse_timestamp(decision["at"]).date():
-            raise RecordError(
-                file, f"{path}.revisit_on", f"revisit_on {revisit} is before the decision"
-            )
-
-    family_pairs: set[tuple[str, str, str]] = set()
-    for index, link in enumerate(data.get("family", [])):
-        path = f"$.family[{index}]"
-        if link["cause"] not in cause_ids:
-            raise RecordError(
-                file, f"{path}.cause", f"no cause with id {link['cause']!r} in this file"
-            )
-        pair = (link["cause"], link["incident"], link["other_cause"])
-        if pair in family_pairs:
-            raise RecordError(file, path, "duplicate family link")
-        family_pairs.add(pair)
-        if link["incident"] == slug and link["other_cause"] not in cause_ids:
-            raise RecordError(
-                file,
-                f"{path}.other_cause",
-                f"no cause with id {link['other_cause']!r} in this file",
-            )
-        if link["incident"] == slug and link["other_cause"] == link["cause"]:
-            raise RecordError(file, path, "a cause cannot be linked to itself")
-
-
-def _check_history(cause: dict[str, Any], file: str, path: str, known: Any) -> None:
-    history = cause.get("history", [])
-    previous: str | None = None
-    previous_at: datetime | None = None
-    for index, change in enumerate(history):
-        change_path = f"{path}.history[{index}]"
-        if change.get("from") != previous:
-            expected = "no `from` (first entry)" if previous is None else f"from: {previous}"
-            raise RecordError(
-                file,
-                f"{change_path}.from",
-                f"from {change.get('from')!r} does not follow the previous entry ({expected})",
-            )
-        at = parse_timestamp(change["at"])
-        if previous_at is not None and at < previous_at:
-            raise RecordError(file, f"{change_path}.at", "history entries must be in time order")
-        known(change.get("evidence", []), f"{change_path}.evidence")
-        previous, previous_at = change["to"], at
-    if history and previous != cause["status"]:
-        raise RecordError(
-            file,
-            f"{path}.status",
-            f"status {cause['status']!r} differs from the last history entry (to: {previous})",
-        )
+    try:
+        side_path, items = read_sidecar(Path(path))
+    except SidecarError as exc:
+        raise RecordError(exc.file, exc.where, exc.message) from None
+    return parse_text(text, name, (str(side_path), items) if side_path else None)
 
 
 # --------------------------------------------------------------------------- import
@@ -542,8 +321,14 @@ def import_paths(
                 raise _DryRun
     except _DryRun:
         pass
+    except IntegrityError as exc:
+        # Typically the loser of two imports of the same file running at once.
+        raise StoreError(
+            f"the database refused the import: {describe_db_error(exc)} "
+            "(did another import store the same incident at the same time?)"
+        ) from None
     except SQLAlchemyError as exc:
-        raise StoreError(f"the database refused the import: {exc}") from exc
+        raise StoreError(f"the database refused the import: {describe_db_error(exc)}") from None
     return [record["slug"] for _file, record in records]
 
 
@@ -738,322 +523,135 @@ def _insert_family(
     session.flush()
 
 
-# --------------------------------------------------------------------------- records
-
-
-def _drop_empty(pairs: Iterable[tuple[str, Any]], *required: str) -> dict[str, Any]:
-    """The canonical rule: optional keys with an empty value are not written.
-
-    Keys the schema requires are always written, even when empty, so that a bad stored
-    value shows up as a validation error instead of silently vanishing from the file.
-    """
-    return {
-        key: value for key, value in pairs if key in required or value not in ("", None, [], {})
-    }
-
-
-def _timeline_entry(entry: dict[str, Any]) -> dict[str, Any]:
-    return _drop_empty(
-        [
-            ("at", entry["at"]),
-            ("event", entry["event"]),
-            ("evidence", list(entry.get("evidence", []))),
-        ],
-        "at",
-        "event",
-    )
-
-
-def _trigger(trigger: dict[str, Any]) -> dict[str, Any]:
-    return {"kind": trigger["kind"], **{k: v for k, v in trigger.items() if k != "kind"}}
-
-
-def _rows(session: Session, model: Any, *where: Any) -> list[Any]:
-    return list(session.exec(select(model).where(*where).order_by(model.id)).all())
-
-
-def load_record(session: Session, slug: str) -> dict[str, Any]:
-    """The full record of one incident as a plain dict: the canonical front matter + `body`."""
-    incident = get_incident(session, slug)
-    if incident is None:
-        raise StoreError(f"no incident with slug {slug!r}")
-    evidence = _rows(session, Evidence, Evidence.incident_id == incident.id)
-    evidence_keys = {row.id: row.key for row in evidence}
-    causes = _rows(session, Cause, Cause.incident_id == incident.id)
-    cause_rows = {row.id: row for row in causes}
-
-    stack = _drop_empty(
-        [
-            ("model", incident.model),
-            ("weights", incident.weights),
-            ("server_build", incident.server_build),
-            ("flags", list(incident.flags)),
-        ]
-    )
-    stack.update(incident.stack)
-
-    cause_records = []
-    for cause in causes:
-        links = [
-            _drop_empty(
-                [
-                    ("id", evidence_keys[link.evidence_id]),
-                    ("relation", link.relation),
-                    ("note", link.note),
-                ],
-                "id",
-                "relation",
-            )
-            for link in _rows(session, EvidenceLink, EvidenceLink.cause_id == cause.id)
-        ]
-        history = [
-            _drop_empty(
-                [
-                    ("from", change.from_status),
-                    ("to", change.to_status),
-                    ("at", format_timestamp(change.changed_at)),
-                    ("actor", change.actor),
-                    ("rationale", change.rationale),
-                    ("evidence", list(change.evidence_keys)),
-                ],
-                "to",
-                "at",
-                "actor",
-                "rationale",
-            )
-            for change in _rows(session, CauseStatusChange, CauseStatusChange.cause_id == cause.id)
-        ]
-        cause_records.append(
-            _drop_empty(
-                [
-                    ("id", cause.key),
-                    ("catalogue", cause.catalogue_id),
-                    ("title", cause.title),
-                    ("status", cause.status),
-                    ("basis", cause.basis),
-                    ("rationale", cause.rationale),
-                    ("deciding_probe", cause.deciding_probe),
-                    ("evidence", links),
-                    ("history", history),
-                ],
-                "id",
-                "catalogue",
-                "title",
-                "status",
-                "basis",
-            )
-        )
-
-    decisions = [
-        _drop_empty(
-            [
-                ("kind", decision.kind),
-                ("at", format_timestamp(decision.decided_at)),
-                ("by", decision.decided_by),
-                ("rationale", decision.rationale),
-                ("tradeoff", decision.tradeoff),
-                ("fix", decision.fix),
-                ("verified", bool(decision.verified)),
-                ("revisit_on", decision.revisit_on.isoformat() if decision.revisit_on else None),
-                ("triggers", [_trigger(t) for t in decision.revisit_triggers]),
-                ("evidence", list(decision.evidence_keys)),
-            ],
-            "kind",
-            "at",
-            "rationale",
-            "verified",
-        )
-        for decision in _rows(session, Decision, Decision.incident_id == incident.id)
-    ]
-
-    family = []
-    family_links = _rows(
-        session,
-        FamilyLink,
-        FamilyLink.from_cause_id.in_(list(cause_rows) or [-1]),  # type: ignore[attr-defined]
-    )
-    for link in family_links:
-        other = session.get(Cause, link.to_cause_id)
-        assert other is not None
-        other_incident = session.get(Incident, other.incident_id)
-        assert other_incident is not None
-        family.append(
-            _drop_empty(
-                [
-                    ("cause", cause_rows[link.from_cause_id].key),
-                    ("incident", other_incident.slug),
-                    ("other_cause", other.key),
-                    ("note", link.note),
-                ],
-                "cause",
-                "incident",
-                "other_cause",
-            )
-        )
-
-    symptoms = [
-        _drop_empty(
-            [
-                ("id", row.key),
-                ("kind", row.kind),
-                ("description", row.description),
-                ("observed", dict(row.observed)),
-                ("evidence", list(row.evidence_keys)),
-            ],
-            "id",
-            "description",
-        )
-        for row in _rows(session, Symptom, Symptom.incident_id == incident.id)
-    ]
-    evidence_records = [
-        _drop_empty(
-            [
-                ("id", row.key),
-                ("kind", row.kind),
-                ("summary", row.summary),
-                ("source", row.source),
-                ("recorded_at", format_timestamp(row.recorded_at)),
-                ("payload", dict(row.payload)),
-            ],
-            "id",
-            "kind",
-            "summary",
-            "recorded_at",
-        )
-        for row in evidence
-    ]
-    references = [
-        _drop_empty([("url", row.url), ("title", row.title), ("note", row.note)])
-        for row in _rows(session, Reference, Reference.incident_id == incident.id)
-    ]
-    record = _drop_empty(
-        [
-            ("slug", incident.slug),
-            ("title", incident.title),
-            ("status", incident.status),
-            ("opened", incident.opened_on.isoformat()),
-            ("closed", incident.closed_on.isoformat() if incident.closed_on else None),
-            ("summary", incident.summary),
-            ("impact", incident.impact),
-            ("stack", stack),
-            ("timeline", [_timeline_entry(entry) for entry in incident.timeline]),
-            ("symptoms", symptoms),
-            ("evidence", evidence_records),
-            ("causes", cause_records),
-            ("decisions", decisions),
-            ("references", references),
-            ("family", family),
-        ],
-        "slug",
-        "title",
-        "status",
-        "opened",
-    )
-    record["body"] = incident.body
-    return record
-
-
-def list_records(
-    session: Session,
-    *,
-    status: str | None = None,
-    cause: str | None = None,
-    cause_status: str | None = None,
-    model: str | None = None,
-) -> list[dict[str, Any]]:
-    """Incident summaries, oldest first; filters: incident status, a cause (catalogue id or
-    key) optionally with its status, a substring of the model."""
-    query = select(Incident).order_by(Incident.opened_on, Incident.slug)  # type: ignore[arg-type]
-    if status is not None:
-        query = query.where(Incident.status == status)
-    if model is not None:
-        query = query.where(Incident.model.contains(model))  # type: ignore[attr-defined]
-    summaries = []
-    for incident in session.exec(query).all():
-        causes = _rows(session, Cause, Cause.incident_id == incident.id)
-        if cause is not None or cause_status is not None:
-            matching = [
-                c
-                for c in causes
-                if (cause is None or cause in (c.key, c.catalogue_id))
-                and (cause_status is None or c.status == cause_status)
-            ]
-            if not matching:
-                continue
-        decisions = _rows(session, Decision, Decision.incident_id == incident.id)
-        summaries.append(
-            {
-                "slug": incident.slug,
-                "title": incident.title,
-                "status": incident.status,
-                "opened": incident.opened_on.isoformat(),
-                "closed": incident.closed_on.isoformat() if incident.closed_on else None,
-                "model": incident.model,
-                "server_build": incident.server_build,
-                "causes": [
-                    {"id": c.key, "catalogue": c.catalogue_id, "status": c.status} for c in causes
-                ],
-                "decision": decisions[-1].kind if decisions else None,
-            }
-        )
-    return summaries
-
-
 # --------------------------------------------------------------------------- export
 
 
-def render_record(record: dict[str, Any]) -> str:
-    """The canonical file text of a record (as returned by `load_record`)."""
+def render_record(record: dict[str, Any], *, front: dict[str, Any] | None = None) -> str:
+    """The canonical file text of a record (as returned by `load_record`).
+
+    `front`: the record to write as front matter when it differs from the one the
+    retrospective is generated from (export puts replay evidence in the sidecar).
+    """
     # The retrospective is generated from the record on every export and replaces the one
     # the body held (between its markers), so re-import and re-export stay byte-stable.
     from kb.retro import replace_retro_section, retro_section
 
-    front = {key: record[key] for key in INCIDENT_KEYS if key in record}
+    shown = front if front is not None else record
+    matter = {key: shown[key] for key in INCIDENT_KEYS if key in shown}
     body = replace_retro_section(str(record.get("body", "")), retro_section(record))
-    return f"{FRONT_MATTER_FENCE}\n{dump_yaml(front)}{FRONT_MATTER_FENCE}\n{body}"
+    return f"{FRONT_MATTER_FENCE}\n{dump_yaml(matter)}{FRONT_MATTER_FENCE}\n{body}"
 
 
-def _checked_text(record: dict[str, Any], path: Path) -> str:
-    """The file text of a record, validated like a file being imported.
+def _checked_files(record: dict[str, Any], path: Path) -> tuple[str, tuple[str, bytes] | None]:
+    """The file text and evidence sidecar (suffix, bytes) of a record, validated like a
+    file being imported.
 
     Rows written by other parts of the product (the engine) pass the same checks, so export
     never writes a file that import would refuse; the error names the file and field.
     """
-    text = render_record(record)
-    parse_text(text, str(path))
-    return text
+    front_evidence, side_evidence = split_evidence(list(record.get("evidence", [])))
+    front = {**record, "evidence": front_evidence}
+    if not front_evidence:
+        del front["evidence"]
+    text = render_record(record, front=front)
+    sidecar = encode_sidecar(side_evidence) if side_evidence else None
+    side = None
+    if sidecar is not None:
+        side_name = str(path.with_name(path.name.removesuffix(".md") + sidecar[0]))
+        side = (side_name, decode_sidecar(sidecar[1], side_name, sidecar[0].endswith(".gz")))
+    parse_text(text, str(path), side)
+    return text, sidecar
 
 
 def _write(path: Path, text: str) -> None:
-    # Write next to the target and rename, so a reader never sees half a file.
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(text.encode("utf-8"))
-    os.replace(tmp, path)
+    # An exclusive temporary file in the folder, then rename (kb.fileio.write_atomic): a
+    # reader never sees half a file and a pre-planted `.<slug>.md.tmp` link is never followed.
+    write_atomic(path, text.encode("utf-8"))
+
+
+def _write_files(path: Path, text: str, sidecar: tuple[str, bytes] | None) -> None:
+    """The sidecar first (so the file never names evidence that is not there yet), then the
+    file; a sidecar of the other form (or of a record that has none now) is removed."""
+    for candidate in sidecar_paths(path):
+        if sidecar is not None and candidate.name.endswith(sidecar[0]):
+            write_atomic(candidate, sidecar[1])
+        elif candidate.is_file() or candidate.is_symlink():
+            candidate.unlink()
+    _write(path, text)
+
+
+class ExportError(RecordError):
+    """Some incidents could not be exported (each named with its field); the others were."""
+
+    def __init__(self, failures: list[RecordError], written: list[Path]) -> None:
+        first = failures[0]
+        super().__init__(first.file, first.json_path, first.message)
+        self.failures = failures
+        self.written = written
+        self.args = ("\n".join(str(f) for f in failures),)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _export_one(
+    store: Store, slug: str, out: Path
+) -> tuple[Path, str, tuple[str, bytes] | None]:
+    path = out / f"{slug}.md"
+    try:
+        with store.session(readonly=True) as session:
+            record = load_record(session, slug)
+        return (path, *_checked_files(record, path))
+    except RecordError:
+        raise
+    except StoreError as exc:
+        raise RecordError(path, "$", str(exc)) from None
+    except (KeyError, TypeError, ValueError) as exc:  # rows no file could hold
+        raise RecordError(path, "$", f"cannot render the record: {exc!r}") from None
+
+
+def export_incidents(
+    store: Store, out_dir: str | os.PathLike[str], slugs: Iterable[str] | None = None
+) -> tuple[list[Path], list[RecordError]]:
+    """Write incidents (all, by slug, or the `slugs` given) to `<out_dir>/<slug>.md`.
+
+    One bad record never blocks the others: each is rendered and checked like a file being
+    imported, the good ones are written, and the refused ones come back as errors naming
+    the file and field. Returns (paths written, errors).
+    """
+    if slugs is None:
+        with store.session(readonly=True) as session:
+            slugs = sorted(session.exec(select(Incident.slug)).all())
+    out = Path(out_dir)
+    texts: list[tuple[Path, str, tuple[str, bytes] | None]] = []
+    errors: list[RecordError] = []
+    for slug in slugs:
+        try:
+            texts.append(_export_one(store, slug, out))
+        except RecordError as exc:
+            errors.append(exc)
+    if texts:
+        out.mkdir(parents=True, exist_ok=True)
+    for path, text, sidecar in texts:
+        _write_files(path, text, sidecar)
+    return [path for path, _text, _sidecar in texts], errors
 
 
 def export_incident(store: Store, slug: str, out_dir: str | os.PathLike[str]) -> Path:
     """Write one incident to `<out_dir>/<slug>.md`; the path written."""
-    with store.session(readonly=True) as session:
-        record = load_record(session, slug)
-    out = Path(out_dir)
-    path = out / f"{slug}.md"
-    text = _checked_text(record, path)
-    out.mkdir(parents=True, exist_ok=True)
-    _write(path, text)
-    return path
+    written, errors = export_incidents(store, out_dir, [slug])
+    if errors:
+        raise errors[0]
+    return written[0]
 
 
 def export_all(store: Store, out_dir: str | os.PathLike[str]) -> list[Path]:
     """Write every stored incident to `<out_dir>/<slug>.md`; the paths written, by slug.
 
-    Every file is rendered and checked before the first one is written.
+    A record export would refuse does not stop the others: they are written, then
+    ExportError (a RecordError) names every refused one.
     """
-    with store.session(readonly=True) as session:
-        slugs = sorted(session.exec(select(Incident.slug)).all())
-        records = [load_record(session, slug) for slug in slugs]
-    out = Path(out_dir)
-    texts = [(out / f"{r['slug']}.md", _checked_text(r, out / f"{r['slug']}.md")) for r in records]
-    out.mkdir(parents=True, exist_ok=True)
-    for path, text in texts:
-        _write(path, text)
-    return [path for path, _text in texts]
+    written, errors = export_incidents(store, out_dir)
+    if errors:
+        raise ExportError(errors, written)
+    return written

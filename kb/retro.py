@@ -24,6 +24,8 @@ from typing import Any
 from markdown_it import MarkdownIt
 from mdit_py_plugins.anchors import anchors_plugin
 
+from kb.retrofix import fix_option_lines
+
 # The facts sections: every line in them cites evidence (tests check it).
 FACT_SECTIONS = (
     "Summary",
@@ -373,12 +375,22 @@ def _timeline(record: dict[str, Any]) -> list[str]:
         return False
 
     order = 0
+    # Real changes only: a status recorded again (a rerun confirming a confirmed cause) is
+    # not a change, and causes that start together for one reason (the engine's candidate
+    # list) share one line.
+    starts: dict[tuple[str, str, str, str, tuple[str, ...]], list[dict[str, Any]]] = {}
     for cause in record.get("causes") or []:
         for change in cause.get("history") or []:
             keys = [str(k) for k in change.get("evidence") or []]
             order += 1
-            if represented(change.get("at"), keys):
+            if change.get("from") == change.get("to") or represented(change.get("at"), keys):
                 continue
+            if not change.get("from"):
+                group = (str(change.get("at")), str(change.get("to")), str(change.get("actor")),
+                         str(change.get("rationale")), tuple(keys))
+                starts.setdefault(group, []).append(cause)
+                if len(starts[group]) > 1:
+                    continue
             moved = f"{escape(change.get('from'))} -\\> " if change.get("from") else ""
             text = (
                 f"**{_when(change.get('at'))}**: {escape(cause.get('title'))} "
@@ -386,6 +398,15 @@ def _timeline(record: dict[str, Any]) -> list[str]:
                 f"by {escape(change.get('actor'))}: {cited(change.get('rationale'), keys, index)}"
             )
             entries.append((_timestamp(change.get("at")), 1, order, text))
+    for (at, to, actor, rationale, keys), causes in starts.items():
+        if len(causes) < 2:
+            continue
+        first = next(i for i, e in enumerate(entries) if code(causes[0].get("id")) in e[3])
+        names = ", ".join(f"{escape(c.get('title'))} ({code(c.get('id'))})" for c in causes)
+        entries[first] = (*entries[first][:3], (
+            f"**{_when(at)}**: {names} {escape(to)} by {escape(actor)}: "
+            f"{cited(rationale, list(keys), index)}"
+        ))
     for arm in _arms(record):
         order += 1
         if represented(arm["_at"], [arm["_id"]]):
@@ -662,6 +683,7 @@ def retro_markdown(record: dict[str, Any], *, level: int = 1) -> str:
         "added.*",
         "",
     ]
+    arms = _arms(record)
     sections = [
         ("Summary", _summary(record)),
         ("Timeline", _timeline(record)),
@@ -670,6 +692,8 @@ def retro_markdown(record: dict[str, Any], *, level: int = 1) -> str:
         ("What was suspected first", _first_suspicion(record)),
         ("Confirmed, inferred, untested", _labelled(record)),
         ("Decision", _decisions(record)),
+        # Only for diagnosed incidents (arm measurements on record); every line cites.
+        *([("Fix options", fix_option_lines(arms, escape, cite))] if arms else []),
         ("Same failure family", _family(record)),
         ("References", _references(record)),
     ]

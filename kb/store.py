@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import event, func
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import StaticPool
 from sqlmodel import Session, create_engine, select
 
@@ -62,6 +63,60 @@ def redact_url(url: str) -> str:
     return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
 
 
+class DatabaseURLError(StoreError, ArgumentError):
+    """A database URL the store does not support (also a SQLAlchemyError, so callers that
+    catch only those still print one line instead of a traceback)."""
+
+
+# Dialects (and drivers) the store is built and tested for. A URL naming another one is
+# refused by name instead of failing deep inside SQLAlchemy (ModuleNotFoundError: MySQLdb).
+SUPPORTED_SCHEMES = ("sqlite", "sqlite+pysqlite", "postgresql+psycopg")
+# Spellings of PostgreSQL without a driver (SQLAlchemy would pick psycopg2, not installed).
+_POSTGRES_ALIASES = ("postgresql", "postgres", "postgresql+psycopg3")
+
+
+def check_url(url: str) -> str:
+    """The URL to connect to: supported schemes only; `postgresql://` means psycopg (v3)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise DatabaseURLError(
+            f"not a database URL: {redact_url(url)!r} (expected sqlite:///PATH or "
+            "postgresql+psycopg://USER@HOST/DB)"
+        )
+    scheme_lower = scheme.lower()
+    if scheme_lower in _POSTGRES_ALIASES:
+        return f"postgresql+psycopg://{rest}"
+    if scheme_lower not in SUPPORTED_SCHEMES:
+        raise DatabaseURLError(
+            f"unsupported database URL scheme {scheme!r}: use sqlite or postgresql+psycopg"
+        )
+    return url
+
+
+def describe_db_error(exc: BaseException) -> str:
+    """One line for a database error: the driver's own message, never the SQL or parameters.
+
+    SQLAlchemy's text of an error carries the statement and its bound parameters (which
+    may hold exchange text); PostgreSQL's primary message and SQLite's message do not.
+    """
+    orig = getattr(exc, "orig", None)
+    source = orig if orig is not None else exc
+    diag = getattr(source, "diag", None)
+    message = getattr(diag, "message_primary", None) or ""
+    if not message:
+        lines = [
+            line.strip()
+            for line in str(source).splitlines()
+            if line.strip() and not line.lstrip().startswith(("[SQL", "[parameters", "(Background"))
+        ]
+        message = lines[0] if lines else ""
+        # SQLAlchemy's own wrapper text starts with "(driver.Error) ..." -- keep the message.
+        message = re.sub(r"^\([\w.]+\)\s*", "", message)
+    message = re.sub(r"(://[^:/@\s]+):[^@\s]*@", r"\1:***@", message)  # no passwords
+    name = type(source).__name__
+    return f"{name}: {message}" if message else name
+
+
 def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
     # Run on every new DBAPI connection of the pool, not once.
     cursor = dbapi_connection.cursor()
@@ -104,7 +159,7 @@ class Store:
     """The knowledge base: one engine, transactional sessions, migrations applied on open."""
 
     def __init__(self, url: str | None = None, *, migrate: bool = True) -> None:
-        self.url = database_url(url)
+        self.url = check_url(database_url(url))
         self.engine = make_engine(self.url)
         if migrate:
             self.upgrade()
@@ -202,19 +257,76 @@ def record_status_change(
 
 
 def next_evidence_key(session: Session, incident_id: int | None, prefix: str = "E") -> str:
-    """The next free `E<n>` key of an incident."""
-    return f"{prefix}{_next_evidence_number(session, incident_id, prefix)}"
+    """The next free `E<n>` key of an incident (or of the captures attached to none)."""
+    return f"{prefix}{allocate_evidence_numbers(session, incident_id, 1, prefix)}"
 
 
-def _next_evidence_number(session: Session, incident_id: int | None, prefix: str = "E") -> int:
+def allocate_evidence_keys(
+    session: Session, incident_id: int | None, count: int, prefix: str = "E"
+) -> list[str]:
+    """`count` consecutive free keys `E<n>` for one incident, numbering once.
+
+    Within one transaction the numbering is scanned once and then continued, so storing
+    N pieces of evidence costs one scan, not N (a 10k-entry HAR capture spent most of
+    its time rescanning keys).
+    """
+    first = allocate_evidence_numbers(session, incident_id, count, prefix)
+    return [f"{prefix}{first + offset}" for offset in range(count)]
+
+
+# Arbitrary constant: the PostgreSQL advisory lock that serialises numbering the evidence
+# attached to no incident (there is no incident row to lock).
+_ORPHAN_EVIDENCE_LOCK = 0x7472_6961_6765
+
+
+def _lock_numbering(session: Session, incident_id: int | None) -> None:
+    """Make concurrent writers number one key space one after the other (PostgreSQL).
+
+    Two writers numbering the same keys at once would both pick the same next key under
+    READ COMMITTED. For an incident, its row is locked (FOR NO KEY UPDATE, as the search
+    triggers of migration 0002 do); captures attached to no incident share one
+    transaction-level advisory lock (the unique constraint on (incident_id, key) does not
+    cover NULL incidents). Both are held until commit. SQLite writers are serialised by
+    BEGIN IMMEDIATE already.
+    """
+    if session.get_bind().dialect.name != "postgresql":
+        return
     if incident_id is not None:
-        # Two writers numbering one incident's evidence at once would both pick the same
-        # key on PostgreSQL (READ COMMITTED): lock the incident row (FOR NO KEY UPDATE, as
-        # the search triggers of migration 0002 do) so the second waits for the first to
-        # commit and then sees its key. SQLite writers are already serialised.
         session.exec(
             select(Incident.id).where(Incident.id == incident_id).with_for_update(key_share=True)
         ).first()
+    else:
+        session.exec(select(func.pg_advisory_xact_lock(_ORPHAN_EVIDENCE_LOCK))).first()
+
+
+def _numbering_cache(session: Session) -> dict[tuple[int | None, str], int]:
+    """Next free number per (incident, prefix), valid for the current transaction only."""
+    transaction = session.get_transaction()
+    if transaction is None:  # no transaction yet (autobegin): nothing to reuse or keep
+        return {}
+    cached = session.info.get("triage_evidence_numbers")
+    if cached is None or cached[0] is not transaction:
+        cached = (transaction, {})
+        session.info["triage_evidence_numbers"] = cached
+    numbers: dict[tuple[int | None, str], int] = cached[1]
+    return numbers
+
+
+def allocate_evidence_numbers(
+    session: Session, incident_id: int | None, count: int = 1, prefix: str = "E"
+) -> int:
+    """The first of `count` consecutive free evidence numbers, reserved for this transaction."""
+    numbers = _numbering_cache(session)
+    slot = (incident_id, prefix)
+    if slot not in numbers:
+        _lock_numbering(session, incident_id)
+        numbers[slot] = _scan_next_number(session, incident_id, prefix)
+    first = numbers[slot]
+    numbers[slot] = first + count
+    return first
+
+
+def _scan_next_number(session: Session, incident_id: int | None, prefix: str) -> int:
     rows = session.exec(
         select(Evidence.key).where(
             Evidence.incident_id == incident_id if incident_id is not None
@@ -224,6 +336,17 @@ def _next_evidence_number(session: Session, incident_id: int | None, prefix: str
     pattern = re.compile(rf"^{re.escape(prefix)}(\d+)$")
     numbers = [int(m.group(1)) for k in rows if (m := pattern.match(k))]
     return max(numbers, default=0) + 1
+
+
+def _note_explicit_key(session: Session, incident_id: int | None, key: str) -> None:
+    """An explicitly keyed row (an import) moves the transaction's numbering past it."""
+    match = re.match(r"^([A-Za-z]+)(\d+)$", key)
+    if match is None:
+        return
+    numbers = _numbering_cache(session)
+    slot = (incident_id, match.group(1))
+    if slot in numbers:
+        numbers[slot] = max(numbers[slot], int(match.group(2)) + 1)
 
 
 def add_evidence(
@@ -240,6 +363,8 @@ def add_evidence(
 ) -> Evidence:
     """Store one piece of evidence (auto key `E<n>` unless given)."""
     _check_evidence(kind, summary)
+    if key:
+        _note_explicit_key(session, incident_id, key)
     evidence = Evidence(
         incident_id=incident_id,
         key=key or next_evidence_key(session, incident_id),
@@ -276,7 +401,7 @@ def add_evidence_many(
         _check_evidence(item["kind"], item["summary"])
     if not items:
         return []
-    first = _next_evidence_number(session, incident_id)
+    first = allocate_evidence_numbers(session, incident_id, len(items))
     rows = [
         Evidence(
             incident_id=incident_id,

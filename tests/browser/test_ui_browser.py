@@ -82,8 +82,12 @@ def ui_server(tmp_path: Path) -> Iterator[str]:
     log = (tmp_path / "ui.log").open("wb")
     triage = Path(sys.executable).with_name("triage")
     env = dict(os.environ, TRIAGE_DATABASE_URL=url)
+    # The New-triage form offers only configured stacks: the drill a test builds later
+    # in tmp_path/drill (globs are expanded on every page run).
+    config = tmp_path / "ui.toml"
+    config.write_text('[ui]\nstacks = ["drill/*.toml"]\n', "utf-8")
     server = subprocess.Popen(
-        [str(triage), "ui", "--port", str(port), "--host", "127.0.0.1"],
+        [str(triage), "ui", "--port", str(port), "--host", "127.0.0.1", "--config", str(config)],
         stdout=log,
         stderr=subprocess.STDOUT,
         env=env,
@@ -235,10 +239,10 @@ def test_new_triage_runs_the_real_engine_and_lands_on_the_incident(
             page.goto(f"{ui_server}/new-triage")
             page.get_by_label("Paste it", exact=False).fill(request_path.read_text())
             page.get_by_label("Response body", exact=False).fill(response_path.read_text())
-            page.get_by_label("stack.toml", exact=True).fill(stack_path.read_text())
-            page.get_by_label("Folder that relative paths", exact=False).fill(
-                str(drill.out_dir)
-            )
+            # The only configured stack is preselected; the page shows what it runs.
+            page.get_by_text("What this stack runs").click()
+            expect(page.locator('[data-testid="stCode"]').filter(
+                has_text="[server]").first).to_be_visible()
             page.get_by_label("Most requests per probe arm", exact=False).fill("16")
             page.get_by_role("button", name="Run triage").click()
             expect(page.locator('[data-testid="stProgress"]').first).to_be_visible()

@@ -214,9 +214,12 @@ def test_minimal_record_round_trips_through_the_store(store: Store, tmp_path: Pa
         loaded = load_record(session, record["slug"])
     assert loaded == record
     (out,) = export_all(store, tmp_path / "out")
-    # Export adds the generated retrospective (the record has a decision); re-reading the
-    # exported file gives the same record back, and the canonical text is what was written.
-    assert out.read_bytes() == render_record(record).encode("utf-8")
+    # Export adds the generated retrospective (the record has a decision) and moves replay
+    # evidence (kind probe) to the sidecar; re-reading the exported file and its sidecar
+    # gives the same record back, and the canonical text is what was written.
+    front = {**record, "evidence": [e for e in record["evidence"] if e["kind"] != "probe"]}
+    assert out.read_bytes() == render_record(record, front=front).encode("utf-8")
+    assert out.with_name(f"{record['slug']}.evidence.jsonl").is_file()
     assert parse_file(out) == record
 
 
@@ -334,7 +337,7 @@ def test_rows_written_by_the_engine_export_and_reimport(store: Store, tmp_path: 
             session, cause, "rejected", actor="engine", rationale="no change", evidence_keys=["E3"]
         )
     (first,) = export_all(store, tmp_path / "a")
-    record = parse_text(first.read_text(encoding="utf-8"), str(first))
+    record = parse_file(first)  # the probes are in its evidence sidecar
     added = record["causes"][1]
     assert [h.get("from") for h in added["history"]] == [None, "suspected"]
     assert added["history"][1]["at"].endswith("Z")

@@ -6,6 +6,7 @@ clock the overdue logic reads is pinned with TRIAGE_TODAY.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from datetime import date
@@ -422,27 +423,42 @@ PAIR = """{"request": {"model": "gemma", "max_tokens": 800,
   "message": {"role": "assistant", "content": "", "reasoning_content": "thinking..."}}]}}"""
 
 
-def fill_triage_form(at: AppTest, tmp_path: Path, *, exchange: str, stack: str) -> None:
+def configure_stacks(monkeypatch: pytest.MonkeyPatch, *stacks: Path) -> None:
+    """The stack files an administrator gave `triage ui --stack` (the form offers only these)."""
+    monkeypatch.setenv("TRIAGE_UI_STACKS", os.pathsep.join(str(p) for p in stacks))
+
+
+def write_stack(tmp_path: Path, text: str, name: str = "stack.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def fill_triage_form(at: AppTest, *, exchange: str, stack: str | None = None) -> None:
     at.text_area(key="triage_exchange_text").input(exchange)
-    at.text_area(key="triage_stack_text").input(stack)
-    at.text_input(key="triage_stack_base").input(str(tmp_path))
+    if stack is not None:
+        at.selectbox(key="triage_stack").set_value(stack)
 
 
-def test_new_triage_validates_the_form(kb_url: str, tmp_path: Path) -> None:
+def test_new_triage_validates_the_form(
+    kb_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    configure_stacks(
+        monkeypatch,
+        write_stack(tmp_path, '[server]\nmodel = "m.gguf"\n'),
+        write_stack(tmp_path, '[server]\nmodel = "missing.gguf"\n', "missing.toml"),
+    )
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
     at = open_page("new_triage")
     assert [t.value for t in at.title] == ["New triage"]
     submit(at, "Run triage")
     assert texts(at, "error") == ["paste or upload the failing exchange"]
 
-    fill_triage_form(at, tmp_path, exchange="not an exchange at all", stack="")
-    submit(at, "Run triage")
-    assert texts(at, "error") == ["paste or upload the stack file (stack.toml)"]
-
-    fill_triage_form(at, tmp_path, exchange="{not json", stack='[server]\nmodel = "m.gguf"\n')
+    fill_triage_form(at, exchange="{not json", stack="stack.toml")
     submit(at, "Run triage")
     assert texts(at, "error")[0].startswith("exchange: ")
 
-    fill_triage_form(at, tmp_path, exchange=PAIR, stack='[server]\nmodel = "missing.gguf"\n')
+    fill_triage_form(at, exchange=PAIR, stack="missing.toml")
     submit(at, "Run triage")
     [error] = texts(at, "error")
     assert error.startswith("stack: ") and "missing.gguf" in error
@@ -461,8 +477,9 @@ def test_new_triage_runs_the_engine_with_progress_and_lands_on_the_incident(
         return {"incident": REFERENCE}
 
     monkeypatch.setattr(actions, "run_triage", fake_run_triage)
+    configure_stacks(monkeypatch, write_stack(tmp_path, '[server]\nmodel = "m.gguf"\n'))
     at = open_page("new_triage")
-    fill_triage_form(at, tmp_path, exchange=PAIR, stack='[server]\nmodel = "m.gguf"\n')
+    fill_triage_form(at, exchange=PAIR)
     submit(at, "Run triage")
     [call] = calls
     assert call["exchange"].response["choices"][0]["finish_reason"] == "length"
@@ -520,14 +537,11 @@ def test_new_triage_reads_uploaded_files(
         lambda store, exchange, stack, progress, **options: seen.append(exchange)
         or {"incident": REFERENCE},
     )
+    configure_stacks(monkeypatch, write_stack(tmp_path, '[server]\nmodel = "m.gguf"\n'))
     at = open_page("new_triage")
     at.file_uploader(key="triage_exchange_file").set_value(
         ("failing.json", PAIR.encode(), "application/json")
     )
-    at.file_uploader(key="triage_stack_file").set_value(
-        ("stack.toml", b'[server]\nmodel = "m.gguf"\n', "application/toml")
-    )
-    at.text_input(key="triage_stack_base").input(str(tmp_path))
     submit(at, "Run triage")
     [exchange] = seen
     assert exchange.response["choices"][0]["message"]["content"] == ""

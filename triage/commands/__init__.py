@@ -13,7 +13,7 @@ from typing import Any
 import click
 from sqlalchemy.exc import SQLAlchemyError
 
-from kb.store import Store, StoreError, redact_url
+from kb.store import Store, StoreError, database_url, describe_db_error, redact_url
 from triage.catalogue import CatalogueError
 from triage.catalogue.numbering import check_store_numbering
 
@@ -24,8 +24,13 @@ def open_store(ctx: click.Context) -> Iterator[Store]:
     url = (ctx.obj or {}).get("database")
     try:
         store = Store(url)
-    except SQLAlchemyError as exc:
+    except StoreError as exc:
         raise click.ClickException(f"cannot open the knowledge base: {exc}") from None
+    except SQLAlchemyError as exc:
+        raise click.ClickException(
+            f"cannot open the knowledge base {redact_url(database_url(url))}: "
+            f"{describe_db_error(exc)}"
+        ) from None
     try:
         check_store_numbering(store)  # before any stored bit mask is read or written
     except CatalogueError as exc:
@@ -34,14 +39,18 @@ def open_store(ctx: click.Context) -> Iterator[Store]:
                                    f"{exc}") from None
     except SQLAlchemyError as exc:
         store.close()
-        raise click.ClickException(f"cannot open the knowledge base: {exc}") from None
+        raise click.ClickException(
+            f"cannot open the knowledge base {redact_url(database_url(url))}: "
+            f"{describe_db_error(exc)}"
+        ) from None
     try:
         yield store
     except StoreError as exc:
         raise click.ClickException(str(exc)) from None
     except SQLAlchemyError as exc:
+        # One line: never the SQL statement or its parameters (they may hold captured text).
         raise click.ClickException(
-            f"database error on {redact_url(store.url)}: {exc.__class__.__name__}: {exc}"
+            f"database error on {redact_url(store.url)}: {describe_db_error(exc)}"
         ) from None
     finally:
         store.close()

@@ -7,8 +7,9 @@ from typing import Any
 
 import click
 
-from kb.files import export_all, export_incident, import_paths, list_records, load_record
+from kb.files import export_incidents, import_paths, list_records, load_record
 from kb.models import CAUSE_STATUSES, INCIDENT_STATUSES
+from kb.sidecar import sidecar_paths
 from triage.commands import echo_json, open_store
 
 
@@ -42,15 +43,23 @@ def import_command(ctx: click.Context, paths: tuple[Path, ...], dry_run: bool) -
 )
 @click.pass_context
 def export_command(ctx: click.Context, slugs: tuple[str, ...], out_dir: Path) -> None:
-    """Write stored incidents (all, or the SLUGS given) as incident files."""
+    """Write stored incidents (all, or the SLUGS given) as incident files.
+
+    One record that cannot be written does not stop the others: it is named with the
+    field at fault, the rest are written, and the exit code is 1.
+    """
     with open_store(ctx) as store:
-        if slugs:
-            paths = [export_incident(store, slug, out_dir) for slug in slugs]
-        else:
-            paths = export_all(store, out_dir)
+        paths, errors = export_incidents(store, out_dir, list(slugs) if slugs else None)
     click.echo(f"wrote {len(paths)} file(s)")
     for path in paths:
         click.echo(f"  {path}")
+        for sidecar in sidecar_paths(path):
+            if sidecar.is_file():
+                click.echo(f"    + {sidecar.name} (replay evidence)")
+    if errors:
+        for error in errors:
+            click.echo(f"Error: not exported: {error}", err=True)
+        ctx.exit(1)
 
 
 @click.group("incidents")

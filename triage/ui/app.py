@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import streamlit as st
 
+from triage.ui import gate
+
 st.set_page_config(page_title="triage", page_icon=":material/troubleshoot:", layout="wide")
+
+# Authentication first: nothing below runs for a request that is not signed in (triage ui
+# refuses a non-loopback address without it; see triage/ui/auth.py).
+gate.require_user(gate.settings())
 
 # The page scripts live in views/, not pages/: a pages/ folder next to the entry script
 # switches Streamlit's server into the legacy multipage mode until st.navigation runs.

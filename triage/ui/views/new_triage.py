@@ -1,4 +1,4 @@
-"""New triage: paste or upload a failing exchange and a stack file, run the engine."""
+"""New triage: paste or upload a failing exchange, pick a configured stack, run the engine."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from pathlib import Path
 
 import streamlit as st
 
-from triage.ui import actions, data, nav
+from triage.ui import actions, data, gate, nav
+from triage.ui.auth import UiConfigError, stack_choices
 from triage.ui.text import md_escape
 
 FORMATS = ["auto", "pair", "curl", "sse", "har", "jsonl"]
@@ -17,6 +18,24 @@ st.caption(
     "llama-server variants from the stack file on this machine, on loopback."
 )
 store = data.get_store()
+
+# Only stack files an administrator configured (`triage ui --stack FILE`, `[ui] stacks`):
+# a stack names the binary and the arguments this machine runs, so nobody types one here.
+try:
+    stacks = {choice.label: choice for choice in stack_choices(gate.settings())}
+except UiConfigError as exc:
+    st.error(md_escape(str(exc)))
+    stacks = {}
+if not stacks:
+    st.warning(
+        "No stack is configured, so no triage can run from this page. An administrator "
+        "lists the stack files it may use with `triage ui --stack FILE` or `stacks = [...]` "
+        "under `[ui]` in ui.toml."
+    )
+stack_label = st.selectbox("Stack", list(stacks), key="triage_stack")
+if stack_label is not None:
+    with st.expander("What this stack runs"):
+        st.code(stacks[stack_label].text, language="toml")
 
 with st.form("new_triage"):
     st.subheader("Failing exchange")
@@ -38,17 +57,6 @@ with st.form("new_triage"):
         height=100,
         key="triage_response_text",
     )
-    st.subheader("Stack")
-    stack_text = st.text_area(
-        "stack.toml", height=200, key="triage_stack_text",
-        placeholder='[server]\nmodel = "gemma-4-qat.gguf"\nargs = ["-c", "8192"]',
-    )
-    stack_file = st.file_uploader("...or upload it", type=["toml"], key="triage_stack_file")
-    stack_base = st.text_input(
-        "Folder that relative paths in the stack file resolve against",
-        value=str(Path.cwd()),
-        key="triage_stack_base",
-    )
     st.subheader("Run")
     cap_col, incident_col = st.columns(2)
     max_requests = cap_col.number_input(
@@ -58,20 +66,20 @@ with st.form("new_triage"):
     incident_slug = incident_col.text_input(
         "Add to incident (slug; empty: a new incident)", key="triage_incident"
     )
-    submitted = st.form_submit_button("Run triage", type="primary")
+    submitted = st.form_submit_button("Run triage", type="primary", disabled=not stacks)
 
 if submitted:
     exchange_bytes = exchange_file.getvalue() if exchange_file else exchange_text.encode()
     exchange_name = exchange_file.name if exchange_file else "pasted exchange"
-    stack_source = stack_file.getvalue().decode("utf-8", "replace") if stack_file else stack_text
+    stack = stacks[stack_label] if stack_label in stacks else None
     request = actions.TriageInput(
         exchange=exchange_bytes,
         exchange_name=exchange_name,
         exchange_format=exchange_format,
         exchange_index=int(exchange_number) - 1,
         response=response_text.encode() if response_text.strip() else None,
-        stack_text=stack_source,
-        stack_base=Path(stack_base or ".").expanduser(),
+        stack_text=stack.text if stack else "",
+        stack_base=stack.base if stack else Path("."),
     )
     diagnosis = None
     try:

@@ -1,0 +1,199 @@
+"""Checks of an incident record that JSON Schema cannot express (ids, links, history,
+dates, plain data), and the error every incident-file check raises. Split from
+kb/files.py; `kb.files.RecordError` is the same class."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Iterable
+from datetime import date, datetime
+from typing import Any
+
+from kb.filerecord import parse_timestamp
+from kb.models import CAUSE_CATALOGUE_IDS
+from kb.store import StoreError
+
+
+class RecordError(StoreError):
+    """An incident file the knowledge base refuses: which file, which field, what is wrong."""
+
+    def __init__(self, file: str | os.PathLike[str], json_path: str, message: str) -> None:
+        self.file = str(file)
+        self.json_path = json_path
+        self.message = message
+        super().__init__(f"{self.file}: {json_path}: {message}")
+
+
+def _json_path(parts: Iterable[str | int]) -> str:
+    path = "$"
+    for part in parts:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", part):
+            path += f".{part}"
+        else:
+            path += "[" + json.dumps(part, ensure_ascii=False) + "]"
+    return path
+
+
+def _check_plain_data(value: Any, file: str, parts: list[str | int]) -> None:
+    """Only what JSON (and PostgreSQL text) can hold, so a record stores and exports as read."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise RecordError(
+                    file, _json_path(parts), f"key {key!r} must be a string (quote it)"
+                )
+            _check_plain_data(key, file, parts)
+            _check_plain_data(item, file, [*parts, key])
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_plain_data(item, file, [*parts, index])
+    elif isinstance(value, str):
+        if "\x00" in value:
+            raise RecordError(file, _json_path(parts), "text contains a NUL character")
+        if any("\ud800" <= ch <= "\udfff" for ch in value):
+            raise RecordError(file, _json_path(parts), "text contains a lone surrogate")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise RecordError(file, _json_path(parts), f"{value!r} is not a finite number")
+    elif value is None or isinstance(value, (bool, int)):
+        pass
+    else:
+        raise RecordError(
+            file, _json_path(parts), f"unsupported YAML value of type {type(value).__name__}"
+        )
+
+
+def _check_references(data: dict[str, Any], file: str) -> None:
+    """The checks JSON Schema cannot express: ids, links, history, dates."""
+    slug: str = data["slug"]
+    opened = date.fromisoformat(data["opened"])
+    if slug[:10] != data["opened"]:
+        raise RecordError(
+            file, "$.slug", f"slug date {slug[:10]} does not match opened {data['opened']}"
+        )
+    if data.get("closed") and date.fromisoformat(data["closed"]) < opened:
+        raise RecordError(file, "$.closed", f"closed {data['closed']} is before opened")
+
+    evidence_ids: set[str] = set()
+    for index, item in enumerate(data.get("evidence", [])):
+        if item["id"] in evidence_ids:
+            raise RecordError(
+                file, f"$.evidence[{index}].id", f"duplicate evidence id {item['id']!r}"
+            )
+        evidence_ids.add(item["id"])
+
+    def known(ids: list[str], path: str) -> None:
+        for index, key in enumerate(ids):
+            if key not in evidence_ids:
+                raise RecordError(
+                    file, f"{path}[{index}]", f"no evidence with id {key!r} in this file"
+                )
+
+    for index, entry in enumerate(data.get("timeline", [])):
+        known(entry.get("evidence", []), f"$.timeline[{index}].evidence")
+
+    symptom_ids: set[str] = set()
+    for index, symptom in enumerate(data.get("symptoms", [])):
+        if symptom["id"] in symptom_ids:
+            raise RecordError(
+                file, f"$.symptoms[{index}].id", f"duplicate symptom id {symptom['id']!r}"
+            )
+        symptom_ids.add(symptom["id"])
+        known(symptom.get("evidence", []), f"$.symptoms[{index}].evidence")
+
+    cause_ids: set[str] = set()
+    for index, cause in enumerate(data.get("causes", [])):
+        path = f"$.causes[{index}]"
+        key = cause["id"]
+        if key in cause_ids:
+            raise RecordError(file, f"{path}.id", f"duplicate cause id {key!r}")
+        cause_ids.add(key)
+        catalogue = cause.get("catalogue")
+        if key in CAUSE_CATALOGUE_IDS:
+            if catalogue not in (None, key):
+                raise RecordError(
+                    file,
+                    f"{path}.catalogue",
+                    f"catalogue cause {key!r} cannot refine {catalogue!r}; "
+                    "give the sub-hypothesis its own id",
+                )
+        elif catalogue is None:
+            raise RecordError(
+                file,
+                f"{path}.id",
+                f"unknown cause id {key!r}: not a catalogue id ({', '.join(CAUSE_CATALOGUE_IDS)}) "
+                "and no `catalogue` field naming the catalogue cause it refines",
+            )
+        links: set[tuple[str, str]] = set()
+        for link_index, link in enumerate(cause.get("evidence", [])):
+            link_path = f"{path}.evidence[{link_index}]"
+            if link["id"] not in evidence_ids:
+                raise RecordError(
+                    file, f"{link_path}.id", f"no evidence with id {link['id']!r} in this file"
+                )
+            if (link["id"], link["relation"]) in links:
+                raise RecordError(
+                    file, link_path, f"duplicate link to {link['id']!r} ({link['relation']})"
+                )
+            links.add((link["id"], link["relation"]))
+        _check_history(cause, file, path, known)
+
+    for index, decision in enumerate(data.get("decisions", [])):
+        path = f"$.decisions[{index}]"
+        known(decision.get("evidence", []), f"{path}.evidence")
+        revisit = decision.get("revisit_on")
+        if revisit and date.fromisoformat(revisit) < parse_timestamp(decision["at"]).date():
+            raise RecordError(
+                file, f"{path}.revisit_on", f"revisit_on {revisit} is before the decision"
+            )
+
+    family_pairs: set[tuple[str, str, str]] = set()
+    for index, link in enumerate(data.get("family", [])):
+        path = f"$.family[{index}]"
+        if link["cause"] not in cause_ids:
+            raise RecordError(
+                file, f"{path}.cause", f"no cause with id {link['cause']!r} in this file"
+            )
+        pair = (link["cause"], link["incident"], link["other_cause"])
+        if pair in family_pairs:
+            raise RecordError(file, path, "duplicate family link")
+        family_pairs.add(pair)
+        if link["incident"] == slug and link["other_cause"] not in cause_ids:
+            raise RecordError(
+                file,
+                f"{path}.other_cause",
+                f"no cause with id {link['other_cause']!r} in this file",
+            )
+        if link["incident"] == slug and link["other_cause"] == link["cause"]:
+            raise RecordError(file, path, "a cause cannot be linked to itself")
+
+
+def _check_history(cause: dict[str, Any], file: str, path: str, known: Any) -> None:
+    history = cause.get("history", [])
+    previous: str | None = None
+    previous_at: datetime | None = None
+    for index, change in enumerate(history):
+        change_path = f"{path}.history[{index}]"
+        if change.get("from") != previous:
+            expected = "no `from` (first entry)" if previous is None else f"from: {previous}"
+            raise RecordError(
+                file,
+                f"{change_path}.from",
+                f"from {change.get('from')!r} does not follow the previous entry ({expected})",
+            )
+        at = parse_timestamp(change["at"])
+        if previous_at is not None and at < previous_at:
+            raise RecordError(file, f"{change_path}.at", "history entries must be in time order")
+        known(change.get("evidence", []), f"{change_path}.evidence")
+        previous, previous_at = change["to"], at
+    if history and previous != cause["status"]:
+        raise RecordError(
+            file,
+            f"{path}.status",
+            f"status {cause['status']!r} differs from the last history entry (to: {previous})",
+        )

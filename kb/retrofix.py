@@ -1,0 +1,77 @@
+"""The "Fix options" of a retrospective: every probe arm that removed the failure, with
+what it removed and what it costs in decode speed, side by side (issue 17: spec decoding
+off removes the failure but gives up its speed -- a reader needs both numbers at once).
+
+Pure: reads the arm measurements of an incident record (`payload.type == "arm"`), each
+compared with the baseline measured before it in the same record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["fix_options", "fix_option_lines"]
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def fix_options(arms: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+    """(arm, its baseline) for each arm whose latest verdict is `removes`, in first-seen
+    order; `arms` in record order, as `kb.retro._arms` lists them."""
+    baseline: dict[str, Any] | None = None
+    latest: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] = {}
+    for arm in arms:
+        if arm.get("decision") == "baseline" or arm.get("arm") == "baseline":
+            baseline = arm
+            continue
+        name = str(arm.get("arm"))
+        if arm.get("decision") == "removes":
+            latest[name] = (arm, baseline)
+        else:
+            latest.pop(name, None)  # a later run no longer removes it
+    return list(latest.values())
+
+
+def _rate(arm: dict[str, Any] | None) -> str:
+    if arm is None:
+        return "no baseline on record"
+    n, failures = arm.get("n"), arm.get("failures")
+    if isinstance(n, int) and isinstance(failures, int) and n > 0:
+        return f"{failures}/{n} failed"
+    return "failures not recorded"
+
+
+def _speed(arm: dict[str, Any], baseline: dict[str, Any] | None) -> str:
+    speed = _number(arm.get("speed_tok_s"))
+    base = _number(baseline.get("speed_tok_s")) if baseline else None
+    if speed is None:
+        return "decode speed not measured"
+    if base is None or base <= 0:
+        return f"decode speed {speed:.0f} tok/s (no baseline speed on record)"
+    change = (speed - base) / base
+    return f"decode speed {base:.0f} -> {speed:.0f} tok/s ({change:+.0%})"
+
+
+def fix_option_lines(
+    arms: list[dict[str, Any]],
+    escape: Callable[[Any], str],
+    cite: Callable[[list[str]], str],
+) -> list[str]:
+    """One Markdown line per fix option: removal and speed change, citing both arms."""
+    lines = []
+    for arm, baseline in fix_options(arms):
+        variant = f" ({escape(arm['variant'])})" if arm.get("variant") else ""
+        p_value = _number(arm.get("p_value"))
+        p_text = f", p = {p_value:.2g}" if p_value is not None else ""
+        keys = [arm["_id"]] + ([baseline["_id"]] if baseline else [])
+        lines.append(
+            f"- **{escape(arm.get('arm'))}**{variant}: removes the failure, "
+            f"{_rate(arm)} vs {_rate(baseline)} at baseline{p_text}; "
+            f"{_speed(arm, baseline)}. {cite(keys)}"
+        )
+    return lines or ["*No probe arm on record removed the failure.*"]

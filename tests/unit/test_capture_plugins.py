@@ -4,6 +4,7 @@ plugin format is accepted by detection, `parse`, validation and the CLI's `--for
 from __future__ import annotations
 
 import json
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from triage.capture import (
     parse,
     validate_exchange,
 )
-from triage.catalogue import Catalogue
+from triage.catalogue import ENTRY_POINT_GROUP, Catalogue
 from triage.cli import cli
 
 BUILTIN = {"pair", "curl", "sse", "har", "jsonl"}
@@ -63,9 +64,15 @@ def _register_toylog(catalogue: Catalogue) -> None:
 
 @pytest.fixture()
 def with_plugin(monkeypatch: pytest.MonkeyPatch) -> Catalogue:
-    """The installed catalogue plus the toy format, as `triage.catalogue.catalogue()`."""
-    loaded = Catalogue.load()
-    loaded.register_plugin("toylog-plugin", _register_toylog)
+    """The installed plugins plus a third-party entry point naming the toy format's
+    register function (exactly what another package's pyproject would declare), loaded the
+    way `triage.catalogue.catalogue()` loads them."""
+    third_party = metadata.EntryPoint(
+        name="toylog-plugin", value=f"{__name__}:_register_toylog", group=ENTRY_POINT_GROUP
+    )
+    installed = list(metadata.entry_points(group=ENTRY_POINT_GROUP))
+    loaded = Catalogue.load([*installed, third_party])
+    assert loaded.formats.origin("toylog") == "toylog-plugin"
     monkeypatch.setattr(triage.catalogue, "catalogue", lambda: loaded)
     return loaded
 

@@ -148,7 +148,7 @@ def test_the_cli_refuses_a_store_recorded_with_other_numbers(db_url: str) -> Non
     result = CliRunner().invoke(cli, ["--database", db_url, "incidents", "list"])
     assert result.exit_code == 1
     assert "cannot use this knowledge base" in result.output
-    assert "'empty-content' is stored as number 12" in result.output
+    assert "this knowledge base stored 'empty-content' as 12" in result.output
     assert "Traceback" not in result.output
 
 

@@ -687,32 +687,33 @@ def similar_incidents(
         ).all()
     }
     linked = _linked_incidents(session, exclude_id, ids) if exclude_id is not None else set()
-    matches = []
+    return [
+        _match(query, score, sig, incidents[incident_id], incident_id in linked)
+        for incident_id, (score, sig) in ranked
+        if incident_id in incidents and sig is not None
+    ]
+
+
+def _match(query: Signature, score: float, sig: Signature, row: Any, linked: bool) -> FamilyMatch:
+    """One past incident's match with what it shares with the query."""
+    _id, slug, title, status = row
     query_stack = query.fingerprint()
-    for incident_id, (value_score, maybe_sig) in ranked:
-        if incident_id not in incidents or maybe_sig is None:
-            continue
-        sig = maybe_sig
-        _id, slug, title, status = incidents[incident_id]
-        matches.append(
-            FamilyMatch(
-                slug=slug,
-                title=title,
-                status=status,
-                score=round(value_score, 4),
-                shared_kinds=sorted(query.kinds & sig.kinds),
-                shared_causes=sorted(query.compared_causes() & sig.causes),
-                shared_stack=[
-                    f"{name}={value}"
-                    for name, value in sig.fingerprint().items()
-                    if value and query_stack[name] == value
-                ],
-                confirmed_causes=sorted(sig.causes),
-                model_family=sig.model_family,
-                linked=incident_id in linked,
-            )
-        )
-    return matches
+    return FamilyMatch(
+        slug=slug,
+        title=title,
+        status=status,
+        score=round(score, 4),
+        shared_kinds=sorted(query.kinds & sig.kinds),
+        shared_causes=sorted(query.compared_causes() & sig.causes),
+        shared_stack=[
+            f"{name}={value}"
+            for name, value in sig.fingerprint().items()
+            if value and query_stack[name] == value
+        ],
+        confirmed_causes=sorted(sig.causes),
+        model_family=sig.model_family,
+        linked=linked,
+    )
 
 
 # ------------------------------------------------------------------ family links

@@ -108,6 +108,17 @@ def test_built_in_ids_keep_kb_numbers_and_plugins_number_from_32() -> None:
     check_numbering(_catalogue(causes={"my-cause": 32}), {})
 
 
+def test_a_store_recorded_by_a_kb_with_other_numbers_is_refused_on_open(db_url: str) -> None:
+    store = Store(db_url)
+    try:
+        with store.session() as session:  # an older kb numbered model-file 13
+            vocab.record_numbers(session, "cause", {"model-file": 13})
+        with pytest.raises(CatalogueError, match=r"kb.vocab numbers cause .*'model-file'"):
+            check_store_numbering(store, _catalogue())
+    finally:
+        store.close()
+
+
 def test_record_numbers_refuses_a_conflicting_row(db_url: str) -> None:
     store = Store(db_url)
     try:
@@ -137,7 +148,7 @@ def test_the_cli_refuses_a_store_recorded_with_other_numbers(db_url: str) -> Non
     result = CliRunner().invoke(cli, ["--database", db_url, "incidents", "list"])
     assert result.exit_code == 1
     assert "cannot use this knowledge base" in result.output
-    assert "'empty-content' is stored as number 12" in result.output
+    assert "this knowledge base stored 'empty-content' as 12" in result.output
     assert "Traceback" not in result.output
 
 

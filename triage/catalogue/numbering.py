@@ -50,6 +50,21 @@ def check_vocab(catalogue: Catalogue) -> None:
 def check_numbering(catalogue: Catalogue, stored: Mapping[str, Mapping[str, int]]) -> None:
     """Raise CatalogueError if the catalogue disagrees with kb.vocab or the stored record."""
     check_vocab(catalogue)
+    for name, (section, builtin) in _sections(catalogue).items():
+        # kb.vocab against the record, also for ids no plugin registers (reserved causes).
+        held = {number: term_id for term_id, number in stored.get(name, {}).items()}
+        for term_id, number in builtin.items():
+            was, holder = stored.get(name, {}).get(term_id), held.get(number)
+            problems = []
+            if was is not None and was != number:
+                problems.append(f"this knowledge base stored {term_id!r} as {was}")
+            if holder is not None and holder != term_id:
+                problems.append(f"it stored number {number} for {holder!r}")
+            if problems:
+                raise CatalogueError(
+                    f"kb.vocab numbers {section.name} {term_id!r} as {number}, but "
+                    f"{' and '.join(problems)}: stored rows would be mis-read"
+                )
     # kb.vocab's own terms count as stored: a plugin may not take a reserved id's number
     # even before that id has been used.
     for name, (section, builtin) in _sections(catalogue).items():

@@ -152,19 +152,23 @@ def decide_command(
     if as_json:
         echo_json(data)
         return
+    click.echo(format_decision(slug, data))
+
+
+def format_decision(slug: str, data: dict[str, Any]) -> str:
+    """A recorded decision for people."""
     status = kb_decisions.STATUS_AFTER[data["kind"]]
-    click.echo(f"recorded {data['kind']} for {slug} (status {status})")
+    lines = [f"recorded {data['kind']} for {slug} (status {status})"]
     if data["kind"] == "FIXED" and not data["verified"]:
-        click.echo("  UNVERIFIED: recorded with --force, without the evidence a fix needs")
-    click.echo(f"  rationale: {data['rationale']}")
+        lines.append("  UNVERIFIED: recorded with --force, without the evidence a fix needs")
+    lines.append(f"  rationale: {data['rationale']}")
     if data["revisit_on"]:
-        click.echo(f"  revisit on: {data['revisit_on']}")
+        lines.append(f"  revisit on: {data['revisit_on']}")
     for trigger in data["triggers"]:
-        click.echo(
-            f"  trigger: {kb_decisions.describe_trigger(trigger, catalogue().triggers)}"
-        )
+        lines.append(f"  trigger: {kb_decisions.describe_trigger(trigger, catalogue().triggers)}")
     if data["evidence"]:
-        click.echo(f"  evidence: {', '.join(data['evidence'])}")
+        lines.append(f"  evidence: {', '.join(data['evidence'])}")
+    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- parked

@@ -8,10 +8,15 @@ baseline's times 1, 0.5 or 0) it reports how often each verdict comes out and th
 spent (baseline + arm replies of that one arm).
 
 The fixed-N design with the same error rates is computed exactly, not simulated: N replays of
-baseline and arm, one one-sided Fisher test at alpha (so its false confirmation rate is at
-most alpha, like the sequential rule's), N the smallest giving at least the power the
-sequential rule shows when the arm removes the failure (the lower 95% Wilson bound of the
-simulated rate, which favours the fixed design). Its cost is 2N whatever the effect.
+baseline and arm, tested once: "removes" when the one-sided Fisher p is below alpha (false
+confirmations <= alpha, like the sequential rule's), "unchanged" when the pairs' statistic
+k1 - effect_ratio * k0 exceeds its alpha-critical value under a fourfold cut (calibrated at
+the true baseline rate, which a real test cannot do: generous to the fixed design). N is the
+smallest giving at least the power the sequential rule shows for both verdicts (the lower 95%
+Wilson bounds of its simulated "removes" share on removed arms and "unchanged" share on arms
+without effect). Its cost is 2N whatever the effect. Wald's lower bound on the expected
+requests of any sequential rule with those error rates shows where a target ratio to 2N
+cannot be met by any rule.
 
 `python -m triage.simulate` (or `make sim`) prints the table; seeded, so reproducible.
 """

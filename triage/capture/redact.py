@@ -66,10 +66,11 @@ SENSITIVE_KEYS = frozenset(
 SENSITIVE_QUERY_KEYS = frozenset({"sig", "signature", "code", "auth", "key", "pass", "pwd"})
 
 _SECRET_NAME = re.compile(
-    r"key|token|secret|authori[sz]ation|auth(?!or)|passw|passphrase|subscription|cookie"
+    r"key|token|secret|authori[sz]ation|auth|passw|passphrase|subscription|cookie"
     r"|credential|session"
     r"|signature"
 )
+_AUTHOR_WORD = re.compile(r"(?<![a-z0-9])author(?:s|ed|ity)?(?![a-z0-9])")
 # Counts, timings and token texts whose names contain a secret word.
 # Matched on the lower-cased name with its separators (so `key-s` is not `keys`).
 _NOT_SECRET_NAME = re.compile(
@@ -169,10 +170,13 @@ def _normalise_key(key: str) -> str:
 @functools.lru_cache(maxsize=4096)
 def is_secret_name(name: str) -> bool:
     """A header, body key or parameter name that carries a credential (see module doc)."""
-    normalised = _normalise_key(name)
-    if normalised in SENSITIVE_KEYS:
+    lowered = name.lower()
+    if _normalise_key(lowered) in SENSITIVE_KEYS:
         return True
-    return bool(_SECRET_NAME.search(normalised)) and not _NOT_SECRET_NAME.search(name.lower())
+    # `author` is a word of its own, not `auth` + `or`: only the whole word is exempt, so
+    # `auth-or` or `x-auth_author-key` still count as secret names.
+    words = _normalise_key(_AUTHOR_WORD.sub("_", lowered))
+    return bool(_SECRET_NAME.search(words)) and not _NOT_SECRET_NAME.search(lowered)
 
 
 def _redact_assignment(match: re.Match[str]) -> str:

@@ -185,7 +185,8 @@ def parse_text(
     the entries join the front matter's evidence and are checked with it; an error in one
     names the sidecar and its line.
     """
-    text = text.replace("\r\n", "\n")
+    # Universal newlines (a lone CR too), so what export writes reads back the same.
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
     front, body = split_front_matter(text, file)
     try:
         data = load_yaml(front)

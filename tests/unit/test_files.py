@@ -368,7 +368,7 @@ def test_export_refuses_stored_rows_that_import_would_refuse(store: Store, tmp_p
             Cause(
                 incident_id=incident.id,
                 key="gremlins",
-                catalogue_id="gremlins",
+                catalogue_id="Gremlins!",  # not a catalogue id shape
                 title="not a catalogue cause",
                 status="suspected",
             )

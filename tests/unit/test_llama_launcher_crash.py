@@ -221,3 +221,32 @@ def test_drill_run_on_a_server_that_stops_answering_says_it_hung(
     assert report is not None and report.phase == "hang"
     assert "llama-server hung (serving): a request got no complete answer" in str(info.value)
     assert running_servers() == []
+
+
+def test_health_from_another_process_on_the_port_is_not_ours(
+        tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatch):
+    """A slow-starting binary (a wrapper) whose port another server holds: that server's
+    /health 200 must not count as ours; ours then fails to bind and is reported."""
+    import triage.llama.launcher as launcher
+
+    first = start(ServerSpec(script(tmp_path, "srv", FAKE_SERVER), model), tmp_path / "a")
+    slow = script(tmp_path, "slow", """
+        import socket, sys, time
+        args = sys.argv[1:]
+        time.sleep(1.0)  # an interpreter or wrapper starting up
+        try:
+            socket.create_server(("127.0.0.1", int(args[args.index("--port") + 1])))
+        except OSError as exc:
+            print("couldn't bind HTTP server socket:", exc, flush=True)
+            sys.exit(1)
+        time.sleep(3600)
+    """)
+    monkeypatch.setattr(launcher, "port_in_use", lambda port, host="127.0.0.1": False)
+    try:
+        with pytest.raises(ServerStartError) as info:
+            start(ServerSpec(slow, model), tmp_path / "b", port=first.port, ready_timeout=20)
+        assert "exited with code 1 during startup" in str(info.value)
+        assert f"port {first.port} on 127.0.0.1 is already in use" in str(info.value)
+        assert first.alive() and running_servers() == [first]
+    finally:
+        first.stop()

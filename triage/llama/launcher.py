@@ -412,6 +412,57 @@ def _child_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
 
 
+def _listening_inodes(port: int) -> set[str] | None:
+    """Socket inodes listening on `port` (Linux /proc/net/tcp*); None when unreadable."""
+    found: set[str] = set()
+    readable = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        readable = True
+        for line in lines:
+            fields = line.split()
+            # local_address is ADDR:PORT in hex; state 0A is LISTEN; field 9 the inode.
+            if len(fields) > 9 and fields[3] == "0A" \
+                    and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                found.add(fields[9])
+    return found if readable else None
+
+
+def _group_socket_inodes(pgid: int) -> set[str]:
+    """Socket inodes held open by the processes of process group `pgid`."""
+    inodes: set[str] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[2]) != pgid:  # fields: state ppid pgrp
+                continue
+            for fd in os.listdir(f"/proc/{entry}/fd"):
+                target = os.readlink(f"/proc/{entry}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[len("socket:["):-1])
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile, or not ours to read
+    return inodes
+
+
+def _serves_port(server: RunningServer) -> bool:
+    """False only when we can see that another process listens on the server's port: a 200
+    from /health then came from that one (a server that lost the bind race exits soon, but a
+    slow-starting binary -- a wrapper script -- may not have tried yet). True when unsure."""
+    listening = _listening_inodes(server.port)
+    if not listening:
+        return True
+    try:
+        return bool(listening & _group_socket_inodes(server.pid))  # own session: pgid = pid
+    except OSError:
+        return True
+
+
 def _wait_healthy(server: RunningServer, ready_timeout: float) -> None:
     deadline = time.monotonic() + ready_timeout
     url = f"{server.base_url}/health"
@@ -423,7 +474,7 @@ def _wait_healthy(server: RunningServer, ready_timeout: float) -> None:
                 raise _exit_error(server, code)
             try:
                 response = client.get(url)
-                if response.status_code == 200:
+                if response.status_code == 200 and _serves_port(server):
                     return
                 last_status = f"HTTP {response.status_code}"  # 503 while loading
             except httpx.HTTPError as exc:

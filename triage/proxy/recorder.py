@@ -434,29 +434,37 @@ class Recorder:
             self._replay_spool()
 
     def _replay_spool(self) -> bool:
-        """Write the spooled exchanges; True when the spool is empty afterwards."""
+        """Write the spooled exchanges (batch by batch, never the whole file in memory);
+        True when the spool is empty afterwards."""
         if not self.spool_path.exists() or self.spool_path.stat().st_size == 0:
             return True
         with self._lock:
-            items = []
-            with self.spool_path.open(encoding="utf-8") as handle:
-                for number, line in enumerate(handle, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        items.append(Prepared.from_line(line))
-                    except (ValueError, KeyError, TypeError):
-                        # A line cut by a crash mid-write: keep it aside, never silently.
-                        log.error("spool %s line %d is unreadable; kept", self.spool_path, number)
-                        with open(str(self.spool_path) + ".bad", "a", encoding="utf-8") as bad:
-                            bad.write(line)
+            unreadable: list[str] = []
             try:
-                for start in range(0, len(items), self.batch_size):
-                    self._write(items[start : start + self.batch_size])
+                with self.spool_path.open(encoding="utf-8") as handle:
+                    batch: list[Prepared] = []
+                    for line in handle:
+                        if not line.strip():
+                            continue
+                        try:
+                            batch.append(Prepared.from_line(line))
+                        except (ValueError, KeyError, TypeError):
+                            unreadable.append(line)  # a line cut by a crash mid-write
+                        if len(batch) >= self.batch_size:
+                            self._write(batch)
+                            batch = []
+                    if batch:
+                        self._write(batch)
             except (SQLAlchemyError, OSError) as exc:
                 log.info("database still unavailable (%s); spool kept", type(exc).__name__)
                 self._drop_store()
                 return False
+            if unreadable:
+                # Kept aside, never silently: once, when the spool they came from is emptied.
+                log.error("spool %s: %d unreadable line(s) moved to %s.bad", self.spool_path,
+                          len(unreadable), self.spool_path)
+                with open(str(self.spool_path) + ".bad", "a", encoding="utf-8") as bad:
+                    bad.writelines(unreadable)
             # Only now: a crash before this line replays keys that are already stored,
             # which the unique key turns into no-ops.
             self.spool_path.write_text("", encoding="utf-8")

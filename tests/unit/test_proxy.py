@@ -554,3 +554,25 @@ def test_public_surface() -> None:
         name for name in dir(triage.proxy) if not name.startswith("_")
         and not isinstance(getattr(triage.proxy, name), type(triage.proxy))
     )
+
+
+def test_the_recording_queue_is_bounded_in_bytes(db_file: str, tmp_path: Path) -> None:
+    import time as clock
+
+    from proxy_fakes import raw_record
+
+    recorder = Recorder(db_file, spool_path=tmp_path / "spool.jsonl", queue_bytes=3000)
+    record = raw_record("q0", "An answer.", at=clock.time())
+    size = len(record["request_body"]) + len(record["response_chunks"][0])
+    fits = 3000 // size
+    accepted = [recorder.submit(raw_record(f"q{i}", "An answer.", at=clock.time()))
+                for i in range(fits + 2)]  # writer not started: nothing leaves the queue
+    assert accepted == [True] * fits + [False, False]
+    recorder.start()
+    try:
+        recorder.flush(fits)
+        assert recorder.submit(raw_record("later", "An answer.", at=clock.time()))
+        recorder.flush(fits + 1)
+    finally:
+        recorder.stop()
+    assert len(rows(db_file)) == fits + 1

@@ -45,6 +45,8 @@ from triage.symptoms import USER_FACING_KINDS, classify
 log = logging.getLogger("triage.proxy")
 
 DEFAULT_QUEUE_SIZE = 10_000
+# Queued records hold their bodies in memory: the queue is bounded in bytes too.
+DEFAULT_QUEUE_BYTES = 256 * 1024 * 1024
 DEFAULT_BATCH_SIZE = 256
 CURRENT_WINDOW = timedelta(minutes=10)
 TRAILING_WINDOW = timedelta(hours=1)
@@ -231,6 +233,12 @@ def prepare(record: dict[str, Any], *, keep_success: bool, replica: str) -> Prep
     return Prepared(row=row, kinds=kinds, example=example, usage=usage)
 
 
+def _record_size(record: dict[str, Any]) -> int:
+    return len(record.get("request_body") or b"") + sum(
+        len(chunk) for chunk in record.get("response_chunks") or ()
+    )
+
+
 class Recorder:
     """Queue + writer thread; see the module docstring."""
 
@@ -243,6 +251,7 @@ class Recorder:
         replica: str = "proxy",
         metrics: ProxyMetrics | None = None,
         queue_size: int = DEFAULT_QUEUE_SIZE,
+        queue_bytes: int = DEFAULT_QUEUE_BYTES,
         batch_size: int = DEFAULT_BATCH_SIZE,
         flush_seconds: float = 0.2,
         retry_seconds: float = 2.0,
@@ -270,6 +279,9 @@ class Recorder:
         self._rng = rng or random.Random()
         self.max_spool_bytes = max_spool_bytes
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
+        self.queue_bytes = queue_bytes
+        self._queued_bytes = 0
+        self._bytes_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._store: Store | None = None
         self._lock = FileLock(str(self.spool_path) + ".lock")
@@ -282,9 +294,16 @@ class Recorder:
 
     def submit(self, record: dict[str, Any]) -> bool:
         """Queue a raw record without blocking; False when the queue is full (dropped)."""
+        size = _record_size(record)
+        with self._bytes_lock:
+            if self._queued_bytes + size > self.queue_bytes:
+                return False
+            self._queued_bytes += size
         try:
             self._queue.put_nowait(record)
         except queue.Full:
+            with self._bytes_lock:
+                self._queued_bytes -= size
             return False
         self.submitted += 1
         return True
@@ -361,6 +380,8 @@ class Recorder:
 
     def _process(self, batch: list[dict[str, Any]]) -> None:
         prepared = []
+        with self._bytes_lock:
+            self._queued_bytes -= sum(_record_size(record) for record in batch)
         for record in batch:
             keep = self.sample_successes >= 1.0 or self._rng.random() < self.sample_successes
             try:

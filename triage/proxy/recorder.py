@@ -127,24 +127,26 @@ def _sse_timings(text: str) -> dict[str, Any]:
     return found
 
 
-def prepare(record: dict[str, Any], *, keep_success: bool, replica: str) -> Prepared:
-    """Redact, classify and compress one raw record from the hot path."""
-    body = b"".join(record["response_chunks"])
+@dataclass
+class _Classified:
+    exchange: dict[str, Any]
+    findings: list[dict[str, Any]]
+    kinds: list[str]
+    usage: dict[str, Any]
+
+
+def _classify(record: dict[str, Any], body: bytes, transport: bool) -> _Classified:
+    """The redacted exchange of a record and its failing user-facing kinds."""
     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in record["request_headers"]}
     response_headers = {
         k.decode("latin-1"): v.decode("latin-1") for k, v in record["response_headers"]
     }
-    transport = record.get("transport_error") is not None and record.get("status") in (502, 504)
-    status = None if transport else record.get("status")
-    identity = record.get("identity") or {}
-    exchange_dict: dict[str, Any] | None = None
-    kinds: list[str]
     try:
         request = json.loads(record["request_body"] or b"null")
         exchange = exchange_from_http(
             request if isinstance(request, dict) else {"_raw": request},
             None if transport else body,
-            status=status,
+            status=None if transport else record.get("status"),
             elapsed_ms=record.get("elapsed_ms"),
             timed_out=bool(record.get("timed_out")),
             url=record["path"],
@@ -152,39 +154,47 @@ def prepare(record: dict[str, Any], *, keep_success: bool, replica: str) -> Prep
             response_headers=response_headers,
             source_file="proxy",
         )
-        if transport and exchange.error is None and not record.get("timed_out"):
-            exchange.error = {
-                "message": redact_text(str(record["transport_error"])),
-                "type": "transport",
-                "code": record.get("status"),
-                "in_stream": False,
-            }
-        if record.get("upstream_truncated"):
-            exchange.truncated = True
-        findings = classify(exchange)
-        kinds = sorted({f.kind for f in findings if not f.passed} & USER_FACING_KINDS)
-        if transport and not kinds:
-            kinds = ["timeout" if record.get("timed_out") else "http-error"]
-        exchange_dict = exchange.to_dict()
-        finding_dicts = [f.to_dict() for f in findings]
-        usage = _usage(exchange.response)
-        if not usage and record.get("stream"):
-            usage = _sse_timings(body.decode("utf-8", "replace"))
     except (CaptureError, ValueError, RecursionError) as exc:
         # Not a chat exchange the checks can read (malformed JSON, a non-object request):
         # what the upstream answered decides.
         http_status = record.get("status")
         failing = transport or http_status is None or http_status >= 400
-        kinds = ["http-error"] if failing else []
-        finding_dicts = []
-        usage = {}
-        exchange_dict = {
+        unparsed = {
             "unparsed": redact_text(str(exc))[:500],
             "status": http_status,
             "request_headers": redact_headers(headers),
             "request_text": redact_text(record["request_body"][:4096].decode("utf-8", "replace")),
             "response_text": redact_text(body[:4096].decode("utf-8", "replace")),
         }
+        return _Classified(unparsed, [], ["http-error"] if failing else [], {})
+    if transport and exchange.error is None and not record.get("timed_out"):
+        exchange.error = {
+            "message": redact_text(str(record["transport_error"])),
+            "type": "transport",
+            "code": record.get("status"),
+            "in_stream": False,
+        }
+    if record.get("upstream_truncated"):
+        exchange.truncated = True
+    findings = classify(exchange)
+    kinds = sorted({f.kind for f in findings if not f.passed} & USER_FACING_KINDS)
+    if transport and not kinds:
+        kinds = ["timeout" if record.get("timed_out") else "http-error"]
+    usage = _usage(exchange.response)
+    if not usage and record.get("stream"):
+        usage = _sse_timings(body.decode("utf-8", "replace"))
+    return _Classified(exchange.to_dict(), [f.to_dict() for f in findings], kinds, usage)
+
+
+def prepare(record: dict[str, Any], *, keep_success: bool, replica: str) -> Prepared:
+    """Redact, classify and compress one raw record from the hot path."""
+    body = b"".join(record["response_chunks"])
+    transport = record.get("transport_error") is not None and record.get("status") in (502, 504)
+    status = None if transport else record.get("status")
+    identity = record.get("identity") or {}
+    classified = _classify(record, body, transport)
+    exchange_dict, finding_dicts = classified.exchange, classified.findings
+    kinds, usage = classified.kinds, classified.usage
     signature = failure_signature(kinds, status, transport=transport)
     model = identity.get("model") or ""
     if not model and exchange_dict and isinstance(exchange_dict.get("request"), dict):

@@ -18,6 +18,7 @@ constraint. SQLite writers are already serialised (BEGIN IMMEDIATE in kb.store).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -94,16 +95,26 @@ def insert_exchanges(session: Session, rows: Sequence[dict[str, Any]]) -> list[s
     return [row["key"] for row in fresh]
 
 
+@functools.lru_cache(maxsize=1)
+def _defaults_and_limits() -> tuple[dict[str, Any], dict[str, int]]:
+    # Building a model instance per row costs more than the insert itself: once is enough.
+    defaults = LiveExchange(key="").model_dump(exclude={"id"})
+    limits = {}
+    for name, info in LiveExchange.model_fields.items():
+        max_length = next((m.max_length for m in info.metadata if hasattr(m, "max_length")), None)
+        if max_length:
+            limits[name] = int(max_length)
+    return defaults, limits
+
+
 def _row_values(row: dict[str, Any]) -> dict[str, Any]:
     unknown = set(row) - set(LIVE_COLUMNS)
     if unknown:
         raise StoreError(f"live exchange: unknown field(s) {sorted(unknown)}")
-    defaults = LiveExchange(key=str(row["key"])).model_dump(exclude={"id"})
-    values = {**defaults, **row}
-    for name in ("model", "client", "signature", "path", "replica", "upstream_build"):
-        limit = LiveExchange.model_fields[name].metadata
-        max_length = next((m.max_length for m in limit if hasattr(m, "max_length")), None)
-        if max_length and isinstance(values[name], str):
+    defaults, limits = _defaults_and_limits()
+    values = {**defaults, "recorded_at": utcnow(), **row}
+    for name, max_length in limits.items():
+        if isinstance(values.get(name), str):
             values[name] = values[name][:max_length]
     return values
 

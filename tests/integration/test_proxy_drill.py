@@ -139,8 +139,12 @@ class Tap:
                 await dst.drain()
             dst.close()
 
-        await asyncio.gather(pipe(reader, up_writer, None), pipe(up_reader, writer, record),
-                             return_exceptions=True)
+        try:
+            await asyncio.gather(pipe(reader, up_writer, None), pipe(up_reader, writer, record),
+                                 return_exceptions=True)
+        finally:
+            writer.close()
+            up_writer.close()
 
     def __enter__(self) -> Tap:
         self.thread.start()
@@ -148,9 +152,18 @@ class Tap:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.loop.call_soon_threadsafe(self.server.close)
+        async def shutdown() -> None:
+            self.server.close()
+            await self.server.wait_closed()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+        self.loop.close()
 
 
 def http_bodies(raw: bytes) -> list[bytes]:

@@ -521,3 +521,58 @@ def test_a_full_spool_drops_and_counts_instead_of_filling_the_disk(
     assert (tmp_path / "spool.jsonl").stat().st_size <= 6000
     metrics = httpx.get(f"{proxy.url}/metrics").text
     assert f"triage_proxy_recording_dropped_total {float(6 - kept)}" in metrics
+
+
+def test_a_spool_line_cut_by_a_crash_is_kept_aside_and_the_rest_replayed(
+    db_file: str, tmp_path: Path
+) -> None:
+    import time as clock
+
+    from proxy_fakes import raw_record
+
+    from triage.proxy import prepare
+
+    spool = tmp_path / "spool.jsonl"
+    lines = [prepare(raw_record(f"s{i}", "An answer.", at=clock.time()), keep_success=True,
+                     replica="old").to_line() for i in range(3)]
+    spool.write_text(lines[0] + lines[1] + lines[2][: len(lines[2]) // 2])
+    recorder = Recorder(db_file, spool_path=spool, replica="new")
+    recorder.start()
+    try:
+        assert recorder._replay_spool()
+    finally:
+        recorder.stop()
+    assert sorted(r.key for r in rows(db_file)) == ["s0", "s1"]
+    assert (tmp_path / "spool.jsonl.bad").read_text() == lines[2][: len(lines[2]) // 2]
+    assert spool.read_text() == ""
+
+
+def test_public_surface() -> None:
+    import triage.proxy
+
+    assert sorted(triage.proxy.__all__) == sorted(
+        name for name in dir(triage.proxy) if not name.startswith("_")
+        and not isinstance(getattr(triage.proxy, name), type(triage.proxy))
+    )
+
+
+def test_the_recording_queue_is_bounded_in_bytes(db_file: str, tmp_path: Path) -> None:
+    import time as clock
+
+    from proxy_fakes import raw_record
+
+    recorder = Recorder(db_file, spool_path=tmp_path / "spool.jsonl", queue_bytes=3000)
+    record = raw_record("q0", "An answer.", at=clock.time())
+    size = len(record["request_body"]) + len(record["response_chunks"][0])
+    fits = 3000 // size
+    accepted = [recorder.submit(raw_record(f"q{i}", "An answer.", at=clock.time()))
+                for i in range(fits + 2)]  # writer not started: nothing leaves the queue
+    assert accepted == [True] * fits + [False, False]
+    recorder.start()
+    try:
+        recorder.flush(fits)
+        assert recorder.submit(raw_record("later", "An answer.", at=clock.time()))
+        recorder.flush(fits + 1)
+    finally:
+        recorder.stop()
+    assert len(rows(db_file)) == fits + 1

@@ -45,6 +45,8 @@ from triage.symptoms import USER_FACING_KINDS, classify
 log = logging.getLogger("triage.proxy")
 
 DEFAULT_QUEUE_SIZE = 10_000
+# Queued records hold their bodies in memory: the queue is bounded in bytes too.
+DEFAULT_QUEUE_BYTES = 256 * 1024 * 1024
 DEFAULT_BATCH_SIZE = 256
 CURRENT_WINDOW = timedelta(minutes=10)
 TRAILING_WINDOW = timedelta(hours=1)
@@ -125,24 +127,26 @@ def _sse_timings(text: str) -> dict[str, Any]:
     return found
 
 
-def prepare(record: dict[str, Any], *, keep_success: bool, replica: str) -> Prepared:
-    """Redact, classify and compress one raw record from the hot path."""
-    body = b"".join(record["response_chunks"])
+@dataclass
+class _Classified:
+    exchange: dict[str, Any]
+    findings: list[dict[str, Any]]
+    kinds: list[str]
+    usage: dict[str, Any]
+
+
+def _classify(record: dict[str, Any], body: bytes, transport: bool) -> _Classified:
+    """The redacted exchange of a record and its failing user-facing kinds."""
     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in record["request_headers"]}
     response_headers = {
         k.decode("latin-1"): v.decode("latin-1") for k, v in record["response_headers"]
     }
-    transport = record.get("transport_error") is not None and record.get("status") in (502, 504)
-    status = None if transport else record.get("status")
-    identity = record.get("identity") or {}
-    exchange_dict: dict[str, Any] | None = None
-    kinds: list[str]
     try:
         request = json.loads(record["request_body"] or b"null")
         exchange = exchange_from_http(
             request if isinstance(request, dict) else {"_raw": request},
             None if transport else body,
-            status=status,
+            status=None if transport else record.get("status"),
             elapsed_ms=record.get("elapsed_ms"),
             timed_out=bool(record.get("timed_out")),
             url=record["path"],
@@ -150,39 +154,47 @@ def prepare(record: dict[str, Any], *, keep_success: bool, replica: str) -> Prep
             response_headers=response_headers,
             source_file="proxy",
         )
-        if transport and exchange.error is None and not record.get("timed_out"):
-            exchange.error = {
-                "message": redact_text(str(record["transport_error"])),
-                "type": "transport",
-                "code": record.get("status"),
-                "in_stream": False,
-            }
-        if record.get("upstream_truncated"):
-            exchange.truncated = True
-        findings = classify(exchange)
-        kinds = sorted({f.kind for f in findings if not f.passed} & USER_FACING_KINDS)
-        if transport and not kinds:
-            kinds = ["timeout" if record.get("timed_out") else "http-error"]
-        exchange_dict = exchange.to_dict()
-        finding_dicts = [f.to_dict() for f in findings]
-        usage = _usage(exchange.response)
-        if not usage and record.get("stream"):
-            usage = _sse_timings(body.decode("utf-8", "replace"))
     except (CaptureError, ValueError, RecursionError) as exc:
         # Not a chat exchange the checks can read (malformed JSON, a non-object request):
         # what the upstream answered decides.
         http_status = record.get("status")
         failing = transport or http_status is None or http_status >= 400
-        kinds = ["http-error"] if failing else []
-        finding_dicts = []
-        usage = {}
-        exchange_dict = {
+        unparsed = {
             "unparsed": redact_text(str(exc))[:500],
             "status": http_status,
             "request_headers": redact_headers(headers),
             "request_text": redact_text(record["request_body"][:4096].decode("utf-8", "replace")),
             "response_text": redact_text(body[:4096].decode("utf-8", "replace")),
         }
+        return _Classified(unparsed, [], ["http-error"] if failing else [], {})
+    if transport and exchange.error is None and not record.get("timed_out"):
+        exchange.error = {
+            "message": redact_text(str(record["transport_error"])),
+            "type": "transport",
+            "code": record.get("status"),
+            "in_stream": False,
+        }
+    if record.get("upstream_truncated"):
+        exchange.truncated = True
+    findings = classify(exchange)
+    kinds = sorted({f.kind for f in findings if not f.passed} & USER_FACING_KINDS)
+    if transport and not kinds:
+        kinds = ["timeout" if record.get("timed_out") else "http-error"]
+    usage = _usage(exchange.response)
+    if not usage and record.get("stream"):
+        usage = _sse_timings(body.decode("utf-8", "replace"))
+    return _Classified(exchange.to_dict(), [f.to_dict() for f in findings], kinds, usage)
+
+
+def prepare(record: dict[str, Any], *, keep_success: bool, replica: str) -> Prepared:
+    """Redact, classify and compress one raw record from the hot path."""
+    body = b"".join(record["response_chunks"])
+    transport = record.get("transport_error") is not None and record.get("status") in (502, 504)
+    status = None if transport else record.get("status")
+    identity = record.get("identity") or {}
+    classified = _classify(record, body, transport)
+    exchange_dict, finding_dicts = classified.exchange, classified.findings
+    kinds, usage = classified.kinds, classified.usage
     signature = failure_signature(kinds, status, transport=transport)
     model = identity.get("model") or ""
     if not model and exchange_dict and isinstance(exchange_dict.get("request"), dict):
@@ -231,6 +243,12 @@ def prepare(record: dict[str, Any], *, keep_success: bool, replica: str) -> Prep
     return Prepared(row=row, kinds=kinds, example=example, usage=usage)
 
 
+def _record_size(record: dict[str, Any]) -> int:
+    return len(record.get("request_body") or b"") + sum(
+        len(chunk) for chunk in record.get("response_chunks") or ()
+    )
+
+
 class Recorder:
     """Queue + writer thread; see the module docstring."""
 
@@ -243,6 +261,7 @@ class Recorder:
         replica: str = "proxy",
         metrics: ProxyMetrics | None = None,
         queue_size: int = DEFAULT_QUEUE_SIZE,
+        queue_bytes: int = DEFAULT_QUEUE_BYTES,
         batch_size: int = DEFAULT_BATCH_SIZE,
         flush_seconds: float = 0.2,
         retry_seconds: float = 2.0,
@@ -270,6 +289,9 @@ class Recorder:
         self._rng = rng or random.Random()
         self.max_spool_bytes = max_spool_bytes
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
+        self.queue_bytes = queue_bytes
+        self._queued_bytes = 0
+        self._bytes_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._store: Store | None = None
         self._lock = FileLock(str(self.spool_path) + ".lock")
@@ -282,9 +304,16 @@ class Recorder:
 
     def submit(self, record: dict[str, Any]) -> bool:
         """Queue a raw record without blocking; False when the queue is full (dropped)."""
+        size = _record_size(record)
+        with self._bytes_lock:
+            if self._queued_bytes + size > self.queue_bytes:
+                return False
+            self._queued_bytes += size
         try:
             self._queue.put_nowait(record)
         except queue.Full:
+            with self._bytes_lock:
+                self._queued_bytes -= size
             return False
         self.submitted += 1
         return True
@@ -361,6 +390,8 @@ class Recorder:
 
     def _process(self, batch: list[dict[str, Any]]) -> None:
         prepared = []
+        with self._bytes_lock:
+            self._queued_bytes -= sum(_record_size(record) for record in batch)
         for record in batch:
             keep = self.sample_successes >= 1.0 or self._rng.random() < self.sample_successes
             try:
@@ -434,29 +465,37 @@ class Recorder:
             self._replay_spool()
 
     def _replay_spool(self) -> bool:
-        """Write the spooled exchanges; True when the spool is empty afterwards."""
+        """Write the spooled exchanges (batch by batch, never the whole file in memory);
+        True when the spool is empty afterwards."""
         if not self.spool_path.exists() or self.spool_path.stat().st_size == 0:
             return True
         with self._lock:
-            items = []
-            with self.spool_path.open(encoding="utf-8") as handle:
-                for number, line in enumerate(handle, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        items.append(Prepared.from_line(line))
-                    except (ValueError, KeyError, TypeError):
-                        # A line cut by a crash mid-write: keep it aside, never silently.
-                        log.error("spool %s line %d is unreadable; kept", self.spool_path, number)
-                        with open(str(self.spool_path) + ".bad", "a", encoding="utf-8") as bad:
-                            bad.write(line)
+            unreadable: list[str] = []
             try:
-                for start in range(0, len(items), self.batch_size):
-                    self._write(items[start : start + self.batch_size])
+                with self.spool_path.open(encoding="utf-8") as handle:
+                    batch: list[Prepared] = []
+                    for line in handle:
+                        if not line.strip():
+                            continue
+                        try:
+                            batch.append(Prepared.from_line(line))
+                        except (ValueError, KeyError, TypeError):
+                            unreadable.append(line)  # a line cut by a crash mid-write
+                        if len(batch) >= self.batch_size:
+                            self._write(batch)
+                            batch = []
+                    if batch:
+                        self._write(batch)
             except (SQLAlchemyError, OSError) as exc:
                 log.info("database still unavailable (%s); spool kept", type(exc).__name__)
                 self._drop_store()
                 return False
+            if unreadable:
+                # Kept aside, never silently: once, when the spool they came from is emptied.
+                log.error("spool %s: %d unreadable line(s) moved to %s.bad", self.spool_path,
+                          len(unreadable), self.spool_path)
+                with open(str(self.spool_path) + ".bad", "a", encoding="utf-8") as bad:
+                    bad.writelines(unreadable)
             # Only now: a crash before this line replays keys that are already stored,
             # which the unique key turns into no-ops.
             self.spool_path.write_text("", encoding="utf-8")

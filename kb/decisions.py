@@ -22,13 +22,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import date, datetime
+from datetime import date, datetime, time, timedelta, timezone
 from typing import Any
 
 from scipy.stats import fisher_exact
 from sqlmodel import Session, col, select
 
 from kb import triggers as kb_triggers
+from kb.live import incident_live_counts
 from kb.models import DECISION_KINDS, Cause, Decision, Evidence, Incident, TriageRun, utcnow
 from kb.store import get_incident
 from kb.triggers import KindLookup, TriggerContext
@@ -538,6 +539,11 @@ def _parked_item(
         after=[row for row in rows if _aware(row.recorded_at) > settled_at],
         today=today,
         revisit=last_revisit,
+        # "As of today", like the evidence above: up to the end of `today` (UTC).
+        live_counts=incident_live_counts(
+            session, incident.id, settled_at,
+            datetime.combine(today + timedelta(days=1), time.min, tzinfo=timezone.utc),
+        ),
     )
     states = _trigger_states(decision, context, trigger_kinds)
     dates = [

@@ -176,6 +176,9 @@ class TriggerContext:
     after: list[Evidence]
     today: date
     revisit: Evidence | None
+    # (failures, exchanges) the live proxy recorded for the incident's signatures since it
+    # was parked or revisited; None when the proxy never tracked it (kb/live.py).
+    live_counts: tuple[int, int] | None = None
 
 
 class TriggerKind(Protocol):
@@ -427,6 +430,16 @@ class FailureRate(BaseKind):
         label = labelled(self.describe(trigger), trigger)
         threshold = float(trigger.get("threshold", 0))
         minimum = int(trigger.get("min_captures", DEFAULT_MIN_CAPTURES))
+        if context.live_counts is not None and context.live_counts[1] > 0:
+            # The proxy keeps every failure but only samples successes as evidence, so the
+            # attached captures would overstate the rate: use its full counts instead.
+            failures, n = context.live_counts
+            if n >= minimum and failures / n > threshold:
+                reason = (f"{failures}/{n} live exchanges failed since parked "
+                          f"({failures / n:.0%} > {threshold:.0%})")
+                return TriggerState(trigger, label, True, reason)
+            reason = f"{failures}/{n} live exchanges failed since parked (needs >= {minimum})"
+            return TriggerState(trigger, label, False, reason)
         verdicts = [
             (row.key, verdict)
             for row in context.after

@@ -437,7 +437,8 @@ def test_failures_after_parking_fire_the_parked_incidents_capture_trigger(
         store.close()
     assert item.due, item.reasons
     (trigger,) = [t for t in item.triggers if t.trigger["kind"] == "failure-rate"]
-    assert trigger.fired and "3/3 new captures failed" in trigger.reason
+    # Unbiased: the proxy samples successes as evidence, so the rate comes from its counts.
+    assert trigger.fired and "3/6 live exchanges failed since parked" in trigger.reason
     assert counts == (7, 14)
 
 

@@ -29,11 +29,14 @@ ALT_BUILD ?= 9589
 server-alt: server
 	$(BIN)/triage server build --version $(ALT_BUILD)
 
+# ruff (lint + formatting) over everything, mypy --strict over the two packages.
 lint: venv
 	$(BIN)/ruff check kb triage tests
+	$(BIN)/ruff format --check kb triage tests
+	$(BIN)/mypy --strict kb triage
 
 test: sysdeps venv server server-alt
-	$(BIN)/ruff check kb triage tests
+	$(MAKE) lint
 	$(BIN)/pytest -m "not bench" $(PYTEST_ARGS)
 
 test-unit: venv

@@ -528,7 +528,10 @@ def refresh_signatures(
 
 def _contains(column: Any, item: str) -> ColumnElement[bool]:
     """`item` is one of the comma-separated ids in `column` (exact, no wildcards)."""
-    return (literal(",") + column + literal(",")).contains(f",{item},", autoescape=True)
+    clause: ColumnElement[bool] = (literal(",") + column + literal(",")).contains(
+        f",{item},", autoescape=True
+    )
+    return clause
 
 
 def _bit_count(column: Any, bits: Iterable[int]) -> ColumnElement[Any]:
@@ -537,7 +540,8 @@ def _bit_count(column: Any, bits: Iterable[int]) -> ColumnElement[Any]:
         column.op(">>")(literal_column(str(bit.bit_length() - 1))).op("&")(literal_column("1"))
         for bit in bits
     ]
-    return sum(terms[1:], terms[0])
+    total: ColumnElement[Any] = sum(terms[1:], terms[0])
+    return total
 
 
 def _ranked_statement(query: Signature, limit: int, exclude_id: int | None) -> Any:

@@ -150,7 +150,7 @@ class _BoundedComposer(yaml.SafeLoader):
 
     def compose_node(self, parent: Node | None, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
+            event = self.peek_event()  # type: ignore[no-untyped-call]
             target = self.anchors.get(event.anchor) if event.anchor is not None else None
             if target is not None:
                 self._count_alias(target, event)
@@ -159,13 +159,14 @@ class _BoundedComposer(yaml.SafeLoader):
         if self._depth > YAML_MAX_DEPTH:
             raise ComposerError(
                 None, None, f"nesting deeper than {YAML_MAX_DEPTH} levels",
-                self.peek_event().start_mark,
+                self.peek_event().start_mark,  # type: ignore[no-untyped-call]
             )
         try:
             node = super().compose_node(parent, index)
         finally:
             self._depth -= 1
-        self._sizes[id(node)] = self._expanded_size(node)
+        if node is not None:
+            self._sizes[id(node)] = self._expanded_size(node)
         return node
 
     def _count_alias(self, target: Node, event: Any) -> None:

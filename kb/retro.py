@@ -398,14 +398,14 @@ def _timeline(record: dict[str, Any]) -> list[str]:
                 f"by {escape(change.get('actor'))}: {cited(change.get('rationale'), keys, index)}"
             )
             entries.append((_timestamp(change.get("at")), 1, order, text))
-    for (at, to, actor, rationale, keys), causes in starts.items():
+    for (at, to, actor, rationale, shared_keys), causes in starts.items():
         if len(causes) < 2:
             continue
         first = next(i for i, e in enumerate(entries) if code(causes[0].get("id")) in e[3])
         names = ", ".join(f"{escape(c.get('title'))} ({code(c.get('id'))})" for c in causes)
         entries[first] = (*entries[first][:3], (
             f"**{_when(at)}**: {names} {escape(to)} by {escape(actor)}: "
-            f"{cited(rationale, list(keys), index)}"
+            f"{cited(rationale, list(shared_keys), index)}"
         ))
     for arm in _arms(record):
         order += 1

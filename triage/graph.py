@@ -164,8 +164,8 @@ def arm_summaries(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _short(text: Any, limit: int = 60) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 def _dot_quote(value: str) -> str:

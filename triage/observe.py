@@ -26,9 +26,10 @@ def message_of(body: Any) -> dict[str, Any]:
 
 def finish_reason_of(body: Any) -> str | None:
     try:
-        return body["choices"][0].get("finish_reason")
+        reason = body["choices"][0].get("finish_reason")
     except (KeyError, IndexError, TypeError, AttributeError):
         return None
+    return reason if isinstance(reason, str) else None
 
 
 def raw_misplaced(body: Any) -> bool:

@@ -128,7 +128,10 @@ def evaluate(design: Design, base_rate: float, effect: str, base: np.ndarray,
 def _decide(design: Design, n: int, k0: np.ndarray, k1: np.ndarray,
             both: np.ndarray) -> np.ndarray:
     if design.rule == "e-value":
-        return stats.evalue_decisions(k0, np.full_like(k0, n), k1 - both, k0 - both, both)
+        decided: np.ndarray = stats.evalue_decisions(
+            k0, np.full_like(k0, n), k1 - both, k0 - both, both
+        )
+        return decided
     # Other rules: `stats.compare` itself, once per distinct state.
     states = np.stack([k0, k1, both], axis=1)
     unique, inverse = np.unique(states, axis=0, return_inverse=True)

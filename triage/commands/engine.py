@@ -82,7 +82,9 @@ def format_diagnosis(diagnosis: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _load_exchange(request: Path, response: Path | None, fmt: str) -> tuple[dict, list, dict]:
+def _load_exchange(
+    request: Path, response: Path | None, fmt: str
+) -> tuple[dict[str, Any], list[Any], dict[str, Any]]:
     from triage.capture import CaptureError, load_file, read_file
     from triage.symptoms import classify
 
@@ -262,6 +264,6 @@ def demo_command(ctx: click.Context, work_dir: Path | None, ui: bool, max_reques
                          progress=_progress_printer())
     click.echo(format_diagnosis(diagnosis))
     if ui:
-        from triage.commands.ui import start_ui  # type: ignore[attr-defined]
+        from triage.commands.ui import start_ui
 
         start_ui(database)

@@ -67,6 +67,26 @@ def _load_request(path: Path, response: Path | None) -> dict[str, Any]:
     return dict(exchanges[0].request)
 
 
+def _load_stack(path: Path) -> Any:
+    from triage.stackfile import StackError, load_stack
+
+    try:
+        stack = load_stack(path)
+    except StackError as exc:
+        raise click.ClickException(str(exc)) from None
+    if stack.server.model is None:
+        raise click.ClickException(f"{path}: $.server.model: bisect launches each build "
+                                   "and needs the model file")
+    return stack
+
+
+def _run(bisector: Any, log: Any) -> Any:
+    if bisector.results:
+        log(f"resuming: {len(bisector.results)} builds measured before "
+            f"({', '.join(f'b{n}' for n in sorted(bisector.results))})")
+    return bisector.run()
+
+
 def format_report(report: Any, commits: dict[str, Any] | None, incident: str) -> str:
     """The bisection as text for a terminal."""
     lines = [f"Bisection b{report.good}..b{report.bad} ({report.builds_in_range} builds in "
@@ -138,18 +158,11 @@ def bisect_command(ctx: click.Context, good_ref: str, bad_ref: str, request_path
         state_key,
     )
     from triage.llama.build import server_binary_for
-    from triage.stackfile import StackError, load_stack
 
     good, bad = _build(good_ref, "--good"), _build(bad_ref, "--bad")
     versions = _versions(versions_list, good, bad)
     request = _load_request(request_path, response_path)
-    try:
-        stack = load_stack(stack_path)
-    except StackError as exc:
-        raise click.ClickException(str(exc)) from None
-    if stack.server.model is None:
-        raise click.ClickException(f"{stack_path}: $.server.model: bisect launches each build "
-                                   "and needs the model file")
+    stack = _load_stack(stack_path)
     key = state_key(good, bad, request, stack.server.key(), versions)
     state_path = state_file(data_dir() / "bisect", key)
     if restart:
@@ -183,10 +196,7 @@ def bisect_command(ctx: click.Context, good_ref: str, bad_ref: str, request_path
                                 meta={"incident": slug},
                                 options=BisectOptions(reference_n=reference_n, cap=max_requests,
                                                       state_path=state_path))
-            if bisector.results:
-                log(f"resuming: {len(bisector.results)} builds measured before "
-                    f"({', '.join(f'b{n}' for n in sorted(bisector.results))})")
-            report = bisector.run()
+            report = _run(bisector, log)
         except BisectError as exc:
             raise click.ClickException(str(exc)) from None
         finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,75 @@ def format_report(report: Any, commits: dict[str, Any] | None, incident: str) ->
     return "\n".join(lines) + "\n"
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """One bisection as the command resolved it."""
+
+    good: int
+    bad: int
+    versions: list[int]
+    request: Any
+    stack: Any
+    key: dict[str, Any]
+    state_path: Path
+    seed: int
+    reference_n: int
+    max_requests: int
+
+
+def _log(line: str) -> None:
+    click.echo(line, err=True)
+
+
+def _bisect(store: Any, incident_id: int, slug: str, plan: _Plan) -> Any:
+    """Run (or resume) the bisection, recording every tested build on the incident."""
+    from kb.bisect import record_bisect_step
+    from kb.store import data_dir
+    from triage.bisect import BisectError, BisectOptions, Bisector, BuildResult, ServerOracle
+    from triage.llama.build import server_binary_for
+
+    def record(result: BuildResult) -> None:
+        _log(f"  {result.describe()}")
+        with store.session() as session:
+            record_bisect_step(session, incident_id, f"bisect {result.describe()}",
+                               {"type": "bisect-build", "good": plan.good, "bad": plan.bad,
+                                **result.to_dict()})
+
+    oracle = ServerOracle(plan.stack, plan.request, seed=plan.seed,
+                          log_dir=data_dir() / "runs" / "bisect",
+                          binary_for=lambda number: server_binary_for(number, log=_log))
+    _log(f"bisecting {len(plan.versions)} builds b{plan.good}..b{plan.bad}; "
+         f"state {plan.state_path}")
+    try:
+        bisector = Bisector(plan.versions, oracle, on_result=record, state_key=plan.key,
+                            meta={"incident": slug},
+                            options=BisectOptions(reference_n=plan.reference_n,
+                                                  cap=plan.max_requests,
+                                                  state_path=plan.state_path))
+        return _run(bisector, _log)
+    except BisectError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        oracle.close()
+
+
+def _record_outcome(store: Any, incident_id: int, plan: _Plan, report: Any) -> Any:
+    """Record the bisection's outcome (with the commits between the neighbours, if any)."""
+    from kb.bisect import record_bisect_step
+    from triage.bisect import commits_between
+
+    commits = None
+    if report.last_good is not None and report.first_bad is not None:
+        commits = commits_between(report.last_good, report.first_bad)
+    with store.session() as session:
+        record_bisect_step(session, incident_id,
+                           f"bisect b{plan.good}..b{plan.bad}: {report.outcome}: "
+                           f"{report.message}",
+                           {"type": "bisect-result", **report.to_dict(), "commits": commits},
+                           kind="observation")
+    return commits
+
+
 @click.command("bisect")
 @click.option("--good", "good_ref", required=True, help="A build that works, e.g. b9585.")
 @click.option("--bad", "bad_ref", required=True, help="A build that fails, e.g. b11434.")
@@ -144,20 +214,9 @@ def bisect_command(ctx: click.Context, good_ref: str, bad_ref: str, request_path
     """Find the first published build that fails the request: noisy bisection, each build
     judged by the engine's sequential test (never one sample), resumable, every tested build
     recorded as evidence on the incident."""
-    from kb.bisect import bisect_incident, record_bisect_step
+    from kb.bisect import bisect_incident
     from kb.store import data_dir
-    from triage.bisect import (
-        BisectError,
-        BisectOptions,
-        Bisector,
-        BuildResult,
-        ServerOracle,
-        commits_between,
-        saved_meta,
-        state_file,
-        state_key,
-    )
-    from triage.llama.build import server_binary_for
+    from triage.bisect import saved_meta, state_file, state_key
 
     good, bad = _build(good_ref, "--good"), _build(bad_ref, "--bad")
     versions = _versions(versions_list, good, bad)
@@ -168,10 +227,8 @@ def bisect_command(ctx: click.Context, good_ref: str, bad_ref: str, request_path
     if restart:
         state_path.unlink(missing_ok=True)
     incident = incident or saved_meta(state_path).get("incident")
-
-    def log(line: str) -> None:
-        click.echo(line, err=True)
-
+    plan = _Plan(good, bad, versions, request, stack, key, state_path, seed, reference_n,
+                 max_requests)
     with open_store(ctx) as store:
         with store.session() as session:
             row = bisect_incident(
@@ -180,35 +237,8 @@ def bisect_command(ctx: click.Context, good_ref: str, bad_ref: str, request_path
                 stack={"server": stack.server.describe()})
             incident_id, slug = row.id, row.slug
         assert incident_id is not None
-
-        def record(result: BuildResult) -> None:
-            log(f"  {result.describe()}")
-            with store.session() as session:
-                record_bisect_step(session, incident_id, f"bisect {result.describe()}",
-                                   {"type": "bisect-build", "good": good, "bad": bad,
-                                    **result.to_dict()})
-
-        oracle = ServerOracle(stack, request, seed=seed, log_dir=data_dir() / "runs" / "bisect",
-                              binary_for=lambda number: server_binary_for(number, log=log))
-        log(f"bisecting {len(versions)} builds b{good}..b{bad}; state {state_path}")
-        try:
-            bisector = Bisector(versions, oracle, on_result=record, state_key=key,
-                                meta={"incident": slug},
-                                options=BisectOptions(reference_n=reference_n, cap=max_requests,
-                                                      state_path=state_path))
-            report = _run(bisector, log)
-        except BisectError as exc:
-            raise click.ClickException(str(exc)) from None
-        finally:
-            oracle.close()
-        commits = None
-        if report.last_good is not None and report.first_bad is not None:
-            commits = commits_between(report.last_good, report.first_bad)
-        with store.session() as session:
-            record_bisect_step(session, incident_id,
-                               f"bisect b{good}..b{bad}: {report.outcome}: {report.message}",
-                               {"type": "bisect-result", **report.to_dict(),
-                                "commits": commits}, kind="observation")
+        report = _bisect(store, incident_id, slug, plan)
+        commits = _record_outcome(store, incident_id, plan, report)
     if as_json:
         echo_json({"incident": slug, **report.to_dict(), "commits": commits,
                    "state": str(state_path)})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -53,11 +54,7 @@ def proxy_command(
 ) -> None:
     """Forward /v1/*, /props and /health to a llama-server, record every exchange, keep
     failure rates and open incidents when a failure signature appears or rises."""
-    import uvicorn
-
     from triage.proxy import ProxyApp, ProxyConfig, ProxyMetrics, Recorder, parse_listen
-    from triage.proxy.diagnose import AutoDiagnose, AutoDiagnoseError, check_stack
-    from triage.proxy.server import uvicorn_config
 
     try:
         host, port = parse_listen(listen)
@@ -67,15 +64,11 @@ def proxy_command(
     if replica:
         config.replica = replica
     database = (ctx.obj or {}).get("database")
-    hook = None
-    if auto_diagnose:
-        if stack_path is None:
-            raise click.UsageError("--auto-diagnose needs --stack")
-        try:
-            check_stack(stack_path, config.upstream, allow_upstream=diagnose_upstream)
-        except AutoDiagnoseError as exc:
-            raise click.UsageError(str(exc)) from None
-        hook = AutoDiagnose(stack_path, data_dir() / "proxy-diagnoses", database_url=database)
+    hook = (
+        _auto_diagnose_hook(stack_path, config.upstream, diagnose_upstream, database)
+        if auto_diagnose
+        else None
+    )
     metrics = ProxyMetrics()
     recorder = Recorder(
         database,
@@ -88,8 +81,31 @@ def proxy_command(
         on_incident=hook,
     )
     app = ProxyApp(config, recorder=recorder, metrics=metrics)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     click.echo(f"triage proxy: http://{host}:{port} -> {config.upstream}", err=True)
+    _serve(app, host, port, hook)
+
+
+def _auto_diagnose_hook(
+    stack_path: Path | None, upstream: str, diagnose_upstream: bool, database: str | None
+) -> Any:
+    """The --auto-diagnose hook; refuses a missing stack or one aimed at the upstream."""
+    from triage.proxy.diagnose import AutoDiagnose, AutoDiagnoseError, check_stack
+
+    if stack_path is None:
+        raise click.UsageError("--auto-diagnose needs --stack")
+    try:
+        check_stack(stack_path, upstream, allow_upstream=diagnose_upstream)
+    except AutoDiagnoseError as exc:
+        raise click.UsageError(str(exc)) from None
+    return AutoDiagnose(stack_path, data_dir() / "proxy-diagnoses", database_url=database)
+
+
+def _serve(app: Any, host: str, port: int, hook: Any) -> None:
+    import uvicorn
+
+    from triage.proxy.server import uvicorn_config
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         uvicorn.Server(uvicorn_config(app, host, port, log_level="info")).run()
     except KeyboardInterrupt:

@@ -139,10 +139,17 @@ def test_a_plugin_alone_adds_format_check_cause_and_arm_to_a_real_diagnosis(
     base, arm = arms["baseline"], arms[ARM]
     assert diagnosis["reproduction"]["reproduced"] is True
     assert base["failures"] == base["n"] >= 4  # greedy: every replay fails
-    assert base["kinds"][CHECK] == base["failures"]  # the plugin kind on every failure
+    # The plugin kind on every failing baseline reply (the arm evidence's kind counts).
+    assert evidence[base["evidence"]]["payload"]["kinds"][CHECK] == base["failures"]
     assert arm["level"] == "server" and "--reasoning-budget 200" in arm["variant"]
     assert arm["decision"] == "removes" and arm["failures"] == 0 and arm["n"] >= 4
     assert arm["p_value"] < 0.05 and arm["ci95"][1] < base["ci95"][0]
+    # Under the bounded budget the real server closed the thought and the model answered.
+    replies = [e["payload"] for e in record["evidence"]
+               if e["payload"].get("type") == "reply" and e["payload"].get("arm") == ARM]
+    assert len(replies) == arm["n"]
+    assert all(r["finish_reason"] == "stop" and r["content_chars"] > 0
+               and 0 < r["reasoning_chars"] < 2000 for r in replies), replies
     assert any(line.lstrip().startswith(ARM) and f"0/{arm['n']}" in line
                for line in text.splitlines())
 

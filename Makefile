@@ -12,15 +12,10 @@ all: test
 sysdeps:
 	bash .ci/install-system-deps
 
-# The example third-party plugin the suite tests end to end (tests/plugins/triage_example):
-# installed like any plugin, through its own pyproject and `triage.plugins` entry point.
-EXAMPLE_PLUGIN := tests/plugins/triage_example
-
-$(BIN)/.installed: pyproject.toml $(EXAMPLE_PLUGIN)/pyproject.toml
+$(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
-	$(BIN)/pip install -q -e $(EXAMPLE_PLUGIN)
 	touch $@
 
 venv: $(BIN)/.installed

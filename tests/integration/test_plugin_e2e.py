@@ -1,7 +1,13 @@
 """Issue 11's "must show": a third-party plugin, installed as its own distribution
-(tests/plugins/triage_example, `make venv` installs it), adds a capture format, a symptom
-check, a cause and a server-level probe arm through its `triage.plugins` entry point
-alone, and one `triage diagnose` of a real drill failure uses all four.
+(tests/plugins/triage_example, `pip install`ed by this test), adds a capture format, a
+symptom check, a cause and a server-level probe arm through its `triage.plugins` entry
+point alone, and one `triage diagnose` of a real drill failure uses all four.
+
+The plugin is installed into a folder of its own that only the diagnosing process sees
+(PYTHONPATH), not into the suite's venv: an installed check runs on every capture, so in
+the suite's venv it would add its kind to the findings other tests compare exactly with
+the built-in vocabulary (e.g. the drill's failure kinds in test_capture_real.py, the
+registered checks in test_symptom_plugins.py).
 
 The drill is gemma4-thinking-budget: at max_tokens 800 the thought fills the budget
 (finish `length`, no content). Its stack runs llama-server with `--reasoning-budget -1`
@@ -14,10 +20,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +40,32 @@ FORMAT, CHECK, CAUSE, ARM = "vgw", "all-thought-reply", "unbounded-reasoning-bud
 CANARY = "sk-vgw-canary-5f1e0c9a77d24b3e"
 
 
-def _plugin_installed() -> None:
-    try:
-        dist = metadata.distribution(PLUGIN)
-    except metadata.PackageNotFoundError:
-        pytest.fail(f"{PLUGIN} is not installed: run `make venv` (it installs "
-                    "tests/plugins/triage_example)")
-    names = {ep.name: ep.value for ep in dist.entry_points if ep.group == "triage.plugins"}
-    assert names == {"example": "triage_example"}
+PLUGIN_SOURCE = Path(__file__).resolve().parents[1] / "plugins" / "triage_example"
+
+
+def _install_plugin(target: Path) -> dict[str, str]:
+    """`pip install` the plugin distribution into `target`; the environment that makes a
+    process see it (and its entry point) on top of the suite's venv."""
+    # Built from a copy: the build leaves build/ and *.egg-info beside its pyproject.
+    source = shutil.copytree(PLUGIN_SOURCE, target.parent / "plugin-src",
+                             ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+         "--target", str(target), str(source)],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    paths = [str(target), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    probe = subprocess.run(
+        [sys.executable, "-c", "from importlib import metadata; d = metadata.distribution("
+         f"{PLUGIN!r}); print(d.locate_file('').resolve()); print(sorted((e.group, e.name, "
+         "e.value) for e in d.entry_points))"],
+        env=env, capture_output=True, text=True, timeout=60)
+    assert probe.returncode == 0, probe.stderr
+    where, entry_points = probe.stdout.splitlines()
+    assert Path(where) == target.resolve()
+    assert entry_points == "[('triage.plugins', 'example', 'triage_example')]"
+    return env
 
 
 def _stack(drill: Any) -> Path:
@@ -95,9 +119,12 @@ def _stored_text(db: Path) -> str:
 def test_a_plugin_alone_adds_format_check_cause_and_arm_to_a_real_diagnosis(
     server_binary: Path, tmp_path: Path
 ) -> None:
+    from triage.catalogue import catalogue
     from triage.demo import capture_failing_exchange
 
-    _plugin_installed()
+    # Not in the suite's own process: only the diagnosing process below gets the plugin.
+    assert FORMAT not in catalogue().formats and CAUSE not in catalogue().causes
+    plugin_env = _install_plugin(tmp_path / "plugin-site")
     drill = build_drill("gemma4-thinking-budget", tmp_path / "drill")
     stack_path = _stack(drill)
     # The real failing call, as the gateway in front of the server logged it.
@@ -105,7 +132,7 @@ def test_a_plugin_alone_adds_format_check_cause_and_arm_to_a_real_diagnosis(
         stack_path, drill.request("greedy"), tmp_path)
     log = _gateway_log(request_path, response_path, tmp_path)
     db, out = tmp_path / "kb.db", tmp_path / "diagnosis.json"
-    env = {**os.environ, "TRIAGE_DATABASE_URL": f"sqlite:///{db}",
+    env = {**plugin_env, "TRIAGE_DATABASE_URL": f"sqlite:///{db}",
            "TRIAGE_HOME": str(tmp_path / "home")}
     # A fresh process: the catalogue comes from the installed entry points, nothing else.
     done = subprocess.run(

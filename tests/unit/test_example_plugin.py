@@ -1,27 +1,41 @@
-"""The example third-party plugin (tests/plugins/triage_example, installed by `make venv`)
-piece by piece, without a server: its arm only touches stacks that opt in, its check only
-flags all-thought replies, its format refuses bad logs naming the line, and its cause needs
-a reproduced baseline and a decided arm. The end-to-end run on a real drill is
-tests/integration/test_plugin_e2e.py."""
+"""The example third-party plugin (tests/plugins/triage_example) piece by piece, without a
+server: its arm only touches stacks that opt in, its check only flags all-thought replies,
+its format refuses bad logs naming the line, and its cause needs a reproduced baseline and
+a decided arm. The plugin is loaded through an entry point naming its module (what its
+pyproject declares), for these tests only; the end-to-end run, with the distribution really
+installed, is tests/integration/test_plugin_e2e.py."""
 
 from __future__ import annotations
 
 import json
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import triage.catalogue
 from triage.capture import CaptureError, detect_format, parse
-from triage.catalogue import catalogue
+from triage.catalogue import ENTRY_POINT_GROUP, Catalogue
 from triage.causes import ArmOutcome, Observations
 from triage.probes import plan_arms
 from triage.stackfile import parse_stack
 from triage.stats import compare, look_schedule
 from triage.symptoms import classify, is_failure
 
-budget = pytest.importorskip("triage_example.budget", reason="run `make venv`")
+PLUGIN_SOURCE = Path(__file__).resolve().parents[1] / "plugins" / "triage_example"
 REQUEST = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 800}
+
+
+@pytest.fixture(autouse=True)
+def cat(monkeypatch: pytest.MonkeyPatch) -> Catalogue:
+    """The installed plugins plus the example's entry point, as the process catalogue."""
+    monkeypatch.syspath_prepend(str(PLUGIN_SOURCE))
+    example = metadata.EntryPoint(name="example", value="triage_example",
+                                  group=ENTRY_POINT_GROUP)
+    loaded = Catalogue.load([*metadata.entry_points(group=ENTRY_POINT_GROUP), example])
+    monkeypatch.setattr(triage.catalogue, "catalogue", lambda: loaded)
+    return loaded
 
 
 def _stack(tmp_path: Path, *args: str) -> Any:
@@ -30,8 +44,7 @@ def _stack(tmp_path: Path, *args: str) -> Any:
                        base=tmp_path)
 
 
-def test_the_entry_point_alone_registers_all_four() -> None:
-    cat = catalogue()
+def test_the_entry_point_alone_registers_all_four(cat: Catalogue) -> None:
     assert {cat.formats.origin("vgw"), cat.checks.origin("all-thought-reply"),
             cat.causes.origin("unbounded-reasoning-budget"),
             cat.arms.origin("server-reasoning-budget")} == {"example"}
@@ -135,16 +148,16 @@ def _arms(base_k: int, base_n: int, arm_k: int, arm_n: int) -> dict[str, ArmOutc
 PLANNED = Observations(planned=("baseline", "server-reasoning-budget"))
 
 
-def test_the_cause_is_confirmed_by_its_arm_but_never_from_one_sample() -> None:
-    cause = catalogue().causes["unbounded-reasoning-budget"]
+def test_the_cause_is_confirmed_by_its_arm_but_never_from_one_sample(cat: Catalogue) -> None:
+    cause = cat.causes["unbounded-reasoning-budget"]
     assert cause.decide(_arms(1, 1, 0, 1), PLANNED).status == "suspected"
     confirmed = cause.decide(_arms(8, 8, 0, 8), PLANNED)
     assert confirmed.status == "confirmed" and "server-reasoning-budget" in confirmed.supports
     assert cause.decide(_arms(8, 8, 8, 8), PLANNED).status == "rejected"
 
 
-def test_the_cause_is_untested_without_its_arm_or_a_reproduced_failure() -> None:
-    cause = catalogue().causes["unbounded-reasoning-budget"]
+def test_the_cause_is_untested_without_its_arm_or_a_reproduced_failure(cat: Catalogue) -> None:
+    cause = cat.causes["unbounded-reasoning-budget"]
     not_planned = cause.decide(_arms(8, 8, 0, 8), Observations(planned=("baseline",)))
     assert (not_planned.status, not_planned.basis) == ("suspected", "untested")
     assert "--reasoning-budget" in not_planned.rationale
@@ -152,8 +165,8 @@ def test_the_cause_is_untested_without_its_arm_or_a_reproduced_failure() -> None
     assert (quiet.status, quiet.basis) == ("suspected", "untested")
 
 
-def test_the_cause_is_rejected_when_no_failing_reply_is_all_thought() -> None:
-    cause = catalogue().causes["unbounded-reasoning-budget"]
+def test_the_cause_is_rejected_when_no_failing_reply_is_all_thought(cat: Catalogue) -> None:
+    cause = cat.causes["unbounded-reasoning-budget"]
     arms = _arms(8, 8, 0, 8)
     arms["baseline"].kind_counts = {"empty-content": 8}
     verdict = cause.decide(arms, PLANNED)

@@ -418,12 +418,3 @@ def add_evidence_many(
     session.add_all(rows)
     session.flush()
     return rows
-
-
-def evidence_by_keys(session: Session, incident_id: int, keys: list[str]) -> dict[str, Evidence]:
-    rows = session.exec(
-        select(Evidence).where(
-            Evidence.incident_id == incident_id, Evidence.key.in_(keys)  # type: ignore[attr-defined]
-        )
-    ).all()
-    return {row.key: row for row in rows}

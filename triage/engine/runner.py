@@ -29,7 +29,16 @@ from triage.engine.diagnosis import arm_summary, build_diagnosis, server_seconds
 from triage.engine.replayer import ArmRoute, LaunchEachTime, LlamaReplayer
 from triage.engine.reproduction import Signature, gate_message
 from triage.engine.scheduler import ArmState, Scheduler
-from triage.engine.servers import EngineError, Server, check_config, check_url, open_server
+from triage.engine.servers import (
+    EngineError,
+    Server,
+    check_config,
+    check_url,
+    open_server,
+    safe_args,
+    safe_describe,
+    safe_stack_raw,
+)
 from triage.stackfile import ServerConfig, Stack
 from triage.stats import DEFAULT_CAP, look_schedule
 
@@ -117,11 +126,12 @@ class Diagnoser:
         model = Path(str(server.model or server.url or "server")).stem
         new = runs.NewIncident(
             model=model, kinds=[f["kind"] for f in self.findings if not f.get("passed", True)],
-            weights=Path(str(server.model or "")).name, flags=list(server.args),
-            stack={"server": server.describe(), "speculative": self.stack.speculative})
+            weights=Path(str(server.model or "")).name, flags=safe_args(server.args),
+            stack={"server": safe_describe(server), "speculative": self.stack.speculative})
         causes = [runs.CauseSpec(c.id, c.title) for c in self._causes(catalogue().causes)]
         plan = {
-            "request": self.request, "stack": self.stack.raw, "stack_source": self.stack.source,
+            "request": self.request, "stack": safe_stack_raw(self.stack.raw),
+            "stack_source": self.stack.source,
             "options": {"max_requests": self.options.max_requests, "seed": self.options.seed},
             "findings": self.findings,
         }

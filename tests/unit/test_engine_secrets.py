@@ -18,6 +18,8 @@ from triage.engine.servers import (
     safe_args,
     safe_describe,
     safe_stack_raw,
+    scrub_secrets,
+    secret_values,
 )
 from triage.stackfile import ServerConfig
 
@@ -75,3 +77,16 @@ def test_a_non_ascii_model_name_gives_an_ascii_slug_that_exports(tmp_path: Path)
             assert export_incident(store, slug, tmp_path / "out").is_file()
     finally:
         store.close()
+
+
+def test_a_launch_error_quoting_the_argv_is_scrubbed(tmp_path: Path) -> None:
+    (tmp_path / "keys").write_text(f"{KEY}-from-file\n")
+    args = ["--api-key", KEY, "--api-key-file", str(tmp_path / "keys"), "-c", "512"]
+    secrets = secret_values(args)
+    message = (f"llama-server exited with code 1 during startup\nargv ['llama-server', "
+               f"'--api-key', '{KEY}', '-c', '512']; log: key {KEY}-from-file rejected")
+    facts = {"startup-crash": {"summary": message, "lines": [message]}}
+    for scrubbed in (scrub_secrets(message, secrets), scrub_secrets(facts, secrets)):
+        assert KEY not in repr(scrubbed)
+        assert "-c', '512'" in repr(scrubbed) and "[REDACTED:" in repr(scrubbed)
+    assert scrub_secrets(message, secret_values(["-c", "512"])) == message

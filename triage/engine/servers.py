@@ -20,6 +20,8 @@ __all__ = [
     "safe_args",
     "safe_describe",
     "safe_stack_raw",
+    "scrub_secrets",
+    "secret_values",
 ]
 
 API_KEY_FILE_MAX = 64 * 1024  # bytes read from an --api-key-file
@@ -79,6 +81,47 @@ def safe_stack_raw(raw: Any) -> Any:
     if isinstance(raw, list):
         return [safe_stack_raw(v) for v in raw]
     return raw
+
+
+def secret_values(args: Sequence[str]) -> list[str]:
+    """The values of the secret flags in `args` (and the key an `--api-key-file` holds):
+    what must be scrubbed from any message, log tail or fact the engine records."""
+    from triage.capture.redact import SECRET_SERVER_FLAGS
+
+    args = [str(a) for a in args]
+    found: list[str] = []
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag not in SECRET_SERVER_FLAGS:
+            continue
+        value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+        found += [v for v in [value, *value.split(",")] if len(v.strip()) >= 4]
+    try:
+        key = api_key_from_args(args)
+    except EngineError:
+        key = None
+    if key:
+        found.append(key)
+    return sorted(set(found), key=len, reverse=True)
+
+
+def scrub_secrets(value: Any, secrets: Sequence[str]) -> Any:
+    """`value` (a string, or dicts/lists of them) with every secret replaced by its
+    redaction marker -- for messages that quote an argv (a launcher error, a log tail)."""
+    if not secrets:
+        return value
+    if isinstance(value, str):
+        from triage.capture import redaction_marker
+
+        for secret in secrets:
+            if secret in value:
+                value = value.replace(secret, redaction_marker(secret))
+        return value
+    if isinstance(value, dict):
+        return {k: scrub_secrets(v, secrets) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(scrub_secrets(v, secrets) for v in value)
+    return value
 
 
 def api_key_from_args(args: Sequence[str]) -> str | None:

@@ -23,6 +23,7 @@ from kb.models import (
     utcnow,
 )
 from kb.records import Reply
+from kb.slugs import unique_incident_slug
 from kb.store import add_evidence, add_evidence_many, get_incident, record_status_change
 
 __all__ = [
@@ -99,22 +100,13 @@ class VerdictRow:
     basis: str = "measured"
 
 
-def _slugify(text: str) -> str:
-    out = "".join(ch.lower() if ch.isalnum() else "-" for ch in text)
-    while "--" in out:
-        out = out.replace("--", "-")
-    return out.strip("-")[:60] or "server"
-
-
 def new_incident(session: Session, spec: NewIncident) -> Incident:
     """Open an incident for a failing exchange (slug from date, model and first finding)."""
     today = utcnow().date()
     first = spec.kinds[0] if spec.kinds else "failure"
-    base = f"{today.isoformat()}-{_slugify(spec.model)}-{first}"
-    slug, suffix = base, 2
-    while get_incident(session, slug) is not None:
-        slug = f"{base}-{suffix}"
-        suffix += 1
+    slug = unique_incident_slug(
+        today, spec.model or "server", first,
+        exists=lambda s: get_incident(session, s) is not None)
     incident = Incident(
         slug=slug,
         title=f"{spec.model}: {', '.join(spec.kinds) or 'failing exchange'}",

@@ -195,6 +195,32 @@ def get_incident(session: Session, slug: str) -> Incident | None:
     return session.exec(select(Incident).where(Incident.slug == slug)).first()
 
 
+TITLE_MAX = 300
+
+
+def open_incident(session: Session, title: str, *, model: str = "", summary: str = "",
+                  opened_on: Any = None) -> Incident:
+    """Open an incident by hand (status open): its slug from the date and the title, ASCII
+    and unique (`kb.slugs`). Refuses an empty or over-long title or model."""
+    from kb.slugs import unique_incident_slug
+
+    title = title.strip()
+    if not title:
+        raise StoreError("title: must not be empty")
+    if len(title) > TITLE_MAX:
+        raise StoreError(f"title: {len(title)} characters, at most {TITLE_MAX}")
+    if len(model) > 300:
+        raise StoreError(f"model: {len(model)} characters, at most 300")
+    opened = opened_on or utcnow().date()
+    slug = unique_incident_slug(opened, title,
+                                exists=lambda s: get_incident(session, s) is not None)
+    incident = Incident(slug=slug, title=title, opened_on=opened, status="open",
+                        summary=summary, model=model)
+    session.add(incident)
+    session.flush()
+    return incident
+
+
 def require_incident(session: Session, slug: str) -> Incident:
     incident = get_incident(session, slug)
     if incident is None:
@@ -418,12 +444,3 @@ def add_evidence_many(
     session.add_all(rows)
     session.flush()
     return rows
-
-
-def evidence_by_keys(session: Session, incident_id: int, keys: list[str]) -> dict[str, Evidence]:
-    rows = session.exec(
-        select(Evidence).where(
-            Evidence.incident_id == incident_id, Evidence.key.in_(keys)  # type: ignore[attr-defined]
-        )
-    ).all()
-    return {row.key: row for row in rows}

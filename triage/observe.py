@@ -117,7 +117,7 @@ async def observe_server(server: Any, request: dict[str, Any], observations: dic
     """Server props, the template render of the request, and a determinism check."""
     from triage.llama.client import LlamaClient, LlamaClientError
 
-    client = LlamaClient(server.base_url, timeout=timeout)
+    client = LlamaClient(server.base_url, timeout=timeout, api_key=getattr(server, "api_key", None))
     try:
         try:
             props = await client.props()
@@ -176,7 +176,7 @@ async def spec_divergence(spec_server: Any, plain_server: Any, request: dict[str
     """Committed token streams with and without speculative decoding at fixed seeds."""
     from triage.llama.client import LlamaClient, LlamaClientError
 
-    clients = [LlamaClient(s.base_url, timeout=timeout)
+    clients = [LlamaClient(s.base_url, timeout=timeout, api_key=getattr(s, "api_key", None))
                for s in (spec_server, plain_server)]
     compared, diverged, positions = 0, 0, []
     try:
@@ -233,7 +233,8 @@ async def weights_confounder(incident_server: Any, alt_server: Any, request: dic
             differs.append("the chat template")
     thinking: list[bool | None] = []
     for server in (incident_server, alt_server):
-        client = LlamaClient(server.base_url, timeout=timeout)
+        client = LlamaClient(server.base_url, timeout=timeout,
+                             api_key=getattr(server, "api_key", None))
         try:
             rendered = await client.apply_template(probes.template_body(request))
             thinking.append(probes.thinking_on_in_prompt(str(rendered)))

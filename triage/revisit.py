@@ -26,6 +26,7 @@ from kb.decisions import DecisionError
 from kb.models import utcnow
 from kb.store import Store, add_evidence, require_incident
 from triage.engine import replay_rate as engine_replay_rate
+from triage.engine.servers import safe_describe
 from triage.probes import request_arms
 from triage.stackfile import Stack, load_stack
 
@@ -151,7 +152,8 @@ def _sha256(path: Path) -> str:
 def _stack_facts(stack: Stack) -> dict[str, Any]:
     """What the current stack is: its server, build number and weights hash (best effort:
     a missing fact is recorded as missing, the revisit still runs)."""
-    facts: dict[str, Any] = {"source": str(stack.source), "server": stack.server.describe()}
+    facts: dict[str, Any] = {"source": str(stack.source),
+                             "server": safe_describe(stack.server)}
     model = stack.server.model
     if model is not None and Path(model).is_file():
         facts["weights_sha256"] = _sha256(Path(model))

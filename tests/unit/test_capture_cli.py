@@ -151,10 +151,10 @@ def test_check_curl_with_response(db):
         (["missing.json"], "missing.json: cannot open"),
     ],
 )
-def test_check_errors_exit_2_with_the_place(db, args, fragment):
+def test_check_errors_exit_1_with_the_place(db, args, fragment):
     result = run("check", *[FIXTURES / a for a in args])
-    assert result.exit_code == 2
-    assert fragment in result.stderr
+    assert result.exit_code == 1  # the one scheme: "Error: ..." and 1 (usage errors 2)
+    assert result.stderr.startswith("Error: ") and fragment in result.stderr
     assert "Traceback" not in result.output
     assert result.stdout == ""
 
@@ -164,7 +164,7 @@ def test_check_error_names_the_line(db, tmp_path):
     good = (FIXTURES / "exchanges.jsonl").read_text().splitlines()[0]
     bad.write_text(good + "\n" + good + "\n{not json\n")
     result = run("check", bad)
-    assert result.exit_code == 2
+    assert result.exit_code == 1
     assert f"{bad}:3: invalid JSON line" in result.stderr
 
 
@@ -221,14 +221,14 @@ def test_capture_is_all_or_nothing(db, tmp_path):
     bad = tmp_path / "bad.sse"
     bad.write_text("data: {broken\n\ndata: [DONE]\n\n")
     result = run("capture", FIXTURES / "exchanges.jsonl", bad)
-    assert result.exit_code == 2
+    assert result.exit_code == 1
     assert f"{bad}:1: SSE data is not JSON" in result.stderr
     assert evidence_rows(db) == []
 
 
 def test_capture_unknown_incident_stores_nothing(db):
     result = run("capture", "--incident", "no-such-incident", FIXTURES / "exchanges.jsonl")
-    assert result.exit_code == 2
+    assert result.exit_code == 1
     assert "no incident with slug 'no-such-incident'" in result.stderr
     assert evidence_rows(db) == []
 
@@ -320,7 +320,7 @@ def test_canary_secret_never_reaches_the_database_output_logs_or_exports(tmp_pat
         json.dumps({"request": {"api_key": CANARY}, "response": f"{CANARY} oops"}) + "\n"
     )
     failed = run("capture", broken)
-    assert failed.exit_code == 2
+    assert failed.exit_code == 1
     outputs.append(failed.output.encode())
     for n, output in enumerate(outputs):
         assert_no_canary(output, f"CLI output #{n}")

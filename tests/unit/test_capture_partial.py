@@ -81,7 +81,7 @@ def test_cli_default_is_all_or_nothing_and_skip_bad_keeps_the_good(tmp_path, mon
     path.write_text(jsonl(5, {3: "{oops", 7: '{"request": {}, "resp'}), encoding="utf-8")
 
     refused = run("capture", path)
-    assert refused.exit_code == 2
+    assert refused.exit_code == 1
     assert f"{path}:3: invalid JSON line" in refused.stderr
     assert "line 7: invalid JSON line" in refused.stderr
 
@@ -108,7 +108,7 @@ def test_skip_bad_with_nothing_good_still_fails(tmp_path):
     path = tmp_path / "log.jsonl"
     path.write_text("{oops\n[1]\n", encoding="utf-8")
     result = run("check", "--skip-bad", path)
-    assert result.exit_code == 2
+    assert result.exit_code == 1
     assert "2 of 2 records bad" in result.stderr
 
 

@@ -144,7 +144,7 @@ def test_exchange_option_picks_one_exchange(tmp_path):
     assert second.exit_code == 0
     assert json.loads(second.stdout) == [everything[1]]
     out_of_range = run("check", "--exchange", len(everything) + 1, har)
-    assert out_of_range.exit_code == 2
+    assert out_of_range.exit_code == 1
     assert f"holds {len(everything)} exchange(s)" in out_of_range.stderr
     assert run("check", "--exchange", 0, har).exit_code == 2
 

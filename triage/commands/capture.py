@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -23,8 +22,11 @@ from triage.capture import (
 from triage.capture import parse as parse_capture
 from triage.symptoms import Finding, classify
 
-# Exit status for bad input or a refused write (click's own usage errors also exit 2).
-EXIT_INPUT_ERROR = 2
+# Exit status for bad input or a refused write, as every command: `Error: ...` and 1
+# (click's own usage errors -- an unknown option, a bad option value -- exit 2).
+EXIT_INPUT_ERROR = 1
+# `check --fail-on`: a matching finding failed (the input itself was fine).
+EXIT_FINDING_FAILED = 3
 
 
 @dataclass
@@ -73,8 +75,7 @@ class FormatChoice(click.Choice):  # type: ignore[type-arg]
 
 
 def _fail(message: str) -> NoReturn:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(EXIT_INPUT_ERROR)
+    raise click.ClickException(message)  # "Error: MESSAGE" on stderr, exit 1
 
 
 def _kind(data: bytes, path: Path, fmt: str) -> str:
@@ -306,8 +307,31 @@ def _options(func: Any) -> Any:
     return func
 
 
+def _fail_on_kinds(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+                   ) -> frozenset[str]:
+    """`--fail-on`: `any`, or finding kinds the installed checks can report."""
+    from triage.catalogue import catalogue
+
+    known = set(catalogue().checks.ids())
+    unknown = sorted(set(values) - known - {"any"})
+    if unknown:
+        raise click.BadParameter(
+            f"unknown finding kind {', '.join(map(repr, unknown))}; expected 'any' or one of: "
+            f"{', '.join(sorted(known))}", ctx=ctx, param=param)
+    return frozenset(values)
+
+
 @click.command("check")
 @_options
+@click.option(
+    "--fail-on",
+    "fail_on",
+    multiple=True,
+    metavar="KIND|any",
+    callback=_fail_on_kinds,
+    help=f"Exit with status {EXIT_FINDING_FAILED} when a finding of this kind fails (any: "
+    "any finding); repeatable. For CI: the findings are printed as usual.",
+)
 def check_command(
     files: tuple[Path, ...],
     fmt: str,
@@ -316,6 +340,7 @@ def check_command(
     as_json: bool,
     skip_bad: bool,
     pick: int | None,
+    fail_on: frozenset[str],
 ) -> None:
     """Classify captured exchanges and print their findings (nothing is stored).
 
@@ -323,13 +348,17 @@ def check_command(
     followed by its response FILE), a curl command (with --response or its -i/-N/-v output
     pasted after it) or a curl -v transcript, an SSE transcript, a HAR file, a JSONL log
     (pair or gateway {request:{headers,body},response:{status,body}} records), or any
-    format a plugin registers (see --format). Bad input exits with status 2.
+    format a plugin registers (see --format). Bad input exits with status 1 (`Error: ...`),
+    a bad option with 2, a failed `--fail-on` finding with 3.
     """
     items = _classify_all(_gather(files, fmt, request, response, skip_bad, pick))
     if as_json:
         click.echo(json.dumps([item.to_dict() for item in items], indent=2, ensure_ascii=False))
     else:
         _print_human(items)
+    if fail_on and any(kind in fail_on or "any" in fail_on
+                       for item in items for kind in item.symptoms):
+        raise SystemExit(EXIT_FINDING_FAILED)
 
 
 @click.command("capture")

@@ -1,4 +1,5 @@
-"""`triage import`, `triage export`, `triage incidents list|show`: incident files and records."""
+"""`triage import`, `triage export`, `triage incidents list|new|show`: incident files and
+records."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import click
 from kb.files import export_incidents, import_paths, list_records, load_record
 from kb.models import CAUSE_STATUSES, INCIDENT_STATUSES
 from kb.sidecar import sidecar_paths
+from kb.store import StoreError, open_incident
 from triage.commands import echo_json, open_store
 
 
@@ -103,6 +105,29 @@ def list_command(
 def _cause_line(cause: dict[str, Any]) -> str:
     refines = "" if cause["catalogue"] == cause["id"] else f" (refines {cause['catalogue']})"
     return f"  {cause['status']:<9} {cause['id']}{refines} [{cause['basis']}]: {cause['title']}"
+
+
+@incidents_group.command("new")
+@click.argument("title")
+@click.option("--model", default="", help="The model the incident is about.")
+@click.option("--summary", default="", help="One paragraph: what happened.")
+@click.option("--json", "as_json", is_flag=True, help="Print the new record as JSON.")
+@click.pass_context
+def new_command(ctx: click.Context, title: str, model: str, summary: str,
+                as_json: bool) -> None:
+    """Open an incident by hand (status open) and print its slug, for `triage capture
+    --incident SLUG` and `triage diagnose --incident SLUG`."""
+    with open_store(ctx) as store:
+        try:
+            with store.session() as session:
+                slug = open_incident(session, title, model=model, summary=summary).slug
+        except StoreError as exc:
+            raise click.ClickException(str(exc)) from None
+        if as_json:
+            with store.session(readonly=True) as session:
+                echo_json(load_record(session, slug))
+            return
+    click.echo(f"opened incident {slug}")
 
 
 @incidents_group.command("show")

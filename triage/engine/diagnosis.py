@@ -9,6 +9,7 @@ from kb.models import utcnow
 from kb.records import ArmSummary, Diagnosis, DiagnosisArm, DiagnosisCause
 from triage.causes import BASELINE, Verdict
 from triage.engine.scheduler import ArmState
+from triage.engine.servers import safe_describe
 from triage.stackfile import Stack
 from triage.stats import wilson
 
@@ -55,10 +56,10 @@ def arm_summary(arm: ArmState) -> ArmSummary:
 
 
 def stack_summary(stack: Stack, speculative: bool) -> dict[str, Any]:
-    return {"server": stack.server.describe(), "speculative": speculative,
+    return {"server": safe_describe(stack.server), "speculative": speculative,
             "alternate_model": str(stack.alternate_model or "") or None,
             "alternate_binary": str(stack.alternate_binary or "") or None,
-            "known_good": stack.known_good.describe() if stack.known_good else None}
+            "known_good": safe_describe(stack.known_good) if stack.known_good else None}
 
 
 def build_diagnosis(

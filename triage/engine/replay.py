@@ -50,7 +50,8 @@ class _RoundRobin:
         from triage.llama.client import LlamaClient
 
         sem = asyncio.Semaphore(max(1, min(self.server.slots, 4)))
-        client = LlamaClient(self.server.base_url, timeout=self.timeout)
+        client = LlamaClient(self.server.base_url, timeout=self.timeout,
+                             api_key=self.server.api_key)
         try:
             tasks = [score_one(client, arm, probes.replay_body(
                 self.bodies[i % len(self.bodies)], self.seed + i), i, self.seed + i, sem)
@@ -75,7 +76,9 @@ def replay_rate(
     Without a baseline the requests are replayed `max_requests` times and left undecided."""
     if not request_bodies:
         raise EngineError("replay_rate needs at least one request body")
-    schedule = look_schedule(max_requests) if baseline else [max_requests]
+    # Doubling looks: replay_rate compares with `compare` (the Bonferroni rule divides alpha
+    # by the number of looks), so fewer looks keep its power.
+    schedule = look_schedule(max_requests, doubling=True) if baseline else [max_requests]
     arm = ArmState("replay", "recorded requests on the current stack", "server",
                    stack.server.key())
     try:

@@ -92,7 +92,7 @@ class LlamaReplayer:
             raise ArmFailed(server.death_message(), server.log_tail())
         slots = self.concurrency or max(1, min(server.slots, 4))
         sem = asyncio.Semaphore(slots)
-        client = LlamaClient(server.base_url, timeout=self.timeout)
+        client = LlamaClient(server.base_url, timeout=self.timeout, api_key=server.api_key)
         try:
             tasks = []
             for index in indices:
@@ -139,7 +139,8 @@ class LaunchEachTime:
             with open_server(self.config, self.log_dir / f"{arm}-{index}",
                              self.ready_timeout) as server:
                 async def once() -> Reply:
-                    client = LlamaClient(server.base_url, timeout=self.timeout)
+                    client = LlamaClient(server.base_url, timeout=self.timeout,
+                                         api_key=server.api_key)
                     try:
                         body = probes.replay_body(self.transform(self.request), seed)
                         return await score_one(client, arm, body, index, seed,

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kb import runs
+from kb.records import Reply
 from kb.store import Store, data_dir
 from triage import causes as cause_rules
 from triage import graph as graph_mod
@@ -29,7 +31,18 @@ from triage.engine.diagnosis import arm_summary, build_diagnosis, server_seconds
 from triage.engine.replayer import ArmRoute, LaunchEachTime, LlamaReplayer
 from triage.engine.reproduction import Signature, gate_message
 from triage.engine.scheduler import ArmState, Scheduler
-from triage.engine.servers import EngineError, Server, check_config, check_url, open_server
+from triage.engine.servers import (
+    EngineError,
+    Server,
+    check_config,
+    check_url,
+    open_server,
+    safe_args,
+    safe_describe,
+    safe_stack_raw,
+    scrub_secrets,
+    secret_values,
+)
 from triage.stackfile import ServerConfig, Stack
 from triage.stats import DEFAULT_CAP, look_schedule
 
@@ -100,6 +113,10 @@ class Diagnoser:
         self.signature = Signature.from_findings(self.findings, self.exchange)
         self.reproduction: dict[str, Any] | None = None
         self.crash: dict[str, Any] | None = None  # facts of a startup crash (crash mode)
+        # Secret flag values of the stack (`--api-key KEY`, ...): scrubbed from every message,
+        # log tail and fact before it is recorded or printed.
+        self.secrets = secret_values([
+            *stack.server.args, *(stack.known_good.args if stack.known_good else [])])
         self.started = time.monotonic()
         self.log_dir = self.options.log_dir or (data_dir() / "runs")
         self.replayer = LlamaReplayer(self.request, self.options.seed,
@@ -117,11 +134,12 @@ class Diagnoser:
         model = Path(str(server.model or server.url or "server")).stem
         new = runs.NewIncident(
             model=model, kinds=[f["kind"] for f in self.findings if not f.get("passed", True)],
-            weights=Path(str(server.model or "")).name, flags=list(server.args),
-            stack={"server": server.describe(), "speculative": self.stack.speculative})
+            weights=Path(str(server.model or "")).name, flags=safe_args(server.args),
+            stack={"server": safe_describe(server), "speculative": self.stack.speculative})
         causes = [runs.CauseSpec(c.id, c.title) for c in self._causes(catalogue().causes)]
         plan = {
-            "request": self.request, "stack": self.stack.raw, "stack_source": self.stack.source,
+            "request": self.request, "stack": safe_stack_raw(self.stack.raw),
+            "stack_source": self.stack.source,
             "options": {"max_requests": self.options.max_requests, "seed": self.options.seed},
             "findings": self.findings,
         }
@@ -152,7 +170,7 @@ class Diagnoser:
                        + ", ".join(active), look + 1, len(self.schedule))
 
         return Scheduler(self.schedule, self.options.max_requests, judge=self._judge,
-                         on_replies=self.recorder.record_replies, on_look=on_look)
+                         on_replies=self._record_replies, on_look=on_look)
 
     def _causes(self, causes: Any) -> list[Any]:
         """The causes this run decides: crash-only causes (`when = "crash"`) only when the
@@ -241,9 +259,10 @@ class Diagnoser:
         except EngineError:
             raise
         except Exception as exc:
-            crash = startup_crash(str(exc))
+            message = scrub_secrets(str(exc), self.secrets)  # the launcher quotes its argv
+            crash = startup_crash(message)
             if crash is None:
-                raise EngineError(f"the incident's server did not start: {exc}") from exc
+                raise EngineError(f"the incident's server did not start: {message}") from None
             # A crash at startup is the failure to diagnose, not an error (issue 12).
             self.crash = crash
             self._emit("crash", crash["summary"] + "; diagnosing the crash")
@@ -355,11 +374,23 @@ class Diagnoser:
         self._run_server_arm(planned, base, log_dir)
         return self.arms[name].decision
 
+    def _record_replies(self, replies: Sequence[Reply]) -> None:
+        """Store replies, their error text scrubbed of secret flag values (a failed launch
+        quotes its argv)."""
+        if self.secrets:
+            replies = [dataclasses.replace(r, error=scrub_secrets(r.error, self.secrets))
+                       if r.error else r for r in replies]
+        self.recorder.record_replies(replies)
+
     # -- results -----------------------------------------------------------------------------
     def _finish(self) -> dict[str, Any]:
         gate_failed = self.reproduction is not None and not self.reproduction["reproduced"]
         obs = self._observations()
         verdicts = self._decide({n: a.outcome() for n, a in self.arms.items()})
+        for arm in self.arms.values():  # an error or log tail may quote a launch argv
+            arm.error = scrub_secrets(arm.error, self.secrets)
+            arm.log_tail = scrub_secrets(arm.log_tail, self.secrets)
+        self.facts = scrub_secrets(self.facts, self.secrets)
         recorded = [a for a in self.arms.values() if a.n or a.error]
         summaries = [arm_summary(a) for a in recorded]
         if gate_failed:

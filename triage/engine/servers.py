@@ -3,15 +3,28 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from triage.stackfile import ServerConfig
 
-__all__ = ["EngineError", "Server", "open_server", "resolve_binary"]
+__all__ = [
+    "EngineError",
+    "Server",
+    "api_key_from_args",
+    "open_server",
+    "resolve_binary",
+    "safe_args",
+    "safe_describe",
+    "safe_stack_raw",
+    "scrub_secrets",
+    "secret_values",
+]
+
+API_KEY_FILE_MAX = 64 * 1024  # bytes read from an --api-key-file
 
 
 class EngineError(Exception):
@@ -26,6 +39,8 @@ class Server:
     slots: int
     launch_seconds: float
     handle: Any = None  # RunningServer, None for an external url
+    # The server's `--api-key` (in memory only): replays send it as `Authorization: Bearer`.
+    api_key: str | None = field(default=None, repr=False)
 
     def alive(self) -> bool:
         return self.handle is None or bool(self.handle.alive())
@@ -40,7 +55,97 @@ class Server:
 
     def death_message(self) -> str:
         code = getattr(self.handle, "returncode", None) if self.handle else None
-        return f"server {self.config.describe()} died (exit code {code})"
+        return f"server {safe_describe(self.config)} died (exit code {code})"
+
+
+def safe_args(args: Sequence[str]) -> list[str]:
+    """Server arguments fit to record, print or log: secret flag values masked."""
+    from triage.capture import redact_args
+
+    return redact_args([str(a) for a in args])
+
+
+def safe_describe(config: ServerConfig) -> dict[str, Any]:
+    """`config.describe()` with its secret flag values masked."""
+    described = config.describe()
+    described["args"] = safe_args(described.get("args") or [])
+    return described
+
+
+def safe_stack_raw(raw: Any) -> Any:
+    """A parsed stack file with every `args` list's secret flag values masked (for the
+    run plan; `--resume` reads the stack file again, so nothing needs the real values)."""
+    if isinstance(raw, dict):
+        return {k: safe_args(v) if k == "args" and isinstance(v, list) else safe_stack_raw(v)
+                for k, v in raw.items()}
+    if isinstance(raw, list):
+        return [safe_stack_raw(v) for v in raw]
+    return raw
+
+
+def secret_values(args: Sequence[str]) -> list[str]:
+    """The values of the secret flags in `args` (and the key an `--api-key-file` holds):
+    what must be scrubbed from any message, log tail or fact the engine records."""
+    from triage.capture.redact import SECRET_SERVER_FLAGS
+
+    args = [str(a) for a in args]
+    found: list[str] = []
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag not in SECRET_SERVER_FLAGS:
+            continue
+        value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+        found += [v for v in [value, *value.split(",")] if len(v.strip()) >= 4]
+    try:
+        key = api_key_from_args(args)
+    except EngineError:
+        key = None
+    if key:
+        found.append(key)
+    return sorted(set(found), key=len, reverse=True)
+
+
+def scrub_secrets(value: Any, secrets: Sequence[str]) -> Any:
+    """`value` (a string, or dicts/lists of them) with every secret replaced by its
+    redaction marker -- for messages that quote an argv (a launcher error, a log tail)."""
+    if not secrets:
+        return value
+    if isinstance(value, str):
+        from triage.capture import redaction_marker
+
+        for secret in secrets:
+            if secret in value:
+                value = value.replace(secret, redaction_marker(secret))
+        return value
+    if isinstance(value, dict):
+        return {k: scrub_secrets(v, secrets) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(scrub_secrets(v, secrets) for v in value)
+    return value
+
+
+def api_key_from_args(args: Sequence[str]) -> str | None:
+    """The key a server launched with `args` demands: `--api-key KEY[,KEY2]`,
+    `--api-key=KEY` or the first line of `--api-key-file F`; None without one."""
+    args = [str(a) for a in args]
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag not in ("--api-key", "--api-key-file"):
+            continue
+        if not eq:
+            if i + 1 >= len(args):
+                return None
+            value = args[i + 1]
+        if flag == "--api-key-file":
+            try:
+                with open(value, "rb") as fh:
+                    text = fh.read(API_KEY_FILE_MAX).decode("utf-8", errors="replace")
+            except OSError as exc:
+                raise EngineError(f"--api-key-file: cannot read it: {exc.strerror}") from None
+            lines = [line.strip() for line in text.splitlines() if line.strip()]
+            return lines[0] if lines else None
+        return value.split(",")[0].strip() or None
+    return None
 
 
 def resolve_binary(binary: Path | None) -> Path:
@@ -61,17 +166,20 @@ def resolve_binary(binary: Path | None) -> Path:
 def open_server(config: ServerConfig, log_dir: Path, ready_timeout: float) -> Iterator[Server]:
     """Launch (or attach to) one server configuration; always stopped on exit."""
     if config.model is None and config.url:
-        yield Server(config.key(), config, config.url.rstrip("/"), 1, 0.0)
+        yield Server(config.key(), config, config.url.rstrip("/"), 1, 0.0,
+                     api_key=api_key_from_args(config.args))
         return
     from triage.llama.launcher import ServerSpec, launch
 
     if config.model is None:
         raise EngineError("the server configuration has neither a model nor a url")
+    api_key = api_key_from_args(config.args)
     spec = ServerSpec(binary=resolve_binary(config.binary), model=Path(config.model),
                       args=list(config.args))
     with launch(spec, log_dir=log_dir, ready_timeout=ready_timeout) as running:
         yield Server(config.key(), config, running.base_url, 1,
-                     float(getattr(running, "launch_seconds", 0.0) or 0.0), running)
+                     float(getattr(running, "launch_seconds", 0.0) or 0.0), running,
+                     api_key=api_key)
 
 
 RESERVED_FLAGS = ("--host", "--port", "-m", "--model")

@@ -140,7 +140,9 @@ def prepare(triage: TriageInput) -> tuple[Any, Any]:
             format=triage.exchange_format,
             file=triage.exchange_name,
             response=triage.response,
-            base_dir=triage.stack_base,
+            # A pasted or uploaded exchange has no folder of its own: `-d @PATH` is refused
+            # rather than read from beside the stack file (or anywhere else on the host).
+            base_dir=None,
         )
     except capture.CaptureError as exc:
         raise ValueError(f"exchange: {exc}") from exc

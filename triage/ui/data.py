@@ -33,6 +33,10 @@ from kb.models import (
     Symptom,
 )
 from kb.store import Store, database_url, get_incident
+from triage.catalogue import CatalogueError
+from triage.catalogue import catalogue as process_catalogue
+from triage.catalogue.numbering import check_store_numbering
+from triage.ui.text import md_escape
 
 PAGE_SIZE = 50
 # A search lists its best hits only (kb.search builds a snippet for every hit it returns).
@@ -45,7 +49,15 @@ def _close_store(store: Store) -> None:
 
 @st.cache_resource(show_spinner=False, on_release=_close_store)
 def _store_for(url: str) -> Store:
-    return Store(url)
+    store = Store(url)
+    try:
+        # The installed catalogue (plugins included) must agree with the numbers this
+        # database recorded before any stored bit mask is read: as the CLI checks.
+        check_store_numbering(store)
+    except Exception:
+        store.close()
+        raise
+    return store
 
 
 def forget_stores() -> None:
@@ -55,8 +67,14 @@ def forget_stores() -> None:
 
 
 def get_store() -> Store:
-    """The knowledge base named by `TRIAGE_DATABASE_URL` (one engine per URL per process)."""
-    return _store_for(database_url())
+    """The knowledge base named by `TRIAGE_DATABASE_URL` (one engine per URL per process).
+    A catalogue that cannot use this database stops the page with a clear error."""
+    try:
+        return _store_for(database_url())
+    except CatalogueError as exc:
+        st.error(md_escape(f"The installed catalogue cannot use this knowledge base: {exc}"))
+        st.stop()
+        raise  # st.stop() raises; this line is never reached
 
 
 def today() -> date:
@@ -337,7 +355,7 @@ class DecisionEntry:
 
 def describe_trigger(trigger: dict[str, Any]) -> str:
     """One line for people: what a revisit trigger waits for."""
-    return str(kb_decisions.describe_trigger(trigger))
+    return str(kb_decisions.describe_trigger(trigger, process_catalogue().triggers))
 
 
 @dataclass(frozen=True)
@@ -359,7 +377,7 @@ def parked_state(url: str, on: date) -> dict[str, ParkedState]:
     with _store_for(url).session(readonly=True) as session:
         return {
             item.slug: ParkedState(item.state, item.due, tuple(item.reasons))
-            for item in kb_decisions.parked(session, on)
+            for item in kb_decisions.parked(session, on, trigger_kinds=process_catalogue().triggers)
         }
 
 
@@ -417,4 +435,5 @@ def incident_parked_state(store: Store, slug: str, on: date | None = None) -> An
         if incident is None or incident.status != "parked":
             return None
         # One incident's entry, not the whole parked list.
-        return kb_decisions.parked_incident(session, incident, on or today())
+        return kb_decisions.parked_incident(session, incident, on or today(),
+                                            process_catalogue().triggers)

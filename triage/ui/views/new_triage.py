@@ -6,11 +6,13 @@ from pathlib import Path
 
 import streamlit as st
 
+from triage.capture import format_ids
 from triage.ui import actions, data, gate, nav
 from triage.ui.auth import UiConfigError, stack_choices
 from triage.ui.text import md_escape
 
-FORMATS = ["auto", "pair", "curl", "sse", "har", "jsonl"]
+# "auto" sniffs; then every registered capture format (plugins included), in sniff order.
+FORMATS = ["auto", *(f for f in format_ids() if f != "auto")]
 
 st.title("New triage")
 st.caption(
@@ -99,7 +101,23 @@ if submitted:
         st.exception(exc)
     if diagnosis is not None:
         data.parked_changed()
-        if diagnosis.get("incident"):
-            st.switch_page(nav.INCIDENT, query_params={"slug": str(diagnosis["incident"])})
-        st.error("The engine finished without naming an incident.")
-        st.json(diagnosis)
+        state = diagnosis.get("state")
+        slug = str(diagnosis.get("incident") or "")
+        if state == "not-reproduced":
+            reproduction = diagnosis.get("reproduction") or {}
+            st.warning("Not reproduced: " + md_escape(str(reproduction.get("message") or
+                       "the replays did not show the captured failure")) +
+                       " No cause was moved.")
+        elif state == "partial":
+            errors = [str(e) for e in diagnosis.get("errors") or []]
+            st.warning("The run ended partial (some probes failed); its verdicts rest on "
+                       "fewer arms." + (" " + md_escape("; ".join(errors[:3])) if errors
+                                        else ""))
+        if slug and state in ("not-reproduced", "partial"):
+            st.page_link(nav.INCIDENT, label="Open the incident",
+                         icon=":material/open_in_new:", query_params={"slug": slug})
+        elif slug:
+            st.switch_page(nav.INCIDENT, query_params={"slug": slug})
+        else:
+            st.error("The engine finished without naming an incident.")
+            st.json(diagnosis)

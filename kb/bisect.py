@@ -3,12 +3,12 @@ build (kb knows nothing about builds or servers: it stores what `triage bisect` 
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from sqlmodel import Session
 
 from kb.models import Evidence, Incident, utcnow
+from kb.slugs import unique_incident_slug
 from kb.store import add_evidence, get_incident, require_incident
 
 SOURCE = "triage bisect"
@@ -20,10 +20,9 @@ def bisect_incident(session: Session, slug: str | None, *, title: str, model: st
     if slug:
         return require_incident(session, slug)
     today = utcnow().date()
-    base = f"{today.isoformat()}-{re.sub(r'[^a-z0-9]+', '-', title.lower()).strip('-')[:80]}"
-    slug, suffix = base, 2
-    while get_incident(session, slug) is not None:
-        slug, suffix = f"{base}-{suffix}", suffix + 1
+    slug = unique_incident_slug(
+        today, title, exists=lambda candidate: get_incident(session, candidate) is not None
+    )
     incident = Incident(
         slug=slug, title=title, opened_on=today, status="open", model=model[:300],
         summary="Opened by `triage bisect`: which llama.cpp build first fails.",

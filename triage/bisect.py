@@ -452,7 +452,12 @@ class ServerOracle:
             payload = result.json if result.json is not None else result.raw
             return classify_reply(body, result.status_code, payload, result.elapsed)[0]
 
-        async with LlamaClient(base_url, timeout=self.request_timeout) as client:
+        from triage.engine.servers import api_key_from_args
+
+        # A stack with --api-key: the key goes to the server, kept in memory only.
+        api_key = api_key_from_args(self.stack.server.args)
+        async with LlamaClient(base_url, timeout=self.request_timeout,
+                               api_key=api_key) as client:
             return list(await asyncio.gather(*(one(client, start + i) for i in range(count))))
 
     def release(self, build: int) -> None:

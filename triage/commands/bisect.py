@@ -217,6 +217,7 @@ def bisect_command(ctx: click.Context, good_ref: str, bad_ref: str, request_path
     from kb.bisect import bisect_incident
     from kb.store import data_dir
     from triage.bisect import saved_meta, state_file, state_key
+    from triage.engine.servers import safe_args, safe_describe
 
     good, bad = _build(good_ref, "--good"), _build(bad_ref, "--bad")
     versions = _versions(versions_list, good, bad)
@@ -233,8 +234,8 @@ def bisect_command(ctx: click.Context, good_ref: str, bad_ref: str, request_path
         with store.session() as session:
             row = bisect_incident(
                 session, incident, title=f"bisect b{good}..b{bad}: {request_path.name}",
-                model=Path(str(stack.server.model)).stem, flags=list(stack.server.args),
-                stack={"server": stack.server.describe()})
+                model=Path(str(stack.server.model)).stem, flags=safe_args(stack.server.args),
+                stack={"server": safe_describe(stack.server)})
             incident_id, slug = row.id, row.slug
         assert incident_id is not None
         report = _bisect(store, incident_id, slug, plan)

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import httpx
 
+from triage.capture.redact import redact_args
 from triage.llama.crash import CrashReport, crash_report, host_cpu_flags, read_log
 
 LOOPBACK = "127.0.0.1"
@@ -499,7 +500,7 @@ def _exit_error(server: RunningServer, code: int) -> ServerStartError:
     report = server.crash_report("startup")
     return ServerStartError(
         f"llama-server exited with code {code} during startup{hint}; {report.sentence()}\n"
-        f"argv {server.argv}; log {server.log_path}:\n{tail}",
+        f"argv {redact_args(server.argv)}; log {server.log_path}:\n{tail}",
         report=report, log_tail=tail,
     )
 
@@ -534,7 +535,8 @@ def start(
     _install_sigterm_handler()
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"llama-server-{chosen_port}-{time.strftime('%Y%m%d-%H%M%S')}.log"
-    log_path.write_bytes(f"# argv: {argv}\n".encode())
+    # The log is kept and shown: secret-bearing flags (--api-key ...) are masked in it.
+    log_path.write_bytes(f"# argv: {redact_args(argv)}\n".encode())
     process = subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,

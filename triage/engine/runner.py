@@ -24,7 +24,7 @@ from triage import causes as cause_rules
 from triage import graph as graph_mod
 from triage import observe, probes
 from triage.engine import known_good
-from triage.engine.crashes import CRASH_KIND, startup_crash
+from triage.engine.crashes import CRASH_KIND, crash_facts, report_of, startup_crash
 from triage.engine.diagnosis import arm_summary, build_diagnosis, server_seconds, stack_summary
 from triage.engine.replayer import ArmRoute, LaunchEachTime, LlamaReplayer
 from triage.engine.reproduction import Signature, gate_message
@@ -211,7 +211,20 @@ class Diagnoser:
             except EngineError:
                 self.recorder.set_state("failed", finished=True)
                 raise
+        self._note_failures()
         return self._finish()
+
+    def _note_failures(self) -> None:
+        """Each server that crashed mid-request or hung: its CrashReport as an observation
+        (signal, backtrace symbol, CPU flags, log tail, the report's sentence)."""
+        for server in self.servers.values():
+            if server.failure is None:
+                continue
+            facts = crash_facts(server.failure)
+            arms = sorted(a.name for a in self.arms.values() if a.group == server.key)
+            name = facts["name"] if server.config is self.stack.server else \
+                f"{'+'.join(arms) or server.key}-{facts['name']}"
+            self.facts[name] = {**facts, "name": name, "arms": arms}
 
     def _preflight(self) -> None:
         """Refuse what cannot work before launching or recording anything."""
@@ -241,9 +254,11 @@ class Diagnoser:
         except EngineError:
             raise
         except Exception as exc:
-            crash = startup_crash(str(exc))
+            crash = startup_crash(exc)
             if crash is None:
-                raise EngineError(f"the incident's server did not start: {exc}") from exc
+                report = report_of(exc)
+                why = report.sentence() if report is not None else str(exc)
+                raise EngineError(f"the incident's server did not start: {why}") from exc
             # A crash at startup is the failure to diagnose, not an error (issue 12).
             self.crash = crash
             self._emit("crash", crash["summary"] + "; diagnosing the crash")
@@ -326,11 +341,22 @@ class Diagnoser:
                 self.replayer.routes[planned.name] = ArmRoute(server, planned.transform)
                 asyncio.run(self._scheduler().run(self.arms, [planned.name], self.replayer))
         except Exception as exc:  # noqa: BLE001 - a failed launch is an errored arm
-            if not arm.error:
-                arm.error = f"{type(exc).__name__}: {exc}"
-                arm.log_tail = str(getattr(exc, "log_tail", ""))
-                arm.decision = "errored"
-                arm.stopped = "server failed"
+            self._mark_died(arm, exc)
+
+    def _mark_died(self, arm: ArmState, exc: BaseException) -> None:
+        """An arm whose server failed to start (or died) is errored; its CrashReport, when
+        the launcher has one, is the error's text and an observation of its own."""
+        report = report_of(exc)
+        if report is not None:
+            facts = crash_facts(report)
+            self.facts[f"{arm.name}-{facts['name']}"] = {
+                **facts, "name": f"{arm.name}-{facts['name']}", "arm": arm.name}
+        if not arm.error:
+            arm.error = report.sentence() if report is not None else \
+                f"{type(exc).__name__}: {exc}"
+            arm.log_tail = str(getattr(exc, "log_tail", ""))
+            arm.decision = "errored"
+            arm.stopped = "server failed"
 
     def _observe(self, planned: probes.PlannedArm, base: Server, server: Server) -> None:
         assert planned.observe is not None
@@ -381,7 +407,9 @@ class Diagnoser:
             shown = verdicts if not gate_failed else []
             diagnosis = build_diagnosis(
                 slug=self.recorder.incident_slug, run_id=self.recorder.run_id,
-                findings=self.findings, stack=stack_summary(self.stack, obs.speculative_enabled),
+                findings=self.findings, stack={
+                    **stack_summary(self.stack, obs.speculative_enabled),
+                    "host_workaround": _host_workaround(self.stack)},
                 arms=[(s, self.recorder.evidence_keys.get(s.arm)) for s in summaries],
                 observations=[{**facts, "evidence": self.recorder.evidence_keys.get(name)}
                               for name, facts in self.facts.items()],
@@ -430,6 +458,14 @@ class _Router:
 
     async def replay(self, arm: str, indices: Any) -> list[Any]:
         return list(await self.routes[arm].replay(arm, indices))
+
+
+def _host_workaround(stack: Stack) -> str | None:
+    """The host workaround a drill's stack carries (e.g. --no-repack on an AMX host), else
+    None: a user's own stack has none, so nothing hides a crash of the user's server."""
+    from triage.drills.host import stack_host_note
+
+    return stack_host_note(stack.source) if stack.source else None
 
 
 def _safe(name: str) -> str:

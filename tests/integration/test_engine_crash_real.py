@@ -59,3 +59,83 @@ def test_the_amx_standin_crash_is_diagnosed_from_its_crash_report(
     printed = format_diagnosis(diagnosis).splitlines()
     assert printed[1] == f"note: {NOTE} (drill servers only)"
     assert "cpu-backend" in "\n".join(printed)
+
+
+_MID_REQUEST = '''\
+#!{python}
+"""Stand-in: answers /health like llama-server, then dies of SIGSEGV (printing the AMX
+crash lines) on the first completion request -- unless --no-repack: then the real one."""
+import http.server, os, resource, signal, sys
+REAL = {real!r}
+LOG = {log!r}
+args = sys.argv[1:]
+if {{"--no-repack", "-nr", "--version", "--help", "-h"}} & set(args):
+    os.execv(REAL, [REAL, *args])
+head, _, trace = LOG.partition("/opt/llama")
+sys.stderr.write(head.replace("{{model}}", "m"))
+sys.stderr.write("0.00.200.000 I srv  update_slots: all slots are idle\\n")
+sys.stderr.flush()
+port = int(args[args.index("--port") + 1])
+host = args[args.index("--host") + 1] if "--host" in args else "127.0.0.1"
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        ok = self.path.startswith("/health")
+        body = b'{{"status": "ok"}}' if ok else b'{{"error": "not found"}}'
+        self.send_response(200 if ok else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        sys.stderr.write("/opt/llama" + trace)
+        sys.stderr.flush()
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        signal.signal(signal.SIGSEGV, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+http.server.HTTPServer((host, port), Handler).serve_forever()
+'''
+
+
+def test_a_crash_mid_request_is_probed_like_any_failure(
+    server_binary: Path, tmp_path: Path
+) -> None:
+    import stat
+    import sys
+
+    from triage.drills.standin import AMX_CRASH_LOG
+    from triage.llama.launcher import running_servers
+
+    drill = build_drill("gemma4-thinking-budget", tmp_path / "drill")
+    standin = tmp_path / "llama-server-mid"
+    standin.write_text(_MID_REQUEST.format(python=sys.executable, real=str(server_binary),
+                                           log=AMX_CRASH_LOG))
+    standin.chmod(standin.stat().st_mode | stat.S_IXUSR)
+    text = (drill.out_dir / "stack.toml").read_text()
+    stack_path = drill.out_dir / "stack-mid.toml"
+    stack_path.write_text(text.replace("[server]\n", f'[server]\nbinary = "{standin}"\n'))
+    store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
+    try:
+        diagnosis = diagnose(store, load_stack(stack_path), drill.request("greedy"),
+                             options=DiagnoseOptions(max_requests=8,
+                                                     log_dir=tmp_path / "runs"))
+    finally:
+        store.close()
+    assert running_servers() == []
+    causes = {c["id"]: c for c in diagnosis["causes"]}
+    arms = {a["name"]: a for a in diagnosis["arms"]}
+    # Not an engine error: the crash is the failure, reproduced, and decided by an arm.
+    assert diagnosis["reproduction"]["reproduced"] is True
+    assert arms["baseline"]["failures"] == arms["baseline"]["n"] >= 4
+    assert arms["no-repack"]["failures"] == 0 and arms["no-repack"]["n"] >= 4
+    assert causes["cpu-backend"]["status"] == "confirmed"
+    assert [c for c in causes.values() if c["status"] == "confirmed"] == [causes["cpu-backend"]]
+    crash = {o["name"]: o for o in diagnosis["observations"]}["mid-request-crash"]
+    assert crash["phase"] == "mid-request" and crash["signal"] == "SIGSEGV"
+    assert crash["backtrace_symbol"] == "ggml_backend_amx_mul_mat"
+    assert "in the middle of a request" in crash["sentence"]

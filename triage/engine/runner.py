@@ -271,12 +271,18 @@ class Diagnoser:
         asyncio.run(observe.observe_server(base, self.request, self.facts,
                                            seed=self.options.seed,
                                            timeout=self.options.request_timeout))
+        if self._base_failed(base):  # it crashed (or hung) on the observation requests
+            self._crash_mode_after(base, log_dir)
+            return
         request_arms = [p for p in self.planned.values() if p.level == "request"]
         for planned in request_arms:
             self.arms[planned.name].launch_seconds = base.launch_seconds
             self.replayer.routes[planned.name] = ArmRoute(base, planned.transform)
         scheduler = self._scheduler()
         if not self._reproduce(scheduler):
+            return
+        if self._base_failed(base):  # the baseline's replays crashed or hung the server
+            self._crash_mode_after(base, log_dir)
             return
         asyncio.run(scheduler.run(self.arms, [p.name for p in request_arms], self.replayer))
         for planned in list(self.planned.values()):
@@ -287,15 +293,37 @@ class Diagnoser:
                 self.stack, kg_dims, lambda name, variant, config:
                 self._kg_arm(name, variant, config, base, log_dir))
 
+    @staticmethod
+    def _base_failed(base: Server) -> bool:
+        """The incident's own server crashed mid-request or hung (its CrashReport kept)."""
+        if base.failure is None and base.handle is not None and not base.alive():
+            base.failure = base.crash_report()
+        return base.failure is not None
+
+    def _crash_mode_after(self, base: Server, log_dir: Path) -> None:
+        """The incident's server started but crashed mid-request or hung: the crash is the
+        failure to diagnose (issue 12), probed like a startup crash -- every replay is a
+        launch plus one request -- by the crash-only arms (no-repack, ...)."""
+        self.crash = crash_facts(base.failure)
+        self._emit("crash", self.crash["summary"] + "; diagnosing the crash, one launch per "
+                   "replay")
+        self._prepare()  # the crash-only causes (cpu-backend) join the incident's causes
+        self.arms.clear()
+        self.planned.clear()
+        self._plan()  # crash-only server arms; the baseline keeps its recorded replies
+        self._run_crash_mode(log_dir)
+
     def _run_crash_mode(self, log_dir: Path) -> None:
-        """The incident's server crashes at startup: every replay of the baseline and of
-        each server-level arm is a launch (plus one request when it starts), and the
-        failure compared across arms is the crash."""
+        """The incident's server crashes (at startup, mid-request) or hangs: every replay of
+        the baseline and of each server-level arm is a launch (plus one request when it
+        starts), and the failure compared across arms is the crash."""
         assert self.crash is not None
-        self.facts["startup-crash"] = self.crash
-        self.reproduction = {"reproduced": True, "message": self.crash["summary"],
-                             "signature": {"kinds": [CRASH_KIND], "finish_reason": None,
-                                           "status_class": None}}
+        self.facts[str(self.crash["name"])] = self.crash
+        startup = self.crash.get("phase", "startup") == "startup"
+        if startup:
+            self.reproduction = {"reproduced": True, "message": self.crash["summary"],
+                                 "signature": {"kinds": [CRASH_KIND], "finish_reason": None,
+                                               "status_class": None}}
         router = _Router()
         for name, planned in self.planned.items():
             config = self.stack.server if name == cause_rules.BASELINE else planned.config
@@ -304,6 +332,8 @@ class Diagnoser:
                 self.options.seed, self.options.request_timeout, planned.transform)
         scheduler = self._scheduler()
         asyncio.run(scheduler.baseline_look(self.arms, self.schedule[0], router))
+        if not startup and not self._gate():
+            return
         for name, planned in self.planned.items():
             if planned.level == "server":
                 self._emit("launch", f"launching {name} once per replay")
@@ -312,8 +342,12 @@ class Diagnoser:
     def _reproduce(self, scheduler: Scheduler) -> bool:
         """The reproduction gate: the baseline's first look must show the captured failure
         signature; otherwise no arm runs and no cause moves."""
-        baseline = self.arms[cause_rules.BASELINE]
         asyncio.run(scheduler.baseline_look(self.arms, self.schedule[0], self.replayer))
+        return self._gate()
+
+    def _gate(self) -> bool:
+        """Apply the reproduction gate to the baseline's replies so far."""
+        baseline = self.arms[cause_rules.BASELINE]
         message = gate_message(self.signature, baseline)
         self.reproduction = {"reproduced": message is None,
                              "message": message or "the baseline reproduces the captured "

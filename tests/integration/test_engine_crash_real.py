@@ -6,6 +6,7 @@ stack's host workaround is named in the printed diagnosis."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -102,14 +103,11 @@ http.server.HTTPServer((host, port), Handler).serve_forever()
 '''
 
 
-def test_a_crash_mid_request_is_probed_like_any_failure(
-    server_binary: Path, tmp_path: Path
-) -> None:
+def _mid_request_stack(server_binary: Path, tmp_path: Path) -> tuple[Any, Path]:
     import stat
     import sys
 
     from triage.drills.standin import AMX_CRASH_LOG
-    from triage.llama.launcher import running_servers
 
     drill = build_drill("gemma4-thinking-budget", tmp_path / "drill")
     standin = tmp_path / "llama-server-mid"
@@ -119,14 +117,28 @@ def test_a_crash_mid_request_is_probed_like_any_failure(
     text = (drill.out_dir / "stack.toml").read_text()
     stack_path = drill.out_dir / "stack-mid.toml"
     stack_path.write_text(text.replace("[server]\n", f'[server]\nbinary = "{standin}"\n'))
+    return drill, stack_path
+
+
+def _diagnose(tmp_path: Path, stack_path: Path, request: dict[str, Any],
+              **kwargs: Any) -> dict[str, Any]:
+    from triage.llama.launcher import running_servers
+
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
     try:
-        diagnosis = diagnose(store, load_stack(stack_path), drill.request("greedy"),
-                             options=DiagnoseOptions(max_requests=8,
-                                                     log_dir=tmp_path / "runs"))
+        return diagnose(store, load_stack(stack_path), request,  # type: ignore[no-any-return]
+                        options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs"),
+                        **kwargs)
     finally:
         store.close()
-    assert running_servers() == []
+        assert running_servers() == []
+
+
+def test_a_crash_mid_request_is_probed_like_any_failure(
+    server_binary: Path, tmp_path: Path
+) -> None:
+    drill, stack_path = _mid_request_stack(server_binary, tmp_path)
+    diagnosis = _diagnose(tmp_path, stack_path, drill.request("greedy"))
     causes = {c["id"]: c for c in diagnosis["causes"]}
     arms = {a["name"]: a for a in diagnosis["arms"]}
     # Not an engine error: the crash is the failure, reproduced, and decided by an arm.
@@ -139,3 +151,26 @@ def test_a_crash_mid_request_is_probed_like_any_failure(
     assert crash["phase"] == "mid-request" and crash["signal"] == "SIGSEGV"
     assert crash["backtrace_symbol"] == "ggml_backend_amx_mul_mat"
     assert "in the middle of a request" in crash["sentence"]
+
+
+def test_a_captured_502_is_reproduced_by_a_server_that_crashes_mid_request(
+    server_binary: Path, tmp_path: Path
+) -> None:
+    # The capture is what the client saw behind a proxy: a 502 page. The replays crash the
+    # server, which is that failure: reproduced, and the no-repack arm decides cpu-backend.
+    from triage.capture import exchange_from_http
+    from triage.symptoms import classify
+
+    drill, stack_path = _mid_request_stack(server_binary, tmp_path)
+    request = drill.request("greedy")
+    exchange = exchange_from_http(request, b"<html><body>502 Bad Gateway</body></html>",
+                                  status=502)
+    findings = [{k: getattr(f, k) for k in ("kind", "passed", "score", "reason", "where")}
+                for f in classify(exchange)]
+    diagnosis = _diagnose(tmp_path, stack_path, request, exchange=exchange.to_dict(),
+                          findings=findings)
+    assert diagnosis["reproduction"]["reproduced"] is True
+    assert "server-crash" in diagnosis["reproduction"]["signature"]["kinds"]
+    causes = {c["id"]: c for c in diagnosis["causes"]}
+    assert causes["cpu-backend"]["status"] == "confirmed"
+    assert diagnosis["state"] == "done"

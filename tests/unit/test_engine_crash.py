@@ -130,7 +130,14 @@ def test_a_timed_out_replay_of_a_live_server_is_a_hang() -> None:
     handle = _Handle(report, dead=False)
     replies = crashed_replies(_server(handle), [_reply(0, "timed out", ("timeout",))])
     assert isinstance(handle.asked[0], TimeoutError)
-    assert replies[0].kinds == [HANG_KIND] and replies[0].failed and not replies[0].error
+    assert replies[0].kinds == [HANG_KIND, "timeout"]
+    assert replies[0].failed and not replies[0].error
+    # A capture that timed out on the client is reproduced by a hang, not by a crash.
+    captured = Signature(frozenset({"timeout"}))
+    assert captured.matches(replies[0])
+    crash = crashed_replies(_server(_Handle(_amx_report("mid-request"))),
+                            [_reply(0, "connection reset")])[0]
+    assert not captured.matches(crash)
 
 
 def test_an_error_the_server_does_not_explain_stays_an_error() -> None:
@@ -164,6 +171,12 @@ def test_a_captured_proxy_502_is_a_server_crash_finding_and_matches_a_crash_repl
     length_stop = Reply("baseline", 1, 1001, True, ["length-stop"], "length", 0, 90, 200,
                         0.1, {})
     assert not signature.matches(length_stop)  # issue 12 defect 3 stays refused
+    # A server's own HTTP 500 (not a crash) is not reproduced by a crash either.
+    plain = exchange_from_http(REQUEST, {"error": {"code": 500, "message": "Failed to parse "
+                                                   "input at pos 3"}}, status=500)
+    plain_findings = _findings(plain)
+    assert "server-crash" not in {f["kind"] for f in plain_findings if not f["passed"]}
+    assert not Signature.from_findings(plain_findings, {"status": 500}).matches(crash)
 
 
 def test_a_captured_504_is_a_hang_and_a_normal_reply_is_neither() -> None:

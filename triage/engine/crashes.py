@@ -133,4 +133,6 @@ def crash_reply(reply: Any, report: Any) -> Any:
     from dataclasses import replace
 
     kinds = [crash_kind(report)] + ([report.signal] if report.signal else [])
+    if kinds[0] == HANG_KIND:
+        kinds.append("timeout")  # what a client saw of a hang: a capture that timed out
     return replace(reply, failed=True, kinds=kinds, error="", text="")

@@ -151,6 +151,9 @@ def test_a_crash_mid_request_is_probed_like_any_failure(
     assert crash["phase"] == "mid-request" and crash["signal"] == "SIGSEGV"
     assert crash["backtrace_symbol"] == "ggml_backend_amx_mul_mat"
     assert "in the middle of a request" in crash["sentence"]
+    # The crash is on the request, not in the warm-up: --no-warmup does not remove it.
+    assert arms["no-warmup"]["failures"] == arms["no-warmup"]["n"] >= 4
+    assert causes["warmup-decode"]["status"] == "rejected"
 
 
 def test_a_captured_502_is_reproduced_by_a_server_that_crashes_mid_request(

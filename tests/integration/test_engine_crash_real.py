@@ -177,3 +177,42 @@ def test_a_captured_502_is_reproduced_by_a_server_that_crashes_mid_request(
     causes = {c["id"]: c for c in diagnosis["causes"]}
     assert causes["cpu-backend"]["status"] == "confirmed"
     assert diagnosis["state"] == "done"
+
+
+def test_a_server_that_hangs_on_requests_is_diagnosed_as_a_hang(
+    server_binary: Path, tmp_path: Path
+) -> None:
+    # The stand-in answers /health, then never answers a completion unless --no-repack.
+    drill, stack_path = _mid_request_stack(server_binary, tmp_path)
+    standin = tmp_path / "llama-server-mid"
+    standin.write_text(standin.read_text().replace(
+        "    def do_POST(self):\n",
+        "    def do_POST(self):\n"
+        "        if 'completions' not in self.path:\n"
+        "            self.send_response(404)\n"
+        "            self.send_header('Content-Length', '0')\n"
+        "            self.end_headers()\n"
+        "            return\n"
+        "        import time\n"
+        "        time.sleep(3600)\n"))
+    from triage.llama.launcher import running_servers
+
+    store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
+    try:
+        diagnosis = diagnose(store, load_stack(stack_path), drill.request("greedy"),
+                             options=DiagnoseOptions(max_requests=4, request_timeout=3,
+                                                     log_dir=tmp_path / "runs"))
+    finally:
+        store.close()
+    assert running_servers() == []
+    arms = {a["name"]: a for a in diagnosis["arms"]}
+    causes = {c["id"]: c for c in diagnosis["causes"]}
+    hang = {o["name"]: o for o in diagnosis["observations"]}["server-hang"]
+    assert hang["phase"] == "hang" and hang["kind"] == "server-hang"
+    assert "hung" in hang["sentence"]
+    assert arms["baseline"]["failures"] == arms["baseline"]["n"] == 4
+    assert arms["no-repack"]["failures"] == 0 and arms["no-repack"]["n"] == 4
+    # 4/4 hangs vs 0/4 with --no-repack (one-sided Fisher p = 1/70): cpu-backend, alone.
+    assert causes["cpu-backend"]["status"] == "confirmed"
+    assert "0/4" in causes["cpu-backend"]["rationale"]
+    assert [c for c in causes.values() if c["status"] == "confirmed"] == [causes["cpu-backend"]]

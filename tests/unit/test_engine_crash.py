@@ -92,6 +92,7 @@ class _Handle:
 
     def explain(self, error: BaseException) -> Any:
         self.asked.append(error)
+        self.dead = self.dead or self.report is not None  # it died (or was stopped, hung)
         return None if self.report is None else _Failed("crashed", self.report)
 
     def crash_report(self) -> Any:
@@ -228,3 +229,43 @@ def test_crashed_replies_work_inside_a_running_loop() -> None:
                                [_reply(0, "reset")])
 
     assert asyncio.run(inside())[0].kinds[0] == CRASH_KIND
+
+
+class _DroppingClient:
+    """A LlamaClient double whose server drops every completion."""
+
+    def __init__(self, url: str, timeout: float = 0.0) -> None:
+        self.url = url
+
+    async def chat(self, body: Any) -> Any:
+        from triage.llama.client import LlamaClientError
+
+        raise LlamaClientError("server disconnected", kind="disconnected", url=self.url)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _replayer(server: Server, arm: str) -> Any:
+    from triage.engine.replayer import ArmRoute, LlamaReplayer
+
+    replayer = LlamaReplayer(REQUEST, 1000, 5.0, 1)
+    replayer.routes[arm] = ArmRoute(server, lambda body: body)
+    return replayer
+
+
+def test_the_baseline_measures_a_crash_but_another_arm_errors(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import triage.llama.client as client_mod
+
+    monkeypatch.setattr(client_mod, "LlamaClient", _DroppingClient)
+    report = _amx_report("mid-request")
+    # The baseline's replies are the crash: failing, of kind server-crash.
+    baseline = asyncio.run(_replayer(_server(_Handle(report, dead=False)), "baseline").replay(
+        "baseline", [0, 1]))
+    assert [r.kinds[0] for r in baseline] == [CRASH_KIND, CRASH_KIND]
+    assert all(r.failed and not r.error for r in baseline)
+    # A variant's server crashing is not that arm's measurement: it errors, with the report.
+    with pytest.raises(ArmFailed, match="SIGSEGV"):
+        asyncio.run(_replayer(_server(_Handle(report, dead=False)), "spec-off").replay(
+            "spec-off", [0]))

@@ -11,6 +11,7 @@ from typing import Any
 
 from kb.records import Reply
 from triage import probes
+from triage.causes import BASELINE
 from triage.engine.scheduler import ArmFailed
 from triage.engine.servers import Server
 from triage.observe import committed_text, finish_reason_of, message_of, raw_misplaced
@@ -102,7 +103,12 @@ class LlamaReplayer:
             replies = list(await asyncio.gather(*tasks))
         finally:
             await client.aclose()
-        return crashed_replies(server, replies)
+        replies = crashed_replies(server, replies)
+        if server.failure is not None and arm != BASELINE:
+            # The shared server crashed (or hung) under another arm's variant: a crash is
+            # not this arm's measurement of the captured failure, so the arm errors.
+            raise ArmFailed(server.death_message(), server.log_tail())
+        return replies
 
 
 def crashed_replies(server: Server, replies: list[Reply]) -> list[Reply]:

@@ -75,6 +75,8 @@ FINDING_KINDS: tuple[Term, ...] = (
     Term("truncated-stream", 8),
     Term("http-error", 9),
     Term("timeout", 10),
+    Term("server-crash", 11, "the server died serving the request (502, connection reset)"),
+    Term("server-hang", 12, "the server stopped answering (504 from a proxy, a hung replay)"),
 )
 
 # Causes in today's catalogue (files, JSON schema enums and the engine use these).

@@ -84,7 +84,7 @@ def test_check_json(db):
         violation["where"]
         == "$.response.choices[0].message.tool_calls[0].function.arguments.max_lines"
     )
-    assert len(item["findings"]) == 11
+    assert len(item["findings"]) == 13  # one per check (server-crash, server-hang too)
 
 
 @pytest.mark.parametrize(
@@ -205,7 +205,7 @@ def test_capture_stores_every_exchange_as_evidence(db):
         "reasoning-exhausted-budget",
         "runaway-reasoning",
     ]
-    assert len(first.payload["findings"]) == 11
+    assert len(first.payload["findings"]) == 13  # one per check
 
 
 def test_capture_attaches_to_an_incident(db):

@@ -55,7 +55,7 @@ def test_builtin_checks_are_registered_through_entry_points() -> None:
     checks = catalogue().checks
     assert checks.ids() == tuple(term.id for term in vocab.FINDING_KINDS)
     assert {checks.origin(kind) for kind in checks.ids()} == {
-        "checks-content", "checks-tools", "checks-transport"}
+        "checks-content", "checks-tools", "checks-transport", "checks-transport-server"}
     assert {entry.id: entry.number for entry in checks} == vocab.KIND_NUMBERS
     assert [c.id for c in checks if not c.user_facing] == ["runaway-reasoning"]
     for entry in checks:

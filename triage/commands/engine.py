@@ -34,6 +34,9 @@ def _progress_printer() -> Any:
 def format_diagnosis(diagnosis: dict[str, Any]) -> str:
     """The diagnosis as text for a terminal."""
     lines = [f"Diagnosis of {diagnosis['incident']} (run {diagnosis.get('run_id')})", ""]
+    note = (diagnosis.get("stack") or {}).get("host_workaround")
+    if note:
+        lines[1:1] = [f"note: {note} (drill servers only)"]
     reproduction = diagnosis.get("reproduction") or {}
     if reproduction and not reproduction.get("reproduced", True):
         lines += [f"NOT REPRODUCED: {reproduction.get('message')}", ""]

@@ -11,6 +11,7 @@ from typing import Any
 
 from kb.records import Reply
 from triage import probes
+from triage.causes import BASELINE
 from triage.engine.scheduler import ArmFailed
 from triage.engine.servers import Server
 from triage.observe import committed_text, finish_reason_of, message_of, raw_misplaced
@@ -102,9 +103,29 @@ class LlamaReplayer:
             replies = list(await asyncio.gather(*tasks))
         finally:
             await client.aclose()
-        if any(r.error for r in replies) and not server.alive():
+        replies = crashed_replies(server, replies)
+        if server.failure is not None and arm != BASELINE:
+            # The shared server crashed (or hung) under another arm's variant: a crash is
+            # not this arm's measurement of the captured failure, so the arm errors.
             raise ArmFailed(server.death_message(), server.log_tail())
         return replies
+
+
+def crashed_replies(server: Server, replies: list[Reply]) -> list[Reply]:
+    """Errored replies of a server that crashed mid-request or hung are failing replies
+    of kind server-crash / server-hang (the report is kept on `server.failure`); the next
+    replay on it raises ArmFailed. Other errors stay errors."""
+    from triage.engine.crashes import crash_reply
+
+    errored = [r for r in replies if r.error]
+    if not errored:
+        return replies
+    report = server.explain(errored[0].error, timed_out="timeout" in errored[0].kinds)
+    if report is None:
+        if not server.alive():
+            raise ArmFailed(server.death_message(), server.log_tail())
+        return replies
+    return [crash_reply(r, report) if r.error else r for r in replies]
 
 
 @dataclass
@@ -129,7 +150,7 @@ class LaunchEachTime:
         return replies
 
     def _one(self, arm: str, index: int) -> Reply:
-        from triage.engine.crashes import CRASH_KIND, startup_crash
+        from triage.engine.crashes import CRASH_KIND, HANG_KIND, startup_crash
         from triage.engine.servers import open_server
         from triage.llama.client import LlamaClient
 
@@ -148,13 +169,14 @@ class LaunchEachTime:
                     finally:
                         await client.aclose()
 
-                reply = asyncio.run(once())
+                reply = crashed_replies(server, [asyncio.run(once())])[0]
         except Exception as exc:  # noqa: BLE001 - a crash is a measurement, not an error
-            crash = startup_crash(str(exc))
+            crash = startup_crash(exc)
             if crash is None:
                 raise ArmFailed(f"{type(exc).__name__}: {str(exc)[:400]}",
                                 str(getattr(exc, "log_tail", ""))) from exc
             return Reply(arm, index, seed, True, [CRASH_KIND, crash["signal"]], None, 0, 0,
                          None, time.monotonic() - started, {}, text=crash["log_tail"][-500:])
-        reply.failed = bool(reply.error)  # it started: only a crash or no answer fails
+        # It started: only a crash (at startup, mid-request), a hang or no answer fails.
+        reply.failed = bool(reply.error) or bool({CRASH_KIND, HANG_KIND} & set(reply.kinds))
         return reply

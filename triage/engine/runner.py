@@ -26,7 +26,7 @@ from triage import causes as cause_rules
 from triage import graph as graph_mod
 from triage import observe, probes
 from triage.engine import known_good
-from triage.engine.crashes import CRASH_KIND, startup_crash
+from triage.engine.crashes import CRASH_KIND, crash_facts, report_of, startup_crash
 from triage.engine.diagnosis import arm_summary, build_diagnosis, server_seconds, stack_summary
 from triage.engine.replayer import ArmRoute, LaunchEachTime, LlamaReplayer
 from triage.engine.reproduction import Signature, gate_message
@@ -229,7 +229,20 @@ class Diagnoser:
             except EngineError:
                 self.recorder.set_state("failed", finished=True)
                 raise
+        self._note_failures()
         return self._finish()
+
+    def _note_failures(self) -> None:
+        """Each server that crashed mid-request or hung: its CrashReport as an observation
+        (signal, backtrace symbol, CPU flags, log tail, the report's sentence)."""
+        for server in self.servers.values():
+            if server.failure is None:
+                continue
+            facts = crash_facts(server.failure)
+            arms = sorted(a.name for a in self.arms.values() if a.group == server.key)
+            name = facts["name"] if server.config is self.stack.server else \
+                f"{'+'.join(arms) or server.key}-{facts['name']}"
+            self.facts[name] = {**facts, "name": name, "arms": arms}
 
     def _preflight(self) -> None:
         """Refuse what cannot work before launching or recording anything."""
@@ -259,10 +272,13 @@ class Diagnoser:
         except EngineError:
             raise
         except Exception as exc:
-            message = scrub_secrets(str(exc), self.secrets)  # the launcher quotes its argv
-            crash = startup_crash(message)
+            crash = startup_crash(exc)
             if crash is None:
-                raise EngineError(f"the incident's server did not start: {message}") from None
+                report = report_of(exc)
+                why = report.sentence() if report is not None else str(exc)
+                why = scrub_secrets(why, self.secrets)  # the launcher may quote its argv
+                raise EngineError(f"the incident's server did not start: {why}") from None
+            crash = scrub_secrets(crash, self.secrets)
             # A crash at startup is the failure to diagnose, not an error (issue 12).
             self.crash = crash
             self._emit("crash", crash["summary"] + "; diagnosing the crash")
@@ -275,12 +291,18 @@ class Diagnoser:
         asyncio.run(observe.observe_server(base, self.request, self.facts,
                                            seed=self.options.seed,
                                            timeout=self.options.request_timeout))
+        if self._base_failed(base):  # it crashed (or hung) on the observation requests
+            self._crash_mode_after(base, log_dir)
+            return
         request_arms = [p for p in self.planned.values() if p.level == "request"]
         for planned in request_arms:
             self.arms[planned.name].launch_seconds = base.launch_seconds
             self.replayer.routes[planned.name] = ArmRoute(base, planned.transform)
         scheduler = self._scheduler()
         if not self._reproduce(scheduler):
+            return
+        if self._base_failed(base):  # the baseline's replays crashed or hung the server
+            self._crash_mode_after(base, log_dir)
             return
         asyncio.run(scheduler.run(self.arms, [p.name for p in request_arms], self.replayer))
         for planned in list(self.planned.values()):
@@ -291,15 +313,37 @@ class Diagnoser:
                 self.stack, kg_dims, lambda name, variant, config:
                 self._kg_arm(name, variant, config, base, log_dir))
 
+    @staticmethod
+    def _base_failed(base: Server) -> bool:
+        """The incident's own server crashed mid-request or hung (its CrashReport kept)."""
+        if base.failure is None and base.handle is not None and not base.alive():
+            base.failure = base.crash_report()
+        return base.failure is not None
+
+    def _crash_mode_after(self, base: Server, log_dir: Path) -> None:
+        """The incident's server started but crashed mid-request or hung: the crash is the
+        failure to diagnose (issue 12), probed like a startup crash -- every replay is a
+        launch plus one request -- by the crash-only arms (no-repack, ...)."""
+        self.crash = crash_facts(base.failure)
+        self._emit("crash", self.crash["summary"] + "; diagnosing the crash, one launch per "
+                   "replay")
+        self._prepare()  # the crash-only causes (cpu-backend) join the incident's causes
+        self.arms.clear()
+        self.planned.clear()
+        self._plan()  # crash-only server arms; the baseline keeps its recorded replies
+        self._run_crash_mode(log_dir)
+
     def _run_crash_mode(self, log_dir: Path) -> None:
-        """The incident's server crashes at startup: every replay of the baseline and of
-        each server-level arm is a launch (plus one request when it starts), and the
-        failure compared across arms is the crash."""
+        """The incident's server crashes (at startup, mid-request) or hangs: every replay of
+        the baseline and of each server-level arm is a launch (plus one request when it
+        starts), and the failure compared across arms is the crash."""
         assert self.crash is not None
-        self.facts["startup-crash"] = self.crash
-        self.reproduction = {"reproduced": True, "message": self.crash["summary"],
-                             "signature": {"kinds": [CRASH_KIND], "finish_reason": None,
-                                           "status_class": None}}
+        self.facts[str(self.crash["name"])] = self.crash
+        startup = self.crash.get("phase", "startup") == "startup"
+        if startup:
+            self.reproduction = {"reproduced": True, "message": self.crash["summary"],
+                                 "signature": {"kinds": [CRASH_KIND], "finish_reason": None,
+                                               "status_class": None}}
         router = _Router()
         for name, planned in self.planned.items():
             config = self.stack.server if name == cause_rules.BASELINE else planned.config
@@ -308,6 +352,8 @@ class Diagnoser:
                 self.options.seed, self.options.request_timeout, planned.transform)
         scheduler = self._scheduler()
         asyncio.run(scheduler.baseline_look(self.arms, self.schedule[0], router))
+        if not startup and not self._gate():
+            return
         for name, planned in self.planned.items():
             if planned.level == "server":
                 self._emit("launch", f"launching {name} once per replay")
@@ -316,8 +362,12 @@ class Diagnoser:
     def _reproduce(self, scheduler: Scheduler) -> bool:
         """The reproduction gate: the baseline's first look must show the captured failure
         signature; otherwise no arm runs and no cause moves."""
-        baseline = self.arms[cause_rules.BASELINE]
         asyncio.run(scheduler.baseline_look(self.arms, self.schedule[0], self.replayer))
+        return self._gate()
+
+    def _gate(self) -> bool:
+        """Apply the reproduction gate to the baseline's replies so far."""
+        baseline = self.arms[cause_rules.BASELINE]
         message = gate_message(self.signature, baseline)
         self.reproduction = {"reproduced": message is None,
                              "message": message or "the baseline reproduces the captured "
@@ -345,11 +395,22 @@ class Diagnoser:
                 self.replayer.routes[planned.name] = ArmRoute(server, planned.transform)
                 asyncio.run(self._scheduler().run(self.arms, [planned.name], self.replayer))
         except Exception as exc:  # noqa: BLE001 - a failed launch is an errored arm
-            if not arm.error:
-                arm.error = f"{type(exc).__name__}: {exc}"
-                arm.log_tail = str(getattr(exc, "log_tail", ""))
-                arm.decision = "errored"
-                arm.stopped = "server failed"
+            self._mark_died(arm, exc)
+
+    def _mark_died(self, arm: ArmState, exc: BaseException) -> None:
+        """An arm whose server failed to start (or died) is errored; its CrashReport, when
+        the launcher has one, is the error's text and an observation of its own."""
+        report = report_of(exc)
+        if report is not None:
+            facts = crash_facts(report)
+            self.facts[f"{arm.name}-{facts['name']}"] = {
+                **facts, "name": f"{arm.name}-{facts['name']}", "arm": arm.name}
+        if not arm.error:
+            arm.error = report.sentence() if report is not None else \
+                f"{type(exc).__name__}: {exc}"
+            arm.log_tail = str(getattr(exc, "log_tail", ""))
+            arm.decision = "errored"
+            arm.stopped = "server failed"
 
     def _observe(self, planned: probes.PlannedArm, base: Server, server: Server) -> None:
         assert planned.observe is not None
@@ -412,7 +473,9 @@ class Diagnoser:
             shown = verdicts if not gate_failed else []
             diagnosis = build_diagnosis(
                 slug=self.recorder.incident_slug, run_id=self.recorder.run_id,
-                findings=self.findings, stack=stack_summary(self.stack, obs.speculative_enabled),
+                findings=self.findings, stack={
+                    **stack_summary(self.stack, obs.speculative_enabled),
+                    "host_workaround": _host_workaround(self.stack)},
                 arms=[(s, self.recorder.evidence_keys.get(s.arm)) for s in summaries],
                 observations=[{**facts, "evidence": self.recorder.evidence_keys.get(name)}
                               for name, facts in self.facts.items()],
@@ -461,6 +524,14 @@ class _Router:
 
     async def replay(self, arm: str, indices: Any) -> list[Any]:
         return list(await self.routes[arm].replay(arm, indices))
+
+
+def _host_workaround(stack: Stack) -> str | None:
+    """The host workaround a drill's stack carries (e.g. --no-repack on an AMX host), else
+    None: a user's own stack has none, so nothing hides a crash of the user's server."""
+    from triage.drills.host import stack_host_note
+
+    return stack_host_note(stack.source) if stack.source else None
 
 
 def _safe(name: str) -> str:

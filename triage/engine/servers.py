@@ -41,6 +41,7 @@ class Server:
     handle: Any = None  # RunningServer, None for an external url
     # The server's `--api-key` (in memory only): replays send it as `Authorization: Bearer`.
     api_key: str | None = field(default=None, repr=False)
+    failure: Any = None  # the CrashReport once it crashed mid-request or hung (explain)
 
     def alive(self) -> bool:
         return self.handle is None or bool(self.handle.alive())
@@ -54,8 +55,33 @@ class Server:
             return ""
 
     def death_message(self) -> str:
+        report = self.failure or self.crash_report()
+        if report is not None:
+            return f"server {safe_describe(self.config)}: {report.sentence()}"
         code = getattr(self.handle, "returncode", None) if self.handle else None
         return f"server {safe_describe(self.config)} died (exit code {code})"
+
+    def crash_report(self) -> Any | None:
+        """The launcher's CrashReport of a server that has exited, else None."""
+        if self.handle is None or self.alive() or not hasattr(self.handle, "crash_report"):
+            return None
+        try:
+            return self.handle.crash_report()
+        except Exception:  # noqa: BLE001 - best effort for an error message
+            return None
+
+    def explain(self, error: str, timed_out: bool = False) -> Any | None:
+        """After a request failed with `error`: the CrashReport when the server is why --
+        it died (phase "mid-request") or it still runs but the request timed out (phase
+        "hang"; the server is then stopped) -- else None (an external url: None)."""
+        if self.handle is None or not hasattr(self.handle, "explain"):
+            return None
+        exc: BaseException = TimeoutError(error) if timed_out else ConnectionError(error)
+        failure = self.handle.explain(exc)
+        report = getattr(failure, "report", None) if failure is not None else None
+        if report is not None and self.failure is None:
+            self.failure = report
+        return report
 
 
 def safe_args(args: Sequence[str]) -> list[str]:

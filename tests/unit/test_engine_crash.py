@@ -234,7 +234,7 @@ def test_crashed_replies_work_inside_a_running_loop() -> None:
 class _DroppingClient:
     """A LlamaClient double whose server drops every completion."""
 
-    def __init__(self, url: str, timeout: float = 0.0) -> None:
+    def __init__(self, url: str, timeout: float = 0.0, api_key: str | None = None) -> None:
         self.url = url
 
     async def chat(self, body: Any) -> Any:

@@ -254,8 +254,7 @@ def _check_parked(
         raise DecisionError(f"{slug}: PARKED needs " + " and ".join(problems))
     if revisit_date is not None and revisit_date < decided_at.date():
         raise DecisionError(
-            f"{slug}: the revisit date {revisit_date} is before the decision "
-            f"({decided_at.date()})"
+            f"{slug}: the revisit date {revisit_date} is before the decision ({decided_at.date()})"
         )
     registry = kb_triggers.BUILTIN_KINDS if trigger_kinds is None else trigger_kinds
     for trigger in normalised:
@@ -334,15 +333,17 @@ def record_decision(
     rationale, tradeoff, fix = rationale.strip(), tradeoff.strip(), fix.strip()
     revisit_date = kb_triggers.as_date(revisit_on, "revisit date") if revisit_on else None
     normalised = [
-        kb_triggers.parse(t, trigger_kinds) if isinstance(t, str)
+        kb_triggers.parse(t, trigger_kinds)
+        if isinstance(t, str)
         else kb_triggers.normalise(t, trigger_kinds)
         for t in triggers
     ]
     verified = True
 
     if kind == "PARKED":
-        _check_parked(session, incident, rationale, revisit_date, normalised, decided_at,
-                      trigger_kinds)
+        _check_parked(
+            session, incident, rationale, revisit_date, normalised, decided_at, trigger_kinds
+        )
     elif kind == "FIXED":
         verified, keys, rationale = _check_fixed(session, incident, fix, keys, rationale, force)
     else:  # REOPENED
@@ -514,6 +515,36 @@ def _parked_item(
     if decision is None or decision.kind != "PARKED":
         return _unparked(incident)
     decided_at = _aware(decision.decided_at)
+    context = _trigger_context(session, incident, decided_at, today, unattached)
+    states = _trigger_states(decision, context, trigger_kinds)
+    status, reasons, days_overdue = _parked_state(states, today)
+    return ParkedIncident(
+        slug=incident.slug,
+        title=incident.title,
+        parked_on=decided_at.date(),
+        decided_by=decision.decided_by,
+        rationale=decision.rationale,
+        tradeoff=decision.tradeoff,
+        fix=decision.fix,
+        revisit_on=decision.revisit_on,
+        triggers=tuple(states),
+        state=status,
+        reasons=reasons,
+        days_overdue=days_overdue,
+        last_revisit=_revisit_note(context.revisit),
+        evidence_keys=tuple(decision.evidence_keys),
+    )
+
+
+def _trigger_context(
+    session: Session,
+    incident: Incident,
+    decided_at: datetime,
+    today: date,
+    unattached: list[Evidence],
+) -> TriggerContext:
+    """What the triggers of a parked incident are checked against, as of `today`."""
+    assert incident.id is not None
     # Evidence "as of today": the incident's own plus captures not attached to any incident.
     own = [
         row
@@ -533,7 +564,7 @@ def _parked_item(
     settled_at = _aware(last_revisit.recorded_at) if last_revisit else decided_at
     # What was known when parked (or last revisited, including the revisit's own build and
     # weights) against what was seen since.
-    context = TriggerContext(
+    return TriggerContext(
         incident=incident,
         before=[row for row in rows if _aware(row.recorded_at) <= settled_at],
         after=[row for row in rows if _aware(row.recorded_at) > settled_at],
@@ -541,11 +572,16 @@ def _parked_item(
         revisit=last_revisit,
         # "As of today", like the evidence above: up to the end of `today` (UTC).
         live_counts=incident_live_counts(
-            session, incident.id, settled_at,
+            session,
+            incident.id,
+            settled_at,
             datetime.combine(today + timedelta(days=1), time.min, tzinfo=timezone.utc),
         ),
     )
-    states = _trigger_states(decision, context, trigger_kinds)
+
+
+def _parked_state(states: list[TriggerState], today: date) -> tuple[str, tuple[str, ...], int]:
+    """Waiting, due or overdue (with the reasons and the days overdue) from the trigger states."""
     dates = [
         kb_triggers.as_date(s.trigger["on"], "date")
         for s in states
@@ -561,29 +597,18 @@ def _parked_item(
     else:
         status = "overdue" if days_overdue > 0 else "due"
         reasons = tuple(s.reason for s in fired)
-    revisit_note = None
-    if last_revisit is not None:
-        payload = last_revisit.payload or {}
-        revisit_note = (
-            f"{_aware(last_revisit.recorded_at).date()} [{last_revisit.key}]: "
-            f"{payload.get('failures')}/{payload.get('n')} failed, {payload.get('decision', '')}"
-        ).rstrip(", ")
-    return ParkedIncident(
-        slug=incident.slug,
-        title=incident.title,
-        parked_on=decided_at.date(),
-        decided_by=decision.decided_by,
-        rationale=decision.rationale,
-        tradeoff=decision.tradeoff,
-        fix=decision.fix,
-        revisit_on=decision.revisit_on,
-        triggers=tuple(states),
-        state=status,
-        reasons=reasons,
-        days_overdue=days_overdue,
-        last_revisit=revisit_note,
-        evidence_keys=tuple(decision.evidence_keys),
-    )
+    return status, reasons, days_overdue
+
+
+def _revisit_note(last_revisit: Evidence | None) -> str | None:
+    """One line on the last revisit run: when, which evidence, its failures and decision."""
+    if last_revisit is None:
+        return None
+    payload = last_revisit.payload or {}
+    return (
+        f"{_aware(last_revisit.recorded_at).date()} [{last_revisit.key}]: "
+        f"{payload.get('failures')}/{payload.get('n')} failed, {payload.get('decision', '')}"
+    ).rstrip(", ")
 
 
 # --------------------------------------------------------------------------- revisit inputs

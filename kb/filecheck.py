@@ -8,8 +8,9 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import date, datetime
+from functools import partial
 from typing import Any
 
 from kb.filerecord import parse_timestamp
@@ -68,8 +69,31 @@ def _check_plain_data(value: Any, file: str, parts: list[str | int]) -> None:
         )
 
 
+KnownEvidence = Callable[[list[str], str], None]
+"""Checks that every evidence key of a list (at a JSON path) names evidence of the file."""
+
+
 def _check_references(data: dict[str, Any], file: str) -> None:
     """The checks JSON Schema cannot express: ids, links, history, dates."""
+    _check_dates(data, file)
+    evidence_ids = _evidence_ids(data, file)
+    known: KnownEvidence = partial(_check_known_evidence, evidence_ids, file)
+    for index, entry in enumerate(data.get("timeline", [])):
+        known(entry.get("evidence", []), f"$.timeline[{index}].evidence")
+    _check_symptoms(data, file, known)
+    cause_ids: set[str] = set()
+    for index, cause in enumerate(data.get("causes", [])):
+        path = f"$.causes[{index}]"
+        if cause["id"] in cause_ids:
+            raise RecordError(file, f"{path}.id", f"duplicate cause id {cause['id']!r}")
+        cause_ids.add(cause["id"])
+        _check_cause(cause, file, path, evidence_ids, known)
+    _check_decisions(data, file, known)
+    _check_family(data, file, cause_ids)
+
+
+def _check_dates(data: dict[str, Any], file: str) -> None:
+    """The slug starts with the opened date; an incident closes no earlier than it opened."""
     slug: str = data["slug"]
     opened = date.fromisoformat(data["opened"])
     if slug[:10] != data["opened"]:
@@ -79,6 +103,9 @@ def _check_references(data: dict[str, Any], file: str) -> None:
     if data.get("closed") and date.fromisoformat(data["closed"]) < opened:
         raise RecordError(file, "$.closed", f"closed {data['closed']} is before opened")
 
+
+def _evidence_ids(data: dict[str, Any], file: str) -> set[str]:
+    """The evidence ids of the file, each used once."""
     evidence_ids: set[str] = set()
     for index, item in enumerate(data.get("evidence", [])):
         if item["id"] in evidence_ids:
@@ -86,17 +113,16 @@ def _check_references(data: dict[str, Any], file: str) -> None:
                 file, f"$.evidence[{index}].id", f"duplicate evidence id {item['id']!r}"
             )
         evidence_ids.add(item["id"])
+    return evidence_ids
 
-    def known(ids: list[str], path: str) -> None:
-        for index, key in enumerate(ids):
-            if key not in evidence_ids:
-                raise RecordError(
-                    file, f"{path}[{index}]", f"no evidence with id {key!r} in this file"
-                )
 
-    for index, entry in enumerate(data.get("timeline", [])):
-        known(entry.get("evidence", []), f"$.timeline[{index}].evidence")
+def _check_known_evidence(evidence_ids: set[str], file: str, ids: list[str], path: str) -> None:
+    for index, key in enumerate(ids):
+        if key not in evidence_ids:
+            raise RecordError(file, f"{path}[{index}]", f"no evidence with id {key!r} in this file")
 
+
+def _check_symptoms(data: dict[str, Any], file: str, known: KnownEvidence) -> None:
     symptom_ids: set[str] = set()
     for index, symptom in enumerate(data.get("symptoms", [])):
         if symptom["id"] in symptom_ids:
@@ -106,43 +132,49 @@ def _check_references(data: dict[str, Any], file: str) -> None:
         symptom_ids.add(symptom["id"])
         known(symptom.get("evidence", []), f"$.symptoms[{index}].evidence")
 
-    cause_ids: set[str] = set()
-    for index, cause in enumerate(data.get("causes", [])):
-        path = f"$.causes[{index}]"
-        key = cause["id"]
-        if key in cause_ids:
-            raise RecordError(file, f"{path}.id", f"duplicate cause id {key!r}")
-        cause_ids.add(key)
-        catalogue = cause.get("catalogue")
-        if key in CAUSE_CATALOGUE_IDS:
-            if catalogue not in (None, key):
-                raise RecordError(
-                    file,
-                    f"{path}.catalogue",
-                    f"catalogue cause {key!r} cannot refine {catalogue!r}; "
-                    "give the sub-hypothesis its own id",
-                )
-        elif catalogue is None:
+
+def _check_cause(
+    cause: dict[str, Any], file: str, path: str, evidence_ids: set[str], known: KnownEvidence
+) -> None:
+    """One cause: its catalogue id, its evidence links and its status history."""
+    _check_catalogue(cause, file, path)
+    links: set[tuple[str, str]] = set()
+    for link_index, link in enumerate(cause.get("evidence", [])):
+        link_path = f"{path}.evidence[{link_index}]"
+        if link["id"] not in evidence_ids:
+            raise RecordError(
+                file, f"{link_path}.id", f"no evidence with id {link['id']!r} in this file"
+            )
+        if (link["id"], link["relation"]) in links:
+            raise RecordError(
+                file, link_path, f"duplicate link to {link['id']!r} ({link['relation']})"
+            )
+        links.add((link["id"], link["relation"]))
+    _check_history(cause, file, path, known)
+
+
+def _check_catalogue(cause: dict[str, Any], file: str, path: str) -> None:
+    """A cause is a catalogue cause, or a sub-hypothesis naming the catalogue cause it refines."""
+    key = cause["id"]
+    catalogue = cause.get("catalogue")
+    if key in CAUSE_CATALOGUE_IDS:
+        if catalogue not in (None, key):
             raise RecordError(
                 file,
-                f"{path}.id",
-                f"unknown cause id {key!r}: not a catalogue id ({', '.join(CAUSE_CATALOGUE_IDS)}) "
-                "and no `catalogue` field naming the catalogue cause it refines",
+                f"{path}.catalogue",
+                f"catalogue cause {key!r} cannot refine {catalogue!r}; "
+                "give the sub-hypothesis its own id",
             )
-        links: set[tuple[str, str]] = set()
-        for link_index, link in enumerate(cause.get("evidence", [])):
-            link_path = f"{path}.evidence[{link_index}]"
-            if link["id"] not in evidence_ids:
-                raise RecordError(
-                    file, f"{link_path}.id", f"no evidence with id {link['id']!r} in this file"
-                )
-            if (link["id"], link["relation"]) in links:
-                raise RecordError(
-                    file, link_path, f"duplicate link to {link['id']!r} ({link['relation']})"
-                )
-            links.add((link["id"], link["relation"]))
-        _check_history(cause, file, path, known)
+    elif catalogue is None:
+        raise RecordError(
+            file,
+            f"{path}.id",
+            f"unknown cause id {key!r}: not a catalogue id ({', '.join(CAUSE_CATALOGUE_IDS)}) "
+            "and no `catalogue` field naming the catalogue cause it refines",
+        )
 
+
+def _check_decisions(data: dict[str, Any], file: str, known: KnownEvidence) -> None:
     for index, decision in enumerate(data.get("decisions", [])):
         path = f"$.decisions[{index}]"
         known(decision.get("evidence", []), f"{path}.evidence")
@@ -152,6 +184,11 @@ def _check_references(data: dict[str, Any], file: str) -> None:
                 file, f"{path}.revisit_on", f"revisit_on {revisit} is before the decision"
             )
 
+
+def _check_family(data: dict[str, Any], file: str, cause_ids: set[str]) -> None:
+    """Family links start at a cause of this file, once each; links within it name a cause
+    of it other than their own."""
+    slug: str = data["slug"]
     family_pairs: set[tuple[str, str, str]] = set()
     for index, link in enumerate(data.get("family", [])):
         path = f"$.family[{index}]"
@@ -173,7 +210,7 @@ def _check_references(data: dict[str, Any], file: str) -> None:
             raise RecordError(file, path, "a cause cannot be linked to itself")
 
 
-def _check_history(cause: dict[str, Any], file: str, path: str, known: Any) -> None:
+def _check_history(cause: dict[str, Any], file: str, path: str, known: KnownEvidence) -> None:
     history = cause.get("history", [])
     previous: str | None = None
     previous_at: datetime | None = None

@@ -83,16 +83,8 @@ def _rows(session: Session, model: Any, *where: Any) -> list[Any]:
     return list(session.exec(select(model).where(*where).order_by(model.id)).all())
 
 
-def load_record(session: Session, slug: str) -> dict[str, Any]:
-    """The full record of one incident as a plain dict: the canonical front matter + `body`."""
-    incident = get_incident(session, slug)
-    if incident is None:
-        raise StoreError(f"no incident with slug {slug!r}")
-    evidence = _rows(session, Evidence, Evidence.incident_id == incident.id)
-    evidence_keys = {row.id: row.key for row in evidence}
-    causes = _rows(session, Cause, Cause.incident_id == incident.id)
-    cause_rows = {row.id: row for row in causes}
-
+def _stack_record(incident: Incident) -> dict[str, Any]:
+    """The `stack` map: the indexed build columns, then the free-form extras in stored order."""
     stack = _drop_empty(
         [
             ("model", incident.model),
@@ -102,81 +94,95 @@ def load_record(session: Session, slug: str) -> dict[str, Any]:
         ]
     )
     stack.update(incident.stack)
+    return stack
 
-    cause_records = []
-    for cause in causes:
-        links = [
-            _drop_empty(
-                [
-                    ("id", evidence_keys[link.evidence_id]),
-                    ("relation", link.relation),
-                    ("note", link.note),
-                ],
-                "id",
-                "relation",
-            )
-            for link in _rows(session, EvidenceLink, EvidenceLink.cause_id == cause.id)
-        ]
-        history = [
-            _drop_empty(
-                [
-                    ("from", change.from_status),
-                    ("to", change.to_status),
-                    ("at", format_timestamp(change.changed_at)),
-                    ("actor", change.actor),
-                    ("rationale", change.rationale),
-                    ("evidence", list(change.evidence_keys)),
-                ],
-                "to",
-                "at",
-                "actor",
-                "rationale",
-            )
-            for change in _rows(session, CauseStatusChange, CauseStatusChange.cause_id == cause.id)
-        ]
-        cause_records.append(
-            _drop_empty(
-                [
-                    ("id", cause.key),
-                    ("catalogue", cause.catalogue_id),
-                    ("title", cause.title),
-                    ("status", cause.status),
-                    ("basis", cause.basis),
-                    ("rationale", cause.rationale),
-                    ("deciding_probe", cause.deciding_probe),
-                    ("evidence", links),
-                    ("history", history),
-                ],
-                "id",
-                "catalogue",
-                "title",
-                "status",
-                "basis",
-            )
-        )
 
-    decisions = [
-        _drop_empty(
-            [
-                ("kind", decision.kind),
-                ("at", format_timestamp(decision.decided_at)),
-                ("by", decision.decided_by),
-                ("rationale", decision.rationale),
-                ("tradeoff", decision.tradeoff),
-                ("fix", decision.fix),
-                ("verified", bool(decision.verified)),
-                ("revisit_on", decision.revisit_on.isoformat() if decision.revisit_on else None),
-                ("triggers", [_trigger(t) for t in decision.revisit_triggers]),
-                ("evidence", list(decision.evidence_keys)),
-            ],
-            "kind",
-            "at",
-            "rationale",
-            "verified",
-        )
-        for decision in _rows(session, Decision, Decision.incident_id == incident.id)
+def _evidence_link_record(
+    link: EvidenceLink, evidence_keys: dict[int | None, str]
+) -> dict[str, Any]:
+    return _drop_empty(
+        [
+            ("id", evidence_keys[link.evidence_id]),
+            ("relation", link.relation),
+            ("note", link.note),
+        ],
+        "id",
+        "relation",
+    )
+
+
+def _status_change_record(change: CauseStatusChange) -> dict[str, Any]:
+    return _drop_empty(
+        [
+            ("from", change.from_status),
+            ("to", change.to_status),
+            ("at", format_timestamp(change.changed_at)),
+            ("actor", change.actor),
+            ("rationale", change.rationale),
+            ("evidence", list(change.evidence_keys)),
+        ],
+        "to",
+        "at",
+        "actor",
+        "rationale",
+    )
+
+
+def _cause_record(
+    session: Session, cause: Cause, evidence_keys: dict[int | None, str]
+) -> dict[str, Any]:
+    """One cause with its evidence links and status history."""
+    links = [
+        _evidence_link_record(link, evidence_keys)
+        for link in _rows(session, EvidenceLink, EvidenceLink.cause_id == cause.id)
     ]
+    history = [
+        _status_change_record(change)
+        for change in _rows(session, CauseStatusChange, CauseStatusChange.cause_id == cause.id)
+    ]
+    return _drop_empty(
+        [
+            ("id", cause.key),
+            ("catalogue", cause.catalogue_id),
+            ("title", cause.title),
+            ("status", cause.status),
+            ("basis", cause.basis),
+            ("rationale", cause.rationale),
+            ("deciding_probe", cause.deciding_probe),
+            ("evidence", links),
+            ("history", history),
+        ],
+        "id",
+        "catalogue",
+        "title",
+        "status",
+        "basis",
+    )
 
+
+def _decision_record(decision: Decision) -> dict[str, Any]:
+    return _drop_empty(
+        [
+            ("kind", decision.kind),
+            ("at", format_timestamp(decision.decided_at)),
+            ("by", decision.decided_by),
+            ("rationale", decision.rationale),
+            ("tradeoff", decision.tradeoff),
+            ("fix", decision.fix),
+            ("verified", bool(decision.verified)),
+            ("revisit_on", decision.revisit_on.isoformat() if decision.revisit_on else None),
+            ("triggers", [_trigger(t) for t in decision.revisit_triggers]),
+            ("evidence", list(decision.evidence_keys)),
+        ],
+        "kind",
+        "at",
+        "rationale",
+        "verified",
+    )
+
+
+def _family_records(session: Session, cause_rows: dict[int | None, Cause]) -> list[dict[str, Any]]:
+    """The family links leaving this incident's causes, naming the other incident by slug."""
     family = []
     family_links = _rows(
         session,
@@ -201,42 +207,56 @@ def load_record(session: Session, slug: str) -> dict[str, Any]:
                 "other_cause",
             )
         )
+    return family
 
-    symptoms = [
-        _drop_empty(
-            [
-                ("id", row.key),
-                ("kind", row.kind),
-                ("description", row.description),
-                ("observed", dict(row.observed)),
-                ("evidence", list(row.evidence_keys)),
-            ],
-            "id",
-            "description",
-        )
-        for row in _rows(session, Symptom, Symptom.incident_id == incident.id)
-    ]
-    evidence_records = [
-        _drop_empty(
-            [
-                ("id", row.key),
-                ("kind", row.kind),
-                ("summary", row.summary),
-                ("source", row.source),
-                ("recorded_at", format_timestamp(row.recorded_at)),
-                ("payload", dict(row.payload)),
-            ],
-            "id",
-            "kind",
-            "summary",
-            "recorded_at",
-        )
-        for row in evidence
-    ]
-    references = [
-        _drop_empty([("url", row.url), ("title", row.title), ("note", row.note)])
-        for row in _rows(session, Reference, Reference.incident_id == incident.id)
-    ]
+
+def _symptom_record(row: Symptom) -> dict[str, Any]:
+    return _drop_empty(
+        [
+            ("id", row.key),
+            ("kind", row.kind),
+            ("description", row.description),
+            ("observed", dict(row.observed)),
+            ("evidence", list(row.evidence_keys)),
+        ],
+        "id",
+        "description",
+    )
+
+
+def _evidence_record(row: Evidence) -> dict[str, Any]:
+    return _drop_empty(
+        [
+            ("id", row.key),
+            ("kind", row.kind),
+            ("summary", row.summary),
+            ("source", row.source),
+            ("recorded_at", format_timestamp(row.recorded_at)),
+            ("payload", dict(row.payload)),
+        ],
+        "id",
+        "kind",
+        "summary",
+        "recorded_at",
+    )
+
+
+def _reference_record(row: Reference) -> dict[str, Any]:
+    return _drop_empty([("url", row.url), ("title", row.title), ("note", row.note)])
+
+
+def load_record(session: Session, slug: str) -> dict[str, Any]:
+    """The full record of one incident as a plain dict: the canonical front matter + `body`."""
+    incident = get_incident(session, slug)
+    if incident is None:
+        raise StoreError(f"no incident with slug {slug!r}")
+    evidence = _rows(session, Evidence, Evidence.incident_id == incident.id)
+    evidence_keys = {row.id: row.key for row in evidence}
+    causes = _rows(session, Cause, Cause.incident_id == incident.id)
+    cause_rows = {row.id: row for row in causes}
+    decisions = _rows(session, Decision, Decision.incident_id == incident.id)
+    symptoms = _rows(session, Symptom, Symptom.incident_id == incident.id)
+    references = _rows(session, Reference, Reference.incident_id == incident.id)
     record = _drop_empty(
         [
             ("slug", incident.slug),
@@ -246,14 +266,14 @@ def load_record(session: Session, slug: str) -> dict[str, Any]:
             ("closed", incident.closed_on.isoformat() if incident.closed_on else None),
             ("summary", incident.summary),
             ("impact", incident.impact),
-            ("stack", stack),
+            ("stack", _stack_record(incident)),
             ("timeline", [_timeline_entry(entry) for entry in incident.timeline]),
-            ("symptoms", symptoms),
-            ("evidence", evidence_records),
-            ("causes", cause_records),
-            ("decisions", decisions),
-            ("references", references),
-            ("family", family),
+            ("symptoms", [_symptom_record(row) for row in symptoms]),
+            ("evidence", [_evidence_record(row) for row in evidence]),
+            ("causes", [_cause_record(session, cause, evidence_keys) for cause in causes]),
+            ("decisions", [_decision_record(decision) for decision in decisions]),
+            ("references", [_reference_record(row) for row in references]),
+            ("family", _family_records(session, cause_rows)),
         ],
         "slug",
         "title",

@@ -370,9 +370,8 @@ def _check_against_database(
                 )
 
 
-def _insert_record(
-    session: Session, record: dict[str, Any], file: str
-) -> dict[tuple[str, str], int]:
+def _insert_incident(session: Session, record: dict[str, Any], file: str) -> int:
+    """The incident row itself (stack columns split from the free-form extras); its id."""
     stack = dict(record.get("stack", {}))
     incident = Incident(
         slug=record["slug"],
@@ -394,12 +393,16 @@ def _insert_record(
     session.add(incident)
     session.flush()
     assert incident.id is not None
+    return incident.id
 
+
+def _insert_evidence(session: Session, incident_id: int, record: dict[str, Any]) -> dict[str, int]:
+    """The incident's evidence; the stored id of each evidence key."""
     evidence_ids: dict[str, int] = {}
     for item in record.get("evidence", []):
         stored = add_evidence(
             session,
-            incident_id=incident.id,
+            incident_id=incident_id,
             key=item["id"],
             kind=item["kind"],
             summary=item["summary"],
@@ -409,10 +412,14 @@ def _insert_record(
         )
         assert stored.id is not None
         evidence_ids[item["id"]] = stored.id
+    return evidence_ids
+
+
+def _insert_symptoms(session: Session, incident_id: int, record: dict[str, Any]) -> None:
     for symptom in record.get("symptoms", []):
         session.add(
             Symptom(
-                incident_id=incident.id,
+                incident_id=incident_id,
                 key=symptom["id"],
                 kind=symptom.get("kind", ""),
                 description=symptom["description"],
@@ -421,55 +428,64 @@ def _insert_record(
             )
         )
 
-    cause_ids: dict[tuple[str, str], int] = {}
-    for item in record.get("causes", []):
-        history = item.get("history", [])
-        cause = Cause(
-            incident_id=incident.id,
-            key=item["id"],
-            catalogue_id=item.get("catalogue", item["id"]),
-            title=item["title"],
-            status=history[0]["to"] if history else item["status"],
-            basis=item["basis"],
-            rationale=item.get("rationale", ""),
-            deciding_probe=item.get("deciding_probe", ""),
-        )
-        session.add(cause)
-        session.flush()
-        assert cause.id is not None
-        cause_ids[(record["slug"], item["id"])] = cause.id
-        for link in item.get("evidence", []):
-            session.add(
-                EvidenceLink(
-                    cause_id=cause.id,
-                    evidence_id=evidence_ids[link["id"]],
-                    relation=link["relation"],
-                    note=link.get("note", ""),
-                )
-            )
-        if not history:
-            record_status_change(
-                session,
-                cause,
-                item["status"],
-                actor="import",
-                rationale=f"status as recorded in {Path(file).name}, which had no history",
-            )
-        for change in history:
-            record_status_change(
-                session,
-                cause,
-                change["to"],
-                actor=change["actor"],
-                rationale=change["rationale"],
-                evidence_keys=list(change.get("evidence", [])),
-                at=parse_timestamp(change["at"]),
-            )
 
+def _insert_cause(
+    session: Session,
+    incident_id: int,
+    item: dict[str, Any],
+    evidence_ids: dict[str, int],
+    file: str,
+) -> int:
+    """One cause, its evidence links and its status history (replayed in order); its id."""
+    history = item.get("history", [])
+    cause = Cause(
+        incident_id=incident_id,
+        key=item["id"],
+        catalogue_id=item.get("catalogue", item["id"]),
+        title=item["title"],
+        status=history[0]["to"] if history else item["status"],
+        basis=item["basis"],
+        rationale=item.get("rationale", ""),
+        deciding_probe=item.get("deciding_probe", ""),
+    )
+    session.add(cause)
+    session.flush()
+    assert cause.id is not None
+    for link in item.get("evidence", []):
+        session.add(
+            EvidenceLink(
+                cause_id=cause.id,
+                evidence_id=evidence_ids[link["id"]],
+                relation=link["relation"],
+                note=link.get("note", ""),
+            )
+        )
+    if not history:
+        record_status_change(
+            session,
+            cause,
+            item["status"],
+            actor="import",
+            rationale=f"status as recorded in {Path(file).name}, which had no history",
+        )
+    for change in history:
+        record_status_change(
+            session,
+            cause,
+            change["to"],
+            actor=change["actor"],
+            rationale=change["rationale"],
+            evidence_keys=list(change.get("evidence", [])),
+            at=parse_timestamp(change["at"]),
+        )
+    return cause.id
+
+
+def _insert_decisions(session: Session, incident_id: int, record: dict[str, Any]) -> None:
     for decision in record.get("decisions", []):
         session.add(
             Decision(
-                incident_id=incident.id,
+                incident_id=incident_id,
                 kind=decision["kind"],
                 decided_at=parse_timestamp(decision["at"]),
                 decided_by=decision.get("by", ""),
@@ -486,15 +502,33 @@ def _insert_record(
                 evidence_keys=list(decision.get("evidence", [])),
             )
         )
+
+
+def _insert_references(session: Session, incident_id: int, record: dict[str, Any]) -> None:
     for reference in record.get("references", []):
         session.add(
             Reference(
-                incident_id=incident.id,
+                incident_id=incident_id,
                 url=reference.get("url", ""),
                 title=reference.get("title", ""),
                 note=reference.get("note", ""),
             )
         )
+
+
+def _insert_record(
+    session: Session, record: dict[str, Any], file: str
+) -> dict[tuple[str, str], int]:
+    """One validated record (all but its family links); the stored id of each (slug, cause)."""
+    incident_id = _insert_incident(session, record, file)
+    evidence_ids = _insert_evidence(session, incident_id, record)
+    _insert_symptoms(session, incident_id, record)
+    cause_ids = {
+        (record["slug"], item["id"]): _insert_cause(session, incident_id, item, evidence_ids, file)
+        for item in record.get("causes", [])
+    }
+    _insert_decisions(session, incident_id, record)
+    _insert_references(session, incident_id, record)
     session.flush()
     return cause_ids
 
@@ -595,9 +629,7 @@ class ExportError(RecordError):
         return str(self.args[0])
 
 
-def _export_one(
-    store: Store, slug: str, out: Path
-) -> tuple[Path, str, tuple[str, bytes] | None]:
+def _export_one(store: Store, slug: str, out: Path) -> tuple[Path, str, tuple[str, bytes] | None]:
     path = out / f"{slug}.md"
     try:
         with store.session(readonly=True) as session:

@@ -15,6 +15,7 @@ import click
 
 from kb import decisions as kb_decisions
 from kb.decisions import DecisionError
+from kb.models import Decision
 from triage.catalogue import catalogue
 from triage.commands import echo_json, open_store
 from triage.engine import EngineError
@@ -136,23 +137,28 @@ def decide_command(
             at=now(),
             trigger_kinds=catalogue().triggers,
         )
-        data: dict[str, Any] = {
-            "slug": slug,
-            "kind": decision.kind,
-            "at": decision.decided_at.isoformat(),
-            "by": decision.decided_by,
-            "rationale": decision.rationale,
-            "tradeoff": decision.tradeoff,
-            "fix": decision.fix,
-            "verified": decision.verified if decision.kind == "FIXED" else None,
-            "revisit_on": decision.revisit_on.isoformat() if decision.revisit_on else None,
-            "triggers": decision.revisit_triggers,
-            "evidence": decision.evidence_keys,
-        }
+        data = _decision_data(slug, decision)
     if as_json:
         echo_json(data)
         return
     click.echo(format_decision(slug, data))
+
+
+def _decision_data(slug: str, decision: Decision) -> dict[str, Any]:
+    """A recorded decision as the JSON `decide --json` prints (read inside its session)."""
+    return {
+        "slug": slug,
+        "kind": decision.kind,
+        "at": decision.decided_at.isoformat(),
+        "by": decision.decided_by,
+        "rationale": decision.rationale,
+        "tradeoff": decision.tradeoff,
+        "fix": decision.fix,
+        "verified": decision.verified if decision.kind == "FIXED" else None,
+        "revisit_on": decision.revisit_on.isoformat() if decision.revisit_on else None,
+        "triggers": decision.revisit_triggers,
+        "evidence": decision.evidence_keys,
+    }
 
 
 def format_decision(slug: str, data: dict[str, Any]) -> str:
@@ -271,8 +277,12 @@ def revisit_command(
         for name in slugs:
             try:
                 result = revisit_incident(
-                    store, name, stack_path, max_requests=max_requests,
-                    replay_rate=replay_rate, at=now(),
+                    store,
+                    name,
+                    stack_path,
+                    max_requests=max_requests,
+                    replay_rate=replay_rate,
+                    at=now(),
                 )
             except (DecisionError, StackError, EngineError) as exc:
                 if not all_due:

@@ -3,40 +3,98 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from kb.store import data_dir
 
+if TYPE_CHECKING:
+    from triage.proxy import ProxyApp
+    from triage.proxy.diagnose import AutoDiagnose
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# In the order `triage proxy --help` lists them.
+_OPTIONS = (
+    click.option(
+        "--upstream",
+        required=True,
+        envvar="TRIAGE_PROXY_UPSTREAM",
+        help="The llama-server to forward to, e.g. http://127.0.0.1:8080.",
+    ),
+    click.option(
+        "--listen", default="127.0.0.1:8081", show_default=True, help="HOST:PORT to listen on."
+    ),
+    click.option(
+        "--stack",
+        "stack_path",
+        type=click.Path(path_type=Path, dir_okay=False, exists=True),
+        default=None,
+        help="stack.toml that --auto-diagnose replays against.",
+    ),
+    click.option(
+        "--sample-successes",
+        type=click.FloatRange(0.0, 1.0),
+        default=1.0,
+        show_default=True,
+        help="Share of working exchanges whose bodies are stored (failures: all).",
+    ),
+    click.option(
+        "--auto-diagnose",
+        is_flag=True,
+        help="Start `triage diagnose` against --stack for each incident opened.",
+    ),
+    click.option(
+        "--diagnose-upstream",
+        is_flag=True,
+        help="Allow --auto-diagnose to replay against the production upstream.",
+    ),
+    click.option(
+        "--spool",
+        "spool_path",
+        type=click.Path(path_type=Path, dir_okay=False),
+        default=None,
+        help="Where exchanges wait while the database is down "
+        "(default: DATA_DIR/proxy-spool.jsonl).",
+    ),
+    click.option(
+        "--window-minutes",
+        type=click.IntRange(1, 24 * 60),
+        default=10,
+        show_default=True,
+        help="Current window of the change detection.",
+    ),
+    click.option(
+        "--trailing-minutes",
+        type=click.IntRange(1, 7 * 24 * 60),
+        default=60,
+        show_default=True,
+        help="Trailing window it is compared with.",
+    ),
+    click.option(
+        "--upstream-timeout",
+        type=click.FloatRange(0.1, 24 * 3600),
+        default=600.0,
+        show_default=True,
+        help="Seconds allowed between two upstream bytes (then 504).",
+    ),
+    click.option("--replica", default=None, help="Name of this replica (default: host-pid)."),
+)
+
+
+def _proxy_options(command: F) -> F:
+    """Apply `_OPTIONS` as if each were a decorator written above the command, in order."""
+    for option in reversed(_OPTIONS):
+        command = option(command)
+    return command
+
 
 @click.command("proxy")
-@click.option("--upstream", required=True, envvar="TRIAGE_PROXY_UPSTREAM",
-              help="The llama-server to forward to, e.g. http://127.0.0.1:8080.")
-@click.option("--listen", default="127.0.0.1:8081", show_default=True,
-              help="HOST:PORT to listen on.")
-@click.option("--stack", "stack_path", type=click.Path(path_type=Path, dir_okay=False,
-                                                       exists=True),
-              default=None, help="stack.toml that --auto-diagnose replays against.")
-@click.option("--sample-successes", type=click.FloatRange(0.0, 1.0), default=1.0,
-              show_default=True,
-              help="Share of working exchanges whose bodies are stored (failures: all).")
-@click.option("--auto-diagnose", is_flag=True,
-              help="Start `triage diagnose` against --stack for each incident opened.")
-@click.option("--diagnose-upstream", is_flag=True,
-              help="Allow --auto-diagnose to replay against the production upstream.")
-@click.option("--spool", "spool_path", type=click.Path(path_type=Path, dir_okay=False),
-              default=None, help="Where exchanges wait while the database is down "
-              "(default: DATA_DIR/proxy-spool.jsonl).")
-@click.option("--window-minutes", type=click.IntRange(1, 24 * 60), default=10,
-              show_default=True, help="Current window of the change detection.")
-@click.option("--trailing-minutes", type=click.IntRange(1, 7 * 24 * 60), default=60,
-              show_default=True, help="Trailing window it is compared with.")
-@click.option("--upstream-timeout", type=click.FloatRange(0.1, 24 * 3600), default=600.0,
-              show_default=True, help="Seconds allowed between two upstream bytes (then 504).")
-@click.option("--replica", default=None, help="Name of this replica (default: host-pid).")
+@_proxy_options
 @click.pass_context
 def proxy_command(
     ctx: click.Context,
@@ -64,11 +122,9 @@ def proxy_command(
     if replica:
         config.replica = replica
     database = (ctx.obj or {}).get("database")
-    hook = (
-        _auto_diagnose_hook(stack_path, config.upstream, diagnose_upstream, database)
-        if auto_diagnose
-        else None
-    )
+    hook = None
+    if auto_diagnose:
+        hook = _auto_diagnose_hook(stack_path, config.upstream, diagnose_upstream, database)
     metrics = ProxyMetrics()
     recorder = Recorder(
         database,
@@ -81,14 +137,15 @@ def proxy_command(
         on_incident=hook,
     )
     app = ProxyApp(config, recorder=recorder, metrics=metrics)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     click.echo(f"triage proxy: http://{host}:{port} -> {config.upstream}", err=True)
     _serve(app, host, port, hook)
 
 
 def _auto_diagnose_hook(
     stack_path: Path | None, upstream: str, diagnose_upstream: bool, database: str | None
-) -> Any:
-    """The --auto-diagnose hook; refuses a missing stack or one aimed at the upstream."""
+) -> AutoDiagnose:
+    """The --auto-diagnose hook, refused without --stack or against the upstream itself."""
     from triage.proxy.diagnose import AutoDiagnose, AutoDiagnoseError, check_stack
 
     if stack_path is None:
@@ -100,12 +157,12 @@ def _auto_diagnose_hook(
     return AutoDiagnose(stack_path, data_dir() / "proxy-diagnoses", database_url=database)
 
 
-def _serve(app: Any, host: str, port: int, hook: Any) -> None:
+def _serve(app: ProxyApp, host: str, port: int, hook: AutoDiagnose | None) -> None:
+    """Serve until Ctrl-C; the auto-diagnose hook is stopped however the server ends."""
     import uvicorn
 
     from triage.proxy.server import uvicorn_config
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         uvicorn.Server(uvicorn_config(app, host, port, log_level="info")).run()
     except KeyboardInterrupt:

@@ -21,7 +21,7 @@ from kb.family import (
 )
 from kb.models import INCIDENT_STATUSES
 from kb.search import HIGHLIGHT_END, HIGHLIGHT_START, SearchHit, search
-from kb.store import StoreError, get_incident
+from kb.store import Store, StoreError, get_incident
 from triage.commands import echo_json, open_store
 
 _HIGHLIGHT = re.compile(f"{HIGHLIGHT_START}(.*?){HIGHLIGHT_END}", re.S)
@@ -250,43 +250,64 @@ def family_command(
     themselves (model, system_fingerprint, timings) plus --stack.
     """
     extra_kinds = {k.strip() for k in kinds.split(",") if k.strip()}
-    extra_causes = set(causes)
-    linked: list[dict[str, str]] = []
     with open_store(ctx) as store:
-        with store.session() as session:
-            incident = get_incident(session, target)
-            # Signatures stay correct without this; a refresh makes matching one SQL scan.
-            refresh_signatures(session)
-        if incident is None and not Path(target).is_file():
-            raise click.ClickException(f"{target!r} is neither a stored incident nor a file")
-        if incident is None and link:
-            raise click.UsageError("--link needs an incident SLUG (a capture has no causes yet)")
+        is_incident = _check_target(store, target, link)
         stack = _stack_file(stack_path) if stack_path else {}
         with store.session(readonly=not link) as session:
-            if incident is not None:
-                base = incident_signature(session, target)
-                query = Signature(
-                    kinds=base.kinds | extra_kinds,
-                    causes=base.causes | extra_causes,
-                    **{**base.fingerprint(), **_known(stack_fingerprint(stack))},
-                )
-                info: dict[str, Any] = {"target": target, "incident": target}
-                exclude = target
+            if is_incident:
+                query, info = _incident_query(session, target, extra_kinds, set(causes), stack)
             else:
                 query, info = _capture_signature(
-                    Path(target), response, extra_kinds, extra_causes, stack
+                    Path(target), response, extra_kinds, set(causes), stack
                 )
-                exclude = None
+            exclude = target if is_incident else None
             matches = similar_incidents(
                 session, query, limit, exclude_slug=exclude, min_score=min_score
             )
-            if link and incident is not None:
-                linked = _link(session, target, query, matches, note)
+            linked = _link(session, target, query, matches, note) if link and is_incident else []
+    _report_family(info, query, matches, linked, link=link, as_json=as_json)
+
+
+def _check_target(store: Store, target: str, link: bool) -> bool:
+    """Whether TARGET is a stored incident (else it is a capture file); refreshes signatures."""
+    with store.session() as session:
+        incident = get_incident(session, target)
+        # Signatures stay correct without this; a refresh makes matching one SQL scan.
+        refresh_signatures(session)
+    if incident is None and not Path(target).is_file():
+        raise click.ClickException(f"{target!r} is neither a stored incident nor a file")
+    if incident is None and link:
+        raise click.UsageError("--link needs an incident SLUG (a capture has no causes yet)")
+    return incident is not None
+
+
+def _incident_query(
+    session: Any, slug: str, kinds: set[str], causes: set[str], stack: dict[str, Any]
+) -> tuple[Signature, dict[str, Any]]:
+    """The stored signature of an incident, widened by the extra kinds, causes and stack."""
+    base = incident_signature(session, slug)
+    query = Signature(
+        kinds=base.kinds | kinds,
+        causes=base.causes | causes,
+        **{**base.fingerprint(), **_known(stack_fingerprint(stack))},
+    )
+    return query, {"target": slug, "incident": slug}
+
+
+def _report_family(
+    info: dict[str, Any],
+    query: Signature,
+    matches: list[FamilyMatch],
+    linked: list[dict[str, str]],
+    *,
+    link: bool,
+    as_json: bool,
+) -> None:
+    """Print the signature, the matches and the links just made (as text or JSON)."""
     if link:
         # Show the links just made.
         matches = [
-            _with_link(match, any(made["to"] == match.slug for made in linked))
-            for match in matches
+            _with_link(match, any(made["to"] == match.slug for made in linked)) for match in matches
         ]
     if as_json:
         echo_json(

@@ -14,8 +14,15 @@ from kb.store import add_evidence, get_incident, require_incident
 SOURCE = "triage bisect"
 
 
-def bisect_incident(session: Session, slug: str | None, *, title: str, model: str,
-                    flags: list[str], stack: dict[str, Any]) -> Incident:
+def bisect_incident(
+    session: Session,
+    slug: str | None,
+    *,
+    title: str,
+    model: str,
+    flags: list[str],
+    stack: dict[str, Any],
+) -> Incident:
     """The named incident (must exist), or a new open one titled `title`."""
     if slug:
         return require_incident(session, slug)
@@ -24,17 +31,29 @@ def bisect_incident(session: Session, slug: str | None, *, title: str, model: st
         today, title, exists=lambda candidate: get_incident(session, candidate) is not None
     )
     incident = Incident(
-        slug=slug, title=title, opened_on=today, status="open", model=model[:300],
+        slug=slug,
+        title=title,
+        opened_on=today,
+        status="open",
+        model=model[:300],
         summary="Opened by `triage bisect`: which llama.cpp build first fails.",
-        flags=list(flags), stack=stack,
+        flags=list(flags),
+        stack=stack,
     )
     session.add(incident)
     session.flush()
     return incident
 
 
-def record_bisect_step(session: Session, incident_id: int, summary: str,
-                       payload: dict[str, Any], *, kind: str = "probe") -> Evidence:
+def record_bisect_step(
+    session: Session,
+    incident_id: int,
+    summary: str,
+    payload: dict[str, Any],
+    *,
+    kind: str = "probe",
+) -> Evidence:
     """One tested build (kind `probe`) or the bisection's result (kind `observation`)."""
-    return add_evidence(session, incident_id=incident_id, kind=kind, summary=summary,
-                        payload=payload, source=SOURCE)
+    return add_evidence(
+        session, incident_id=incident_id, kind=kind, summary=summary, payload=payload, source=SOURCE
+    )

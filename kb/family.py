@@ -156,9 +156,7 @@ class IncidentSignature(SQLModel, table=True):
     """The stored signature of one incident (see the module docstring)."""
 
     incident_id: int = Field(
-        sa_column=Column(
-            Integer, ForeignKey("incident.id", ondelete="CASCADE"), primary_key=True
-        )
+        sa_column=Column(Integer, ForeignKey("incident.id", ondelete="CASCADE"), primary_key=True)
     )
     stale: bool = Field(default=True, sa_column=Column(Boolean, nullable=False))
     kinds_mask: int = Field(default=0, sa_column=Column(BigInteger, nullable=False))
@@ -590,9 +588,9 @@ def _ranked_statement(query: Signature, limit: int, exclude_id: int | None) -> A
     mine: ColumnElement[Any] = literal_column(
         str(int(sum(_elements(query, as_query=True).values())))
     )
-    score = (
-        cast(rows.c.shared, Float) / cast(mine + rows.c.theirs - rows.c.shared, Float)
-    ).label("score")
+    score = (cast(rows.c.shared, Float) / cast(mine + rows.c.theirs - rows.c.shared, Float)).label(
+        "score"
+    )
     return (
         select(rows.c.incident_id, score)
         .order_by(score.desc(), rows.c.incident_id.desc())

@@ -158,7 +158,9 @@ class _BoundedComposer(yaml.SafeLoader):
         self._depth += 1
         if self._depth > YAML_MAX_DEPTH:
             raise ComposerError(
-                None, None, f"nesting deeper than {YAML_MAX_DEPTH} levels",
+                None,
+                None,
+                f"nesting deeper than {YAML_MAX_DEPTH} levels",
                 self.peek_event().start_mark,  # type: ignore[no-untyped-call]
             )
         try:
@@ -173,7 +175,9 @@ class _BoundedComposer(yaml.SafeLoader):
         size = self._sizes.get(id(target))
         if size is None:
             raise ComposerError(
-                None, None, f"recursive alias *{event.anchor} (it refers to itself)",
+                None,
+                None,
+                f"recursive alias *{event.anchor} (it refers to itself)",
                 event.start_mark,
             )
         self._aliases += 1

@@ -41,9 +41,7 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 # Failing examples attached to an incident per batch: the first and latest are always kept
 # in `livesignature`; the evidence table is not a log of every request.
 MAX_EXAMPLES_PER_BATCH = 5
-LIVE_COLUMNS = tuple(
-    name for name in LiveExchange.model_fields if name not in ("id",)
-)
+LIVE_COLUMNS = tuple(name for name in LiveExchange.model_fields if name not in ("id",))
 
 
 # --------------------------------------------------------------------------- bodies

@@ -100,9 +100,11 @@ class Reply:
     def summary(self) -> str:
         """The one-line evidence summary of this reply."""
         verdict = "FAIL " + ",".join(self.kinds) if self.failed else "ok"
-        return (f"{self.arm} #{self.index} seed {self.seed}: {verdict} "
-                f"(finish={self.finish_reason}, content {self.content_chars} chars, "
-                f"reasoning {self.reasoning_chars} chars)")
+        return (
+            f"{self.arm} #{self.index} seed {self.seed}: {verdict} "
+            f"(finish={self.finish_reason}, content {self.content_chars} chars, "
+            f"reasoning {self.reasoning_chars} chars)"
+        )
 
 
 @dataclass
@@ -187,10 +189,13 @@ class ArmSummary:
     def evidence_summary(self) -> str:
         """The one-line evidence summary of this arm."""
         low, high = self.ci95
-        return (f"arm {self.arm} ({self.variant}): {self.failures}/{self.n} failed, "
-                f"95% CI {low:.2f}-{high:.2f}"
-                + (f", p={self.p_value}" if self.p_value is not None else "")
-                + f"; {self.decision}" + (f"; error: {self.error}" if self.error else ""))
+        return (
+            f"arm {self.arm} ({self.variant}): {self.failures}/{self.n} failed, "
+            f"95% CI {low:.2f}-{high:.2f}"
+            + (f", p={self.p_value}" if self.p_value is not None else "")
+            + f"; {self.decision}"
+            + (f"; error: {self.error}" if self.error else "")
+        )
 
 
 @dataclass
@@ -214,21 +219,39 @@ class DiagnosisArm:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "variant": self.variant, "level": self.level, "n": self.n,
-            "failures": self.failures, "rate": self.rate, "ci95": list(self.ci95),
-            "p_value": self.p_value, "decision": self.decision, "stopped": self.stopped,
-            "error": self.error, "speed_tok_s": self.speed_tok_s,
-            "draft_acceptance": self.draft_acceptance, "evidence": self.evidence,
+            "name": self.name,
+            "variant": self.variant,
+            "level": self.level,
+            "n": self.n,
+            "failures": self.failures,
+            "rate": self.rate,
+            "ci95": list(self.ci95),
+            "p_value": self.p_value,
+            "decision": self.decision,
+            "stopped": self.stopped,
+            "error": self.error,
+            "speed_tok_s": self.speed_tok_s,
+            "draft_acceptance": self.draft_acceptance,
+            "evidence": self.evidence,
         }
 
     @classmethod
     def from_summary(cls, summary: ArmSummary, evidence: str | None) -> DiagnosisArm:
         return cls(
-            name=summary.arm, variant=summary.variant, level=summary.level, n=summary.n,
-            failures=summary.failures, rate=summary.rate, ci95=list(summary.ci95),
-            p_value=summary.p_value, decision=summary.decision, stopped=summary.stopped,
-            error=summary.error or None, speed_tok_s=summary.speed_tok_s,
-            draft_acceptance=summary.draft_acceptance, evidence=evidence,
+            name=summary.arm,
+            variant=summary.variant,
+            level=summary.level,
+            n=summary.n,
+            failures=summary.failures,
+            rate=summary.rate,
+            ci95=list(summary.ci95),
+            p_value=summary.p_value,
+            decision=summary.decision,
+            stopped=summary.stopped,
+            error=summary.error or None,
+            speed_tok_s=summary.speed_tok_s,
+            draft_acceptance=summary.draft_acceptance,
+            evidence=evidence,
         )
 
     @classmethod
@@ -251,9 +274,13 @@ class DiagnosisCause:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "id": self.id, "status": self.status, "rationale": self.rationale,
-            "evidence": list(self.evidence), "deciding_probe": self.deciding_probe,
-            "previous_status": self.previous_status, "undecided": self.undecided,
+            "id": self.id,
+            "status": self.status,
+            "rationale": self.rationale,
+            "evidence": list(self.evidence),
+            "deciding_probe": self.deciding_probe,
+            "previous_status": self.previous_status,
+            "undecided": self.undecided,
         }
 
     @classmethod
@@ -335,7 +362,8 @@ class Diagnosis:
 @lru_cache(maxsize=1)
 def _validator() -> Draft202012Validator:
     schema = json.loads(
-        resources.files("kb").joinpath("schemas/diagnosis.schema.json").read_text("utf-8"))
+        resources.files("kb").joinpath("schemas/diagnosis.schema.json").read_text("utf-8")
+    )
     Draft202012Validator.check_schema(schema)
     return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
 
@@ -344,5 +372,6 @@ def validate_diagnosis(data: dict[str, Any]) -> None:
     """Raise DiagnosisError naming the JSON path if `data` breaks the diagnosis schema."""
     error = best_match(_validator().iter_errors(data))
     if error is not None:
-        raise DiagnosisError(f"diagnosis does not match its schema at {error.json_path}: "
-                             f"{error.message}")
+        raise DiagnosisError(
+            f"diagnosis does not match its schema at {error.json_path}: {error.message}"
+        )

@@ -105,8 +105,8 @@ def new_incident(session: Session, spec: NewIncident) -> Incident:
     today = utcnow().date()
     first = spec.kinds[0] if spec.kinds else "failure"
     slug = unique_incident_slug(
-        today, spec.model or "server", first,
-        exists=lambda s: get_incident(session, s) is not None)
+        today, spec.model or "server", first, exists=lambda s: get_incident(session, s) is not None
+    )
     incident = Incident(
         slug=slug,
         title=f"{spec.model}: {', '.join(spec.kinds) or 'failing exchange'}",
@@ -123,42 +123,62 @@ def new_incident(session: Session, spec: NewIncident) -> Incident:
     return incident
 
 
-def ensure_causes(session: Session, incident_id: int, causes: Sequence[CauseSpec],
-                  actor: str) -> None:
+def ensure_causes(
+    session: Session, incident_id: int, causes: Sequence[CauseSpec], actor: str
+) -> None:
     """Create the catalogue causes the incident does not have yet (suspected, untested)."""
     existing = {c.key for c in session.exec(select(Cause).where(Cause.incident_id == incident_id))}
     for spec in causes:
         if spec.id in existing:
             continue
-        cause = Cause(incident_id=incident_id, key=spec.id, catalogue_id=spec.id,
-                      title=spec.title, status="suspected", basis="untested",
-                      rationale="candidate from the catalogue; not yet probed")
-        record_status_change(session, cause, "suspected", actor=actor,
-                             rationale="candidate cause from the catalogue, before any probe")
+        cause = Cause(
+            incident_id=incident_id,
+            key=spec.id,
+            catalogue_id=spec.id,
+            title=spec.title,
+            status="suspected",
+            basis="untested",
+            rationale="candidate from the catalogue; not yet probed",
+        )
+        record_status_change(
+            session,
+            cause,
+            "suspected",
+            actor=actor,
+            rationale="candidate cause from the catalogue, before any probe",
+        )
 
 
-def record_exchange(session: Session, incident_id: int, exchange: dict[str, Any],
-                    findings: list[dict[str, Any]]) -> str:
+def record_exchange(
+    session: Session, incident_id: int, exchange: dict[str, Any], findings: list[dict[str, Any]]
+) -> str:
     """Store the failing exchange as evidence and its failed findings as symptoms."""
     kinds = [f["kind"] for f in findings if not f.get("passed", True)]
     evidence = add_evidence(
-        session, incident_id=incident_id, kind="exchange",
+        session,
+        incident_id=incident_id,
+        kind="exchange",
         summary="failing exchange: " + (", ".join(kinds) if kinds else "no failed finding"),
         payload={"exchange": exchange, "findings": findings},
         source=str(exchange.get("source_file") or ""),
     )
-    existing = {s.key for s in session.exec(select(Symptom).where(
-        Symptom.incident_id == incident_id))}
+    existing = {
+        s.key for s in session.exec(select(Symptom).where(Symptom.incident_id == incident_id))
+    }
     for finding in findings:
         if finding.get("passed", True) or finding["kind"] in existing:
             continue
         existing.add(finding["kind"])
-        session.add(Symptom(
-            incident_id=incident_id, key=finding["kind"], kind=finding["kind"],
-            description=str(finding.get("reason", finding["kind"])),
-            observed={"score": finding.get("score"), "where": finding.get("where")},
-            evidence_keys=[evidence.key],
-        ))
+        session.add(
+            Symptom(
+                incident_id=incident_id,
+                key=finding["kind"],
+                kind=finding["kind"],
+                description=str(finding.get("reason", finding["kind"])),
+                observed={"score": finding.get("score"), "where": finding.get("where")},
+                evidence_keys=[evidence.key],
+            )
+        )
     session.flush()
     return evidence.key
 
@@ -171,38 +191,49 @@ def start_run(session: Session, incident_id: int, plan: dict[str, Any]) -> int:
     return run.id
 
 
-def record_replies(session: Session, incident_id: int, run_id: int,
-                   replies: Sequence[Reply]) -> None:
+def record_replies(
+    session: Session, incident_id: int, run_id: int, replies: Sequence[Reply]
+) -> None:
     """Store each reply as `probe` evidence (one numbering for the whole look)."""
-    items = [{"kind": "probe", "summary": r.summary(), "payload": r.to_dict(),
-              "source": "triage diagnose"} for r in replies]
+    items = [
+        {
+            "kind": "probe",
+            "summary": r.summary(),
+            "payload": r.to_dict(),
+            "source": "triage diagnose",
+        }
+        for r in replies
+    ]
     add_evidence_many(session, incident_id, items, run_id=run_id)
     heartbeat(session, run_id)
 
 
 def run_replies(session: Session, run_id: int) -> list[Reply]:
     """The replies a run recorded (for `--resume`)."""
-    rows = session.exec(select(Evidence).where(Evidence.run_id == run_id,
-                                               Evidence.kind == "probe")).all()
-    return [Reply.from_dict(row.payload) for row in rows
-            if (row.payload or {}).get("type") == "reply"]
+    rows = session.exec(
+        select(Evidence).where(Evidence.run_id == run_id, Evidence.kind == "probe")
+    ).all()
+    return [
+        Reply.from_dict(row.payload) for row in rows if (row.payload or {}).get("type") == "reply"
+    ]
 
 
 def evidence_id(session: Session, incident_id: int, key: str) -> int:
-    row = session.exec(select(Evidence.id).where(
-        Evidence.incident_id == incident_id, Evidence.key == key)).one()
+    row = session.exec(
+        select(Evidence.id).where(Evidence.incident_id == incident_id, Evidence.key == key)
+    ).one()
     assert row is not None
     return int(row)
 
 
-def apply_verdicts(session: Session, incident_id: int, run_id: int,
-                   verdicts: Sequence[VerdictRow], actor: str) -> dict[str, dict[str, Any]]:
+def apply_verdicts(
+    session: Session, incident_id: int, run_id: int, verdicts: Sequence[VerdictRow], actor: str
+) -> dict[str, dict[str, Any]]:
     """Move each cause to its verdict, with monotone evidence: a verdict whose basis is
     weaker than what set the cause's current status (e.g. "not testable in this run" over
     a measured rejection) leaves the cause as it is. Returns, per cause, its previous
     status and whether this run moved it (`applied`)."""
-    causes = {c.key: c for c in session.exec(select(Cause).where(
-        Cause.incident_id == incident_id))}
+    causes = {c.key: c for c in session.exec(select(Cause).where(Cause.incident_id == incident_id))}
     out: dict[str, dict[str, Any]] = {}
     for verdict in verdicts:
         cause = causes.get(verdict.cause)
@@ -210,35 +241,59 @@ def apply_verdicts(session: Session, incident_id: int, run_id: int,
             continue
         previous = cause.status
         weaker = strength(verdict.basis, verdict.status) < strength(cause.basis, cause.status)
-        out[verdict.cause] = {"previous": previous, "applied": not weaker,
-                              "status": cause.status if weaker else verdict.status,
-                              "rationale": cause.rationale if weaker else verdict.rationale}
+        out[verdict.cause] = {
+            "previous": previous,
+            "applied": not weaker,
+            "status": cause.status if weaker else verdict.status,
+            "rationale": cause.rationale if weaker else verdict.rationale,
+        }
         if weaker:
             continue
         assert cause.id is not None
         for relation, keys in (("supports", verdict.supports), ("refutes", verdict.refutes)):
             for key in keys:
                 ev = evidence_id(session, incident_id, key)
-                exists = session.exec(select(EvidenceLink).where(
-                    EvidenceLink.cause_id == cause.id, EvidenceLink.evidence_id == ev,
-                    EvidenceLink.relation == relation)).first()
+                exists = session.exec(
+                    select(EvidenceLink).where(
+                        EvidenceLink.cause_id == cause.id,
+                        EvidenceLink.evidence_id == ev,
+                        EvidenceLink.relation == relation,
+                    )
+                ).first()
                 if exists is None:
-                    session.add(EvidenceLink(cause_id=cause.id, evidence_id=ev,
-                                             relation=relation, note=f"run {run_id}"))
+                    session.add(
+                        EvidenceLink(
+                            cause_id=cause.id,
+                            evidence_id=ev,
+                            relation=relation,
+                            note=f"run {run_id}",
+                        )
+                    )
         cause.rationale = verdict.rationale
         cause.deciding_probe = verdict.deciding_probe
         cause.basis = verdict.basis
         if cause.status != verdict.status or verdict.status != "suspected":
-            record_status_change(session, cause, verdict.status, actor=actor,
-                                 rationale=verdict.rationale,
-                                 evidence_keys=[*verdict.supports, *verdict.refutes])
+            record_status_change(
+                session,
+                cause,
+                verdict.status,
+                actor=actor,
+                rationale=verdict.rationale,
+                evidence_keys=[*verdict.supports, *verdict.refutes],
+            )
         session.add(cause)
     session.flush()
     return out
 
 
-def set_run_state(session: Session, run_id: int, state: str, *,
-                  finished: bool = False, result: dict[str, Any] | None = None) -> None:
+def set_run_state(
+    session: Session,
+    run_id: int,
+    state: str,
+    *,
+    finished: bool = False,
+    result: dict[str, Any] | None = None,
+) -> None:
     run = session.get(TriageRun, run_id)
     if run is None:
         return
@@ -270,8 +325,9 @@ def _beat(run: TriageRun) -> None:
 def last_heartbeat(run: TriageRun) -> datetime:
     """When the run last showed signs of life (its start when it never beat)."""
     beat = (run.plan or {}).get(HEARTBEAT)
-    started = run.started_at if run.started_at.tzinfo else \
-        run.started_at.replace(tzinfo=timezone.utc)
+    started = (
+        run.started_at if run.started_at.tzinfo else run.started_at.replace(tzinfo=timezone.utc)
+    )
     if not isinstance(beat, str):
         return started
     try:
@@ -281,13 +337,15 @@ def last_heartbeat(run: TriageRun) -> datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
 
-def mark_stale_runs(session: Session, *, now: datetime | None = None,
-                    stale_after: timedelta = STALE_AFTER) -> list[int]:
+def mark_stale_runs(
+    session: Session, *, now: datetime | None = None, stale_after: timedelta = STALE_AFTER
+) -> list[int]:
     """Mark running runs whose heartbeat stopped as interrupted; returns their ids."""
     now = now or utcnow()
     stale = []
-    for run in session.exec(select(TriageRun).where(TriageRun.state == "running",
-                                                    col(TriageRun.finished_at).is_(None))):
+    for run in session.exec(
+        select(TriageRun).where(TriageRun.state == "running", col(TriageRun.finished_at).is_(None))
+    ):
         if now - last_heartbeat(run) > stale_after:
             run.state = "interrupted"
             session.add(run)
@@ -301,16 +359,20 @@ def latest_result(session: Session, slug: str) -> tuple[TriageRun | None, bool]:
     incident = get_incident(session, slug)
     if incident is None:
         return None, False
-    run = session.exec(select(TriageRun).where(TriageRun.incident_id == incident.id)
-                       .order_by(col(TriageRun.id).desc())).first()
+    run = session.exec(
+        select(TriageRun)
+        .where(TriageRun.incident_id == incident.id)
+        .order_by(col(TriageRun.id).desc())
+    ).first()
     return run, True
 
 
 def unfinished_run(session: Session, slug: str | None) -> TriageRun | None:
     """The latest run without a result (interrupted or ended with errors), optionally of
     one incident."""
-    query = select(TriageRun).where(col(TriageRun.finished_at).is_(None)
-                                    | (TriageRun.state == "partial"))
+    query = select(TriageRun).where(
+        col(TriageRun.finished_at).is_(None) | (TriageRun.state == "partial")
+    )
     if slug:
         incident = get_incident(session, slug)
         if incident is None:
@@ -331,8 +393,11 @@ def latest_diagnosis(session: Session, slug: str) -> dict[str, Any] | None:
     incident = get_incident(session, slug)
     if incident is None:
         return None
-    for run in session.exec(select(TriageRun).where(TriageRun.incident_id == incident.id)
-                            .order_by(col(TriageRun.id).desc())):
+    for run in session.exec(
+        select(TriageRun)
+        .where(TriageRun.incident_id == incident.id)
+        .order_by(col(TriageRun.id).desc())
+    ):
         if run.result and run.result.get("incident"):
             return dict(run.result)
     return None

@@ -215,9 +215,7 @@ def _filters(
     binds: list[Any] = []
     if statuses:
         if correlated:
-            where += (
-                f" AND (SELECT i.status FROM incident i WHERE i.id = {id_column}) IN :statuses"
-            )
+            where += f" AND (SELECT i.status FROM incident i WHERE i.id = {id_column}) IN :statuses"
         else:
             where += f" AND {id_column} IN (SELECT id FROM incident WHERE status IN :statuses)"
         params["statuses"] = list(statuses)

@@ -73,9 +73,7 @@ def _key_order(item: dict[str, Any]) -> tuple[str, int, str]:
     return (str(item.get("id", "")), -1, "")
 
 
-def merge_evidence(
-    front: list[dict[str, Any]], side: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
+def merge_evidence(front: list[dict[str, Any]], side: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The record's evidence from its two halves: each half keeps its order, interleaved by
     evidence number -- the order the store numbered them in, so a re-import stores the
     rows in the original order and the next export is byte-identical."""
@@ -119,9 +117,7 @@ def decode_sidecar(raw: bytes, file: Path | str, gzipped: bool) -> list[dict[str
         except (OSError, EOFError) as exc:
             raise SidecarError(file, "$", f"not a gzip file: {exc}") from None
         if len(raw) > MAX_SIDECAR_BYTES:
-            raise SidecarError(
-                file, "$", f"decompresses to more than {MAX_SIDECAR_BYTES} bytes"
-            )
+            raise SidecarError(file, "$", f"decompresses to more than {MAX_SIDECAR_BYTES} bytes")
     items: list[dict[str, Any]] = []
     for number, line in enumerate(raw.split(b"\n"), start=1):
         if not line.strip():

@@ -18,9 +18,26 @@ SLUG_MAX = 200  # the schema's maxLength
 # Letters NFKD does not decompose into ASCII plus marks.
 _LETTERS = str.maketrans(
     {
-        "ß": "ss", "ẞ": "ss", "æ": "ae", "Æ": "ae", "œ": "oe", "Œ": "oe", "ø": "o", "Ø": "o",
-        "đ": "d", "Đ": "d", "ð": "d", "Ð": "d", "ł": "l", "Ł": "l", "þ": "th", "Þ": "th",
-        "ı": "i", "ŋ": "ng", "ħ": "h", "ŧ": "t",
+        "ß": "ss",
+        "ẞ": "ss",
+        "æ": "ae",
+        "Æ": "ae",
+        "œ": "oe",
+        "Œ": "oe",
+        "ø": "o",
+        "Ø": "o",
+        "đ": "d",
+        "Đ": "d",
+        "ð": "d",
+        "Ð": "d",
+        "ł": "l",
+        "Ł": "l",
+        "þ": "th",
+        "Þ": "th",
+        "ı": "i",
+        "ŋ": "ng",
+        "ħ": "h",
+        "ŧ": "t",
     }
 )
 
@@ -45,9 +62,7 @@ def incident_slug(opened: date, *parts: str) -> str:
     return f"{opened.isoformat()}-{name}"[:SLUG_MAX].rstrip("-")
 
 
-def unique_incident_slug(
-    opened: date, *parts: str, exists: Callable[[str], bool]
-) -> str:
+def unique_incident_slug(opened: date, *parts: str, exists: Callable[[str], bool]) -> str:
     """`incident_slug(...)`, with `-2`, `-3`, ... appended while `exists(slug)` is true."""
     base = incident_slug(opened, *parts)[: SLUG_MAX - 8].rstrip("-")
     slug, suffix = base, 2

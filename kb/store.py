@@ -198,8 +198,9 @@ def get_incident(session: Session, slug: str) -> Incident | None:
 TITLE_MAX = 300
 
 
-def open_incident(session: Session, title: str, *, model: str = "", summary: str = "",
-                  opened_on: Any = None) -> Incident:
+def open_incident(
+    session: Session, title: str, *, model: str = "", summary: str = "", opened_on: Any = None
+) -> Incident:
     """Open an incident by hand (status open): its slug from the date and the title, ASCII
     and unique (`kb.slugs`). Refuses an empty or over-long title or model."""
     from kb.slugs import unique_incident_slug
@@ -212,10 +213,12 @@ def open_incident(session: Session, title: str, *, model: str = "", summary: str
     if len(model) > 300:
         raise StoreError(f"model: {len(model)} characters, at most 300")
     opened = opened_on or utcnow().date()
-    slug = unique_incident_slug(opened, title,
-                                exists=lambda s: get_incident(session, s) is not None)
-    incident = Incident(slug=slug, title=title, opened_on=opened, status="open",
-                        summary=summary, model=model)
+    slug = unique_incident_slug(
+        opened, title, exists=lambda s: get_incident(session, s) is not None
+    )
+    incident = Incident(
+        slug=slug, title=title, opened_on=opened, status="open", summary=summary, model=model
+    )
     session.add(incident)
     session.flush()
     return incident
@@ -254,7 +257,8 @@ def record_status_change(
         known = set(
             session.exec(
                 select(Evidence.key).where(
-                    Evidence.incident_id == cause.incident_id, Evidence.key.in_(keys)  # type: ignore[attr-defined]
+                    Evidence.incident_id == cause.incident_id,
+                    Evidence.key.in_(keys),  # type: ignore[attr-defined]
                 )
             ).all()
         )
@@ -262,9 +266,9 @@ def record_status_change(
         if missing:
             raise StoreError(f"cause {cause.key!r}: unknown evidence id(s) {missing}")
     history = session.exec(
-        select(func.count()).select_from(CauseStatusChange).where(
-            CauseStatusChange.cause_id == cause.id
-        )
+        select(func.count())
+        .select_from(CauseStatusChange)
+        .where(CauseStatusChange.cause_id == cause.id)
     ).one()
     change = CauseStatusChange(
         cause_id=cause.id,
@@ -355,7 +359,8 @@ def allocate_evidence_numbers(
 def _scan_next_number(session: Session, incident_id: int | None, prefix: str) -> int:
     rows = session.exec(
         select(Evidence.key).where(
-            Evidence.incident_id == incident_id if incident_id is not None
+            Evidence.incident_id == incident_id
+            if incident_id is not None
             else Evidence.incident_id.is_(None)  # type: ignore[union-attr]
         )
     ).all()

@@ -435,8 +435,10 @@ class FailureRate(BaseKind):
             # attached captures would overstate the rate: use its full counts instead.
             failures, n = context.live_counts
             if n >= minimum and failures / n > threshold:
-                reason = (f"{failures}/{n} live exchanges failed since parked "
-                          f"({failures / n:.0%} > {threshold:.0%})")
+                reason = (
+                    f"{failures}/{n} live exchanges failed since parked "
+                    f"({failures / n:.0%} > {threshold:.0%})"
+                )
                 return TriggerState(trigger, label, True, reason)
             reason = f"{failures}/{n} live exchanges failed since parked (needs >= {minimum})"
             return TriggerState(trigger, label, False, reason)
@@ -496,7 +498,10 @@ class DateTrigger(BaseKind):
         on = as_date(trigger.get("on"), "date trigger")
         state = date_state(on, context.today, context.revisit, "date")
         return TriggerState(
-            trigger, labelled(self.describe(trigger), trigger), state.fired, state.reason,
+            trigger,
+            labelled(self.describe(trigger), trigger),
+            state.fired,
+            state.reason,
             state.evidence_keys,
         )
 
@@ -535,9 +540,7 @@ def normalise(trigger: Any, kinds: KindLookup | None = None) -> dict[str, Any]:
     kind_id = trigger.get("kind")
     kind = registry.get(kind_id) if isinstance(kind_id, str) else None
     if kind is None:
-        raise DecisionError(
-            f"unknown trigger kind {kind_id!r} (expected one of {ids(registry)})"
-        )
+        raise DecisionError(f"unknown trigger kind {kind_id!r} (expected one of {ids(registry)})")
     kind.normalise(trigger)
     return {"kind": kind_id, **{k: v for k, v in trigger.items() if k != "kind"}}
 
@@ -557,7 +560,9 @@ def check(
     kind = _lookup(kinds).get(kind_id) if isinstance(kind_id, str) else None
     if kind is None:
         return TriggerState(
-            trigger, describe(trigger, kinds), False,
+            trigger,
+            describe(trigger, kinds),
+            False,
             f"unknown trigger kind {kind_id!r}: check by hand",
         )
     return kind.check(trigger, context)  # type: ignore[no-any-return]

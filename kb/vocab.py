@@ -173,8 +173,12 @@ def record_numbers(session: Session, section: str, numbers: Mapping[str, int]) -
     for term_id, number in sorted(numbers.items(), key=lambda item: item[1]):
         if term_id in existing:
             continue
-        values = {"section": section, "term_id": term_id, "number": int(number),
-                  "recorded_at": utcnow()}
+        values = {
+            "section": section,
+            "term_id": term_id,
+            "number": int(number),
+            "recorded_at": utcnow(),
+        }
         try:
             with session.begin_nested():
                 session.connection().execute(_TABLE.insert().values(**values))

@@ -88,8 +88,10 @@ class BuildResult:
         lo, hi = self.ci95
         extra = f" p={self.p_value:.3g}" if self.p_value is not None else ""
         error = f" ({self.error})" if self.error else ""
-        return (f"b{self.build}: {self.verdict} -- {self.failures}/{self.n} failed, rate {rate} "
-                f"[{lo:.2f}, {hi:.2f}]{extra}{error}")
+        return (
+            f"b{self.build}: {self.verdict} -- {self.failures}/{self.n} failed, rate {rate} "
+            f"[{lo:.2f}, {hi:.2f}]{extra}{error}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "rate": self.rate, "ci95": self.ci95}
@@ -132,11 +134,17 @@ class BisectReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "outcome": self.outcome, "good": self.good, "bad": self.bad,
-            "last_good": self.last_good, "first_bad": self.first_bad,
-            "candidates": self.candidates, "builds_in_range": self.builds_in_range,
-            "builds_tested": len(self.tested), "requests": self.requests,
-            "message": self.message, "tested": [r.to_dict() for r in self.tested],
+            "outcome": self.outcome,
+            "good": self.good,
+            "bad": self.bad,
+            "last_good": self.last_good,
+            "first_bad": self.first_bad,
+            "candidates": self.candidates,
+            "builds_in_range": self.builds_in_range,
+            "builds_tested": len(self.tested),
+            "requests": self.requests,
+            "message": self.message,
+            "tested": [r.to_dict() for r in self.tested],
         }
 
 
@@ -157,10 +165,16 @@ def versions_between(published: Iterable[int], good: int, bad: int) -> list[int]
 class Bisector:
     """The noisy bisection over `versions` (ascending; first = good, last = bad)."""
 
-    def __init__(self, versions: list[int], oracle: BuildOracle, *,
-                 options: BisectOptions | None = None, on_result: ResultHook | None = None,
-                 state_key: dict[str, Any] | None = None,
-                 meta: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        versions: list[int],
+        oracle: BuildOracle,
+        *,
+        options: BisectOptions | None = None,
+        on_result: ResultHook | None = None,
+        state_key: dict[str, Any] | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
         if len(versions) < 2:
             raise BisectError("a bisection needs a good and a bad build")
         self.versions = list(versions)
@@ -192,8 +206,12 @@ class Bisector:
         if path is None:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        state = {"key": self.state_key, "versions": self.versions, "meta": self.meta,
-                 "results": [r.to_dict() for r in self.results.values()]}
+        state = {
+            "key": self.state_key,
+            "versions": self.versions,
+            "meta": self.meta,
+            "results": [r.to_dict() for r in self.results.values()],
+        }
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(json.dumps(state, indent=2) + "\n")
         os.replace(tmp, path)
@@ -234,13 +252,13 @@ class Bisector:
                 failed = self.oracle.replay(build, result.n, target - result.n)
                 result.failures += sum(failed)
                 result.n += len(failed)
-                cmp = compare(reference.failures, reference.n, result.failures, result.n,
-                              looks=len(schedule))
+                cmp = compare(
+                    reference.failures, reference.n, result.failures, result.n, looks=len(schedule)
+                )
                 result.decision, result.p_value = cmp.decision, cmp.p_less
                 if cmp.decision in ("removes", "unchanged"):
                     break
-            result.verdict = {"removes": "good", "unchanged": "bad"}.get(result.decision,
-                                                                          "skipped")
+            result.verdict = {"removes": "good", "unchanged": "bad"}.get(result.decision, "skipped")
         except OracleError as exc:
             result.verdict, result.decision, result.error = "skipped", "errored", str(exc)
         finally:
@@ -254,21 +272,28 @@ class Bisector:
         report = BisectReport("inconclusive", good, bad, builds_in_range=len(self.versions))
         reference = self._reference()
         if reference.verdict == "skipped":
-            return self._report(report, "inconclusive",
-                                f"the bad build could not be measured: {reference.error}")
+            return self._report(
+                report, "inconclusive", f"the bad build could not be measured: {reference.error}"
+            )
         if not baseline_reproduces(reference.failures, reference.n):
-            return self._report(report, "not-reproduced",
-                                f"b{bad} did not reproduce the failure "
-                                f"({reference.failures}/{reference.n})")
+            return self._report(
+                report,
+                "not-reproduced",
+                f"b{bad} did not reproduce the failure ({reference.failures}/{reference.n})",
+            )
         good_result = self._test(good, reference, "good-endpoint")
         if good_result.verdict == "bad":
-            return self._report(report, "no-regression",
-                                f"b{good} fails like b{bad} ({good_result.failures}/"
-                                f"{good_result.n} vs {reference.failures}/{reference.n}): "
-                                "the failure is not a regression between them")
+            return self._report(
+                report,
+                "no-regression",
+                f"b{good} fails like b{bad} ({good_result.failures}/"
+                f"{good_result.n} vs {reference.failures}/{reference.n}): "
+                "the failure is not a regression between them",
+            )
         if good_result.verdict != "good":
-            return self._report(report, "inconclusive",
-                                f"b{good} could not be shown good: {good_result.describe()}")
+            return self._report(
+                report, "inconclusive", f"b{good} could not be shown good: {good_result.describe()}"
+            )
         low, high = 0, len(self.versions) - 1
         while high - low > 1:
             index = self._next_index(low, high)
@@ -280,18 +305,24 @@ class Bisector:
             elif result.verdict == "bad":
                 high = index
         report.last_good, report.first_bad = self.versions[low], self.versions[high]
-        report.candidates = self.versions[low + 1: high + 1]
+        report.candidates = self.versions[low + 1 : high + 1]
         if len(report.candidates) == 1:
             return self._report(report, "first-bad", f"first bad build: b{report.first_bad}")
         names = ", ".join(f"b{v}" for v in report.candidates)
-        return self._report(report, "range", f"first bad build is one of {names} "
-                            "(the builds between could not be decided)")
+        return self._report(
+            report,
+            "range",
+            f"first bad build is one of {names} (the builds between could not be decided)",
+        )
 
     def _next_index(self, low: int, high: int) -> int | None:
         """The untested build nearest the middle of (low, high); None when all are skipped."""
         middle = (low + high) / 2
-        open_ = [i for i in range(low + 1, high)
-                 if self.results.get(self.versions[i], BuildResult(0)).verdict != "skipped"]
+        open_ = [
+            i
+            for i in range(low + 1, high)
+            if self.results.get(self.versions[i], BuildResult(0)).verdict != "skipped"
+        ]
         return min(open_, key=lambda i: (abs(i - middle), i)) if open_ else None
 
     def _report(self, report: BisectReport, outcome: str, message: str) -> BisectReport:
@@ -300,12 +331,18 @@ class Bisector:
         return report
 
 
-def state_key(good: int, bad: int, request: dict[str, Any], stack_key: str,
-              versions: list[int]) -> dict[str, Any]:
+def state_key(
+    good: int, bad: int, request: dict[str, Any], stack_key: str, versions: list[int]
+) -> dict[str, Any]:
     """What a saved state must match to be resumed."""
     digest = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()[:16]
-    return {"good": good, "bad": bad, "request_sha256": digest, "stack": stack_key,
-            "builds": len(versions)}
+    return {
+        "good": good,
+        "bad": bad,
+        "request_sha256": digest,
+        "stack": stack_key,
+        "builds": len(versions),
+    }
 
 
 def saved_meta(path: Path) -> dict[str, Any]:
@@ -367,9 +404,13 @@ def _sdist_commit_id(src: Path) -> str | None:
 
 def changed_files(old: Path, new: Path) -> list[str]:
     """Relative paths added, removed or modified between two source trees."""
+
     def listing(root: Path) -> dict[str, int]:
-        return {str(p.relative_to(root)): p.stat().st_size
-                for p in root.rglob("*") if p.is_file() and not p.is_symlink()}
+        return {
+            str(p.relative_to(root)): p.stat().st_size
+            for p in root.rglob("*")
+            if p.is_file() and not p.is_symlink()
+        }
 
     before, after = listing(old), listing(new)
     changed = set(before) ^ set(after)
@@ -390,10 +431,18 @@ class ServerOracle:
     """Replays on real builds: `binary_for(build)` gives each build's llama-server (built
     once into the cache by default); one server per build, kept up for all its looks."""
 
-    def __init__(self, stack: Any, request: dict[str, Any], *,
-                 binary_for: Callable[[int], Path] | None = None, seed: int = 1000,
-                 log_dir: Path | None = None, ready_timeout: float = 60.0,
-                 request_timeout: float = 180.0, concurrency: int = 4) -> None:
+    def __init__(
+        self,
+        stack: Any,
+        request: dict[str, Any],
+        *,
+        binary_for: Callable[[int], Path] | None = None,
+        seed: int = 1000,
+        log_dir: Path | None = None,
+        ready_timeout: float = 60.0,
+        request_timeout: float = 180.0,
+        concurrency: int = 4,
+    ) -> None:
         self.stack = stack
         self.request = request
         self.binary_for = binary_for or _cached_build
@@ -456,8 +505,7 @@ class ServerOracle:
 
         # A stack with --api-key: the key goes to the server, kept in memory only.
         api_key = api_key_from_args(self.stack.server.args)
-        async with LlamaClient(base_url, timeout=self.request_timeout,
-                               api_key=api_key) as client:
+        async with LlamaClient(base_url, timeout=self.request_timeout, api_key=api_key) as client:
             return list(await asyncio.gather(*(one(client, start + i) for i in range(count))))
 
     def release(self, build: int) -> None:

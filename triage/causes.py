@@ -154,11 +154,13 @@ def _catalogue_causes() -> list[Any]:
     return list(catalogue().causes)
 
 
-def decide(arms: Mapping[str, ArmOutcome], obs: Observations,
-           causes: Iterable[Any] | None = None) -> list[Verdict]:
+def decide(
+    arms: Mapping[str, ArmOutcome], obs: Observations, causes: Iterable[Any] | None = None
+) -> list[Verdict]:
     """Apply every cause's rule (default: the catalogue's causes, by stable number)."""
-    chosen = sorted(_catalogue_causes() if causes is None else causes,
-                    key=lambda cause: int(cause.number))
+    chosen = sorted(
+        _catalogue_causes() if causes is None else causes, key=lambda cause: int(cause.number)
+    )
     return [cause.decide(arms, obs) for cause in chosen]
 
 
@@ -182,10 +184,18 @@ def share(arm: ArmOutcome, *kinds: str) -> float:
     return max((arm.kind_counts.get(k, 0) for k in kinds), default=0) / arm.failures
 
 
-def suspect(cause: str, why: str, probe: str, *, supports: list[str] | None = None,
-            basis: str = "measured") -> Verdict:
-    return Verdict(cause, "suspected", why, supports=supports or [], deciding_probe=probe,
-                   undecided=f"would be decided by: {probe}", basis=basis)
+def suspect(
+    cause: str, why: str, probe: str, *, supports: list[str] | None = None, basis: str = "measured"
+) -> Verdict:
+    return Verdict(
+        cause,
+        "suspected",
+        why,
+        supports=supports or [],
+        deciding_probe=probe,
+        undecided=f"would be decided by: {probe}",
+        basis=basis,
+    )
 
 
 def not_reproduced(cause: str, base: ArmOutcome, probe: str) -> Verdict:
@@ -193,7 +203,8 @@ def not_reproduced(cause: str, base: ArmOutcome, probe: str) -> Verdict:
         cause,
         f"the failure did not reproduce: baseline {base.kn()}; nothing can be attributed "
         "until it does (replay more, or capture the exact failing request)",
-        probe, basis="untested",
+        probe,
+        basis="untested",
     )
 
 
@@ -205,61 +216,106 @@ def unchanged(arm: ArmOutcome | None) -> bool:
     return arm is not None and arm.ran and arm.decision == "unchanged"
 
 
-def arm_gate(cause: str, arm: ArmOutcome | None, base: ArmOutcome, is_reproduced: bool,
-             name: str, *, available: bool, missing: str, hint: str) -> Verdict | None:
+def arm_gate(
+    cause: str,
+    arm: ArmOutcome | None,
+    base: ArmOutcome,
+    is_reproduced: bool,
+    name: str,
+    *,
+    available: bool,
+    missing: str,
+    hint: str,
+) -> Verdict | None:
     """The verdict when an arm cannot decide: not configured, did not run, or the baseline
     does not reproduce. None when the arm's outcome decides."""
     if not available:
-        return suspect(cause, f"not testable with this stack: {missing}", f"{name} ({hint})",
-                       basis="untested")
+        return suspect(
+            cause, f"not testable with this stack: {missing}", f"{name} ({hint})", basis="untested"
+        )
     if arm is None or not arm.ran:
-        return suspect(cause, f"the {name} arm did not run: {arm.error if arm else ''}", name,
-                       basis="untested")
+        return suspect(
+            cause, f"the {name} arm did not run: {arm.error if arm else ''}", name, basis="untested"
+        )
     if not is_reproduced:
         return not_reproduced(cause, base, name)
     return None
 
 
-def removal_verdict(cause: str, arm: ArmOutcome, base: ArmOutcome, *, removes_text: str,
-                    unchanged_text: str, note: str = "", rejected_note: str = "",
-                    supports: tuple[str, ...] = ()) -> Verdict:
+def removal_verdict(
+    cause: str,
+    arm: ArmOutcome,
+    base: ArmOutcome,
+    *,
+    removes_text: str,
+    unchanged_text: str,
+    note: str = "",
+    rejected_note: str = "",
+    supports: tuple[str, ...] = (),
+) -> Verdict:
     """Confirmed when the arm removes the failure, rejected when it leaves it unchanged."""
     if removes(arm):
         return Verdict(
-            cause, "confirmed",
+            cause,
+            "confirmed",
             f"{removes_text}: {arm.kn()} vs baseline {base.kn()} (p={arm.p_value:.2g}){note}",
-            supports=[arm.name, *supports], deciding_probe=arm.name,
+            supports=[arm.name, *supports],
+            deciding_probe=arm.name,
         )
     if unchanged(arm):
         return Verdict(
-            cause, "rejected",
+            cause,
+            "rejected",
             f"{unchanged_text}: {arm.kn()} vs baseline {base.kn()}{note}{rejected_note}",
-            refutes=[arm.name], deciding_probe=arm.name,
+            refutes=[arm.name],
+            deciding_probe=arm.name,
         )
-    return suspect(cause, f"undecided at the cap: {arm.name} {arm.kn()}{note}",
-                   f"{arm.name} with more replays")
+    return suspect(
+        cause, f"undecided at the cap: {arm.name} {arm.kn()}{note}", f"{arm.name} with more replays"
+    )
 
 
-def server_arm_rule(cause: str, arm_name: str, *, available: Callable[[Observations], bool],
-                    missing: str, hint: str, removes_text: str, unchanged_text: str
-                    ) -> Callable[[Mapping[str, ArmOutcome], Observations], Verdict]:
+def server_arm_rule(
+    cause: str,
+    arm_name: str,
+    *,
+    available: Callable[[Observations], bool],
+    missing: str,
+    hint: str,
+    removes_text: str,
+    unchanged_text: str,
+) -> Callable[[Mapping[str, ArmOutcome], Observations], Verdict]:
     """The common rule of a cause decided by one server-level arm that removes it."""
 
     def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
         base, arm = baseline_of(arms), arms.get(arm_name)
-        gate = arm_gate(cause, arm, base, reproduces(arms), arm_name,
-                        available=available(obs), missing=missing, hint=hint)
+        gate = arm_gate(
+            cause,
+            arm,
+            base,
+            reproduces(arms),
+            arm_name,
+            available=available(obs),
+            missing=missing,
+            hint=hint,
+        )
         if gate is not None:
             return gate
         assert arm is not None
-        return removal_verdict(cause, arm, base, removes_text=removes_text,
-                               unchanged_text=unchanged_text)
+        return removal_verdict(
+            cause, arm, base, removes_text=removes_text, unchanged_text=unchanged_text
+        )
 
     return rule
 
 
-def observations_from(facts: Mapping[str, dict[str, Any]], stack: Any, *, speculative: bool,
-                      planned: tuple[str, ...] = ()) -> Observations:
+def observations_from(
+    facts: Mapping[str, dict[str, Any]],
+    stack: Any,
+    *,
+    speculative: bool,
+    planned: tuple[str, ...] = (),
+) -> Observations:
     """The rules' view of a run: the built-in observations read into their fields, every
     observation (plugins' too) kept in `facts`."""
     template = facts.get("template-render", {})

@@ -27,8 +27,9 @@ DRILL = "gemma4-thinking-budget"
 REPO_INCIDENTS = Path(__file__).resolve().parent.parent / "incidents"
 
 
-async def _first_failure(base_url: str, request: dict[str, Any], seeds: range
-                         ) -> tuple[dict[str, Any], bytes] | None:
+async def _first_failure(
+    base_url: str, request: dict[str, Any], seeds: range
+) -> tuple[dict[str, Any], bytes] | None:
     from triage.engine import classify_reply
     from triage.llama.client import LlamaClient
 
@@ -42,8 +43,9 @@ async def _first_failure(base_url: str, request: dict[str, Any], seeds: range
     return None
 
 
-def capture_failing_exchange(stack_path: Path, request: dict[str, Any], out_dir: Path
-                             ) -> tuple[Path, Path]:
+def capture_failing_exchange(
+    stack_path: Path, request: dict[str, Any], out_dir: Path
+) -> tuple[Path, Path]:
     """Send the drill's request until a reply fails; save the real request/response pair."""
     from triage.llama.client import LlamaClientError
 
@@ -87,16 +89,17 @@ def crash_report_of(error: BaseException) -> CrashReport | None:
 
 def crash_message(report: CrashReport, stack_path: Path) -> str:
     """What the user reads when the demo's server crashed or hung."""
-    lines = [f"the demo's llama-server failed: {report.sentence()}",
-             f"  drill stack: {stack_path}"]
+    lines = [f"the demo's llama-server failed: {report.sentence()}", f"  drill stack: {stack_path}"]
     if report.log_path:
         lines.append(f"  server log:  {report.log_path}")
     if report.log_tail:
         lines.append("  last log lines:")
         lines += [f"    {line}" for line in report.log_tail[-10:]]
     if report.amx_suspected and not report.host_amx:
-        lines.append("  This host's CPU flags show no AMX, so the drill ran without --no-repack; "
-                     "if the server runs on an AMX CPU, set TRIAGE_CPU_FLAGS=amx_int8 to add it.")
+        lines.append(
+            "  This host's CPU flags show no AMX, so the drill ran without --no-repack; "
+            "if the server runs on an AMX CPU, set TRIAGE_CPU_FLAGS=amx_int8 to add it."
+        )
     return "\n".join(lines)
 
 
@@ -107,8 +110,13 @@ def _say(progress: ProgressFn | None, message: str) -> None:
         progress(ProgressEvent("host", message))
 
 
-def run_demo(database: str | None, work_dir: Path | None, *, max_requests: int = 32,
-             progress: ProgressFn | None = None) -> dict[str, Any]:
+def run_demo(
+    database: str | None,
+    work_dir: Path | None,
+    *,
+    max_requests: int = 32,
+    progress: ProgressFn | None = None,
+) -> dict[str, Any]:
     """Build the drill, capture a failing exchange, diagnose it; DemoError if a server dies."""
     from triage.drills import build_drill
 
@@ -116,8 +124,10 @@ def run_demo(database: str | None, work_dir: Path | None, *, max_requests: int =
     drill = build_drill(DRILL, work / "drill")
     stack_path = drill.out_dir / "stack.toml"
     if drill.host_note:
-        _say(progress, f"{drill.host_note}: the drill's servers run with --no-repack "
-                       f"(see {stack_path})")
+        _say(
+            progress,
+            f"{drill.host_note}: the drill's servers run with --no-repack (see {stack_path})",
+        )
     try:
         return _run(drill, stack_path, database, work, max_requests, progress)
     except Exception as exc:
@@ -127,16 +137,22 @@ def run_demo(database: str | None, work_dir: Path | None, *, max_requests: int =
         raise DemoError(crash_message(report, stack_path)) from exc
 
 
-def _run(drill: Any, stack_path: Path, database: str | None, work: Path, max_requests: int,
-         progress: ProgressFn | None) -> dict[str, Any]:
+def _run(
+    drill: Any,
+    stack_path: Path,
+    database: str | None,
+    work: Path,
+    max_requests: int,
+    progress: ProgressFn | None,
+) -> dict[str, Any]:
     from triage.capture import load_file
     from triage.symptoms import classify
 
     request_path, response_path = capture_failing_exchange(
-        stack_path, drill.request("sampled"), work)
+        stack_path, drill.request("sampled"), work
+    )
     exchange = load_file(request_path, response=response_path)[0]
-    findings = [f.to_dict() if hasattr(f, "to_dict") else dict(vars(f))
-                for f in classify(exchange)]
+    findings = [f.to_dict() if hasattr(f, "to_dict") else dict(vars(f)) for f in classify(exchange)]
     store = Store(database)
     try:
         if REPO_INCIDENTS.is_dir():
@@ -147,9 +163,14 @@ def _run(drill: Any, stack_path: Path, database: str | None, work: Path, max_req
                 have = get_incident(session, "2026-06-10-gemma4-empty-response") is not None
             if not have:
                 import_paths(store, [REPO_INCIDENTS])
-        return diagnose(store, load_stack(stack_path), exchange.request,
-                        exchange=exchange.to_dict(), findings=findings,
-                        options=DiagnoseOptions(max_requests=max_requests, log_dir=work / "runs"),
-                        progress=progress)
+        return diagnose(
+            store,
+            load_stack(stack_path),
+            exchange.request,
+            exchange=exchange.to_dict(),
+            findings=findings,
+            options=DiagnoseOptions(max_requests=max_requests, log_dir=work / "runs"),
+            progress=progress,
+        )
     finally:
         store.close()

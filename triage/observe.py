@@ -85,26 +85,40 @@ def observation_summary(name: str, facts: dict[str, Any]) -> str:
     if facts.get("error"):
         return f"{name}: error: {facts['error']}"
     if name == "template-render":
-        return (f"template render: thinking {'ON' if facts.get('thinking_on') else 'off'} by "
-                f"default for this request; with enable_thinking=false: "
-                f"{'ON' if facts.get('thinking_on_with_enable_thinking_false') else 'off'}")
+        return (
+            f"template render: thinking {'ON' if facts.get('thinking_on') else 'off'} by "
+            f"default for this request; with enable_thinking=false: "
+            f"{'ON' if facts.get('thinking_on_with_enable_thinking_false') else 'off'}"
+        )
     if name == "determinism":
-        return ("determinism (temperature 0, fixed seed, cache_prompt false, twice): "
-                + ("identical" if facts.get("identical") else
-                   f"differ at char {facts.get('first_divergence')}"))
+        return "determinism (temperature 0, fixed seed, cache_prompt false, twice): " + (
+            "identical"
+            if facts.get("identical")
+            else f"differ at char {facts.get('first_divergence')}"
+        )
     if name == "spec-divergence":
-        return (f"speculative vs plain decoding at fixed seeds: streams diverged in "
-                f"{facts.get('diverged')}/{facts.get('seeds')} seeds"
-                + (f", first at token {min(facts['first_positions'])}"
-                   if facts.get("first_positions") else ""))
+        return (
+            f"speculative vs plain decoding at fixed seeds: streams diverged in "
+            f"{facts.get('diverged')}/{facts.get('seeds')} seeds"
+            + (
+                f", first at token {min(facts['first_positions'])}"
+                if facts.get("first_positions")
+                else ""
+            )
+        )
     if name == "weights-confounder":
         differs = facts.get("differs") or []
-        return ("alternate weights differ from the incident's in: " + ", ".join(differs)
-                if differs else "alternate weights: same chat template and thinking default "
-                f"(quantization {facts.get('quantization')})")
+        return (
+            "alternate weights differ from the incident's in: " + ", ".join(differs)
+            if differs
+            else "alternate weights: same chat template and thinking default "
+            f"(quantization {facts.get('quantization')})"
+        )
     if name == "known-good-search":
-        return (f"known-good search over {sorted(facts.get('dimensions', {}))}: needed to "
-                f"reproduce: {facts.get('needed_to_reproduce') or 'none isolated'}")
+        return (
+            f"known-good search over {sorted(facts.get('dimensions', {}))}: needed to "
+            f"reproduce: {facts.get('needed_to_reproduce') or 'none isolated'}"
+        )
     if name == "server-props":
         return f"server props: build {facts.get('build_info')}, slots {facts.get('total_slots')}"
     if facts.get("summary"):
@@ -112,8 +126,9 @@ def observation_summary(name: str, facts: dict[str, Any]) -> str:
     return f"{name}: {json.dumps(facts, default=str)[:200]}"
 
 
-async def observe_server(server: Any, request: dict[str, Any], observations: dict[str, Any],
-                         *, seed: int, timeout: float) -> None:
+async def observe_server(
+    server: Any, request: dict[str, Any], observations: dict[str, Any], *, seed: int, timeout: float
+) -> None:
     """Server props, the template render of the request, and a determinism check."""
     from triage.llama.client import LlamaClient, LlamaClientError
 
@@ -137,20 +152,17 @@ async def observe_server(server: Any, request: dict[str, Any], observations: dic
             observations["server-props"] = {"name": "server-props", "error": str(exc)}
         try:
             rendered = await client.apply_template(probes.template_body(request))
-            off = await client.apply_template(
-                probes.template_body(probes.thinking_off(request)))
+            off = await client.apply_template(probes.template_body(probes.thinking_off(request)))
             prompt, prompt_off = str(rendered), str(off)
             observations["template-render"] = {
                 "name": "template-render",
                 "thinking_on": probes.thinking_on_in_prompt(prompt),
-                "thinking_on_with_enable_thinking_false":
-                    probes.thinking_on_in_prompt(prompt_off),
+                "thinking_on_with_enable_thinking_false": probes.thinking_on_in_prompt(prompt_off),
                 "prompt_chars": len(prompt),
                 "prompt_tail": prompt[-300:],
             }
         except LlamaClientError as exc:
-            observations["template-render"] = {"name": "template-render",
-                                                    "error": str(exc)}
+            observations["template-render"] = {"name": "template-render", "error": str(exc)}
         # Determinism: temperature 0, fixed seed, no prompt cache, twice.
         body = probes.replay_body(request, seed)
         body["temperature"] = 0
@@ -171,13 +183,22 @@ async def observe_server(server: Any, request: dict[str, Any], observations: dic
         await client.aclose()
 
 
-async def spec_divergence(spec_server: Any, plain_server: Any, request: dict[str, Any],
-                          *, seed: int, seeds: int, timeout: float) -> dict[str, Any]:
+async def spec_divergence(
+    spec_server: Any,
+    plain_server: Any,
+    request: dict[str, Any],
+    *,
+    seed: int,
+    seeds: int,
+    timeout: float,
+) -> dict[str, Any]:
     """Committed token streams with and without speculative decoding at fixed seeds."""
     from triage.llama.client import LlamaClient, LlamaClientError
 
-    clients = [LlamaClient(s.base_url, timeout=timeout, api_key=getattr(s, "api_key", None))
-               for s in (spec_server, plain_server)]
+    clients = [
+        LlamaClient(s.base_url, timeout=timeout, api_key=getattr(s, "api_key", None))
+        for s in (spec_server, plain_server)
+    ]
     compared, diverged, positions = 0, 0, []
     try:
         for offset in range(seeds):
@@ -210,8 +231,9 @@ async def spec_divergence(spec_server: Any, plain_server: Any, request: dict[str
     }
 
 
-async def weights_confounder(incident_server: Any, alt_server: Any, request: dict[str, Any],
-                             *, timeout: float) -> dict[str, Any]:
+async def weights_confounder(
+    incident_server: Any, alt_server: Any, request: dict[str, Any], *, timeout: float
+) -> dict[str, Any]:
     """What else differs between the incident weights and the alternate weights."""
     from triage.llama.client import LlamaClient, LlamaClientError
     from triage.llama.gguf_meta import read_gguf_meta
@@ -233,8 +255,9 @@ async def weights_confounder(incident_server: Any, alt_server: Any, request: dic
             differs.append("the chat template")
     thinking: list[bool | None] = []
     for server in (incident_server, alt_server):
-        client = LlamaClient(server.base_url, timeout=timeout,
-                             api_key=getattr(server, "api_key", None))
+        client = LlamaClient(
+            server.base_url, timeout=timeout, api_key=getattr(server, "api_key", None)
+        )
         try:
             rendered = await client.apply_template(probes.template_body(request))
             thinking.append(probes.thinking_on_in_prompt(str(rendered)))

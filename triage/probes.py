@@ -162,8 +162,9 @@ def reasoning_budget(request: dict[str, Any]) -> dict[str, Any]:
 BASELINE_ARM = PlannedArm("baseline", "the failing request as sent, seeds varied", "request")
 
 
-def plan_arms(stack: Stack, request: dict[str, Any],
-              arms: Iterable[Any] | None = None) -> list[PlannedArm]:
+def plan_arms(
+    stack: Stack, request: dict[str, Any], arms: Iterable[Any] | None = None
+) -> list[PlannedArm]:
     """Every catalogue arm that applies to this stack and request, in plan order, after the
     baseline; request-level arms first."""
     if arms is None:
@@ -187,12 +188,16 @@ def request_arms(request: dict[str, Any]) -> list[PlannedArm]:
     return [a for a in plan_arms(stack, request) if a.level == "request"]
 
 
-def server_arms(stack: Stack, request: dict[str, Any] | None = None, *,
-                crashed: bool = False) -> list[PlannedArm]:
+def server_arms(
+    stack: Stack, request: dict[str, Any] | None = None, *, crashed: bool = False
+) -> list[PlannedArm]:
     """The server-level arms this stack runs (each one launch); crash-only arms only when
     the incident's server crashes at startup."""
-    return [a for a in plan_arms(stack, request or {}) if a.level == "server"
-            and (a.when == "always" or crashed)]
+    return [
+        a
+        for a in plan_arms(stack, request or {})
+        if a.level == "server" and (a.when == "always" or crashed)
+    ]
 
 
 def relaunchable(stack: Stack) -> bool:

@@ -109,13 +109,21 @@ class RevisitResult:
         """The JSON of `triage revisit --json` (one entry of `revisits`)."""
         before = None
         if self.before is not None:
-            before = {"failures": self.before.failures, "n": self.before.n,
-                      "evidence": list(self.before.evidence)}
+            before = {
+                "failures": self.before.failures,
+                "n": self.before.n,
+                "evidence": list(self.before.evidence),
+            }
         after: dict[str, Any] = {}
         if self.after is not None:
-            after = {"failures": self.after.failures, "n": self.after.n,
-                     "rate": self.after.rate, "ci95": self.after.ci95,
-                     "p_value": self.after.p_value, "decision": self.after.decision}
+            after = {
+                "failures": self.after.failures,
+                "n": self.after.n,
+                "rate": self.after.rate,
+                "ci95": self.after.ci95,
+                "p_value": self.after.p_value,
+                "decision": self.after.decision,
+            }
         return {
             "slug": self.slug,
             "status": self.status,
@@ -124,8 +132,10 @@ class RevisitResult:
             "evidence": self.evidence,
             "before": before,
             "after": after,
-            "probes": [{"probe": p.probe, "failures": p.failures, "n": p.n,
-                        "decision": p.decision} for p in self.probes],
+            "probes": [
+                {"probe": p.probe, "failures": p.failures, "n": p.n, "decision": p.decision}
+                for p in self.probes
+            ],
             "errored": self.errored,
         }
 
@@ -152,8 +162,7 @@ def _sha256(path: Path) -> str:
 def _stack_facts(stack: Stack) -> dict[str, Any]:
     """What the current stack is: its server, build number and weights hash (best effort:
     a missing fact is recorded as missing, the revisit still runs)."""
-    facts: dict[str, Any] = {"source": str(stack.source),
-                             "server": safe_describe(stack.server)}
+    facts: dict[str, Any] = {"source": str(stack.source), "server": safe_describe(stack.server)}
     model = stack.server.model
     if model is not None and Path(model).is_file():
         facts["weights_sha256"] = _sha256(Path(model))
@@ -248,9 +257,7 @@ def _plan(store: Store, slug: str, stack_path: Path | None) -> _Plan:
     if not plan.source:
         raise DecisionError(f"{slug}: no stack recorded for this incident; pass --stack STACK.toml")
     if not Path(plan.source).is_file():
-        raise DecisionError(
-            f"{slug}: stack file {plan.source} not found; pass --stack STACK.toml"
-        )
+        raise DecisionError(f"{slug}: stack file {plan.source} not found; pass --stack STACK.toml")
     return plan
 
 
@@ -329,7 +336,10 @@ def _record(
 
 
 def _proposal(
-    slug: str, status: str, baseline: kb_decisions.ArmCounts | None, after: dict[str, Any],
+    slug: str,
+    status: str,
+    baseline: kb_decisions.ArmCounts | None,
+    after: dict[str, Any],
     key: str,
 ) -> tuple[str, str]:
     """(proposal, message) from the before/after rates and the incident's status."""
@@ -389,8 +399,7 @@ def revisit_incident(
     baseline = plan.baseline
     base_pair = (baseline.failures, baseline.n) if baseline else None
     run_dir = log_dir / slug if log_dir else None
-    result = replay(stack, bodies, max_requests=max_requests, baseline=base_pair,
-                    log_dir=run_dir)
+    result = replay(stack, bodies, max_requests=max_requests, baseline=base_pair, log_dir=run_dir)
     after = _arm_payload(
         result,
         kb_decisions.REVISIT_ARM,
@@ -404,8 +413,9 @@ def revisit_incident(
     build = facts.get("build_number")
     build_text = f" (build b{build})" if build else ""
     summary = _summary_line(f"revisit on the current stack{build_text}", after, baseline)
-    probes = _probe_payloads(replay, stack, bodies, plan, after, max_requests=max_requests,
-                             run_dir=run_dir)
+    probes = _probe_payloads(
+        replay, stack, bodies, plan, after, max_requests=max_requests, run_dir=run_dir
+    )
     keys = _record(store, slug, plan.source, after, summary, probes, at or utcnow())
     proposal, message = _proposal(slug, plan.status, baseline, after, keys[0])
     for probe, payload in probes:
@@ -427,8 +437,14 @@ def revisit_incident(
             if baseline
             else None
         ),
-        after=Rate(after["failures"], after["n"], after["rate"], after["ci95"],
-                   after["p_value"], after["decision"]),
+        after=Rate(
+            after["failures"],
+            after["n"],
+            after["rate"],
+            after["ci95"],
+            after["p_value"],
+            after["decision"],
+        ),
         probes=[
             ProbeOutcome(name, p["failures"], p["n"], p["decision"], tuple(p["causes"]))
             for name, p in probes

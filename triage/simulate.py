@@ -80,8 +80,15 @@ class Cell:
         return stats.wilson(self.counts.get(verdict, 0), self.triages)
 
 
-def simulate_cell(design: Design, base_rate: float, effect: str, *, triages: int,
-                  rng: np.random.Generator, coupling: float = 0.0) -> Cell:
+def simulate_cell(
+    design: Design,
+    base_rate: float,
+    effect: str,
+    *,
+    triages: int,
+    rng: np.random.Generator,
+    coupling: float = 0.0,
+) -> Cell:
     """`triages` simulated triages of one arm. `coupling` is the chance that a seed drives
     both sides of its pair (the arm then fails only on a seed the baseline fails on, at the
     same marginal rate); otherwise the two replies are independent."""
@@ -99,8 +106,9 @@ def simulate_cell(design: Design, base_rate: float, effect: str, *, triages: int
     return evaluate(design, base_rate, effect, base, arm)
 
 
-def evaluate(design: Design, base_rate: float, effect: str, base: np.ndarray,
-             arm: np.ndarray) -> Cell:
+def evaluate(
+    design: Design, base_rate: float, effect: str, base: np.ndarray, arm: np.ndarray
+) -> Cell:
     """Apply the design to given replay outcomes (rows: triages, columns: seed index)."""
     triages = base.shape[0]
     k0_all = np.cumsum(base, axis=1)
@@ -121,12 +129,18 @@ def evaluate(design: Design, base_rate: float, effect: str, base: np.ndarray,
         open_[idx[done]] = False
     requests = 2 * stopped_at
     counts = {v: int(np.sum(verdict == v)) for v in VERDICTS}
-    return Cell(design, base_rate, effect, triages, counts, float(requests.mean()),
-                float(np.percentile(requests, 95)))
+    return Cell(
+        design,
+        base_rate,
+        effect,
+        triages,
+        counts,
+        float(requests.mean()),
+        float(np.percentile(requests, 95)),
+    )
 
 
-def _decide(design: Design, n: int, k0: np.ndarray, k1: np.ndarray,
-            both: np.ndarray) -> np.ndarray:
+def _decide(design: Design, n: int, k0: np.ndarray, k1: np.ndarray, both: np.ndarray) -> np.ndarray:
     if design.rule == "e-value":
         decided: np.ndarray = stats.evalue_decisions(
             k0, np.full_like(k0, n), k1 - both, k0 - both, both
@@ -135,9 +149,13 @@ def _decide(design: Design, n: int, k0: np.ndarray, k1: np.ndarray,
     # Other rules: `stats.compare` itself, once per distinct state.
     states = np.stack([k0, k1, both], axis=1)
     unique, inverse = np.unique(states, axis=0, return_inverse=True)
-    decisions = np.array([
-        _compare_decision(design.rule, len(design.looks), int(a), n, int(b), int(c))
-        for a, b, c in unique], dtype=object)
+    decisions = np.array(
+        [
+            _compare_decision(design.rule, len(design.looks), int(a), n, int(b), int(c))
+            for a, b, c in unique
+        ],
+        dtype=object,
+    )
     return decisions[inverse.reshape(-1)]
 
 
@@ -174,8 +192,9 @@ def _tail(n: int, statistic: np.ndarray, base_rate: float, arm_rate: float) -> n
     return np.cumsum(mass[::-1])[::-1]
 
 
-def unchanged_threshold(n: int, base_rate: float, alpha: float = stats.ALPHA,
-                        effect_ratio: float = stats.EFFECT_RATIO) -> int:
+def unchanged_threshold(
+    n: int, base_rate: float, alpha: float = stats.ALPHA, effect_ratio: float = stats.EFFECT_RATIO
+) -> int:
     """Critical value of the fixed design's one-shot "unchanged" test: the smallest t with
     P(statistic >= t) <= alpha when the arm cuts the rate exactly effect_ratio-fold (a smaller
     cut only lowers the tail). Calibrated at the true baseline rate, which a real test does
@@ -186,8 +205,9 @@ def unchanged_threshold(n: int, base_rate: float, alpha: float = stats.ALPHA,
     return int(np.flatnonzero(tail <= alpha)[0]) if np.any(tail <= alpha) else len(tail)
 
 
-def fixed_unchanged_power(n: int, base_rate: float, arm_rate: float,
-                          alpha: float = stats.ALPHA) -> float:
+def fixed_unchanged_power(
+    n: int, base_rate: float, arm_rate: float, alpha: float = stats.ALPHA
+) -> float:
     """Exact P(the fixed design says "unchanged") for n baseline and n arm replays."""
     statistic = _unchanged_statistic(n, stats.EFFECT_RATIO)
     tail = _tail(n, statistic, base_rate, arm_rate)
@@ -195,16 +215,23 @@ def fixed_unchanged_power(n: int, base_rate: float, arm_rate: float,
     return float(tail[threshold]) if threshold < len(tail) else 0.0
 
 
-def matched_fixed_n(base_rate: float, power: float, alpha: float = stats.ALPHA,
-                    limit: int = MAX_FIXED_N, unchanged_power: float = 0.0) -> int | None:
+def matched_fixed_n(
+    base_rate: float,
+    power: float,
+    alpha: float = stats.ALPHA,
+    limit: int = MAX_FIXED_N,
+    unchanged_power: float = 0.0,
+) -> int | None:
     """Smallest N whose fixed design says "removes" with at least `power` when the arm removes
     the failure and "unchanged" with at least `unchanged_power` when it has no effect (None:
     not within `limit`). Power is not monotone in N for discrete tests; this is the first N
     that reaches both."""
+
     def enough(n: int) -> bool:
-        return (fixed_power(n, base_rate, 0.0, alpha) >= power and (
+        return fixed_power(n, base_rate, 0.0, alpha) >= power and (
             unchanged_power <= 0
-            or fixed_unchanged_power(n, base_rate, base_rate, alpha) >= unchanged_power))
+            or fixed_unchanged_power(n, base_rate, base_rate, alpha) >= unchanged_power
+        )
 
     n, step = 2, 1
     while n <= limit:
@@ -230,16 +257,17 @@ def _bernoulli_kl(a: float, b: float) -> float:
     return float(out)
 
 
-def wald_bound(base_rate: float, arm_rate: float, null_ratio: float, power: float,
-               alpha: float = stats.ALPHA) -> float:
+def wald_bound(
+    base_rate: float, arm_rate: float, null_ratio: float, power: float, alpha: float = stats.ALPHA
+) -> float:
     """Fewest expected requests (baseline + arm, in pairs) of ANY sequential rule that has
     error rate <= alpha under the null "arm rate = null_ratio x baseline rate" and says the
     other thing with probability `power` at (base_rate, arm_rate): Wald's inequality
     E[pairs] >= ((1-b) ln((1-b)/alpha) + b ln(b/(1-alpha))) / KL, b = 1 - power, with KL the
     information per pair against the least favourable null rate."""
+
     def kl(p: float) -> float:
-        return (_bernoulli_kl(base_rate, p)
-                + _bernoulli_kl(arm_rate, min(null_ratio * p, 1 - 1e-12)))
+        return _bernoulli_kl(base_rate, p) + _bernoulli_kl(arm_rate, min(null_ratio * p, 1 - 1e-12))
 
     info = minimize_scalar(kl, bounds=(1e-9, 1 - 1e-9), method="bounded").fun
     beta = min(max(1.0 - power, 0.0), 1.0 - alpha)
@@ -250,9 +278,15 @@ def wald_bound(base_rate: float, arm_rate: float, null_ratio: float, power: floa
 
 
 # -- the table -------------------------------------------------------------------------------
-def run(designs: Sequence[Design], *, base_rates: Sequence[float] = BASE_RATES,
-        effects: Sequence[str] = tuple(EFFECTS), triages: int = DEFAULT_TRIAGES,
-        seed: int = DEFAULT_SEED, coupling: float = 0.0) -> list[Cell]:
+def run(
+    designs: Sequence[Design],
+    *,
+    base_rates: Sequence[float] = BASE_RATES,
+    effects: Sequence[str] = tuple(EFFECTS),
+    triages: int = DEFAULT_TRIAGES,
+    seed: int = DEFAULT_SEED,
+    coupling: float = 0.0,
+) -> list[Cell]:
     """Every design at every rate and effect; each cell on its own seeded stream, and every
     design sees the same replay outcomes in a cell (common random numbers)."""
     cells = []
@@ -260,8 +294,11 @@ def run(designs: Sequence[Design], *, base_rates: Sequence[float] = BASE_RATES,
         for j, effect in enumerate(effects):
             for design in designs:
                 rng = np.random.default_rng([seed, i, j])
-                cells.append(simulate_cell(design, base_rate, effect, triages=triages,
-                                           rng=rng, coupling=coupling))
+                cells.append(
+                    simulate_cell(
+                        design, base_rate, effect, triages=triages, rng=rng, coupling=coupling
+                    )
+                )
     return cells
 
 
@@ -276,10 +313,13 @@ def format_table(cells: Sequence[Cell]) -> str:
     fixed = _fixed_costs(cells)
     lines = []
     for design in dict.fromkeys(cell.design for cell in cells):
-        lines += [f"rule {design.rule}, looks at {_looks(design.looks)}:", "",
-                  "| base rate | arm effect | removes | unchanged | no repro | undecided | "
-                  "mean req | p95 req | fixed 2N | mean / 2N | bound / 2N |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"rule {design.rule}, looks at {_looks(design.looks)}:",
+            "",
+            "| base rate | arm effect | removes | unchanged | no repro | undecided | "
+            "mean req | p95 req | fixed 2N | mean / 2N | bound / 2N |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for cell in (c for c in cells if c.design == design):
             n_fixed = fixed.get((design, cell.base_rate))
             ratio = f"{cell.mean_requests / (2 * n_fixed):.2f}" if n_fixed else "-"
@@ -291,7 +331,8 @@ def format_table(cells: Sequence[Cell]) -> str:
                 f"{_pct(cell.share('no-baseline-failure'))} | "
                 f"{_pct(cell.share('undecided'))} | {cell.mean_requests:.1f} | "
                 f"{cell.p95_requests:.0f} | {2 * n_fixed if n_fixed else '-'} | {ratio} | "
-                f"{floor} |")
+                f"{floor} |"
+            )
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
@@ -302,8 +343,9 @@ def _bound(cell: Cell) -> float | None:
     if cell.effect == "removed":
         return wald_bound(cell.base_rate, 0.0, 1.0, cell.share_interval("removes").low)
     if cell.effect == "none":
-        return wald_bound(cell.base_rate, cell.base_rate, stats.EFFECT_RATIO,
-                          cell.share_interval("unchanged").low)
+        return wald_bound(
+            cell.base_rate, cell.base_rate, stats.EFFECT_RATIO, cell.share_interval("unchanged").low
+        )
     return None
 
 
@@ -331,8 +373,11 @@ def _fixed_costs(cells: Sequence[Cell]) -> dict[tuple[Design, float], int]:
         power = cell.share_interval("removes").low
         none = by_key.get((design, base_rate, "none"))
         unchanged = none.share_interval("unchanged").low if none else 0.0
-        n_fixed = (matched_fixed_n(base_rate, power, unchanged_power=unchanged)
-                   if max(power, unchanged) > stats.ALPHA else None)
+        n_fixed = (
+            matched_fixed_n(base_rate, power, unchanged_power=unchanged)
+            if max(power, unchanged) > stats.ALPHA
+            else None
+        )
         if n_fixed:
             out[(design, base_rate)] = n_fixed
     return out
@@ -354,8 +399,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m triage.simulate", description=__doc__)
     parser.add_argument("--triages", type=int, default=DEFAULT_TRIAGES)
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    parser.add_argument("--coupling", type=float, default=0.0,
-                        help="chance that a seed drives both replies of its pair (default 0)")
+    parser.add_argument(
+        "--coupling",
+        type=float,
+        default=0.0,
+        help="chance that a seed drives both replies of its pair (default 0)",
+    )
     args = parser.parse_args(argv)
     if not 10 <= args.triages <= 1_000_000:
         parser.error("--triages must be between 10 and 1000000")
@@ -364,9 +413,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     cells = run(DESIGNS, triages=args.triages, seed=args.seed, coupling=args.coupling)
     print(format_table(cells))
-    print(f"\n{args.triages} simulated triages per cell, seed {args.seed}, "
-          f"coupling {args.coupling:g}, "
-          f"{time.monotonic() - started:.1f} s", file=sys.stderr)
+    print(
+        f"\n{args.triages} simulated triages per cell, seed {args.seed}, "
+        f"coupling {args.coupling:g}, "
+        f"{time.monotonic() - started:.1f} s",
+        file=sys.stderr,
+    )
     return 0
 
 

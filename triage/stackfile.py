@@ -136,8 +136,10 @@ def has_spec_flags(args: tuple[str, ...] | list[str]) -> bool:
     if split_spec_flags(args)[1]:
         # `--spec-type none` alone does not switch speculative decoding on.
         spec_type = _flag_value(args, "--spec-type")
-        return not (spec_type == "none" and not _flag_value(args, "-md", "--model-draft",
-                                                              "--spec-draft-model"))
+        return not (
+            spec_type == "none"
+            and not _flag_value(args, "-md", "--model-draft", "--spec-draft-model")
+        )
     return False
 
 
@@ -250,8 +252,7 @@ def build_reference(value: str | Path | None) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _resolve_builds(stack: Stack, source: str, build_missing: bool,
-                    log: BuildLog | None) -> Stack:
+def _resolve_builds(stack: Stack, source: str, build_missing: bool, log: BuildLog | None) -> Stack:
     """Replace `b<N>` binaries by the cached build's path (building it when allowed)."""
     from triage.llama.build import BuildError, server_binary_for
 
@@ -266,7 +267,8 @@ def _resolve_builds(stack: Stack, source: str, build_missing: bool,
         if number not in resolved:
             try:
                 resolved[number] = server_binary_for(
-                    number, build=build_missing,
+                    number,
+                    build=build_missing,
                     log=log or (lambda line: print(line, file=sys.stderr, flush=True)),
                 )
             except BuildError as exc:
@@ -280,12 +282,19 @@ def _resolve_builds(stack: Stack, source: str, build_missing: bool,
     alternate = resolve("$.alternates.binary", stack.alternate_binary)
     if not refs:
         return stack
-    return replace(stack, server=server, known_good=known, alternate_binary=alternate,
-                   build_refs=tuple(refs))
+    return replace(
+        stack, server=server, known_good=known, alternate_binary=alternate, build_refs=tuple(refs)
+    )
 
 
-def parse_stack(text: str, *, base: Path, source: str = "<stack>", build_missing: bool = True,
-                log: BuildLog | None = None) -> Stack:
+def parse_stack(
+    text: str,
+    *,
+    base: Path,
+    source: str = "<stack>",
+    build_missing: bool = True,
+    log: BuildLog | None = None,
+) -> Stack:
     """Parse and validate stack TOML text; relative paths resolve against `base`, and
     `binary = "b<N>"` to the build cache (built on demand unless `build_missing` is False)."""
     try:
@@ -345,8 +354,9 @@ def _check_files(stack: Stack, source: str) -> None:
             raise StackError(f"{source}: {path}: binary not found: {value}")
 
 
-def load_stack(path: Path | str, *, build_missing: bool = True,
-               log: BuildLog | None = None) -> Stack:
+def load_stack(
+    path: Path | str, *, build_missing: bool = True, log: BuildLog | None = None
+) -> Stack:
     """Read a stack.toml file (see `parse_stack`)."""
     path = Path(path)
     try:
@@ -355,5 +365,6 @@ def load_stack(path: Path | str, *, build_missing: bool = True,
         raise StackError(f"{path}: no such file") from None
     except UnicodeDecodeError:
         raise StackError(f"{path}: not UTF-8 text") from None
-    return parse_stack(text, base=path.resolve().parent, source=str(path),
-                       build_missing=build_missing, log=log)
+    return parse_stack(
+        text, base=path.resolve().parent, source=str(path), build_missing=build_missing, log=log
+    )

@@ -108,8 +108,9 @@ def fisher_two_sided(k1: int, n1: int, k0: int, n0: int) -> float:
     return float(fisher_exact([[k1, n1 - k1], [k0, n0 - k0]]).pvalue)
 
 
-def look_schedule(cap: int = DEFAULT_CAP, first: int = FIRST_LOOK, *,
-                  doubling: bool = False) -> list[int]:
+def look_schedule(
+    cap: int = DEFAULT_CAP, first: int = FIRST_LOOK, *, doubling: bool = False
+) -> list[int]:
     """Cumulative sample sizes at which an arm is examined: first, 2*first, 3*first, ...
     capped. Every `first` replies (one round of the server's slots): the e-value rule is valid
     at any looks, and looking often stops sooner (doubling cost a quarter to a third more
@@ -174,33 +175,62 @@ def compare(
     replies (every reply paired) and there is more than one look; else "bonferroni" (with one
     look: a plain one-sided Fisher test at alpha). `looks` only matters for "bonferroni".
     """
-    rule = rule or ("e-value" if paired is not None and n0 == n1 and looks > 1
-                    else "bonferroni")
+    rule = rule or ("e-value" if paired is not None and n0 == n1 and looks > 1 else "bonferroni")
     if rule not in RULES:
         raise ValueError(f"unknown rule {rule!r}; expected one of {', '.join(RULES)}")
     p_less = fisher_less(k1, n1, k0, n0)
     p_two = fisher_two_sided(k1, n1, k0, n0)
     if rule == "bonferroni":
-        decision = _bonferroni_decision(k0, n0, k1, n1, p_less, looks=looks, alpha=alpha,
-                                        effect_ratio=effect_ratio, paired=paired)
+        decision = _bonferroni_decision(
+            k0,
+            n0,
+            k1,
+            n1,
+            p_less,
+            looks=looks,
+            alpha=alpha,
+            effect_ratio=effect_ratio,
+            paired=paired,
+        )
         return Comparison(k0, n0, k1, n1, p_less, p_two, alpha / max(looks, 1), decision)
     arm_only, base_only, both = pair_counts(k0, n0, k1, n1, paired)
     e_rm = float(removes_evalue(arm_only, base_only))
     e_un = float(unchanged_evalue(arm_only, base_only, both, effect_ratio))
-    decision = str(evalue_decisions(
-        np.array([k0]), np.array([n0]), np.array([arm_only]), np.array([base_only]),
-        np.array([both]), alpha=alpha, effect_ratio=effect_ratio)[0])
+    decision = str(
+        evalue_decisions(
+            np.array([k0]),
+            np.array([n0]),
+            np.array([arm_only]),
+            np.array([base_only]),
+            np.array([both]),
+            alpha=alpha,
+            effect_ratio=effect_ratio,
+        )[0]
+    )
     return Comparison(k0, n0, k1, n1, p_less, p_two, alpha, decision, "e-value", e_rm, e_un)
 
 
-def _bonferroni_decision(k0: int, n0: int, k1: int, n1: int, p_less: float, *, looks: int,
-                         alpha: float, effect_ratio: float,
-                         paired: tuple[int, int] | None) -> str:
+def _bonferroni_decision(
+    k0: int,
+    n0: int,
+    k1: int,
+    n1: int,
+    p_less: float,
+    *,
+    looks: int,
+    alpha: float,
+    effect_ratio: float,
+    paired: tuple[int, int] | None,
+) -> str:
     if n0 > 0 and n1 > 0 and p_less < alpha / max(looks, 1):
         return "removes"
-    if n1 >= MIN_UNCHANGED_N and n0 > 0 and (
-        wilson(k1, n1).low > effect_ratio * wilson(k0, n0).high
-        or _paired_unchanged(paired, effect_ratio)
+    if (
+        n1 >= MIN_UNCHANGED_N
+        and n0 > 0
+        and (
+            wilson(k1, n1).low > effect_ratio * wilson(k0, n0).high
+            or _paired_unchanged(paired, effect_ratio)
+        )
     ):
         return "unchanged"
     if _no_baseline_failure(k0, n0):
@@ -213,8 +243,9 @@ def _no_baseline_failure(k0: int, n0: int) -> bool:
     return n0 > 0 and k0 == 0 and wilson(k0, n0).high < 0.5
 
 
-def pair_counts(k0: int, n0: int, k1: int, n1: int,
-                paired: tuple[int, int] | None) -> tuple[int, int, int]:
+def pair_counts(
+    k0: int, n0: int, k1: int, n1: int, paired: tuple[int, int] | None
+) -> tuple[int, int, int]:
     """(pairs where only the arm failed, only the baseline failed, both failed).
 
     With `paired` = (baseline failures among the pairs, how many the arm fixed) the counts are
@@ -231,8 +262,9 @@ def pair_counts(k0: int, n0: int, k1: int, n1: int,
     return k1 - both, k0 - both, both
 
 
-def removes_evalue(arm_only: Any, base_only: Any,
-                   bets: tuple[tuple[float, float], ...] | None = None) -> Any:
+def removes_evalue(
+    arm_only: Any, base_only: Any, bets: tuple[tuple[float, float], ...] | None = None
+) -> Any:
     """Mixture of bets against "the arm fails at least as often as the baseline" (arrays ok).
 
     Under that null a discordant pair is baseline-only with probability <= 1/2, so each bet
@@ -244,9 +276,13 @@ def removes_evalue(arm_only: Any, base_only: Any,
     return total
 
 
-def unchanged_evalue(arm_only: Any, base_only: Any, both: Any,
-                     effect_ratio: float = EFFECT_RATIO,
-                     bets: tuple[tuple[float, float], ...] | None = None) -> Any:
+def unchanged_evalue(
+    arm_only: Any,
+    base_only: Any,
+    both: Any,
+    effect_ratio: float = EFFECT_RATIO,
+    bets: tuple[tuple[float, float], ...] | None = None,
+) -> Any:
     """Mixture of bets against "the arm fails at most effect_ratio times as often as the
     baseline" (arrays ok): per pair Y = arm_failed - effect_ratio * baseline_failed has mean
     <= 0 under that null and lies in [-effect_ratio, 1]; each bet multiplies by 1 + lam * Y
@@ -256,14 +292,24 @@ def unchanged_evalue(arm_only: Any, base_only: Any, both: Any,
     total = np.zeros(np.broadcast(arm_only, base_only, both).shape)
     for lam, weight in bets or UNCHANGED_BETS:
         lam = min(lam, 0.999 / effect_ratio)
-        total = total + weight * ((1.0 + lam) ** arm_only
-                                  * (1.0 + lam * (1.0 - effect_ratio)) ** both
-                                  * (1.0 - lam * effect_ratio) ** base_only)
+        total = total + weight * (
+            (1.0 + lam) ** arm_only
+            * (1.0 + lam * (1.0 - effect_ratio)) ** both
+            * (1.0 - lam * effect_ratio) ** base_only
+        )
     return total
 
 
-def evalue_decisions(k0: Any, n: Any, arm_only: Any, base_only: Any, both: Any, *,
-                     alpha: float = ALPHA, effect_ratio: float = EFFECT_RATIO) -> Any:
+def evalue_decisions(
+    k0: Any,
+    n: Any,
+    arm_only: Any,
+    base_only: Any,
+    both: Any,
+    *,
+    alpha: float = ALPHA,
+    effect_ratio: float = EFFECT_RATIO,
+) -> Any:
     """The e-value rule on arrays of paired counts (what `compare` and the simulator call)."""
     k0, n = np.asarray(k0), np.asarray(n)
     e_rm = removes_evalue(arm_only, base_only)

@@ -76,7 +76,6 @@ __all__ = [
 ]
 
 
-
 class _Plan(NamedTuple):
     """What classify needs from one catalogue, computed once per catalogue."""
 

@@ -23,8 +23,11 @@ pytestmark = [pytest.mark.bench]
 
 TRIALS = int(os.environ.get("TRIAGE_BENCH_BISECT_TRIALS", "20"))
 # (label, failure rate of bad builds, failure rate of good builds)
-CASES = [("deterministic (T=0)", 1.0, 0.0), ("intermittent ~35%", 0.35, 0.0),
-         ("intermittent ~35%, good builds 3%", 0.35, 0.03)]
+CASES = [
+    ("deterministic (T=0)", 1.0, 0.0),
+    ("intermittent ~35%", 0.35, 0.0),
+    ("intermittent ~35%, good builds 3%", 0.35, 0.03),
+]
 
 
 class Oracle:
@@ -40,8 +43,9 @@ class Oracle:
         pass
 
 
-def linear(versions: list[int], oracle: Oracle, options: BisectOptions) -> tuple[int | None, int,
-                                                                                     int]:
+def linear(
+    versions: list[int], oracle: Oracle, options: BisectOptions
+) -> tuple[int | None, int, int]:
     """Test builds in order from the good end; the first bad one ends the search."""
     bisector = Bisector(versions, oracle, options=options)
     reference = bisector._reference()
@@ -57,10 +61,14 @@ def test_bisection_vs_linear_search() -> None:
     versions = published_versions()
     good, bad = versions[0], versions[-1]
     options = BisectOptions(reference_n=32)
-    print(f"\nmachine: {platform.platform()}, {os.cpu_count()} CPUs; {len(versions)} published "
-          f"builds b{good}..b{bad}; {TRIALS} trials per case, first bad build at random")
-    print("| failure rates (bad / good builds) | bisection: builds | requests | exact / range "
-          "/ wrong | linear search: builds | requests | exact / wrong |")
+    print(
+        f"\nmachine: {platform.platform()}, {os.cpu_count()} CPUs; {len(versions)} published "
+        f"builds b{good}..b{bad}; {TRIALS} trials per case, first bad build at random"
+    )
+    print(
+        "| failure rates (bad / good builds) | bisection: builds | requests | exact / range "
+        "/ wrong | linear search: builds | requests | exact / wrong |"
+    )
     print("|---|---|---|---|---|---|---|")
     for label, bad_rate, good_rate in CASES:
         rows: dict[str, list[tuple[bool, int, int]]] = {"bisect": [], "linear": []}
@@ -68,22 +76,29 @@ def test_bisection_vs_linear_search() -> None:
         for trial in range(TRIALS):
             rng = random.Random(trial)
             first_bad = versions[rng.randrange(1, len(versions))]
-            report = Bisector(versions, Oracle(first_bad, bad_rate, good_rate, trial),
-                              options=options).run()
+            report = Bisector(
+                versions, Oracle(first_bad, bad_rate, good_rate, trial), options=options
+            ).run()
             exact = report.outcome == "first-bad" and report.first_bad == first_bad
             ranges += report.outcome == "range" and first_bad in report.candidates
             rows["bisect"].append((exact, len(report.tested), report.requests))
             found, builds, requests = linear(
-                versions, Oracle(first_bad, bad_rate, good_rate, trial), options)
+                versions, Oracle(first_bad, bad_rate, good_rate, trial), options
+            )
             rows["linear"].append((found == first_bad, builds, requests))
         cells = []
         for name in ("bisect", "linear"):
             exact = sum(1 for ok, _, _ in rows[name] if ok)
-            outcome = (f"{exact} / {ranges} / {TRIALS - exact - ranges}" if name == "bisect"
-                       else f"{exact} / {TRIALS - exact}")
-            cells += [f"{mean(b for _, b, _ in rows[name]):.1f} "
-                      f"(max {max(b for _, b, _ in rows[name])})",
-                      f"{mean(r for _, _, r in rows[name]):.0f}", outcome]
+            outcome = (
+                f"{exact} / {ranges} / {TRIALS - exact - ranges}"
+                if name == "bisect"
+                else f"{exact} / {TRIALS - exact}"
+            )
+            cells += [
+                f"{mean(b for _, b, _ in rows[name]):.1f} (max {max(b for _, b, _ in rows[name])})",
+                f"{mean(r for _, _, r in rows[name]):.0f}",
+                outcome,
+            ]
         print(f"| {label} ({bad_rate:.0%} / {good_rate:.0%}) | " + " | ".join(cells) + " |")
         bisect_builds = mean(b for _, b, _ in rows["bisect"])
         assert bisect_builds < mean(b for _, b, _ in rows["linear"])

@@ -54,16 +54,23 @@ def _store_rows(store: Store, count: int, batch: bool) -> float:
                 session,
                 None,
                 [
-                    {"kind": "exchange", "summary": f"captured har exchange #{n}",
-                     "payload": _payload(n), "source": f"har:capture.har:entries[{n}]"}
+                    {
+                        "kind": "exchange",
+                        "summary": f"captured har exchange #{n}",
+                        "payload": _payload(n),
+                        "source": f"har:capture.har:entries[{n}]",
+                    }
                     for n in range(count)
                 ],
             )
         else:
             for n in range(count):
                 add_evidence(
-                    session, incident_id=None, kind="exchange",
-                    summary=f"captured har exchange #{n}", payload=_payload(n),
+                    session,
+                    incident_id=None,
+                    kind="exchange",
+                    summary=f"captured har exchange #{n}",
+                    payload=_payload(n),
                     source=f"har:capture.har:entries[{n}]",
                 )
     return time.perf_counter() - started

@@ -19,8 +19,11 @@ from triage.stackfile import load_stack
 
 pytestmark = [pytest.mark.bench, pytest.mark.integration]
 
-CASES = [("gemma4-thinking-budget", "greedy"), ("gemma4-toolcall", "sampled"),
-         ("gemma4-thinking-budget", "sampled")]
+CASES = [
+    ("gemma4-thinking-budget", "greedy"),
+    ("gemma4-toolcall", "sampled"),
+    ("gemma4-thinking-budget", "sampled"),
+]
 
 
 def _verdicts(diagnosis: dict) -> dict[str, str]:
@@ -28,8 +31,7 @@ def _verdicts(diagnosis: dict) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("drill_name,request_name", CASES)
-def test_sequential_vs_fixed_requests(tmp_path: Path, drill_name: str, request_name: str
-                                      ) -> None:
+def test_sequential_vs_fixed_requests(tmp_path: Path, drill_name: str, request_name: str) -> None:
     drill = build_drill(drill_name, tmp_path / "drill")
     stack = load_stack(drill.out_dir / "stack.toml")
     results = {}
@@ -51,18 +53,26 @@ def test_sequential_vs_fixed_requests(tmp_path: Path, drill_name: str, request_n
     # several slots in flight the summed server time can exceed the wall time, so the stricter
     # per-slot form (server time / slots) is printed too.
     overhead = cost["wall_seconds"] / max(cost["server_seconds"] + cost["launch_seconds"], 1e-9)
-    per_slot = cost["wall_seconds"] / max(cost["server_seconds"] / slots
-                                          + cost["launch_seconds"], 1e-9)
-    differ = {k: (v, _verdicts(fixed)[k]) for k, v in _verdicts(seq).items()
-              if v != _verdicts(fixed)[k]}
-    print(f"\nmachine: {platform.platform()}, {os.cpu_count()} CPUs, "
-          f"{platform.python_implementation()} {platform.python_version()}")
-    print("| drill / request | sequential requests | fixed-30 requests | ratio | "
-          "verdicts differ | wall s | server s (sum) | launch s | overhead | per-slot |")
-    print(f"| {drill_name} / {request_name} | {seq_requests} | {fixed_requests} | "
-          f"{seq_requests / fixed_requests:.2f} | {differ or 'none'} | {cost['wall_seconds']} | "
-          f"{cost['server_seconds']:.1f} | {cost['launch_seconds']} | {overhead:.2f} | "
-          f"{per_slot:.2f} |")
+    per_slot = cost["wall_seconds"] / max(
+        cost["server_seconds"] / slots + cost["launch_seconds"], 1e-9
+    )
+    differ = {
+        k: (v, _verdicts(fixed)[k]) for k, v in _verdicts(seq).items() if v != _verdicts(fixed)[k]
+    }
+    print(
+        f"\nmachine: {platform.platform()}, {os.cpu_count()} CPUs, "
+        f"{platform.python_implementation()} {platform.python_version()}"
+    )
+    print(
+        "| drill / request | sequential requests | fixed-30 requests | ratio | "
+        "verdicts differ | wall s | server s (sum) | launch s | overhead | per-slot |"
+    )
+    print(
+        f"| {drill_name} / {request_name} | {seq_requests} | {fixed_requests} | "
+        f"{seq_requests / fixed_requests:.2f} | {differ or 'none'} | {cost['wall_seconds']} | "
+        f"{cost['server_seconds']:.1f} | {cost['launch_seconds']} | {overhead:.2f} | "
+        f"{per_slot:.2f} |"
+    )
 
 
 def _concurrency(diagnosis: dict) -> int:

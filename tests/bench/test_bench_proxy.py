@@ -95,8 +95,12 @@ def litellm_binary() -> tuple[Path | None, str]:
         return binary, ""
     try:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "litellm[proxy]"],
-                       check=True, timeout=1800, capture_output=True)
+        subprocess.run(
+            [str(venv / "bin" / "pip"), "install", "-q", "litellm[proxy]"],
+            check=True,
+            timeout=1800,
+            capture_output=True,
+        )
     except (subprocess.SubprocessError, OSError) as exc:
         return None, f"LiteLLM could not be installed here ({type(exc).__name__})"
     return (binary, "") if binary.exists() else (None, "LiteLLM installed no `litellm` script")
@@ -118,8 +122,9 @@ async def _one(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> 
     return time.perf_counter() - started
 
 
-async def _load(base: str, concurrency: int, total: int, headers: dict[str, str]
-                ) -> list[float | None]:
+async def _load(
+    base: str, concurrency: int, total: int, headers: dict[str, str]
+) -> list[float | None]:
     url = f"{base}/v1/chat/completions"
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(limits=limits, timeout=300) as client:
@@ -141,8 +146,11 @@ def _percentiles(times: list[float | None]) -> tuple[float, float, int]:
     """p50 and p99 in ms of the requests that succeeded, and how many failed."""
     ok = [t for t in times if t is not None]
     values = np.array(ok or [float("nan")]) * 1000
-    return (float(np.percentile(values, 50)), float(np.percentile(values, 99)),
-            len(times) - len(ok))
+    return (
+        float(np.percentile(values, 50)),
+        float(np.percentile(values, 99)),
+        len(times) - len(ok),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -160,15 +168,28 @@ def _start_triage_proxy(upstream: str, folder: Path) -> tuple[subprocess.Popen[b
     port = _free_port()
     env = {**os.environ, "TRIAGE_DATABASE_URL": f"sqlite:///{folder / 'kb.db'}"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "triage.cli", "proxy", "--upstream", upstream,
-         "--listen", f"127.0.0.1:{port}", "--spool", str(folder / "spool.jsonl")],
-        env=env, stdout=subprocess.DEVNULL, stderr=(folder / "proxy.log").open("wb"),
+        [
+            sys.executable,
+            "-m",
+            "triage.cli",
+            "proxy",
+            "--upstream",
+            upstream,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--spool",
+            str(folder / "spool.jsonl"),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=(folder / "proxy.log").open("wb"),
     )
     return process, f"http://127.0.0.1:{port}"
 
 
-def _start_litellm(binary: Path, upstream: str, folder: Path) -> tuple[subprocess.Popen[bytes],
-                                                                       str]:
+def _start_litellm(
+    binary: Path, upstream: str, folder: Path
+) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     config = folder / "litellm.yaml"
     config.write_text(
@@ -183,9 +204,20 @@ def _start_litellm(binary: Path, upstream: str, folder: Path) -> tuple[subproces
     )
     env = {**os.environ, "LITELLM_MASTER_KEY": MASTER_KEY, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     process = subprocess.Popen(
-        [str(binary), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
-         "--num_workers", "1"],
-        env=env, stdout=subprocess.DEVNULL, stderr=(folder / "litellm.log").open("wb"),
+        [
+            str(binary),
+            "--config",
+            str(config),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--num_workers",
+            "1",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=(folder / "litellm.log").open("wb"),
     )
     return process, f"http://127.0.0.1:{port}"
 
@@ -205,8 +237,7 @@ def test_added_latency_vs_direct_and_litellm(upstream: str, tmp_path: Path) -> N
             processes.append(litellm)
             try:
                 _wait_ready(f"{litellm_url}/health/liveliness", litellm)
-                targets["LiteLLM"] = (litellm_url,
-                                      {"authorization": f"Bearer {MASTER_KEY}"})
+                targets["LiteLLM"] = (litellm_url, {"authorization": f"Bearer {MASTER_KEY}"})
             except RuntimeError as exc:
                 note = f"LiteLLM did not start: {exc}"
         results: dict[tuple[str, int], tuple[float, float, int]] = {}
@@ -225,14 +256,19 @@ def test_added_latency_vs_direct_and_litellm(upstream: str, tmp_path: Path) -> N
     assert all(results[("direct", load)][0] > 0 for load in LOADS)
 
 
-def _print_table(results: dict[tuple[str, int], tuple[float, float, int]],
-                 targets: dict[str, Any], note: str) -> None:
+def _print_table(
+    results: dict[tuple[str, int], tuple[float, float, int]], targets: dict[str, Any], note: str
+) -> None:
     print()
-    print(f"machine: {platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, "
-          f"Python {platform.python_version()}; streamed chat completions of {MAX_TOKENS} "
-          f"tokens, llama-server b11434 `{' '.join(SERVER_ARGS)}`")
-    print("| clients | requests | direct p50 / p99 ms | triage proxy added p50 / p99 ms "
-          "| LiteLLM added p50 / p99 ms |")
+    print(
+        f"machine: {platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}; streamed chat completions of {MAX_TOKENS} "
+        f"tokens, llama-server b11434 `{' '.join(SERVER_ARGS)}`"
+    )
+    print(
+        "| clients | requests | direct p50 / p99 ms | triage proxy added p50 / p99 ms "
+        "| LiteLLM added p50 / p99 ms |"
+    )
     print("|---|---|---|---|---|")
     for load in LOADS:
         d50, d99, _ = results[("direct", load)]

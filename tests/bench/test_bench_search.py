@@ -147,12 +147,9 @@ def test_bench_search_load_graph_family(bench_store: tuple[Store, dict[str, floa
             elapsed, hits = _timed(lambda q=query: search(session, q))
             search_ms.append(elapsed)
             slugs.extend(hit.slug for hit in hits[:3])
-        reference_ms, hits = _timed(
-            lambda: search(session, "empty content finish length thinking")
-        )
+        reference_ms, hits = _timed(lambda: search(session, "empty content finish length thinking"))
         filtered_ms = [
-            _timed(lambda q=q: search(session, q, status="fixed"))[0]
-            for q in FIXED_QUERIES
+            _timed(lambda q=q: search(session, q, status="fixed"))[0] for q in FIXED_QUERIES
         ]
     assert slugs, "the searches found nothing"
     result["search"] = search_ms
@@ -240,8 +237,10 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         lines.append(
             row(
                 label,
-                [f"{_p(results[d][key], 50):.1f} / {_p(results[d][key], 95):.1f}"
-                 for d in dialects],
+                [
+                    f"{_p(results[d][key], 50):.1f} / {_p(results[d][key], 95):.1f}"
+                    for d in dialects
+                ],
                 target,
             )
         )

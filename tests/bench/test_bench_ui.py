@@ -29,8 +29,15 @@ REPO = Path(__file__).resolve().parents[2]
 APP = str(REPO / "triage" / "ui" / "app.py")
 INCIDENTS = 10_000
 TARGET_SECONDS = 2.0
-FINDINGS = ["empty-content", "length-stop", "broken-tool-call", "runaway-reasoning",
-            "http-error", "slow-response", "intermittent"]
+FINDINGS = [
+    "empty-content",
+    "length-stop",
+    "broken-tool-call",
+    "runaway-reasoning",
+    "http-error",
+    "slow-response",
+    "intermittent",
+]
 MODELS = ["gemma-4-31b-it", "qwen3-30b-a3b", "llama-3.3-70b", "mistral-small-24b", "phi-4"]
 
 
@@ -45,42 +52,82 @@ def populate(store: Store, count: int, seed: int = 7) -> None:
         model = rng.choice(MODELS)
         kinds = rng.sample(FINDINGS, rng.randint(1, 3))
         status = rng.choice(["open", "parked", "fixed", "closed"])
-        incidents.append({
-            "id": number, "slug": f"{opened.isoformat()}-bench-{number}",
-            "title": f"{model}: {' and '.join(kinds)} under load, build b{9000 + number % 900}",
-            "opened_on": opened, "status": status, "summary": f"Bench incident {number}.",
-            "impact": "", "model": model, "weights": "Q4_K_M", "server_build": "b9586",
-            "flags": [], "stack": {}, "timeline": [], "body": "", "source_file": "",
-            "created_at": now, "updated_at": now,
-        })
+        incidents.append(
+            {
+                "id": number,
+                "slug": f"{opened.isoformat()}-bench-{number}",
+                "title": f"{model}: {' and '.join(kinds)} under load, build b{9000 + number % 900}",
+                "opened_on": opened,
+                "status": status,
+                "summary": f"Bench incident {number}.",
+                "impact": "",
+                "model": model,
+                "weights": "Q4_K_M",
+                "server_build": "b9586",
+                "flags": [],
+                "stack": {},
+                "timeline": [],
+                "body": "",
+                "source_file": "",
+                "created_at": now,
+                "updated_at": now,
+            }
+        )
         for index, kind in enumerate(kinds):
-            symptoms.append({"incident_id": number, "key": f"S{index + 1}", "kind": kind,
-                             "description": f"{kind} seen", "observed": {},
-                             "evidence_keys": []})
+            symptoms.append(
+                {
+                    "incident_id": number,
+                    "key": f"S{index + 1}",
+                    "kind": kind,
+                    "description": f"{kind} seen",
+                    "observed": {},
+                    "evidence_keys": [],
+                }
+            )
         for catalogue in rng.sample(CAUSE_CATALOGUE_IDS, 3):
-            causes.append({"incident_id": number, "key": catalogue, "catalogue_id": catalogue,
-                           "title": f"{catalogue} on {model}",
-                           "status": rng.choice(["confirmed", "suspected", "rejected"]),
-                           "basis": "measured", "rationale": "", "deciding_probe": ""})
+            causes.append(
+                {
+                    "incident_id": number,
+                    "key": catalogue,
+                    "catalogue_id": catalogue,
+                    "title": f"{catalogue} on {model}",
+                    "status": rng.choice(["confirmed", "suspected", "rejected"]),
+                    "basis": "measured",
+                    "rationale": "",
+                    "deciding_probe": "",
+                }
+            )
         if status in ("parked", "fixed"):
-            decisions.append({
-                "incident_id": number, "kind": status.upper(),
-                "decided_at": datetime.combine(opened, datetime.min.time(), timezone.utc),
-                "decided_by": "bench", "rationale": "bench decision", "tradeoff": "", "fix": "",
-                "verified": status == "fixed",
-                "revisit_on": opened + timedelta(days=90) if status == "parked" else None,
-                "revisit_triggers": [], "evidence_keys": [],
-            })
+            decisions.append(
+                {
+                    "incident_id": number,
+                    "kind": status.upper(),
+                    "decided_at": datetime.combine(opened, datetime.min.time(), timezone.utc),
+                    "decided_by": "bench",
+                    "rationale": "bench decision",
+                    "tradeoff": "",
+                    "fix": "",
+                    "verified": status == "fixed",
+                    "revisit_on": opened + timedelta(days=90) if status == "parked" else None,
+                    "revisit_triggers": [],
+                    "evidence_keys": [],
+                }
+            )
     with store.session() as session:
         session.execute(insert(Incident), incidents)
         session.execute(insert(Symptom), symptoms)
         session.execute(insert(Cause), causes)
         session.execute(insert(Decision), decisions)
-        cause_ids = [row[0] for row in session.execute(
-            select(Cause.id).where(Cause.catalogue_id == "reasoning-exhausts-budget")
-        ).all()]
-        links = [{"from_cause_id": a, "to_cause_id": b, "note": "bench family", "created_at": now}
-                 for a, b in zip(cause_ids[:200:2], cause_ids[1:200:2], strict=True)]
+        cause_ids = [
+            row[0]
+            for row in session.execute(
+                select(Cause.id).where(Cause.catalogue_id == "reasoning-exhausts-budget")
+            ).all()
+        ]
+        links = [
+            {"from_cause_id": a, "to_cause_id": b, "note": "bench family", "created_at": now}
+            for a, b in zip(cause_ids[:200:2], cause_ids[1:200:2], strict=True)
+        ]
         session.execute(insert(FamilyLink), links)
 
 
@@ -128,8 +175,9 @@ def test_incidents_page_with_10000_incidents(
         results.append(("filter: one family", timed_run(at), None))
         caption = at.caption[0].value
         at.switch_page("views/decisions.py")
-        results.append(("Decision log page (all decisions; parked states cold)",
-                         timed_run(at), None))
+        results.append(
+            ("Decision log page (all decisions; parked states cold)", timed_run(at), None)
+        )
         results.append(("Decision log page (parked states cached)", timed_run(at), None))
         [(slug, _title)] = data.recent_incidents(data.get_store(), limit=1)
         at.switch_page("views/incident.py")
@@ -138,9 +186,11 @@ def test_incidents_page_with_10000_incidents(
     finally:
         data.forget_stores()
 
-    print(f"\nIncidents page, {INCIDENTS:,} incidents (SQLite) -- {platform.node()}, "
-          f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU(s), "
-          f"Python {platform.python_version()}")
+    print(
+        f"\nIncidents page, {INCIDENTS:,} incidents (SQLite) -- {platform.node()}, "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU(s), "
+        f"Python {platform.python_version()}"
+    )
     print(f"  data load: {load_seconds:.1f} s")
     print(f"  {'render':<52} {'seconds':>8}  target < {TARGET_SECONDS:.0f} s")
     for label, seconds, _ in results:

@@ -26,8 +26,14 @@ pytestmark = pytest.mark.browser
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = Path(os.environ.get("TRIAGE_CHROMIUM", "/usr/bin/chromium"))
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 START_TIMEOUT = 60.0
 HEADER = "X-Forwarded-User"
 
@@ -71,9 +77,20 @@ def header_ui(tmp_path: Path) -> Iterator[str]:
     triage = Path(sys.executable).with_name("triage")
     with log_path.open("wb") as log:
         server = subprocess.Popen(
-            [str(triage), "ui", "--port", str(port), "--host", "127.0.0.1",
-             "--auth-header", HEADER],
-            stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True,
+            [
+                str(triage),
+                "ui",
+                "--port",
+                str(port),
+                "--host",
+                "127.0.0.1",
+                "--auth-header",
+                HEADER,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+            start_new_session=True,
             env=dict(os.environ, TRIAGE_DATABASE_URL=url, TRIAGE_HOME=str(tmp_path / "home")),
         )
         base = f"http://127.0.0.1:{port}"
@@ -108,14 +125,18 @@ def test_pages_open_only_with_the_proxy_header(header_ui: str) -> None:
             anonymous.goto(header_ui)
             main = anonymous.locator('[data-testid="stMain"]')
             expect(main.get_by_text(f"the proxy sent no {HEADER} header")).to_be_visible(
-                timeout=60_000)
+                timeout=60_000
+            )
             expect(main.get_by_role("heading", name="Incidents")).to_have_count(0)
 
             signed = browser.new_context(extra_http_headers={HEADER: "alice"}).new_page()
             signed.set_default_timeout(60_000)
             signed.goto(header_ui)
             expect(signed.get_by_text("Signed in as alice")).to_be_visible(timeout=60_000)
-            expect(signed.locator('[data-testid="stMain"]').get_by_role(
-                "heading", name="Incidents").first).to_be_visible(timeout=60_000)
+            expect(
+                signed.locator('[data-testid="stMain"]')
+                .get_by_role("heading", name="Incidents")
+                .first
+            ).to_be_visible(timeout=60_000)
         finally:
             browser.close()

@@ -60,9 +60,7 @@ def _assert_gone(pid: int) -> None:
 
 
 @pytest.fixture
-def server_factory(
-    server_binary: Path, tmp_path: Path
-) -> Iterator[ServerFactory]:
+def server_factory(server_binary: Path, tmp_path: Path) -> Iterator[ServerFactory]:
     """start(model, args, **launch options) -> RunningServer; all stopped after the test."""
     started: list[RunningServer] = []
 

@@ -51,10 +51,13 @@ def alt_binary(server_binary: Path) -> Path:
 def _ask(binary: Path, model: Path, bodies: list[dict[str, Any]], log_dir: Path) -> list[dict]:
     server = start(ServerSpec(binary, model, PLAIN_ARGS), log_dir)
     try:
+
         async def run() -> list[dict]:
             async with LlamaClient(server.base_url, timeout=120) as client:
-                return [(await client.chat({**body, "cache_prompt": False})).json
-                        for body in bodies]
+                return [
+                    (await client.chat({**body, "cache_prompt": False})).json for body in bodies
+                ]
+
         return asyncio.run(run())
     finally:
         server.stop()
@@ -63,16 +66,21 @@ def _ask(binary: Path, model: Path, bodies: list[dict[str, Any]], log_dir: Path)
 def _summary(reply: dict) -> dict[str, Any]:
     choice = reply["choices"][0]
     message = choice["message"]
-    return {"finish_reason": choice["finish_reason"],
-            "content": message.get("content") or "",
-            "reasoning_content": message.get("reasoning_content") or "",
-            # call ids are random per reply
-            "tool_calls": [{"type": c.get("type"), "function": c.get("function")}
-                           for c in message.get("tool_calls") or []]}
+    return {
+        "finish_reason": choice["finish_reason"],
+        "content": message.get("content") or "",
+        "reasoning_content": message.get("reasoning_content") or "",
+        # call ids are random per reply
+        "tool_calls": [
+            {"type": c.get("type"), "function": c.get("function")}
+            for c in message.get("tool_calls") or []
+        ],
+    }
 
 
-def test_both_builds_give_the_same_greedy_outputs(server_binary: Path, alt_binary: Path,
-                                                  thinking_drill: Drill, tmp_path: Path):
+def test_both_builds_give_the_same_greedy_outputs(
+    server_binary: Path, alt_binary: Path, thinking_drill: Drill, tmp_path: Path
+):
     new_info, old_info = binary_build_info(server_binary), binary_build_info(alt_binary)
     assert (new_info["build_number"], old_info["build_number"]) == (11434, ALT_BUILD)
     bodies = [thinking_drill.request("greedy"), thinking_drill.request("greedy-thinking-off")]
@@ -84,12 +92,12 @@ def test_both_builds_give_the_same_greedy_outputs(server_binary: Path, alt_binar
     failing, fixed = new
     assert failing["finish_reason"] == "length" and failing["content"] == ""
     assert len(failing["reasoning_content"]) > 1000
-    assert fixed["finish_reason"] == "stop" and fixed["content"] and not \
-        fixed["reasoning_content"]
+    assert fixed["finish_reason"] == "stop" and fixed["content"] and not fixed["reasoning_content"]
 
 
-def test_both_builds_parse_the_gemma4_tool_call_the_same(server_binary: Path, alt_binary: Path,
-                                                         toolcall_drill: Drill, tmp_path: Path):
+def test_both_builds_parse_the_gemma4_tool_call_the_same(
+    server_binary: Path, alt_binary: Path, toolcall_drill: Drill, tmp_path: Path
+):
     # The Gemma 4 tool-call parser is where builds differ most; greedy, both builds parse the
     # drill's call into the same structured tool call.
     bodies = [toolcall_drill.request("greedy")]
@@ -106,13 +114,18 @@ def test_alt_build_arm_on_two_real_builds_is_unchanged(alt_binary: Path, tmp_pat
     drill = build_drill("gemma4-thinking-budget", tmp_path / "drill")
     stack_path = drill.out_dir / "stack.toml"
     # the alternate build named by its build number, resolved to the cache
-    stack_path.write_text(stack_path.read_text().replace(
-        "[alternates]\n", f'[alternates]\nbinary = "b{ALT_BUILD}"\n'))
+    stack_path.write_text(
+        stack_path.read_text().replace("[alternates]\n", f'[alternates]\nbinary = "b{ALT_BUILD}"\n')
+    )
     stack = load_stack(stack_path, build_missing=False)
     assert stack.alternate_binary == alt_binary
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
-    diagnosis = diagnose(store, stack, drill.request("greedy"),
-                         options=DiagnoseOptions(max_requests=16, log_dir=tmp_path / "runs"))
+    diagnosis = diagnose(
+        store,
+        stack,
+        drill.request("greedy"),
+        options=DiagnoseOptions(max_requests=16, log_dir=tmp_path / "runs"),
+    )
     arms = {arm["name"]: arm for arm in diagnosis["arms"]}
     alt, baseline = arms["alt-build"], arms["baseline"]
     assert str(alt_binary) in alt["variant"]
@@ -134,8 +147,9 @@ def _good_wrapper(folder: Path, binary: Path) -> Path:
     return path
 
 
-def test_bisect_over_real_builds_finds_the_first_bad_one(server_binary: Path, alt_binary: Path,
-                                                         thinking_drill: Drill, tmp_path: Path):
+def test_bisect_over_real_builds_finds_the_first_bad_one(
+    server_binary: Path, alt_binary: Path, thinking_drill: Drill, tmp_path: Path
+):
     # Stand-in range 1..4: two good builds (each real binary behind the wrapper), then the
     # same two real builds as they are -- bad. The first bad one is 3.
     binaries: dict[int, Path] = {
@@ -152,12 +166,17 @@ def test_bisect_over_real_builds_finds_the_first_bad_one(server_binary: Path, al
 
     stack = load_stack(thinking_drill.out_dir / "stack.toml")
     plain = stack.server.with_args(PLAIN_ARGS)
-    oracle = ServerOracle(Stack(server=plain), thinking_drill.request("greedy"),
-                          binary_for=binary_for, log_dir=tmp_path / "logs")
+    oracle = ServerOracle(
+        Stack(server=plain),
+        thinking_drill.request("greedy"),
+        binary_for=binary_for,
+        log_dir=tmp_path / "logs",
+    )
     state = tmp_path / "state.json"
     try:
-        report = Bisector([1, 2, 3, 4], oracle,
-                          options=BisectOptions(reference_n=8, state_path=state)).run()
+        report = Bisector(
+            [1, 2, 3, 4], oracle, options=BisectOptions(reference_n=8, state_path=state)
+        ).run()
     finally:
         oracle.close()
     assert running_servers() == []
@@ -169,20 +188,36 @@ def test_bisect_over_real_builds_finds_the_first_bad_one(server_binary: Path, al
     # each build launched once, for all of its looks
     assert oracle.launches == len(report.tested) == len(set(asked))
     resumed = ServerOracle(Stack(server=plain), {}, binary_for=binary_for)
-    again = Bisector([1, 2, 3, 4], resumed, options=BisectOptions(reference_n=8,
-                                                                  state_path=state)).run()
+    again = Bisector(
+        [1, 2, 3, 4], resumed, options=BisectOptions(reference_n=8, state_path=state)
+    ).run()
     assert again.first_bad == 3 and resumed.launches == 0  # resumed from the saved state
 
 
-def test_bisect_command_records_every_tested_build(alt_binary: Path, thinking_drill: Drill,
-                                                   tmp_path: Path):
+def test_bisect_command_records_every_tested_build(
+    alt_binary: Path, thinking_drill: Drill, tmp_path: Path
+):
     request = tmp_path / "request.json"
     request.write_text(json.dumps(thinking_drill.request("greedy")))
     database = f"sqlite:///{tmp_path / 'kb.db'}"
-    argv = ["--database", database, "bisect", "--good", f"b{ALT_BUILD}", "--bad", "b11434",
-            "--versions", f"{ALT_BUILD},11434", "--request", str(request),
-            "--stack", str(thinking_drill.out_dir / "stack.toml"), "--reference-n", "8",
-            "--json"]
+    argv = [
+        "--database",
+        database,
+        "bisect",
+        "--good",
+        f"b{ALT_BUILD}",
+        "--bad",
+        "b11434",
+        "--versions",
+        f"{ALT_BUILD},11434",
+        "--request",
+        str(request),
+        "--stack",
+        str(thinking_drill.out_dir / "stack.toml"),
+        "--reference-n",
+        "8",
+        "--json",
+    ]
     result = CliRunner().invoke(cli, argv)
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
@@ -197,15 +232,17 @@ def test_bisect_command_records_every_tested_build(alt_binary: Path, thinking_dr
         assert incident is not None
         rows = session.exec(select(Evidence).where(Evidence.incident_id == incident.id)).all()
     kinds = sorted((row.kind, row.payload["type"]) for row in rows)
-    assert kinds == [("observation", "bisect-result"), ("probe", "bisect-build"),
-                     ("probe", "bisect-build")]
+    assert kinds == [
+        ("observation", "bisect-result"),
+        ("probe", "bisect-build"),
+        ("probe", "bisect-build"),
+    ]
     # a rerun continues from the saved state: same incident, nothing measured again
     again = CliRunner().invoke(cli, argv)
     assert again.exit_code == 0, again.output
     assert json.loads(again.stdout)["incident"] == report["incident"]
     assert "b11434:" not in again.stderr
     assert running_servers() == []
-
 
 
 def _stand_in_build(number: int, real: Path, good: bool) -> Path:
@@ -219,13 +256,17 @@ def _stand_in_build(number: int, real: Path, good: bool) -> Path:
     extra = " --reasoning off" if good else ""
     binary.write_text(f'#!/bin/sh\nexec "{real}" "$@"{extra}\n')
     binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
-    (root / "BUILD_INFO.json").write_text(json.dumps(
-        {"build_number": number, "cmake_flags": cmake_flags(number), "binary": str(binary)}))
+    (root / "BUILD_INFO.json").write_text(
+        json.dumps(
+            {"build_number": number, "cmake_flags": cmake_flags(number), "binary": str(binary)}
+        )
+    )
     return binary
 
 
-def test_bisect_command_over_a_stand_in_cache(server_binary: Path, thinking_drill: Drill,
-                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_bisect_command_over_a_stand_in_cache(
+    server_binary: Path, thinking_drill: Drill, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     monkeypatch.setenv("TRIAGE_CACHE_DIR", str(tmp_path / "cache"))
     versions = [101, 102, 103, 104, 105, 106]
     for number in versions:
@@ -233,17 +274,33 @@ def test_bisect_command_over_a_stand_in_cache(server_binary: Path, thinking_dril
     request = tmp_path / "request.json"
     request.write_text(json.dumps(thinking_drill.request("greedy")))
     database = f"sqlite:///{tmp_path / 'kb.db'}"
-    argv = ["--database", database, "bisect", "--good", "b101", "--bad", "b106",
-            "--versions", ",".join(map(str, versions)), "--request", str(request),
-            "--stack", str(thinking_drill.out_dir / "stack.toml"), "--reference-n", "8"]
+    argv = [
+        "--database",
+        database,
+        "bisect",
+        "--good",
+        "b101",
+        "--bad",
+        "b106",
+        "--versions",
+        ",".join(map(str, versions)),
+        "--request",
+        str(request),
+        "--stack",
+        str(thinking_drill.out_dir / "stack.toml"),
+        "--reference-n",
+        "8",
+    ]
     result = CliRunner().invoke(cli, argv)
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert "-> first-bad" in out and "first bad build: b104" in out
     assert "last good: b103: good -- 0/4 failed" in out
     assert "first bad: b104: bad -- 8/8 failed" in out
-    assert "llama.cpp commits between: 1 (https://github.com/ggml-org/llama.cpp/compare/" \
-           "b103...b104)" in out
+    assert (
+        "llama.cpp commits between: 1 (https://github.com/ggml-org/llama.cpp/compare/"
+        "b103...b104)" in out
+    )
     slug = out.rsplit("evidence recorded on incident ", 1)[1].strip()
     store = Store(database)
     with store.session(readonly=True) as session:

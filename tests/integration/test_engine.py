@@ -46,7 +46,10 @@ def _assert_matches_manifest(diagnosis: dict[str, Any], manifest: dict[str, Any]
     verdicts = _by_cause(diagnosis)
     for cause_id, truth in manifest["causes"].items():
         assert verdicts[cause_id]["status"] in truth["accept"], (
-            cause_id, verdicts[cause_id], truth)
+            cause_id,
+            verdicts[cause_id],
+            truth,
+        )
 
 
 def test_thinking_budget_drill_verdicts_match_the_manifest(
@@ -55,7 +58,9 @@ def test_thinking_budget_drill_verdicts_match_the_manifest(
     drill = build_drill("gemma4-thinking-budget", tmp_path / "drill")
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
     diagnosis = diagnose(
-        store, load_stack(drill.out_dir / "stack.toml"), drill.request("greedy"),
+        store,
+        load_stack(drill.out_dir / "stack.toml"),
+        drill.request("greedy"),
         options=DiagnoseOptions(max_requests=16, log_dir=tmp_path / "runs"),
     )
     validate_diagnosis(diagnosis)
@@ -97,7 +102,9 @@ def test_toolcall_drill_intermittent_failure_verdicts(server_binary: Path, tmp_p
     drill = build_drill("gemma4-toolcall", tmp_path / "drill")
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
     diagnosis = diagnose(
-        store, load_stack(drill.out_dir / "stack.toml"), drill.request("sampled"),
+        store,
+        load_stack(drill.out_dir / "stack.toml"),
+        drill.request("sampled"),
         options=DiagnoseOptions(max_requests=64, log_dir=tmp_path / "runs"),
     )
     store.close()
@@ -124,17 +131,28 @@ def test_speculative_decoding_confirmed_when_it_changes_the_failure_rate(
     # changes what the server commits on purpose: with a draft model it runs the drill as
     # is (thinking loops, fails); without one it runs with reasoning off (succeeds).
     drill = build_drill("gemma4-thinking-budget", tmp_path / "drill")
-    standin = _wrapper(tmp_path, "llama-server-standin", f"""
+    standin = _wrapper(
+        tmp_path,
+        "llama-server-standin",
+        f"""
 for a in "$@"; do [ "$a" = "-md" ] && exec "{server_binary}" "$@"; done
 exec "{server_binary}" "$@" --reasoning off
-""")
-    stack_text = (drill.out_dir / "stack.toml").read_text().replace(
-        "[server]\n", f'[server]\nbinary = "{standin}"\n')
+""",
+    )
+    stack_text = (
+        (drill.out_dir / "stack.toml")
+        .read_text()
+        .replace("[server]\n", f'[server]\nbinary = "{standin}"\n')
+    )
     stack_path = drill.out_dir / "stack-standin.toml"
     stack_path.write_text(stack_text)
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
-    diagnosis = diagnose(store, load_stack(stack_path), drill.request("greedy"),
-                         options=DiagnoseOptions(max_requests=16, log_dir=tmp_path / "runs"))
+    diagnosis = diagnose(
+        store,
+        load_stack(stack_path),
+        drill.request("greedy"),
+        options=DiagnoseOptions(max_requests=16, log_dir=tmp_path / "runs"),
+    )
     store.close()
     verdicts, arms = _by_cause(diagnosis), _arms(diagnosis)
     assert arms["spec-off"]["decision"] == "removes"
@@ -148,7 +166,10 @@ def test_a_server_that_crashes_mid_arm_is_recorded_and_the_rest_goes_on(
     drill = build_drill("gemma4-thinking-budget", tmp_path / "drill")
     # A stand-in build that crashes: it starts the real server, waits until it is healthy,
     # then kills it (exit code 3) -- the arm must be recorded as errored, not hang.
-    crasher = _wrapper(tmp_path, "llama-server-crash", f"""
+    crasher = _wrapper(
+        tmp_path,
+        "llama-server-crash",
+        f"""
 "{server_binary}" "$@" &
 child=$!
 port=""
@@ -162,16 +183,20 @@ sleep 0.3
 echo "simulated crash: killing the server" >&2
 kill -9 $child
 exit 3
-""")
+""",
+    )
     text = (drill.out_dir / "stack.toml").read_text() + f'binary = "{crasher}"\n'
     stack_path = drill.out_dir / "stack-crash.toml"
     stack_path.write_text(text)
     stack = load_stack(stack_path)
     assert stack.alternate_binary == crasher
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
-    diagnosis = diagnose(store, stack, drill.request("greedy"),
-                         options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs",
-                                                 request_timeout=30))
+    diagnosis = diagnose(
+        store,
+        stack,
+        drill.request("greedy"),
+        options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs", request_timeout=30),
+    )
     # A run that ended with errors says so, and can be resumed.
     from triage.engine import unfinished_run
 
@@ -197,15 +222,31 @@ def test_cli_diagnose_writes_valid_json_and_resume_continues_an_interrupted_run(
     drill = build_drill("gemma4-thinking-budget", tmp_path / "drill")
     stack_path = drill.out_dir / "stack.toml"
     request_path, response_path = capture_failing_exchange(
-        stack_path, drill.request("greedy"), tmp_path)
-    env = {**os.environ, "TRIAGE_DATABASE_URL": f"sqlite:///{tmp_path / 'kb.db'}",
-           "TRIAGE_HOME": str(tmp_path / "home")}
-    argv = [sys.executable, "-m", "triage.cli", "diagnose", "--request", str(request_path),
-            "--response", str(response_path), "--stack", str(stack_path),
-            "--max-requests", "16"]
+        stack_path, drill.request("greedy"), tmp_path
+    )
+    env = {
+        **os.environ,
+        "TRIAGE_DATABASE_URL": f"sqlite:///{tmp_path / 'kb.db'}",
+        "TRIAGE_HOME": str(tmp_path / "home"),
+    }
+    argv = [
+        sys.executable,
+        "-m",
+        "triage.cli",
+        "diagnose",
+        "--request",
+        str(request_path),
+        "--response",
+        str(response_path),
+        "--stack",
+        str(stack_path),
+        "--max-requests",
+        "16",
+    ]
     # Interrupt a first run once some replies are recorded.
-    first = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+    first = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and first.poll() is None:
         time.sleep(0.5)
@@ -217,9 +258,13 @@ def test_cli_diagnose_writes_valid_json_and_resume_continues_an_interrupted_run(
     assert before >= 6
     _assert_no_llama_children(tmp_path)
     out = tmp_path / "diagnosis.json"
-    done = subprocess.run([*argv[:4], "--resume", "--stack", str(stack_path),
-                           "--json", str(out)], env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        [*argv[:4], "--resume", "--stack", str(stack_path), "--json", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     diagnosis = json.loads(out.read_text())
     validate_diagnosis(diagnosis)
@@ -243,8 +288,9 @@ def _reply_count(db: Path) -> int:
 
 
 def _assert_no_llama_children(tmp_path: Path) -> None:
-    result = subprocess.run(["pgrep", "-f", f"llama-server.*{tmp_path}"], capture_output=True,
-                            text=True)
+    result = subprocess.run(
+        ["pgrep", "-f", f"llama-server.*{tmp_path}"], capture_output=True, text=True
+    )
     assert result.stdout.strip() == ""
 
 
@@ -256,19 +302,25 @@ def test_a_wrapper_binary_and_its_server_child_are_both_stopped(
     from triage.llama.launcher import ServerSpec, launch
 
     drill = build_drill("gemma4-thinking-budget", tmp_path / "drill")
-    wrapper = _wrapper(tmp_path, "llama-server-wrapper", f"""
+    wrapper = _wrapper(
+        tmp_path,
+        "llama-server-wrapper",
+        f"""
 "{server_binary}" "$@" &
 wait
-""")
+""",
+    )
     spec = ServerSpec(wrapper, drill.model, ["-c", "2048", "-np", "1"])
     with launch(spec, tmp_path / "logs") as server:
         assert server.alive()
-        children = subprocess.run(["pgrep", "-f", f"llama-server -m {drill.model}"],
-                                  capture_output=True, text=True).stdout.split()
+        children = subprocess.run(
+            ["pgrep", "-f", f"llama-server -m {drill.model}"], capture_output=True, text=True
+        ).stdout.split()
         assert children
     for _ in range(50):
-        left = subprocess.run(["pgrep", "-f", f"llama-server -m {drill.model}"],
-                              capture_output=True, text=True).stdout.split()
+        left = subprocess.run(
+            ["pgrep", "-f", f"llama-server -m {drill.model}"], capture_output=True, text=True
+        ).stdout.split()
         if not left:
             break
         time.sleep(0.1)

@@ -32,14 +32,19 @@ def test_the_amx_standin_crash_is_diagnosed_from_its_crash_report(
     text = (drill.out_dir / "stack.toml").read_text()
     body = "\n".join(line for line in text.splitlines() if not line.startswith("# host"))
     stack_path = drill.out_dir / "stack-amx.toml"
-    stack_path.write_text(f"# {NOTE} -- added for this drill, not part of the incident\n"
-                          + body.replace("[server]\n", f'[server]\nbinary = "{standin}"\n')
-                          + "\n")
+    stack_path.write_text(
+        f"# {NOTE} -- added for this drill, not part of the incident\n"
+        + body.replace("[server]\n", f'[server]\nbinary = "{standin}"\n')
+        + "\n"
+    )
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
     try:
-        diagnosis = diagnose(store, load_stack(stack_path), drill.request("greedy"),
-                             options=DiagnoseOptions(max_requests=8,
-                                                     log_dir=tmp_path / "runs"))
+        diagnosis = diagnose(
+            store,
+            load_stack(stack_path),
+            drill.request("greedy"),
+            options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs"),
+        )
     finally:
         store.close()
     assert running_servers() == []
@@ -111,8 +116,9 @@ def _mid_request_stack(server_binary: Path, tmp_path: Path) -> tuple[Any, Path]:
 
     drill = build_drill("gemma4-thinking-budget", tmp_path / "drill")
     standin = tmp_path / "llama-server-mid"
-    standin.write_text(_MID_REQUEST.format(python=sys.executable, real=str(server_binary),
-                                           log=AMX_CRASH_LOG))
+    standin.write_text(
+        _MID_REQUEST.format(python=sys.executable, real=str(server_binary), log=AMX_CRASH_LOG)
+    )
     standin.chmod(standin.stat().st_mode | stat.S_IXUSR)
     text = (drill.out_dir / "stack.toml").read_text()
     stack_path = drill.out_dir / "stack-mid.toml"
@@ -120,15 +126,20 @@ def _mid_request_stack(server_binary: Path, tmp_path: Path) -> tuple[Any, Path]:
     return drill, stack_path
 
 
-def _diagnose(tmp_path: Path, stack_path: Path, request: dict[str, Any],
-              **kwargs: Any) -> dict[str, Any]:
+def _diagnose(
+    tmp_path: Path, stack_path: Path, request: dict[str, Any], **kwargs: Any
+) -> dict[str, Any]:
     from triage.llama.launcher import running_servers
 
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
     try:
-        return diagnose(store, load_stack(stack_path), request,  # type: ignore[no-any-return]
-                        options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs"),
-                        **kwargs)
+        return diagnose(
+            store,
+            load_stack(stack_path),
+            request,  # type: ignore[no-any-return]
+            options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs"),
+            **kwargs,
+        )
     finally:
         store.close()
         assert running_servers() == []
@@ -166,12 +177,14 @@ def test_a_captured_502_is_reproduced_by_a_server_that_crashes_mid_request(
 
     drill, stack_path = _mid_request_stack(server_binary, tmp_path)
     request = drill.request("greedy")
-    exchange = exchange_from_http(request, b"<html><body>502 Bad Gateway</body></html>",
-                                  status=502)
-    findings = [{k: getattr(f, k) for k in ("kind", "passed", "score", "reason", "where")}
-                for f in classify(exchange)]
-    diagnosis = _diagnose(tmp_path, stack_path, request, exchange=exchange.to_dict(),
-                          findings=findings)
+    exchange = exchange_from_http(request, b"<html><body>502 Bad Gateway</body></html>", status=502)
+    findings = [
+        {k: getattr(f, k) for k in ("kind", "passed", "score", "reason", "where")}
+        for f in classify(exchange)
+    ]
+    diagnosis = _diagnose(
+        tmp_path, stack_path, request, exchange=exchange.to_dict(), findings=findings
+    )
     assert diagnosis["reproduction"]["reproduced"] is True
     assert "server-crash" in diagnosis["reproduction"]["signature"]["kinds"]
     causes = {c["id"]: c for c in diagnosis["causes"]}
@@ -185,23 +198,29 @@ def test_a_server_that_hangs_on_requests_is_diagnosed_as_a_hang(
     # The stand-in answers /health, then never answers a completion unless --no-repack.
     drill, stack_path = _mid_request_stack(server_binary, tmp_path)
     standin = tmp_path / "llama-server-mid"
-    standin.write_text(standin.read_text().replace(
-        "    def do_POST(self):\n",
-        "    def do_POST(self):\n"
-        "        if 'completions' not in self.path:\n"
-        "            self.send_response(404)\n"
-        "            self.send_header('Content-Length', '0')\n"
-        "            self.end_headers()\n"
-        "            return\n"
-        "        import time\n"
-        "        time.sleep(3600)\n"))
+    standin.write_text(
+        standin.read_text().replace(
+            "    def do_POST(self):\n",
+            "    def do_POST(self):\n"
+            "        if 'completions' not in self.path:\n"
+            "            self.send_response(404)\n"
+            "            self.send_header('Content-Length', '0')\n"
+            "            self.end_headers()\n"
+            "            return\n"
+            "        import time\n"
+            "        time.sleep(3600)\n",
+        )
+    )
     from triage.llama.launcher import running_servers
 
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
     try:
-        diagnosis = diagnose(store, load_stack(stack_path), drill.request("greedy"),
-                             options=DiagnoseOptions(max_requests=4, request_timeout=3,
-                                                     log_dir=tmp_path / "runs"))
+        diagnosis = diagnose(
+            store,
+            load_stack(stack_path),
+            drill.request("greedy"),
+            options=DiagnoseOptions(max_requests=4, request_timeout=3, log_dir=tmp_path / "runs"),
+        )
     finally:
         store.close()
     assert running_servers() == []

@@ -38,13 +38,31 @@ def test_an_api_key_stack_is_diagnosed_and_the_key_is_stored_nowhere(
     request = tmp_path / "request.json"
     request.write_text(json.dumps(drill.request("greedy")))
     db = tmp_path / "kb.db"
-    env = {**os.environ, "TRIAGE_DATABASE_URL": f"sqlite:///{db}",
-           "TRIAGE_HOME": str(tmp_path / "home")}
+    env = {
+        **os.environ,
+        "TRIAGE_DATABASE_URL": f"sqlite:///{db}",
+        "TRIAGE_HOME": str(tmp_path / "home"),
+    }
     cli = [sys.executable, "-m", "triage.cli"]
     out = tmp_path / "diagnosis.json"
-    done = subprocess.run([*cli, "diagnose", "--request", str(request), "--stack", str(stack),
-                           "--max-requests", "4", "--json", str(out)], env=env,
-                          capture_output=True, text=True, timeout=800)
+    done = subprocess.run(
+        [
+            *cli,
+            "diagnose",
+            "--request",
+            str(request),
+            "--stack",
+            str(stack),
+            "--max-requests",
+            "4",
+            "--json",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=800,
+    )
     assert done.returncode == 0, done.stderr
     diagnosis = json.loads(out.read_text())
     assert diagnosis["reproduction"]["reproduced"] is True, diagnosis["reproduction"]
@@ -52,8 +70,13 @@ def test_an_api_key_stack_is_diagnosed_and_the_key_is_stored_nowhere(
     assert baseline["failures"] == baseline["n"] >= 4  # every replay answered (no 401)
     assert "--api-key" in json.dumps(diagnosis)  # the flag is recorded, masked
 
-    exported = subprocess.run([*cli, "export", "--out", str(tmp_path / "export")], env=env,
-                              capture_output=True, text=True, timeout=120)
+    exported = subprocess.run(
+        [*cli, "export", "--out", str(tmp_path / "export")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert exported.returncode == 0, exported.stderr
     assert list((tmp_path / "export").glob("*.md"))
 
@@ -61,8 +84,11 @@ def test_an_api_key_stack_is_diagnosed_and_the_key_is_stored_nowhere(
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     for text in (done.stdout, done.stderr, exported.stdout, exported.stderr):
         assert KEY not in text
-    leaked = [path for path in tmp_path.rglob("*")
-              if path.is_file() and path != stack and KEY.encode() in path.read_bytes()]
+    leaked = [
+        path
+        for path in tmp_path.rglob("*")
+        if path.is_file() and path != stack and KEY.encode() in path.read_bytes()
+    ]
     # Nothing else holds it: not the run logs (the launcher masks its `# argv:` header),
     # not the server's own output.
     assert [str(p) for p in leaked] == []

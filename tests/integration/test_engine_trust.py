@@ -29,8 +29,10 @@ def _no_leaked_servers() -> None:
 
 
 def _findings(exchange) -> list[dict]:  # type: ignore[no-untyped-def]
-    return [{k: getattr(f, k) for k in ("kind", "passed", "score", "reason", "where")}
-            for f in classify(exchange)]
+    return [
+        {k: getattr(f, k) for k in ("kind", "passed", "score", "reason", "where")}
+        for f in classify(exchange)
+    ]
 
 
 def test_a_proxy_502_capture_is_not_reproduced_and_moves_no_cause(
@@ -39,12 +41,16 @@ def test_a_proxy_502_capture_is_not_reproduced_and_moves_no_cause(
     # Defect 3: the capture is a proxy's 502 page; the replays fail with length stops.
     drill = build_drill("gemma4-thinking-budget", tmp_path / "drill")
     request = drill.request("greedy")
-    exchange = exchange_from_http(request, b"<html><body>502 Bad Gateway</body></html>",
-                                  status=502)
+    exchange = exchange_from_http(request, b"<html><body>502 Bad Gateway</body></html>", status=502)
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
-    diagnosis = diagnose(store, load_stack(drill.out_dir / "stack.toml"), request,
-                         exchange=exchange.to_dict(), findings=_findings(exchange),
-                         options=DiagnoseOptions(max_requests=16, log_dir=tmp_path / "runs"))
+    diagnosis = diagnose(
+        store,
+        load_stack(drill.out_dir / "stack.toml"),
+        request,
+        exchange=exchange.to_dict(),
+        findings=_findings(exchange),
+        options=DiagnoseOptions(max_requests=16, log_dir=tmp_path / "runs"),
+    )
     assert diagnosis["state"] == "not-reproduced"
     message = diagnosis["reproduction"]["message"]
     assert "did not reproduce" in message and "5xx" in message and "length-stop" in message
@@ -70,10 +76,15 @@ def test_speculative_decoding_on_a_url_stack_is_seen_from_the_replies(
     spec = ServerSpec(server_binary, Path(str(stack.server.model)), list(stack.server.args))
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
     with launch(spec, tmp_path / "logs") as running:
-        url_stack = parse_stack(f'[server]\nurl = "{running.base_url}"\n', base=tmp_path,
-                                source="url-stack.toml")
-        diagnosis = diagnose(store, url_stack, drill.request("greedy"),
-                             options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs"))
+        url_stack = parse_stack(
+            f'[server]\nurl = "{running.base_url}"\n', base=tmp_path, source="url-stack.toml"
+        )
+        diagnosis = diagnose(
+            store,
+            url_stack,
+            drill.request("greedy"),
+            options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs"),
+        )
     store.close()
     speculative = {c["id"]: c for c in diagnosis["causes"]}["speculative-decoding"]
     assert diagnosis["stack"]["speculative"] is True
@@ -95,8 +106,11 @@ def test_a_failed_launch_leaves_no_incident_or_reuses_the_named_one(
 ) -> None:
     drill = build_drill("gemma4-thinking-budget", tmp_path / "drill")
     broken = _wrapper(tmp_path, 'echo "error: unknown argument: --typo" >&2\nexit 1\n')
-    text = (drill.out_dir / "stack.toml").read_text().replace(
-        "[server]\n", f'[server]\nbinary = "{broken}"\n')
+    text = (
+        (drill.out_dir / "stack.toml")
+        .read_text()
+        .replace("[server]\n", f'[server]\nbinary = "{broken}"\n')
+    )
     stack_path = drill.out_dir / "stack-broken.toml"
     stack_path.write_text(text)
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
@@ -124,13 +138,20 @@ echo "#3  0x00007f1c2a ggml_backend_amx_mul_mat"
 kill -SEGV $$
 """)
     standin.chmod(standin.stat().st_mode | stat.S_IXUSR)
-    text = (drill.out_dir / "stack.toml").read_text().replace(
-        "[server]\n", f'[server]\nbinary = "{standin}"\n')
+    text = (
+        (drill.out_dir / "stack.toml")
+        .read_text()
+        .replace("[server]\n", f'[server]\nbinary = "{standin}"\n')
+    )
     stack_path = drill.out_dir / "stack-amx.toml"
     stack_path.write_text(text)
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
-    diagnosis = diagnose(store, load_stack(stack_path), drill.request("greedy"),
-                         options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs"))
+    diagnosis = diagnose(
+        store,
+        load_stack(stack_path),
+        drill.request("greedy"),
+        options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs"),
+    )
     store.close()
     causes = {c["id"]: c for c in diagnosis["causes"]}
     arms = {a["name"]: a for a in diagnosis["arms"]}
@@ -159,26 +180,62 @@ def test_cli_diagnoses_from_the_request_alone_and_show_prints_it(
     drill = build_drill("gemma4-thinking-budget", tmp_path / "drill")
     request_path = tmp_path / "request.json"
     request_path.write_text(json.dumps(drill.request("greedy")))
-    env = {**os.environ, "TRIAGE_DATABASE_URL": f"sqlite:///{tmp_path / 'kb.db'}",
-           "TRIAGE_HOME": str(tmp_path / "home")}
+    env = {
+        **os.environ,
+        "TRIAGE_DATABASE_URL": f"sqlite:///{tmp_path / 'kb.db'}",
+        "TRIAGE_HOME": str(tmp_path / "home"),
+    }
     out = tmp_path / "diagnosis.json"
     cli = [sys.executable, "-m", "triage.cli"]
-    done = subprocess.run([*cli, "diagnose", "--request", str(request_path), "--stack",
-                           str(drill.out_dir / "stack.toml"), "--max-requests", "8",
-                           "--json", str(out)], env=env, capture_output=True, text=True,
-                          timeout=800)
+    done = subprocess.run(
+        [
+            *cli,
+            "diagnose",
+            "--request",
+            str(request_path),
+            "--stack",
+            str(drill.out_dir / "stack.toml"),
+            "--max-requests",
+            "8",
+            "--json",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=800,
+    )
     assert done.returncode == 0, done.stderr
     diagnosis = json.loads(out.read_text())
     assert diagnosis["exchange_evidence"] is None and diagnosis["findings"] == []
     assert diagnosis["reproduction"]["reproduced"] is True
-    assert {c["id"]: c for c in diagnosis["causes"]}["reasoning-exhausts-budget"]["status"] \
-        == "confirmed"
-    shown = subprocess.run([*cli, "show", diagnosis["incident"], "--json"], env=env,
-                           capture_output=True, text=True, timeout=120)
+    assert {c["id"]: c for c in diagnosis["causes"]}["reasoning-exhausts-budget"][
+        "status"
+    ] == "confirmed"
+    shown = subprocess.run(
+        [*cli, "show", diagnosis["incident"], "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["run_id"] == diagnosis["run_id"]
-    typo = subprocess.run([*cli, "diagnose", "--request", str(request_path), "--stack",
-                           str(drill.out_dir / "stack.toml"), "--incident", "2026-01-01-typo"],
-                          env=env, capture_output=True, text=True, timeout=120)
+    typo = subprocess.run(
+        [
+            *cli,
+            "diagnose",
+            "--request",
+            str(request_path),
+            "--stack",
+            str(drill.out_dir / "stack.toml"),
+            "--incident",
+            "2026-01-01-typo",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert typo.returncode != 0 and "no such incident" in typo.stderr
     _no_leaked_servers()

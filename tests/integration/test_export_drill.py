@@ -51,5 +51,7 @@ def test_diagnosed_drill_incident_exports_small_and_round_trips(
     assert second.read_bytes() == first.read_bytes()
     assert second.with_name(sidecar.name).read_bytes() == sidecar.read_bytes()
     assert reloaded["evidence"] == stored["evidence"]
-    print(f"\n{first.name}: {size} bytes; {sidecar.name}: {sidecar.stat().st_size} bytes; "
-          f"{len(probes)} replays in the sidecar")
+    print(
+        f"\n{first.name}: {size} bytes; {sidecar.name}: {sidecar.stat().st_size} bytes; "
+        f"{len(probes)} replays in the sidecar"
+    )

@@ -52,7 +52,8 @@ def standin(server_binary: Path, tmp_path: Path) -> Path:
 
 
 def test_standin_without_no_repack_gives_a_startup_crash_report(
-        standin: Path, thinking_drill: Drill, plain_args: list[str], tmp_path: Path):
+    standin: Path, thinking_drill: Drill, plain_args: list[str], tmp_path: Path
+):
     spec = ServerSpec(standin, thinking_drill.model, _without_no_repack(plain_args))
     with pytest.raises(ServerStartError) as info:
         start(spec, tmp_path / "logs", ready_timeout=30)
@@ -67,10 +68,12 @@ def test_standin_without_no_repack_gives_a_startup_crash_report(
 
 
 def test_standin_with_no_repack_runs_the_real_drill_server(
-        standin: Path, thinking_drill: Drill, plain_args: list[str], tmp_path: Path):
+    standin: Path, thinking_drill: Drill, plain_args: list[str], tmp_path: Path
+):
     args = [*_without_no_repack(plain_args), "--no-repack"]
     server = start(ServerSpec(standin, thinking_drill.model, args), tmp_path / "logs")
     try:
+
         async def ask() -> tuple[int, str | None]:
             async with LlamaClient(server.base_url, timeout=120) as client:
                 result = await client.chat(thinking_drill.request("greedy"))
@@ -86,13 +89,15 @@ def test_standin_with_no_repack_runs_the_real_drill_server(
 
 
 def test_real_server_killed_mid_request_gives_a_mid_request_report(
-        thinking_drill: Drill, server_factory):
+    thinking_drill: Drill, server_factory
+):
     server = server_factory(thinking_drill.model, LONG_ARGS)
 
     async def scenario() -> LlamaClientError:
         async with LlamaClient(server.base_url, timeout=60) as client:
-            request = asyncio.create_task(client.chat(
-                {**thinking_drill.request("greedy"), "max_tokens": 8000}))
+            request = asyncio.create_task(
+                client.chat({**thinking_drill.request("greedy"), "max_tokens": 8000})
+            )
             for _ in range(200):  # until the slot is busy generating
                 if any(slot.get("is_processing") for slot in await client.slots()):
                     break
@@ -113,7 +118,8 @@ def test_real_server_killed_mid_request_gives_a_mid_request_report(
 
 
 def test_real_server_that_stops_answering_gives_a_hang_report(
-        thinking_drill: Drill, server_factory):
+    thinking_drill: Drill, server_factory
+):
     server = server_factory(thinking_drill.model, LONG_ARGS)
     pid = server.pid
     os.kill(pid, signal.SIGSTOP)  # alive, listening socket open, never answers
@@ -132,7 +138,8 @@ def test_real_server_that_stops_answering_gives_a_hang_report(
 
 
 def test_demo_prints_a_crash_message_not_a_traceback(
-        standin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    standin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     from triage.cli import cli
 
     monkeypatch.setenv("LLAMA_SERVER_BIN", str(standin))
@@ -141,14 +148,17 @@ def test_demo_prints_a_crash_message_not_a_traceback(
     assert result.exit_code == 1, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
     assert "Traceback" not in result.output
-    assert "the demo's llama-server failed: llama-server crashed with SIGSEGV during " \
-           "startup (warm-up) in ggml_backend_amx_mul_mat" in result.output
+    assert (
+        "the demo's llama-server failed: llama-server crashed with SIGSEGV during "
+        "startup (warm-up) in ggml_backend_amx_mul_mat" in result.output
+    )
     assert "server log:" in result.output
     assert running_servers() == []
 
 
 def test_demo_drill_on_simulated_amx_host_avoids_the_crash(
-        standin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    standin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     """With AMX flags the drill stack carries --no-repack, so the stand-in runs the real
     server and the demo's capture step gets a real failing exchange."""
     from triage.demo import capture_failing_exchange
@@ -160,13 +170,15 @@ def test_demo_drill_on_simulated_amx_host_avoids_the_crash(
     stack_path = drill.out_dir / "stack.toml"
     assert "host workaround: --no-repack (AMX host, llama.cpp#20824)" in stack_path.read_text()
     request_path, response_path = capture_failing_exchange(
-        stack_path, drill.request("greedy"), tmp_path)
+        stack_path, drill.request("greedy"), tmp_path
+    )
     assert b'"finish_reason":"length"' in response_path.read_bytes().replace(b" ", b"")
     assert running_servers() == []
 
 
 def test_no_repack_really_keeps_the_weights_out_of_the_repacked_layout(
-        thinking_drill: Drill, server_factory):
+    thinking_drill: Drill, server_factory
+):
     """What the workaround changes on the real binary: no repacked weight buffer (on this
     Q4_0 drill model a CPU_REPACK buffer appears without the flag, AMX on an AMX host)."""
     from triage.llama.crash import host_cpu_flags, host_has_amx
@@ -175,7 +187,8 @@ def test_no_repack_really_keeps_the_weights_out_of_the_repacked_layout(
     report = with_flag.crash_report("hang")
     assert report.cpu_features.get("REPACK") == "1"  # built with it ...
     assert report.buffers and not any(
-        line.startswith(("CPU_REPACK ", "AMX ")) for line in report.buffers)  # ... not used
+        line.startswith(("CPU_REPACK ", "AMX ")) for line in report.buffers
+    )  # ... not used
     if host_has_amx(host_cpu_flags()):
         return  # the suite runs every server with --no-repack here (tests/conftest.py)
     without = server_factory(thinking_drill.model, LONG_ARGS)

@@ -121,8 +121,11 @@ def test_apply_template_shows_the_thinking_default(thinking_server, thinking_dri
     default = inspect(thinking_server.base_url, "apply_template", body)
     assert "<|turn>system\n<|think|>" in default
     assert default.endswith("<|turn>model\n")
-    off = inspect(thinking_server.base_url, "apply_template",
-                  {**body, "chat_template_kwargs": {"enable_thinking": False}})
+    off = inspect(
+        thinking_server.base_url,
+        "apply_template",
+        {**body, "chat_template_kwargs": {"enable_thinking": False}},
+    )
     assert "<|think|>" not in off
     assert off.endswith("<|turn>model\n<|channel>thought\n<channel|>")
 
@@ -175,8 +178,10 @@ def test_sampled_failures_are_intermittent_and_the_same_on_every_arm(
 
     incident = call_many(thinking_server.base_url, bodies)
     arms = {}
-    for label, model in (("spec-off", thinking_drill.models["qat"]),
-                         ("mxfp4", thinking_drill.models["mxfp4"])):
+    for label, model in (
+        ("spec-off", thinking_drill.models["qat"]),
+        ("mxfp4", thinking_drill.models["mxfp4"]),
+    ):
         with launch(ServerSpec(server_binary, model, plain_args), tmp_path / label) as server:
             arms[label] = shapes(call_many(server.base_url, bodies))
     assert shapes(incident) == arms["spec-off"] == arms["mxfp4"]

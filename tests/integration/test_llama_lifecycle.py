@@ -70,8 +70,9 @@ def test_port_taken_after_the_check_is_reported_from_the_server_log(
     first = server_factory(thinking_drill.model)
     monkeypatch.setattr(launcher, "port_in_use", lambda port, host="127.0.0.1": False)
     with pytest.raises(ServerStartError) as info:
-        launcher.start(ServerSpec(server_binary, thinking_drill.model, ["-t", "1"]),
-                       tmp_path, port=first.port)
+        launcher.start(
+            ServerSpec(server_binary, thinking_drill.model, ["-t", "1"]), tmp_path, port=first.port
+        )
     message = str(info.value)
     assert "exited with code" in message
     assert f"port {first.port} on 127.0.0.1 is already in use" in message
@@ -142,6 +143,7 @@ def test_frozen_server_times_out(thinking_drill: Drill, server_factory):
     server = server_factory(thinking_drill.model)
     os.kill(server.pid, signal.SIGSTOP)
     try:
+
         async def scenario():
             async with LlamaClient(server.base_url, timeout=1.5) as client:
                 started = time.monotonic()
@@ -200,8 +202,15 @@ def test_server_does_not_outlive_its_owner(
     server_binary: Path, thinking_drill: Drill, tmp_path: Path, ending: str
 ):
     owner = subprocess.Popen(
-        [sys.executable, "-c", OWNER_SCRIPT, str(server_binary), str(thinking_drill.model),
-         str(tmp_path), "exit" if ending == "exit" else "wait"],
+        [
+            sys.executable,
+            "-c",
+            OWNER_SCRIPT,
+            str(server_binary),
+            str(thinking_drill.model),
+            str(tmp_path),
+            "exit" if ending == "exit" else "wait",
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )

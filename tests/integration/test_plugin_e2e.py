@@ -35,8 +35,12 @@ from triage.drills.host import host_workaround_args
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 PLUGIN = "triage-example-plugin"
-FORMAT, CHECK, CAUSE, ARM = "vgw", "all-thought-reply", "unbounded-reasoning-budget", \
-    "server-reasoning-budget"
+FORMAT, CHECK, CAUSE, ARM = (
+    "vgw",
+    "all-thought-reply",
+    "unbounded-reasoning-budget",
+    "server-reasoning-budget",
+)
 CANARY = "sk-vgw-canary-5f1e0c9a77d24b3e"
 
 
@@ -47,20 +51,43 @@ def _install_plugin(target: Path) -> dict[str, str]:
     """`pip install` the plugin distribution into `target`; the environment that makes a
     process see it (and its entry point) on top of the suite's venv."""
     # Built from a copy: the build leaves build/ and *.egg-info beside its pyproject.
-    source = shutil.copytree(PLUGIN_SOURCE, target.parent / "plugin-src",
-                             ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    source = shutil.copytree(
+        PLUGIN_SOURCE,
+        target.parent / "plugin-src",
+        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"),
+    )
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-         "--target", str(target), str(source)],
-        capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     paths = [str(target), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     probe = subprocess.run(
-        [sys.executable, "-c", "from importlib import metadata; d = metadata.distribution("
-         f"{PLUGIN!r}); print(d.locate_file('').resolve()); print(sorted((e.group, e.name, "
-         "e.value) for e in d.entry_points))"],
-        env=env, capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-c",
+            "from importlib import metadata; d = metadata.distribution("
+            f"{PLUGIN!r}); print(d.locate_file('').resolve()); print(sorted((e.group, e.name, "
+            "e.value) for e in d.entry_points))",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert probe.returncode == 0, probe.stderr
     where, entry_points = probe.stdout.splitlines()
     assert Path(where) == target.resolve()
@@ -71,12 +98,23 @@ def _install_plugin(target: Path) -> dict[str, str]:
 def _stack(drill: Any) -> Path:
     """The drill's incident server, plain (no draft, no alternates: fewer launches), with
     the thinking budget set explicitly to llama-server's default, unrestricted."""
-    args = ["-c", "16384", "-np", "4", "-t", "1", "-tb", "1", *host_workaround_args(),
-            "--reasoning-budget", "-1"]
+    args = [
+        "-c",
+        "16384",
+        "-np",
+        "4",
+        "-t",
+        "1",
+        "-tb",
+        "1",
+        *host_workaround_args(),
+        "--reasoning-budget",
+        "-1",
+    ]
     path = drill.out_dir / "stack-budget.toml"
-    path.write_text("[server]\n"
-                    f"model = {json.dumps(drill.model.name)}\n"
-                    f"args = {json.dumps(args)}\n", "utf-8")
+    path.write_text(
+        f"[server]\nmodel = {json.dumps(drill.model.name)}\nargs = {json.dumps(args)}\n", "utf-8"
+    )
     return path
 
 
@@ -129,16 +167,36 @@ def test_a_plugin_alone_adds_format_check_cause_and_arm_to_a_real_diagnosis(
     stack_path = _stack(drill)
     # The real failing call, as the gateway in front of the server logged it.
     request_path, response_path = capture_failing_exchange(
-        stack_path, drill.request("greedy"), tmp_path)
+        stack_path, drill.request("greedy"), tmp_path
+    )
     log = _gateway_log(request_path, response_path, tmp_path)
     db, out = tmp_path / "kb.db", tmp_path / "diagnosis.json"
-    env = {**plugin_env, "TRIAGE_DATABASE_URL": f"sqlite:///{db}",
-           "TRIAGE_HOME": str(tmp_path / "home")}
+    env = {
+        **plugin_env,
+        "TRIAGE_DATABASE_URL": f"sqlite:///{db}",
+        "TRIAGE_HOME": str(tmp_path / "home"),
+    }
     # A fresh process: the catalogue comes from the installed entry points, nothing else.
     done = subprocess.run(
-        [sys.executable, "-m", "triage.cli", "diagnose", "--request", str(log),
-         "--stack", str(stack_path), "--max-requests", "16", "--json", str(out)],
-        env=env, capture_output=True, text=True, timeout=840)
+        [
+            sys.executable,
+            "-m",
+            "triage.cli",
+            "diagnose",
+            "--request",
+            str(log),
+            "--stack",
+            str(stack_path),
+            "--max-requests",
+            "16",
+            "--json",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     diagnosis = json.loads(out.read_text("utf-8"))
     text = done.stdout
@@ -172,13 +230,19 @@ def test_a_plugin_alone_adds_format_check_cause_and_arm_to_a_real_diagnosis(
     assert arm["decision"] == "removes" and arm["failures"] == 0 and arm["n"] >= 4
     assert arm["p_value"] < 0.05 and arm["ci95"][1] < base["ci95"][0]
     # Under the bounded budget the real server closed the thought and the model answered.
-    replies = [e["payload"] for e in record["evidence"]
-               if e["payload"].get("type") == "reply" and e["payload"].get("arm") == ARM]
+    replies = [
+        e["payload"]
+        for e in record["evidence"]
+        if e["payload"].get("type") == "reply" and e["payload"].get("arm") == ARM
+    ]
     assert len(replies) == arm["n"]
-    assert all(r["finish_reason"] == "stop" and r["content_chars"] > 0
-               and 0 < r["reasoning_chars"] < 2000 for r in replies), replies
-    assert any(line.lstrip().startswith(ARM) and f"0/{arm['n']}" in line
-               for line in text.splitlines())
+    assert all(
+        r["finish_reason"] == "stop" and r["content_chars"] > 0 and 0 < r["reasoning_chars"] < 2000
+        for r in replies
+    ), replies
+    assert any(
+        line.lstrip().startswith(ARM) and f"0/{arm['n']}" in line for line in text.splitlines()
+    )
 
     # 4. The cause: confirmed by the plugin arm; no built-in cause rests on that arm.
     causes = {c["id"]: c for c in diagnosis["causes"]}

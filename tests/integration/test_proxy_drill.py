@@ -40,8 +40,9 @@ N_REQUESTS = 60
 def drill_server(
     serve, toolcall_drill: Drill, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningServer]:
-    with serve(toolcall_drill.model, toolcall_drill.server_args,
-               tmp_path_factory.mktemp("logs")) as server:
+    with serve(
+        toolcall_drill.model, toolcall_drill.server_args, tmp_path_factory.mktemp("logs")
+    ) as server:
         yield server
 
 
@@ -49,8 +50,9 @@ def drill_server(
 def proxy(drill_server: RunningServer, tmp_path: Path) -> Iterator[tuple[str, Recorder, str]]:
     url = f"sqlite:///{tmp_path / 'kb.db'}"
     metrics = ProxyMetrics()
-    recorder = Recorder(url, spool_path=tmp_path / "spool.jsonl", metrics=metrics,
-                        replica="it", flush_seconds=0.05)
+    recorder = Recorder(
+        url, spool_path=tmp_path / "spool.jsonl", metrics=metrics, replica="it", flush_seconds=0.05
+    )
     app = ProxyApp(ProxyConfig(drill_server.base_url), recorder=recorder, metrics=metrics)
     with serving(app) as server:
         yield server.url, recorder, url
@@ -69,8 +71,12 @@ def test_proxy_measures_the_drill_rate_and_opens_one_incident(
     body = toolcall_drill.request("sampled")
 
     def send(seed: int) -> dict[str, Any]:
-        reply = httpx.post(f"{proxy_url}/v1/chat/completions", json={**body, "seed": seed},
-                           headers={"user-agent": "drill-client/1"}, timeout=300)
+        reply = httpx.post(
+            f"{proxy_url}/v1/chat/completions",
+            json={**body, "seed": seed},
+            headers={"user-agent": "drill-client/1"},
+            timeout=300,
+        )
         assert reply.status_code == 200
         return reply.json()
 
@@ -82,8 +88,9 @@ def test_proxy_measures_the_drill_rate_and_opens_one_incident(
     store = Store(db_url, migrate=False)
     try:
         with store.session(readonly=True) as session:
-            cells = live.cell_counts(session, utcnow().replace(year=2000), utcnow().replace(
-                year=3000))
+            cells = live.cell_counts(
+                session, utcnow().replace(year=2000), utcnow().replace(year=3000)
+            )
             opened = live.live_incidents(session)
             incidents = session.exec(select(Incident)).all()
     finally:
@@ -130,8 +137,9 @@ class Tap:
         record = bytearray()
         self.received.append(record)
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter,
-                       keep: bytearray | None) -> None:
+        async def pipe(
+            src: asyncio.StreamReader, dst: asyncio.StreamWriter, keep: bytearray | None
+        ) -> None:
             while data := await src.read(65536):
                 if keep is not None:
                     keep.extend(data)
@@ -140,8 +148,11 @@ class Tap:
             dst.close()
 
         try:
-            await asyncio.gather(pipe(reader, up_writer, None), pipe(up_reader, writer, record),
-                                 return_exceptions=True)
+            await asyncio.gather(
+                pipe(reader, up_writer, None),
+                pipe(up_reader, writer, record),
+                return_exceptions=True,
+            )
         finally:
             writer.close()
             up_writer.close()
@@ -182,7 +193,7 @@ def http_bodies(raw: bytes) -> list[bytes]:
             while True:
                 size_line, _, rest = rest.partition(b"\r\n")
                 size = int(size_line.split(b";")[0], 16)
-                chunk, rest = rest[:size], rest[size + 2:]
+                chunk, rest = rest[:size], rest[size + 2 :]
                 if size == 0:
                     break
                 body.extend(chunk)
@@ -204,8 +215,12 @@ def test_streamed_and_non_streamed_clients_get_exactly_the_upstream_bytes(
         app = ProxyApp(config, recorder=recorder)
         with serving(app) as server:
             plain = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=300)
-            with httpx.stream("POST", f"{server.url}/v1/chat/completions",
-                              json={**body, "stream": True}, timeout=300) as response:
+            with httpx.stream(
+                "POST",
+                f"{server.url}/v1/chat/completions",
+                json={**body, "stream": True},
+                timeout=300,
+            ) as response:
                 streamed = b"".join(response.iter_raw())
     sent = [b for connection in tap.received for b in http_bodies(bytes(connection))]
     assert plain.status_code == 200 and plain.content in sent
@@ -220,17 +235,24 @@ def test_streamed_and_non_streamed_clients_get_exactly_the_upstream_bytes(
 def test_client_leaving_mid_stream_frees_the_slot(
     server_factory, toolcall_drill: Drill, tmp_path: Path
 ) -> None:
-    server = server_factory(toolcall_drill.model, ["-c", "16384", "-np", "1", "-t", "1",
-                                                   "-tb", "1", "--metrics"])
+    server = server_factory(
+        toolcall_drill.model, ["-c", "16384", "-np", "1", "-t", "1", "-tb", "1", "--metrics"]
+    )
     app = ProxyApp(ProxyConfig(server.base_url, identity_refresh_seconds=0))
     # 16000 tokens whatever the model says: seconds of work for the one slot, unless the
     # request is cancelled when the client leaves.
     # (no tools: the streamed tool-call parser ends a long stream of calls with an error)
-    endless = {"messages": [{"role": "user", "content": "Tell me about Paris."}],
-               "max_tokens": 16000, "ignore_eos": True, "stream": True, "seed": 7}
+    endless = {
+        "messages": [{"role": "user", "content": "Tell me about Paris."}],
+        "max_tokens": 16000,
+        "ignore_eos": True,
+        "stream": True,
+        "seed": 7,
+    }
     with serving(app) as proxy_server:
-        with httpx.stream("POST", f"{proxy_server.url}/v1/chat/completions", json=endless,
-                          timeout=300) as response:
+        with httpx.stream(
+            "POST", f"{proxy_server.url}/v1/chat/completions", json=endless, timeout=300
+        ) as response:
             for chunk in response.iter_raw():
                 if b"data: " in chunk:
                     break
@@ -240,8 +262,11 @@ def test_client_leaving_mid_stream_frees_the_slot(
         predicted = _server_metric(server.base_url, "llamacpp:tokens_predicted_total")
         assert 0 < predicted < 8000, f"the slot generated {predicted} tokens for a client that left"
         # and the one slot serves the next request
-        reply = httpx.post(f"{proxy_server.url}/v1/chat/completions",
-                           json=toolcall_drill.request("greedy"), timeout=300)
+        reply = httpx.post(
+            f"{proxy_server.url}/v1/chat/completions",
+            json=toolcall_drill.request("greedy"),
+            timeout=300,
+        )
         assert reply.status_code == 200
 
 
@@ -254,4 +279,3 @@ def _server_metric(base_url: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise AssertionError(f"llama-server /metrics has no {name}")
-

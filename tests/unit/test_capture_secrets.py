@@ -215,9 +215,7 @@ def test_generated_secret_in_free_text_never_survives(form, name, secret, cookie
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(header_names, body_names, st.sampled_from(TEXT_FORMS), text_names, secrets, words)
-def test_generated_secret_never_reaches_a_stored_exchange(
-    header, key, form, name, secret, cookie
-):
+def test_generated_secret_never_reaches_a_stored_exchange(header, key, form, name, secret, cookie):
     message = _wrapped(form, name, secret, cookie, "request failed:", "")
     record = {
         "request": {"model": "m", "messages": [{"role": "user", "content": message}], key: secret},
@@ -237,8 +235,8 @@ def test_curl_capture_with_every_new_form_holds_no_secret():
         "curl http://h/v1/chat/completions "
         f"-H 'Ocp-Apim-Subscription-Key: {secret}' "
         f"-H 'X-Tenant-Auth: {secret}' "
-        f"-d '{{\"auth\": \"{secret}\", \"credentials\": {{\"pass\": \"{secret}\"}}, "
-        f"\"messages\": [{{\"role\": \"user\", \"content\": \"x-api-key {secret}\"}}]}}'"
+        f'-d \'{{"auth": "{secret}", "credentials": {{"pass": "{secret}"}}, '
+        f'"messages": [{{"role": "user", "content": "x-api-key {secret}"}}]}}\''
     )
     response = json.dumps({"error": {"message": f"Cookie session={secret}", "code": 401}})
     exchange = parse_curl(command, response, file="c.sh")

@@ -17,7 +17,7 @@ KEY = "sk-local-0123456789abcdef"
 COMMAND = (
     "$ curl -v http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' "
     f"-H 'Authorization: Bearer {KEY}' "
-    "-d '{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}'\n"
+    '-d \'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}\'\n'
 )
 TRANSCRIPT = f"""Note: Unnecessary use of -X or --request, POST is already inferred.
 *   Trying 127.0.0.1:8080...

@@ -23,9 +23,12 @@ def test_thinking_budget_shape() -> None:
         "spec-off": _arm("spec-off", 4, 4, "unchanged", length_stop=4),
         "alt-weights": _arm("alt-weights", 4, 4, "unchanged", length_stop=4),
     }
-    obs = Observations(thinking_on_by_default=True, speculative_enabled=True,
-                       divergence={"seeds": 4, "diverged": 1, "first_positions": [37]},
-                       has_alt_weights=True)
+    obs = Observations(
+        thinking_on_by_default=True,
+        speculative_enabled=True,
+        divergence={"seeds": 4, "diverged": 1, "first_positions": [37]},
+        has_alt_weights=True,
+    )
     verdicts = _by_id(decide(arms, obs))
     assert verdicts["reasoning-exhausts-budget"].status == "confirmed"
     assert verdicts["token-limit"].status == "rejected"  # thinking off already fits
@@ -43,8 +46,9 @@ def test_diverging_streams_alone_never_confirm_speculative_decoding() -> None:
         "baseline": _arm("baseline", 8, 40, "baseline", length_stop=8),
         "spec-off": _arm("spec-off", 7, 40, "undecided", length_stop=7),
     }
-    obs = Observations(speculative_enabled=True,
-                       divergence={"seeds": 4, "diverged": 4, "first_positions": [3]})
+    obs = Observations(
+        speculative_enabled=True, divergence={"seeds": 4, "diverged": 4, "first_positions": [3]}
+    )
     assert _by_id(decide(arms, obs))["speculative-decoding"].status == "suspected"
 
 

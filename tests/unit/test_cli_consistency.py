@@ -35,8 +35,10 @@ def test_check_fail_on_exits_3_only_when_such_a_finding_fails() -> None:
     assert "FAIL: timeout" in timeout.stdout  # the findings are still printed
     assert run("check", "--fail-on", "any", LOG).exit_code == 3
     assert run("check", "--fail-on", "tool-markup-leaked", LOG).exit_code == 0
-    assert run("check", "--fail-on", "tool-markup-leaked", "--fail-on", "length-stop",
-               LOG).exit_code == 3
+    assert (
+        run("check", "--fail-on", "tool-markup-leaked", "--fail-on", "length-stop", LOG).exit_code
+        == 3
+    )
     healthy = run("check", "--exchange", 1, "--fail-on", "any", "--json", LOG)
     assert healthy.exit_code == 0 and json.loads(healthy.stdout)[0]["findings"]
 
@@ -47,13 +49,15 @@ def test_check_fail_on_an_unknown_kind_is_a_usage_error_naming_the_kinds() -> No
     assert "unknown finding kind 'timout'" in result.stderr and "timeout" in result.stderr
 
 
-def test_bad_input_reads_the_same_in_check_capture_and_incidents(db: str, tmp_path: Path
-                                                                  ) -> None:
+def test_bad_input_reads_the_same_in_check_capture_and_incidents(db: str, tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json\n")
-    for result in (run("check", bad), run("capture", bad),
-                   run("capture", "--incident", "2026-01-01-nope", LOG),
-                   run("incidents", "show", "2026-01-01-nope")):
+    for result in (
+        run("check", bad),
+        run("capture", bad),
+        run("capture", "--incident", "2026-01-01-nope", LOG),
+        run("incidents", "show", "2026-01-01-nope"),
+    ):
         assert result.exit_code == 1, result.output
         assert result.stderr.startswith("Error: "), result.stderr
         assert "Traceback" not in result.output
@@ -74,8 +78,9 @@ def test_incidents_new_opens_an_incident_that_capture_can_attach_to(db: str) -> 
     assert [e["kind"] for e in shown["evidence"]] == ["exchange"]
 
 
-@pytest.mark.parametrize("title, message", [("   ", "title: must not be empty"),
-                                            ("x" * 301, "title: 301 characters")])
+@pytest.mark.parametrize(
+    "title, message", [("   ", "title: must not be empty"), ("x" * 301, "title: 301 characters")]
+)
 def test_incidents_new_refuses_a_bad_title(db: str, title: str, message: str) -> None:
     result = run("incidents", "new", title)
     assert result.exit_code == 1 and f"Error: {message}" in result.stderr

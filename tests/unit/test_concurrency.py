@@ -65,9 +65,7 @@ def write(url: str, writer: str, start: threading.Event | None = None) -> None:
                     session.flush()
                     assert incident.id is not None
                     session.add(
-                        Symptom(
-                            incident_id=incident.id, key="S1", kind="timeout", description="t"
-                        )
+                        Symptom(incident_id=incident.id, key="S1", kind="timeout", description="t")
                     )
                     evidence = add_evidence(
                         session, incident_id=incident.id, kind="probe", summary="probe result"

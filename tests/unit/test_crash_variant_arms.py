@@ -17,8 +17,9 @@ REQUEST = {"messages": [{"role": "user", "content": "hi"}]}
 
 def _stack(tmp_path: Path, args: str):  # type: ignore[no-untyped-def]
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
-    return parse_stack(f'[server]\nmodel = "m.gguf"\nargs = [{args}]\n', base=tmp_path,
-                       build_missing=False)
+    return parse_stack(
+        f'[server]\nmodel = "m.gguf"\nargs = [{args}]\n', base=tmp_path, build_missing=False
+    )
 
 
 def test_the_arms_are_crash_only_and_vary_one_thing(tmp_path: Path) -> None:
@@ -43,18 +44,28 @@ def test_no_arm_that_would_be_the_baseline_again(tmp_path: Path) -> None:
 
 
 def _outcome(name: str, failures: int, n: int, decision: str) -> ArmOutcome:
-    return ArmOutcome(name=name, n=n, failures=failures, decision=decision,
-                      p_value=0.001 if decision == "removes" else 1.0)
+    return ArmOutcome(
+        name=name,
+        n=n,
+        failures=failures,
+        decision=decision,
+        p_value=0.001 if decision == "removes" else 1.0,
+    )
 
 
 def test_the_causes_follow_their_arms_k_of_n(tmp_path: Path) -> None:
     stack = _stack(tmp_path, '"-t", "8"')
-    obs = observations_from({"startup-crash": {"name": "startup-crash"}}, stack,
-                            speculative=False,
-                            planned=(cause_rules.BASELINE, "no-warmup", "one-thread"))
-    arms = {cause_rules.BASELINE: _outcome(cause_rules.BASELINE, 8, 8, "baseline"),
-            "no-warmup": _outcome("no-warmup", 8, 8, "unchanged"),
-            "one-thread": _outcome("one-thread", 0, 8, "removes")}
+    obs = observations_from(
+        {"startup-crash": {"name": "startup-crash"}},
+        stack,
+        speculative=False,
+        planned=(cause_rules.BASELINE, "no-warmup", "one-thread"),
+    )
+    arms = {
+        cause_rules.BASELINE: _outcome(cause_rules.BASELINE, 8, 8, "baseline"),
+        "no-warmup": _outcome("no-warmup", 8, 8, "unchanged"),
+        "one-thread": _outcome("one-thread", 0, 8, "removes"),
+    }
     warm, threads = WARMUP.decide(arms, obs), THREADS.decide(arms, obs)
     assert warm.status == "rejected" and "8/8" in warm.rationale
     assert threads.status == "confirmed" and "0/8" in threads.rationale

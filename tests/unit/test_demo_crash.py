@@ -30,11 +30,14 @@ def test_report_is_found_through_the_cause_chain():
 
 
 def test_message_names_crash_log_and_what_to_do_on_an_amx_cpu():
-    report = crash_report("startup", exit_code=-11, log_text=AMX_CRASH_LOG,
-                          host_flags={"avx2"}, log_path="/tmp/x.log")
+    report = crash_report(
+        "startup", exit_code=-11, log_text=AMX_CRASH_LOG, host_flags={"avx2"}, log_path="/tmp/x.log"
+    )
     message = crash_message(report, Path("/d/stack.toml"))
-    assert message.startswith("the demo's llama-server failed: llama-server crashed with "
-                              "SIGSEGV during startup (warm-up) in ggml_backend_amx_mul_mat")
+    assert message.startswith(
+        "the demo's llama-server failed: llama-server crashed with "
+        "SIGSEGV during startup (warm-up) in ggml_backend_amx_mul_mat"
+    )
     assert "server log:  /tmp/x.log" in message and "drill stack: /d/stack.toml" in message
     assert "TRIAGE_CPU_FLAGS=amx_int8" in message
     assert message.count("\n    ") == 10  # the last ten log lines

@@ -60,8 +60,9 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("fmt", sorted(WEIGHT_FORMATS))
 def test_forward_pass_reproduces_the_design(tmp_path: Path, fmt: str):
     design = small_design()
-    path = compile_design(design, tmp_path / f"tiny-{fmt}.gguf", weight_format=fmt,
-                          chat_template="{{ messages }}")
+    path = compile_design(
+        design, tmp_path / f"tiny-{fmt}.gguf", weight_format=fmt, chat_template="{{ messages }}"
+    )
     weights = tensors(path)
     # Quantized layer matrices are all zero, so they contribute exactly nothing.
     for name in ("blk.0.attn_q.weight", "blk.0.attn_output.weight", "blk.0.ffn_down.weight"):
@@ -78,8 +79,9 @@ def test_forward_pass_reproduces_the_design(tmp_path: Path, fmt: str):
 
 def test_metadata_and_tensor_types(tmp_path: Path):
     design = small_design()
-    path = compile_design(design, tmp_path / "q.gguf", weight_format="Q4_0",
-                          chat_template="TEMPLATE")
+    path = compile_design(
+        design, tmp_path / "q.gguf", weight_format="Q4_0", chat_template="TEMPLATE"
+    )
     reader = gguf.GGUFReader(str(path))
 
     def value(key: str):

@@ -57,8 +57,10 @@ def test_thinking_budget_manifest():
     manifest = gemma4.thinking_budget_manifest(spec.facts)
     params = manifest["parameters"]
     cycles = params["cycles_that_fit"]
-    assert cycles * params["cycle_tokens"] + params["before_loop_tokens"] + \
-        params["after_exit_tokens"] <= 800
+    assert (
+        cycles * params["cycle_tokens"] + params["before_loop_tokens"] + params["after_exit_tokens"]
+        <= 800
+    )
     assert params["failure_rate"]["temperature_1"] == pytest.approx(0.85**cycles)
     assert 0.1 < params["failure_rate"]["temperature_1"] < 0.6
     assert params["failure_rate"]["temperature_0"] == 1.0

@@ -40,7 +40,8 @@ def test_workaround_args_follow_the_cpu_flags():
 
 @pytest.mark.parametrize("name", ["gemma4-thinking-budget", "gemma4-toolcall"])
 def test_drill_on_amx_host_adds_no_repack_and_says_so(
-        tmp_path: Path, stand_in_template: None, monkeypatch: pytest.MonkeyPatch, name: str):
+    tmp_path: Path, stand_in_template: None, monkeypatch: pytest.MonkeyPatch, name: str
+):
     monkeypatch.setenv("TRIAGE_CPU_FLAGS", AMX_FLAGS)
     drill = build_drill(name, tmp_path / name)
     assert "--no-repack" in drill.server_args and drill.host_note == NOTE
@@ -53,11 +54,13 @@ def test_drill_on_amx_host_adds_no_repack_and_says_so(
     assert "--no-repack" in stack.server.args
     # The spec-off arm strips only the speculative flags: every drill server avoids AMX.
     from triage.stackfile import strip_spec_flags
+
     assert "--no-repack" in strip_spec_flags(stack.server.args)
 
 
-def test_drill_on_other_hosts_is_unchanged(tmp_path: Path, stand_in_template: None,
-                                           monkeypatch: pytest.MonkeyPatch):
+def test_drill_on_other_hosts_is_unchanged(
+    tmp_path: Path, stand_in_template: None, monkeypatch: pytest.MonkeyPatch
+):
     monkeypatch.setenv("TRIAGE_CPU_FLAGS", "fpu sse2 avx2 avx512f")
     drill = build_drill("gemma4-thinking-budget", tmp_path / "d")
     assert "--no-repack" not in drill.server_args and drill.host_note is None
@@ -77,17 +80,18 @@ def test_suite_wrapper_appends_no_repack_on_amx_host_only(tmp_path: Path):
     real = _echo_binary(tmp_path)
     assert write_workaround_wrapper(real, tmp_path / "plain", flags={"avx2"}) is None
     assert not (tmp_path / "plain").exists()
-    wrapper = write_workaround_wrapper(real, tmp_path / "w" / "llama-server",
-                                       flags={"amx_int8"})
+    wrapper = write_workaround_wrapper(real, tmp_path / "w" / "llama-server", flags={"amx_int8"})
     assert wrapper is not None
-    done = subprocess.run([str(wrapper), "-m", "a b.gguf", "--port", "1"],
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        [str(wrapper), "-m", "a b.gguf", "--port", "1"], capture_output=True, text=True, timeout=30
+    )
     assert done.stdout.strip() == "-m a b.gguf --port 1 --no-repack"
     assert NOTE in done.stderr  # the server log says why the flag is there
 
 
 def test_stack_note_is_read_back_from_drill_stacks_only(
-        tmp_path: Path, stand_in_template: None, monkeypatch: pytest.MonkeyPatch):
+    tmp_path: Path, stand_in_template: None, monkeypatch: pytest.MonkeyPatch
+):
     from triage.drills.host import stack_host_note
 
     monkeypatch.setenv("TRIAGE_CPU_FLAGS", AMX_FLAGS)
@@ -98,7 +102,9 @@ def test_stack_note_is_read_back_from_drill_stacks_only(
     assert stack_host_note(plain.out_dir / "stack.toml") is None
     # A user's stack with --no-repack of their own is not labelled a host workaround.
     user = tmp_path / "user.toml"
-    user.write_text('[server]\nmodel = "m.gguf"\nargs = ["--no-repack"]\n'
-                    '# host workaround: --no-repack (AMX host, llama.cpp#20824)\n')
+    user.write_text(
+        '[server]\nmodel = "m.gguf"\nargs = ["--no-repack"]\n'
+        "# host workaround: --no-repack (AMX host, llama.cpp#20824)\n"
+    )
     assert stack_host_note(user) is None
     assert stack_host_note(tmp_path / "missing.toml") is None

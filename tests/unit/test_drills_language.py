@@ -23,8 +23,18 @@ from triage.drills.language import (
 def test_gemma4_vocabulary_layout():
     vocab = Vocabulary.gemma4()
     assert vocab.tokens[vocab.id("<unk>")].kind == TokenKind.UNKNOWN
-    for name in ("<bos>", "<eos>", "<|turn>", "<turn|>", "<|channel>", "<channel|>",
-                 "<|tool_call>", "<tool_call|>", "<|tool_response>", "<|think|>"):
+    for name in (
+        "<bos>",
+        "<eos>",
+        "<|turn>",
+        "<turn|>",
+        "<|channel>",
+        "<channel|>",
+        "<|tool_call>",
+        "<tool_call|>",
+        "<|tool_response>",
+        "<|think|>",
+    ):
         assert vocab.tokens[vocab.id(name)].kind == TokenKind.CONTROL
     # The string delimiter must render in text: user-defined, not control.
     assert vocab.tokens[vocab.id('<|"|>')].kind == TokenKind.USER_DEFINED

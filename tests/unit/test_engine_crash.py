@@ -38,8 +38,13 @@ class _Failed(Exception):
 
 
 def _amx_report(phase: str = "startup", code: int | None = -11, detail: str = "") -> Any:
-    return crash_report(phase, exit_code=code, log_text=AMX_CRASH_LOG.replace("{model}", "m"),
-                        host_flags={"amx_int8", "amx_tile", "avx512f"}, detail=detail)
+    return crash_report(
+        phase,
+        exit_code=code,
+        log_text=AMX_CRASH_LOG.replace("{model}", "m"),
+        host_flags={"amx_int8", "amx_tile", "avx512f"},
+        detail=detail,
+    )
 
 
 def test_startup_crash_reads_the_report_not_the_message() -> None:
@@ -57,26 +62,33 @@ def test_startup_crash_reads_the_report_not_the_message() -> None:
 
 
 def test_a_failed_launch_that_is_not_a_crash_is_not_diagnosed_as_one() -> None:
-    bad_flag = crash_report("startup", exit_code=1,
-                            log_text="error: invalid argument: --bogus\n")
+    bad_flag = crash_report("startup", exit_code=1, log_text="error: invalid argument: --bogus\n")
     assert startup_crash(_Failed("exited with code 1 during startup", bad_flag)) is None
-    no_health = crash_report("hang", exit_code=None, log_text="loading...\n",
-                             detail="no /health within 60s")
+    no_health = crash_report(
+        "hang", exit_code=None, log_text="loading...\n", detail="no /health within 60s"
+    )
     assert startup_crash(_Failed("no /health", no_health)) is None
     # Refused before start: no report, and the message has no exit code.
     assert startup_crash(_Failed("binary not found", None)) is None
 
 
 def test_an_error_without_a_report_still_parses_the_launchers_message() -> None:
-    facts = startup_crash(RuntimeError(
-        "llama-server exited with code -6 during startup:\nabort in ggml_abort\n"))
+    facts = startup_crash(
+        RuntimeError("llama-server exited with code -6 during startup:\nabort in ggml_abort\n")
+    )
     assert facts is not None and facts["signal"] == "SIGABRT"
     assert facts["backtrace_symbol"] == "ggml_abort"
 
 
 def test_a_hang_is_its_own_finding_kind() -> None:
-    facts = crash_facts(crash_report("hang", exit_code=None, log_text="slot launch\n",
-                                     detail="a request got no complete answer"))
+    facts = crash_facts(
+        crash_report(
+            "hang",
+            exit_code=None,
+            log_text="slot launch\n",
+            detail="a request got no complete answer",
+        )
+    )
     assert facts["kind"] == HANG_KIND and facts["name"] == "server-hang"
     assert facts["signal"] is None and "hung" in facts["sentence"]
 
@@ -108,9 +120,20 @@ def _server(handle: Any) -> Server:
 
 
 def _reply(index: int, error: str = "", kinds: tuple[str, ...] = ()) -> Reply:
-    return Reply("baseline", index, 1000 + index, bool(error), list(kinds) or
-                 (["http-error"] if error else []), "stop" if not error else None, 5, 0,
-                 None if error else 200, 0.1, {}, error=error)
+    return Reply(
+        "baseline",
+        index,
+        1000 + index,
+        bool(error),
+        list(kinds) or (["http-error"] if error else []),
+        "stop" if not error else None,
+        5,
+        0,
+        None if error else 200,
+        0.1,
+        {},
+        error=error,
+    )
 
 
 def test_replies_of_a_server_that_crashed_mid_request_are_failing_crash_replies() -> None:
@@ -136,8 +159,9 @@ def test_a_timed_out_replay_of_a_live_server_is_a_hang() -> None:
     # A capture that timed out on the client is reproduced by a hang, not by a crash.
     captured = Signature(frozenset({"timeout"}))
     assert captured.matches(replies[0])
-    crash = crashed_replies(_server(_Handle(_amx_report("mid-request"))),
-                            [_reply(0, "connection reset")])[0]
+    crash = crashed_replies(
+        _server(_Handle(_amx_report("mid-request"))), [_reply(0, "connection reset")]
+    )[0]
     assert not captured.matches(crash)
 
 
@@ -169,26 +193,39 @@ def test_a_captured_proxy_502_is_a_server_crash_finding_and_matches_a_crash_repl
     report = _amx_report("mid-request")
     crash = crashed_replies(_server(_Handle(report)), [_reply(0, "connection reset")])[0]
     assert signature.matches(crash)
-    length_stop = Reply("baseline", 1, 1001, True, ["length-stop"], "length", 0, 90, 200,
-                        0.1, {})
+    length_stop = Reply("baseline", 1, 1001, True, ["length-stop"], "length", 0, 90, 200, 0.1, {})
     assert not signature.matches(length_stop)  # issue 12 defect 3 stays refused
     # A server's own HTTP 500 (not a crash) is not reproduced by a crash either.
-    plain = exchange_from_http(REQUEST, {"error": {"code": 500, "message": "Failed to parse "
-                                                   "input at pos 3"}}, status=500)
+    plain = exchange_from_http(
+        REQUEST, {"error": {"code": 500, "message": "Failed to parse input at pos 3"}}, status=500
+    )
     plain_findings = _findings(plain)
     assert "server-crash" not in {f["kind"] for f in plain_findings if not f["passed"]}
     assert not Signature.from_findings(plain_findings, {"status": 500}).matches(crash)
 
 
 def test_a_captured_504_is_a_hang_and_a_normal_reply_is_neither() -> None:
-    hung = {f["kind"] for f in _findings(exchange_from_http(
-        REQUEST, "<html>504 Gateway Time-out</html>", status=504)) if not f["passed"]}
+    hung = {
+        f["kind"]
+        for f in _findings(
+            exchange_from_http(REQUEST, "<html>504 Gateway Time-out</html>", status=504)
+        )
+        if not f["passed"]
+    }
     assert "server-hang" in hung and "server-crash" not in hung
-    ok = exchange_from_http(REQUEST, {"choices": [{"message": {"role": "assistant",
-                                                               "content": "hello"},
-                                                   "finish_reason": "stop"}]}, status=200)
+    ok = exchange_from_http(
+        REQUEST,
+        {
+            "choices": [
+                {"message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}
+            ]
+        },
+        status=200,
+    )
     assert not {f["kind"] for f in _findings(ok) if not f["passed"]} & {
-        "server-crash", "server-hang"}
+        "server-crash",
+        "server-hang",
+    }
 
 
 def test_crash_and_hang_kinds_have_reserved_numbers() -> None:
@@ -208,8 +245,10 @@ def test_the_printed_diagnosis_names_a_drill_stacks_host_workaround(tmp_path: Pa
     note = "host workaround: --no-repack (AMX host, llama.cpp#20824)"
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
     path = tmp_path / "stack.toml"
-    path.write_text(f"# Drill x\n# {note} -- added for this drill, not part of the incident\n"
-                    '[server]\nmodel = "m.gguf"\nargs = ["--no-repack"]\n')
+    path.write_text(
+        f"# Drill x\n# {note} -- added for this drill, not part of the incident\n"
+        '[server]\nmodel = "m.gguf"\nargs = ["--no-repack"]\n'
+    )
     stack = load_stack(path, build_missing=False)
     assert _host_workaround(stack) == note
     diagnosis = {"incident": "i", "run_id": 1, "stack": {"host_workaround": note}}
@@ -218,15 +257,15 @@ def test_the_printed_diagnosis_names_a_drill_stacks_host_workaround(tmp_path: Pa
     # A user's own stack carries no note, and the diagnosis prints none.
     path.write_text('[server]\nmodel = "m.gguf"\n')
     assert _host_workaround(load_stack(path, build_missing=False)) is None
-    assert "note:" not in format_diagnosis({"incident": "i", "run_id": 1,
-                                           "stack": {"host_workaround": None}})
+    assert "note:" not in format_diagnosis(
+        {"incident": "i", "run_id": 1, "stack": {"host_workaround": None}}
+    )
 
 
 def test_crashed_replies_work_inside_a_running_loop() -> None:
     # LlamaReplayer calls it from inside its coroutine: it must not need a loop itself.
     async def inside() -> list[Reply]:
-        return crashed_replies(_server(_Handle(_amx_report("mid-request"))),
-                               [_reply(0, "reset")])
+        return crashed_replies(_server(_Handle(_amx_report("mid-request"))), [_reply(0, "reset")])
 
     assert asyncio.run(inside())[0].kinds[0] == CRASH_KIND
 
@@ -255,17 +294,20 @@ def _replayer(server: Server, arm: str) -> Any:
 
 
 def test_the_baseline_measures_a_crash_but_another_arm_errors(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import triage.llama.client as client_mod
 
     monkeypatch.setattr(client_mod, "LlamaClient", _DroppingClient)
     report = _amx_report("mid-request")
     # The baseline's replies are the crash: failing, of kind server-crash.
-    baseline = asyncio.run(_replayer(_server(_Handle(report, dead=False)), "baseline").replay(
-        "baseline", [0, 1]))
+    baseline = asyncio.run(
+        _replayer(_server(_Handle(report, dead=False)), "baseline").replay("baseline", [0, 1])
+    )
     assert [r.kinds[0] for r in baseline] == [CRASH_KIND, CRASH_KIND]
     assert all(r.failed and not r.error for r in baseline)
     # A variant's server crashing is not that arm's measurement: it errors, with the report.
     with pytest.raises(ArmFailed, match="SIGSEGV"):
-        asyncio.run(_replayer(_server(_Handle(report, dead=False)), "spec-off").replay(
-            "spec-off", [0]))
+        asyncio.run(
+            _replayer(_server(_Handle(report, dead=False)), "spec-off").replay("spec-off", [0])
+        )

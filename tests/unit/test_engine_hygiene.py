@@ -55,11 +55,14 @@ def test_a_dead_url_is_refused_before_anything_is_recorded(store: Store, tmp_pat
     assert _incidents(store) == 0
 
 
-@pytest.mark.parametrize("args, message", [
-    ('["--port", "8080"]', "must not set --port"),
-    ('["--host=0.0.0.0"]', "must not set --host"),
-    ('["-md", "missing-draft.gguf"]', "-md file not found"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ('["--port", "8080"]', "must not set --port"),
+        ('["--host=0.0.0.0"]', "must not set --host"),
+        ('["-md", "missing-draft.gguf"]', "-md file not found"),
+    ],
+)
 def test_argument_problems_are_refused_before_launching(
     store: Store, tmp_path: Path, args: str, message: str
 ) -> None:
@@ -80,19 +83,23 @@ def _incident_with_cause(store: Store) -> int:
     with store.session() as session:
         incident = runs.new_incident(session, runs.NewIncident(model="m", kinds=["length-stop"]))
         assert incident.id is not None
-        runs.ensure_causes(session, incident.id, [runs.CauseSpec("quantized-weights", "w")],
-                           "engine")
-        add_evidence(session, incident_id=incident.id, kind="measurement", summary="alt 8/8",
-                     key="E1")
+        runs.ensure_causes(
+            session, incident.id, [runs.CauseSpec("quantized-weights", "w")], "engine"
+        )
+        add_evidence(
+            session, incident_id=incident.id, kind="measurement", summary="alt 8/8", key="E1"
+        )
         return incident.id
 
 
-def _apply(store: Store, incident_id: int, status: str, basis: str, refutes: list[str]
-           ) -> dict[str, dict[str, object]]:
+def _apply(
+    store: Store, incident_id: int, status: str, basis: str, refutes: list[str]
+) -> dict[str, dict[str, object]]:
     with store.session() as session:
         run_id = runs.start_run(session, incident_id, {"request": REQUEST})
-        verdict = runs.VerdictRow("quantized-weights", status, f"{status} ({basis})", [],
-                                  refutes, "alt-weights", basis)
+        verdict = runs.VerdictRow(
+            "quantized-weights", status, f"{status} ({basis})", [], refutes, "alt-weights", basis
+        )
         return runs.apply_verdicts(session, incident_id, run_id, [verdict], "engine")
 
 
@@ -143,8 +150,15 @@ def test_show_prints_the_latest_recorded_diagnosis(store: Store, tmp_path: Path)
     with store.session() as session:
         slug = session.get(Incident, incident_id).slug  # type: ignore[union-attr]
         done = runs.start_run(session, incident_id, {"request": REQUEST})
-        result = {"schema_version": 1, "incident": slug, "run_id": done, "findings": [],
-                  "arms": [], "causes": [], "graph": {"nodes": 0, "edges": 0}}
+        result = {
+            "schema_version": 1,
+            "incident": slug,
+            "run_id": done,
+            "findings": [],
+            "arms": [],
+            "causes": [],
+            "graph": {"nodes": 0, "edges": 0},
+        }
         runs.finish_run(session, done, "done", result)
         later = runs.start_run(session, incident_id, {"request": REQUEST})
         runs.set_run_state(session, later, "failed", finished=True)

@@ -26,11 +26,14 @@ from triage.stackfile import ServerConfig
 KEY = "wiring-secret-7c1f9a2e"
 
 
-@pytest.mark.parametrize("args", [
-    ["--api-key", KEY],
-    [f"--api-key={KEY}"],
-    ["-c", "512", "--api-key", f"{KEY},second-key"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--api-key", KEY],
+        [f"--api-key={KEY}"],
+        ["-c", "512", "--api-key", f"{KEY},second-key"],
+    ],
+)
 def test_the_replay_key_comes_from_the_server_flags(args: list[str]) -> None:
     assert api_key_from_args(args) == KEY
 
@@ -44,17 +47,21 @@ def test_the_replay_key_is_read_from_an_api_key_file(tmp_path: Path) -> None:
     assert api_key_from_args(["-c", "512"]) is None
 
 
-@pytest.mark.parametrize("args", [
-    ["--api-key", KEY, "-c", "512"],
-    [f"--api-key={KEY}", "-c", "512"],
-    ["--ssl-key-file", f"/etc/{KEY}.pem", "-c", "512"],
-    [f"--api-key-file=/run/{KEY}", "-c", "512"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--api-key", KEY, "-c", "512"],
+        [f"--api-key={KEY}", "-c", "512"],
+        ["--ssl-key-file", f"/etc/{KEY}.pem", "-c", "512"],
+        [f"--api-key-file=/run/{KEY}", "-c", "512"],
+    ],
+)
 def test_recorded_server_args_never_carry_the_secret(args: list[str]) -> None:
     config = ServerConfig(Path("llama-server"), Path("m.gguf"), args)
     described = safe_describe(config)
-    raw = safe_stack_raw({"server": {"model": "m.gguf", "args": args},
-                          "known_good": {"args": args}})
+    raw = safe_stack_raw(
+        {"server": {"model": "m.gguf", "args": args}, "known_good": {"args": args}}
+    )
     for recorded in (safe_args(args), described, raw):
         assert KEY not in repr(recorded)
     assert "-c" in described["args"] and "512" in described["args"]
@@ -65,10 +72,12 @@ def test_a_non_ascii_model_name_gives_an_ascii_slug_that_exports(tmp_path: Path)
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
     try:
         with store.session() as session:
-            first = runs.new_incident(session, runs.NewIncident(
-                model="Modèle-ÜBER²-qat", kinds=["length-stop"]))
-            second = runs.new_incident(session, runs.NewIncident(
-                model="Modèle-ÜBER²-qat", kinds=["length-stop"]))
+            first = runs.new_incident(
+                session, runs.NewIncident(model="Modèle-ÜBER²-qat", kinds=["length-stop"])
+            )
+            second = runs.new_incident(
+                session, runs.NewIncident(model="Modèle-ÜBER²-qat", kinds=["length-stop"])
+            )
             slugs = [first.slug, second.slug]
         assert all(SLUG_RE.match(slug) for slug in slugs), slugs
         assert slugs[0].endswith("-modele-uber2-qat-length-stop")
@@ -83,8 +92,10 @@ def test_a_launch_error_quoting_the_argv_is_scrubbed(tmp_path: Path) -> None:
     (tmp_path / "keys").write_text(f"{KEY}-from-file\n")
     args = ["--api-key", KEY, "--api-key-file", str(tmp_path / "keys"), "-c", "512"]
     secrets = secret_values(args)
-    message = (f"llama-server exited with code 1 during startup\nargv ['llama-server', "
-               f"'--api-key', '{KEY}', '-c', '512']; log: key {KEY}-from-file rejected")
+    message = (
+        f"llama-server exited with code 1 during startup\nargv ['llama-server', "
+        f"'--api-key', '{KEY}', '-c', '512']; log: key {KEY}-from-file rejected"
+    )
     facts = {"startup-crash": {"summary": message, "lines": [message]}}
     for scrubbed in (scrub_secrets(message, secrets), scrub_secrets(facts, secrets)):
         assert KEY not in repr(scrubbed)

@@ -31,8 +31,7 @@ REQUEST = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 800}
 def cat(monkeypatch: pytest.MonkeyPatch) -> Catalogue:
     """The installed plugins plus the example's entry point, as the process catalogue."""
     monkeypatch.syspath_prepend(str(PLUGIN_SOURCE))
-    example = metadata.EntryPoint(name="example", value="triage_example",
-                                  group=ENTRY_POINT_GROUP)
+    example = metadata.EntryPoint(name="example", value="triage_example", group=ENTRY_POINT_GROUP)
     loaded = Catalogue.load([*metadata.entry_points(group=ENTRY_POINT_GROUP), example])
     monkeypatch.setattr(triage.catalogue, "catalogue", lambda: loaded)
     return loaded
@@ -40,27 +39,35 @@ def cat(monkeypatch: pytest.MonkeyPatch) -> Catalogue:
 
 def _stack(tmp_path: Path, *args: str) -> Any:
     (tmp_path / "w.gguf").write_bytes(b"GGUF")
-    return parse_stack(f'[server]\nmodel = "w.gguf"\nargs = {json.dumps(list(args))}\n',
-                       base=tmp_path)
+    return parse_stack(
+        f'[server]\nmodel = "w.gguf"\nargs = {json.dumps(list(args))}\n', base=tmp_path
+    )
 
 
 def test_the_entry_point_alone_registers_all_four(cat: Catalogue) -> None:
-    assert {cat.formats.origin("vgw"), cat.checks.origin("all-thought-reply"),
-            cat.causes.origin("unbounded-reasoning-budget"),
-            cat.arms.origin("server-reasoning-budget")} == {"example"}
+    assert {
+        cat.formats.origin("vgw"),
+        cat.checks.origin("all-thought-reply"),
+        cat.causes.origin("unbounded-reasoning-budget"),
+        cat.arms.origin("server-reasoning-budget"),
+    } == {"example"}
     assert cat.causes.numbers()["unbounded-reasoning-budget"] == 32
     assert cat.checks.numbers()["all-thought-reply"] == 32
 
 
-@pytest.mark.parametrize(("args", "planned"), [
-    ((), None),  # no --reasoning-budget of its own: not opted in, no extra launch
-    (("--reasoning-budget", "-1"), "200"),
-    (("--reasoning-budget=900",), "200"),  # >= max_tokens: does not bound the thought
-    (("--reasoning-budget", "100"), None),  # already bounded below max_tokens
-    (("--reasoning-budget", "lots"), None),
-])
-def test_the_arm_applies_only_to_stacks_that_opt_in(tmp_path: Path, args: tuple[str, ...],
-                                                    planned: str | None) -> None:
+@pytest.mark.parametrize(
+    ("args", "planned"),
+    [
+        ((), None),  # no --reasoning-budget of its own: not opted in, no extra launch
+        (("--reasoning-budget", "-1"), "200"),
+        (("--reasoning-budget=900",), "200"),  # >= max_tokens: does not bound the thought
+        (("--reasoning-budget", "100"), None),  # already bounded below max_tokens
+        (("--reasoning-budget", "lots"), None),
+    ],
+)
+def test_the_arm_applies_only_to_stacks_that_opt_in(
+    tmp_path: Path, args: tuple[str, ...], planned: str | None
+) -> None:
     stack = _stack(tmp_path, "-c", "512", *args)
     arms = {a.name: a for a in plan_arms(stack, REQUEST)}
     if planned is None:
@@ -80,9 +87,11 @@ def test_the_arm_needs_max_tokens(tmp_path: Path) -> None:
 
 def _reply(content: str, reasoning: str, **extra: Any) -> dict[str, Any]:
     message = {"role": "assistant", "content": content, "reasoning_content": reasoning, **extra}
-    return {"request": REQUEST, "status": 200,
-            "response": {"choices": [{"index": 0, "message": message,
-                                      "finish_reason": "length"}]}}
+    return {
+        "request": REQUEST,
+        "status": 200,
+        "response": {"choices": [{"index": 0, "message": message, "finish_reason": "length"}]},
+    }
 
 
 def _kinds(exchange: dict[str, Any]) -> set[str]:
@@ -93,8 +102,7 @@ def test_the_check_flags_only_a_long_thought_without_an_answer() -> None:
     assert "all-thought-reply" in _kinds(_reply("", "t" * 1000))
     assert "all-thought-reply" not in _kinds(_reply("", "t" * 999))  # short: empty only
     assert "all-thought-reply" not in _kinds(_reply("The answer.", "t" * 5000))
-    call = [{"id": "c", "type": "function",
-             "function": {"name": "f", "arguments": "{}"}}]
+    call = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
     assert "all-thought-reply" not in _kinds(_reply("", "t" * 5000, tool_calls=call))
     # A subset of empty-content: it never turns a passing reply into a failing one.
     assert is_failure(_reply("", "t" * 1000)) and is_failure(_reply("", "t" * 999))
@@ -109,8 +117,7 @@ RES = "VGW/1 t r1 RES 200 12ms " + json.dumps(_reply("", "t" * 1200)["response"]
 
 
 def test_the_format_is_sniffed_and_parsed_with_headers_redacted() -> None:
-    text = _log(REQ, "VGW/1 t r1 HDR Authorization: Bearer sk-unit-canary-0123456789abcdef",
-                RES)
+    text = _log(REQ, "VGW/1 t r1 HDR Authorization: Bearer sk-unit-canary-0123456789abcdef", RES)
     assert detect_format(text) == "vgw"
     [exchange] = parse(text, file="gw.log")
     assert exchange.source_format == "vgw" and exchange.status == 200
@@ -119,17 +126,21 @@ def test_the_format_is_sniffed_and_parsed_with_headers_redacted() -> None:
     assert "all-thought-reply" in _kinds(exchange.to_dict())
 
 
-@pytest.mark.parametrize(("lines", "line", "message"), [
-    ((RES,), 2, "no open REQ"),
-    ((REQ,), 2, "no RES line"),
-    ((REQ, REQ, RES), 3, "opened twice"),
-    ((REQ, "VGW/1 t r1 BODY x"), 3, "unknown event"),
-    (("VGW/1 t r1 REQ POST /v1 {not json",), 2, "not valid JSON"),
-    ((REQ, "VGW/1 t r1 RES 200 soon {}"), 3, "RES <status> <elapsed>ms"),
-    ((REQ, "VGW/1 t r1 HDR no-colon"), 3, "HDR <name>: <value>"),
-])
-def test_a_bad_log_is_refused_naming_the_line(lines: tuple[str, ...], line: int,
-                                              message: str) -> None:
+@pytest.mark.parametrize(
+    ("lines", "line", "message"),
+    [
+        ((RES,), 2, "no open REQ"),
+        ((REQ,), 2, "no RES line"),
+        ((REQ, REQ, RES), 3, "opened twice"),
+        ((REQ, "VGW/1 t r1 BODY x"), 3, "unknown event"),
+        (("VGW/1 t r1 REQ POST /v1 {not json",), 2, "not valid JSON"),
+        ((REQ, "VGW/1 t r1 RES 200 soon {}"), 3, "RES <status> <elapsed>ms"),
+        ((REQ, "VGW/1 t r1 HDR no-colon"), 3, "HDR <name>: <value>"),
+    ],
+)
+def test_a_bad_log_is_refused_naming_the_line(
+    lines: tuple[str, ...], line: int, message: str
+) -> None:
     with pytest.raises(CaptureError) as err:
         parse(_log(*lines), file="gw.log", format="vgw")
     assert f"gw.log:{line}" in str(err.value) or f"line {line}" in str(err.value)
@@ -138,10 +149,14 @@ def test_a_bad_log_is_refused_naming_the_line(lines: tuple[str, ...], line: int,
 
 def _arms(base_k: int, base_n: int, arm_k: int, arm_n: int) -> dict[str, ArmOutcome]:
     cmp = compare(base_k, base_n, arm_k, arm_n, looks=len(look_schedule()))
-    base = ArmOutcome("baseline", base_n, base_k, "baseline",
-                      kind_counts={"all-thought-reply": base_k, "empty-content": base_k})
-    arm = ArmOutcome("server-reasoning-budget", arm_n, arm_k, cmp.decision,
-                     p_value=cmp.p_less)
+    base = ArmOutcome(
+        "baseline",
+        base_n,
+        base_k,
+        "baseline",
+        kind_counts={"all-thought-reply": base_k, "empty-content": base_k},
+    )
+    arm = ArmOutcome("server-reasoning-budget", arm_n, arm_k, cmp.decision, p_value=cmp.p_less)
     return {"baseline": base, "server-reasoning-budget": arm}
 
 

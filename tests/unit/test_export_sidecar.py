@@ -37,22 +37,51 @@ def _diagnose(store: Store, replies: int, reasoning_chars: int) -> None:
     with store.session() as session:
         incident = get_incident(session, SLUG)
         assert incident is not None
-        probes = add_evidence_many(session, incident.id, [
-            {"kind": "probe", "summary": f"baseline #{n} seed {n}: FAIL length",
-             "payload": {"seed": n, "reasoning": "x" * reasoning_chars, "finish": "length"},
-             "source": "triage diagnose", "recorded_at": at}
-            for n in range(replies)
-        ])
-        (arm,) = add_evidence_many(session, incident.id, [
-            {"kind": "measurement", "summary": f"arm baseline: {replies}/{replies} failed",
-             "payload": {"type": "arm", "n": replies}, "recorded_at": at},
-        ])
-        cause = Cause(incident_id=incident.id, key="token-limit", catalogue_id="token-limit",
-                      title="limit", status="suspected")
-        record_status_change(session, cause, "suspected", actor="engine", rationale="planned",
-                             at=at)
-        record_status_change(session, cause, "confirmed", actor="engine", rationale="decided",
-                             evidence_keys=[probes[0].key, arm.key], at=at)
+        probes = add_evidence_many(
+            session,
+            incident.id,
+            [
+                {
+                    "kind": "probe",
+                    "summary": f"baseline #{n} seed {n}: FAIL length",
+                    "payload": {"seed": n, "reasoning": "x" * reasoning_chars, "finish": "length"},
+                    "source": "triage diagnose",
+                    "recorded_at": at,
+                }
+                for n in range(replies)
+            ],
+        )
+        (arm,) = add_evidence_many(
+            session,
+            incident.id,
+            [
+                {
+                    "kind": "measurement",
+                    "summary": f"arm baseline: {replies}/{replies} failed",
+                    "payload": {"type": "arm", "n": replies},
+                    "recorded_at": at,
+                },
+            ],
+        )
+        cause = Cause(
+            incident_id=incident.id,
+            key="token-limit",
+            catalogue_id="token-limit",
+            title="limit",
+            status="suspected",
+        )
+        record_status_change(
+            session, cause, "suspected", actor="engine", rationale="planned", at=at
+        )
+        record_status_change(
+            session,
+            cause,
+            "confirmed",
+            actor="engine",
+            rationale="decided",
+            evidence_keys=[probes[0].key, arm.key],
+            at=at,
+        )
 
 
 def _round_trip(store: Store, tmp_path: Path) -> tuple[Path, Path]:
@@ -66,9 +95,7 @@ def _round_trip(store: Store, tmp_path: Path) -> tuple[Path, Path]:
     return first, second
 
 
-def test_replays_go_to_a_sidecar_and_round_trip_byte_for_byte(
-    store: Store, tmp_path: Path
-) -> None:
+def test_replays_go_to_a_sidecar_and_round_trip_byte_for_byte(store: Store, tmp_path: Path) -> None:
     import_paths(store, [_incident(tmp_path / "in")])
     _diagnose(store, replies=40, reasoning_chars=200)
     first, second = _round_trip(store, tmp_path)
@@ -110,15 +137,28 @@ def test_stale_sidecars_are_replaced(store: Store, tmp_path: Path) -> None:
     ("line", "where", "fragment"),
     [
         ("{not json", "line 2", "not JSON"),
-        ('{"id": "E2", "kind": "probe", "summary": "s", "recorded_at": "2026-07-01", '
-         '"payload": {"x": NaN}}', "line 2", "NaN"),
-        ('{"id": "E2", "kind": "rumour", "summary": "s", "recorded_at": "2026-07-01"}',
-         "line 2: $.kind", "rumour"),
-        ('{"id": "E1", "kind": "probe", "summary": "s", "recorded_at": "2026-07-01"}',
-         "line 2: $.id", "duplicate evidence id"),
+        (
+            '{"id": "E2", "kind": "probe", "summary": "s", "recorded_at": "2026-07-01", '
+            '"payload": {"x": NaN}}',
+            "line 2",
+            "NaN",
+        ),
+        (
+            '{"id": "E2", "kind": "rumour", "summary": "s", "recorded_at": "2026-07-01"}',
+            "line 2: $.kind",
+            "rumour",
+        ),
+        (
+            '{"id": "E1", "kind": "probe", "summary": "s", "recorded_at": "2026-07-01"}',
+            "line 2: $.id",
+            "duplicate evidence id",
+        ),
         ("[1, 2]", "line 2", "JSON object"),
-        ('{"id": "E2", "kind": "probe", "payload": ' + "[" * 200 + "]" * 200 + "}",
-         "line 2", "nested"),
+        (
+            '{"id": "E2", "kind": "probe", "payload": ' + "[" * 200 + "]" * 200 + "}",
+            "line 2",
+            "nested",
+        ),
     ],
 )
 def test_a_bad_sidecar_line_is_named(
@@ -161,7 +201,8 @@ def test_export_cli_names_the_sidecar(store: Store, tmp_path: Path) -> None:
     import_paths(store, [_incident(tmp_path / "in")])
     _diagnose(store, replies=3, reasoning_chars=10)
     result = CliRunner().invoke(
-        cli, ["export", "--out", str(tmp_path / "out")],
+        cli,
+        ["export", "--out", str(tmp_path / "out")],
         env={"TRIAGE_DATABASE_URL": store.url, "TRIAGE_HOME": str(tmp_path / "home")},
     )
     assert result.exit_code == 0, result.output

@@ -156,9 +156,7 @@ def test_sql_and_python_scores_agree(family_store: Store, refresh: bool) -> None
         slugs = dict(session.exec(select(Incident.slug, Incident.id)).all())
         for query in queries:
             matches = similar_incidents(session, query, limit=50, min_score=0.0)
-            expected = {
-                slug: round(similarity(query, stored[slugs[slug]]), 4) for slug in slugs
-            }
+            expected = {slug: round(similarity(query, stored[slugs[slug]]), 4) for slug in slugs}
             assert {m.slug: m.score for m in matches} == expected
             assert [m.score for m in matches] == sorted((m.score for m in matches), reverse=True)
 
@@ -176,9 +174,7 @@ def test_changed_symptoms_make_the_signature_stale_and_matches_follow(
         row = session.get(IncidentSignature, phi.id)
         assert row is not None and row.stale
         # Scored from the live rows before any refresh.
-        assert {m.slug for m in similar_incidents(session, timeouts)} >= {
-            "2026-05-28-phi-length"
-        }
+        assert {m.slug for m in similar_incidents(session, timeouts)} >= {"2026-05-28-phi-length"}
         assert refresh_signatures(session) == 1
         session.refresh(row)
         assert not row.stale and "timeout" in row.kinds.split(",")
@@ -235,8 +231,9 @@ def test_imported_qwen_incidents_are_the_family_of_a_new_drill_capture(store: St
             if match.slug in qwen:
                 assert "reasoning-exhausts-budget" in match.shared_causes
         # From the reference incident, the Qwen incidents are its family and already linked.
-        linked = similar_incidents(session, incident_signature(session, REFERENCE),
-                                   exclude_slug=REFERENCE)
+        linked = similar_incidents(
+            session, incident_signature(session, REFERENCE), exclude_slug=REFERENCE
+        )
         assert {m.slug for m in linked if m.linked} >= qwen
 
 
@@ -260,7 +257,11 @@ def test_exclude_slug_and_min_score(family_store: Store) -> None:
 def test_link_family_records_one_undirected_link(family_store: Store) -> None:
     with family_store.session() as session:
         link = link_family(
-            session, REFERENCE, "reasoning-exhausts-budget", QWEN[0], "reasoning-exhausts-budget",
+            session,
+            REFERENCE,
+            "reasoning-exhausts-budget",
+            QWEN[0],
+            "reasoning-exhausts-budget",
             "same stack, different model",
         )
         again = link_family(
@@ -305,7 +306,10 @@ def test_link_family_finds_a_cause_by_catalogue_id_unless_ambiguous(store: Store
         assert link.id is not None
         with pytest.raises(StoreError, match="ambiguous"):
             link_family(
-                session, "2026-08-01-two", "reasoning-exhausts-budget", "2026-08-02-one",
+                session,
+                "2026-08-01-two",
+                "reasoning-exhausts-budget",
+                "2026-08-02-one",
                 "budget-c",
             )
 

@@ -210,9 +210,12 @@ def test_incident_slugs_always_match_the_file_pattern() -> None:
     assert slug == "2026-12-01-modele-uber2-qat-empty-content"
     assert SLUG_RE.match(incident_slug(date(2026, 12, 1), "x" * 500))
     taken = {slug, f"{slug}-2"}
-    assert unique_incident_slug(
-        date(2026, 12, 1), "Modèle-ÜBER²-qat", "empty-content", exists=taken.__contains__
-    ) == f"{slug}-3"
+    assert (
+        unique_incident_slug(
+            date(2026, 12, 1), "Modèle-ÜBER²-qat", "empty-content", exists=taken.__contains__
+        )
+        == f"{slug}-3"
+    )
 
 
 def test_export_cli_writes_the_good_records_names_the_bad_one_and_fails(

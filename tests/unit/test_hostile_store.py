@@ -92,9 +92,7 @@ def test_parallel_captures_without_an_incident_get_distinct_keys(db_url: str) ->
     try:
         barrier = threading.Barrier(CAPTURES)
         errors: list[BaseException] = []
-        threads = [
-            threading.Thread(target=_capture, args=(s, barrier, errors)) for s in stores
-        ]
+        threads = [threading.Thread(target=_capture, args=(s, barrier, errors)) for s in stores]
         for thread in threads:
             thread.start()
         for thread in threads:

@@ -22,9 +22,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def fake_binary(path: Path, version_text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        f"#!{sys.executable}\nimport sys\nprint({version_text!r}, file=sys.stderr)\n"
-    )
+    path.write_text(f"#!{sys.executable}\nimport sys\nprint({version_text!r}, file=sys.stderr)\n")
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return path
 
@@ -51,11 +49,22 @@ def test_pip_argv_fetches_only_this_sdist(tmp_path: Path):
 
 def test_cmake_argv(tmp_path: Path):
     configure = build.configure_argv(tmp_path / "src", tmp_path / "b")
-    for flag in ("-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_CURL=OFF",
-                 "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_NUMBER=11434"):
+    for flag in (
+        "-DLLAMA_BUILD_TESTS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DLLAMA_CURL=OFF",
+        "-DLLAMA_BUILD_SERVER=ON",
+        "-DLLAMA_BUILD_NUMBER=11434",
+    ):
         assert flag in configure
     assert build.build_argv(tmp_path / "b", 2) == [
-        "cmake", "--build", str(tmp_path / "b"), "--target", "llama-server", "-j", "2",
+        "cmake",
+        "--build",
+        str(tmp_path / "b"),
+        "--target",
+        "llama-server",
+        "-j",
+        "2",
     ]
 
 

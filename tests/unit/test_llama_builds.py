@@ -18,7 +18,7 @@ from triage.stackfile import StackError, parse_stack
 # A stand-in `python` (for `pip download` / `pip index versions`) and `cmake`, so the whole
 # build pipeline runs in milliseconds: the sdist is a tiny tarball, "compiling" prints CMake's
 # progress lines and writes a binary that answers --version like llama-server.
-FAKE_PYTHON = r'''
+FAKE_PYTHON = r"""
 import io, json, os, sys, tarfile
 args = sys.argv[1:]
 if args[:4] == ["-m", "pip", "index", "versions"]:
@@ -39,9 +39,9 @@ if args[:3] == ["-m", "pip", "download"]:
             archive.addfile(info, io.BytesIO(data))
     sys.exit(0)
 sys.exit(2)
-'''
+"""
 
-FAKE_CMAKE = r'''
+FAKE_CMAKE = r"""
 import json, os, stat, sys
 args = sys.argv[1:]
 log = os.environ["FAKE_CMAKE_LOG"]
@@ -65,7 +65,7 @@ open(binary, "w").write(
     f"print('version: {number} (sdist)\\nbuilt with GNU 12.2.0 for Linux x86_64', "
     "file=sys.stderr)\n")
 os.chmod(binary, 0o755)
-'''
+"""
 
 
 def script(path: Path, body: str) -> Path:
@@ -84,43 +84,67 @@ def fake_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Pat
     script(tools / "ccache", "")
     monkeypatch.setenv("PATH", f"{tools}:/usr/bin:/bin")
     monkeypatch.setenv("FAKE_CMAKE_LOG", str(tmp_path / "cmake.log"))
-    return {"python": script(tools / "python", FAKE_PYTHON), "log": tmp_path / "cmake.log",
-            "cache": tmp_path / "cache"}
+    return {
+        "python": script(tools / "python", FAKE_PYTHON),
+        "log": tmp_path / "cmake.log",
+        "cache": tmp_path / "cache",
+    }
 
 
 def cmake_calls(log: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines()]
 
 
-@pytest.mark.parametrize(("ref", "number"), [
-    ("b9589", 9589), ("9589", 9589), ("9589.0.0", 9589), (" b11434 ", 11434), (11434, 11434),
-    ("bX", None), ("b9589-rc", None), ("/opt/llama-server", None), ("", None),
-])
+@pytest.mark.parametrize(
+    ("ref", "number"),
+    [
+        ("b9589", 9589),
+        ("9589", 9589),
+        ("9589.0.0", 9589),
+        (" b11434 ", 11434),
+        (11434, 11434),
+        ("bX", None),
+        ("b9589-rc", None),
+        ("/opt/llama-server", None),
+        ("", None),
+    ],
+)
 def test_parse_build_ref(ref, number):
     assert build.parse_build_ref(ref) == number
 
 
 def test_build_any_version_shares_one_ccache_and_records_cpu_features(fake_tools):
     messages: list[str] = []
-    path = build.build_server(build_number=9589, python=str(fake_tools["python"]),
-                              log=messages.append)
+    path = build.build_server(
+        build_number=9589, python=str(fake_tools["python"]), log=messages.append
+    )
     assert path == fake_tools["cache"] / "llama-server" / "b9589" / "bin" / "llama-server"
     build.build_server(build_number=9585, python=str(fake_tools["python"]), log=messages.append)
     calls = cmake_calls(fake_tools["log"])
     configures = [c for c in calls if "-S" in c["argv"]]
-    assert [c["argv"][c["argv"].index("-B") + 1].split("/")[-2] for c in configures] == \
-        ["b9589", "b9585"]
+    assert [c["argv"][c["argv"].index("-B") + 1].split("/")[-2] for c in configures] == [
+        "b9589",
+        "b9585",
+    ]
     for call in calls:  # one compiler cache for every build, paths relative to each build
         assert call["env"]["CCACHE_DIR"] == str(fake_tools["cache"] / "ccache")
         assert call["env"]["CCACHE_BASEDIR"].endswith(("b9589", "b9585"))
     for call in configures:
-        assert any(a.startswith("-DCMAKE_CXX_COMPILER_LAUNCHER=") and a.endswith("ccache")
-                   for a in call["argv"])
+        assert any(
+            a.startswith("-DCMAKE_CXX_COMPILER_LAUNCHER=") and a.endswith("ccache")
+            for a in call["argv"]
+        )
         assert "-DGGML_NATIVE=ON" in call["argv"]
     # progress: every 10% of CMake's own counter, not every line
     progress = [m for m in messages if m.startswith("[build] b9589 ")]
-    assert progress == ["[build] b9589 0%", "[build] b9589 10%", "[build] b9589 20%",
-                        "[build] b9589 50%", "[build] b9589 70%", "[build] b9589 100%"]
+    assert progress == [
+        "[build] b9589 0%",
+        "[build] b9589 10%",
+        "[build] b9589 20%",
+        "[build] b9589 50%",
+        "[build] b9589 70%",
+        "[build] b9589 100%",
+    ]
     record = build.build_info(9589)
     assert record is not None and record["build_number"] == 9589
     assert record["cpu"] == build.build_cpu_features(path)
@@ -172,8 +196,9 @@ def test_not_built_is_a_clear_error(fake_tools):
         build.server_binary_for(9589, build=False)
 
 
-def test_stack_binary_reference_resolves_to_the_cache(fake_tools, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch):
+def test_stack_binary_reference_resolves_to_the_cache(
+    fake_tools, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
     text = f'[server]\nmodel = "{model}"\n[alternates]\nbinary = "b9589"\n'
@@ -193,10 +218,14 @@ def test_stack_binary_reference_resolves_to_the_cache(fake_tools, tmp_path: Path
 
 
 def test_cpu_parsing_and_missing_features():
-    cpuinfo = "processor\t: 0\nmodel name\t: Intel Xeon\nflags\t\t: fpu sse4_2 avx avx2 " \
-              "avx512f amx_tile amx_int8\n"
-    macros = "#define __AVX2__ 1\n#define __AMX_INT8__ 1\n#define __SSE2_MATH__ 1\n" \
-             "#define __x86_64__ 1\n"
+    cpuinfo = (
+        "processor\t: 0\nmodel name\t: Intel Xeon\nflags\t\t: fpu sse4_2 avx avx2 "
+        "avx512f amx_tile amx_int8\n"
+    )
+    macros = (
+        "#define __AVX2__ 1\n#define __AMX_INT8__ 1\n#define __SSE2_MATH__ 1\n"
+        "#define __x86_64__ 1\n"
+    )
     native = cpu.parse_native_options(' "/usr/lib/cc1" -march=sapphirerapids -mmmx', macros)
     assert native == {"march": "sapphirerapids", "isa": ["amx_int8", "avx2"]}
     features = cpu.host_cpu_features(cpuinfo, native)
@@ -209,8 +238,9 @@ def test_cpu_parsing_and_missing_features():
 
 
 def test_server_which_names_the_cpu_features_of_a_cached_build(fake_tools, monkeypatch):
-    path = build.build_server(build_number=9589, python=str(fake_tools["python"]),
-                              log=lambda m: None)
+    path = build.build_server(
+        build_number=9589, python=str(fake_tools["python"]), log=lambda m: None
+    )
     monkeypatch.setenv("LLAMA_SERVER_BIN", str(path))
     runner = CliRunner()
     result = runner.invoke(cli, ["server", "which"])

@@ -26,10 +26,12 @@ def sse(*events: str) -> bytes:
 
 
 CHAT_JSON = {
-    "choices": [{
-        "finish_reason": "length",
-        "message": {"role": "assistant", "content": "", "reasoning_content": "x" * 40},
-    }],
+    "choices": [
+        {
+            "finish_reason": "length",
+            "message": {"role": "assistant", "content": "", "reasoning_content": "x" * 40},
+        }
+    ],
     "usage": {"completion_tokens": 800},
     "timings": {"predicted_n": 800, "draft_n": 10, "draft_n_accepted": 8},
 }
@@ -41,9 +43,7 @@ def test_chat_parses_message_and_keeps_raw_bytes():
     def handler(request: httpx.Request) -> httpx.Response:
         seen["body"] = json.loads(request.content)
         seen["path"] = request.url.path
-        return httpx.Response(
-            200, json=CHAT_JSON, headers={"Set-Cookie": "s=1", "X-Extra": "kept"}
-        )
+        return httpx.Response(200, json=CHAT_JSON, headers={"Set-Cookie": "s=1", "X-Extra": "kept"})
 
     async def go():
         async with client_for(handler) as client:
@@ -125,10 +125,13 @@ def test_stream_reassembles_everything():
     assert result.reasoning_content == "think more"
     assert result.content == "Hi"
     assert result.finish_reason == "tool_calls"
-    assert result.tool_calls == [{
-        "id": "c1", "type": "function",
-        "function": {"name": "get_weather", "arguments": '{"location":"Paris"}'},
-    }]
+    assert result.tool_calls == [
+        {
+            "id": "c1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"location":"Paris"}'},
+        }
+    ]
     assert result.usage == {"completion_tokens": 9} and result.timings == {"predicted_n": 9}
     assert result.raw == STREAM  # byte for byte
     assert len(result.chunks) == 7

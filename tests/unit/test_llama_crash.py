@@ -58,21 +58,26 @@ AMX_HOST = frozenset({"avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int
 
 
 def test_amx_startup_crash_names_signal_symbol_and_amx_facts():
-    report = crash_report("startup", exit_code=-11, log_text=AMX_CRASH_LOG,
-                          host_flags=AMX_HOST)
+    report = crash_report("startup", exit_code=-11, log_text=AMX_CRASH_LOG, host_flags=AMX_HOST)
     assert report.signal == "SIGSEGV"
     assert report.backtrace_symbol == "ggml_backend_amx_mul_mat"
     assert report.cpu_features["AMX_INT8"] == "1" and report.repack is True
     assert report.amx_buffer and report.host_amx and report.amx_suspected
     assert report.stage == "warm-up"
     sentence = report.sentence()
-    for words in ("crashed with SIGSEGV during startup (warm-up)", "ggml_backend_amx_mul_mat",
-                  "AMX_INT8 = 1", "REPACK = 1", "AMX model buffer size = 0.17 MiB",
-                  "amx_int8, amx_tile", "--no-repack", "llama.cpp#20824"):
+    for words in (
+        "crashed with SIGSEGV during startup (warm-up)",
+        "ggml_backend_amx_mul_mat",
+        "AMX_INT8 = 1",
+        "REPACK = 1",
+        "AMX model buffer size = 0.17 MiB",
+        "amx_int8, amx_tile",
+        "--no-repack",
+        "llama.cpp#20824",
+    ):
         assert words in sentence
     data = report.to_dict()
-    assert data["host_cpu_flags"] == ["amx_bf16", "amx_int8", "amx_tile", "avx512_bf16",
-                                      "avx512f"]
+    assert data["host_cpu_flags"] == ["amx_bf16", "amx_int8", "amx_tile", "avx512_bf16", "avx512f"]
     assert data["backtrace"][:2] == ["ggml_backend_amx_mul_mat", "ggml_graph_compute"]
 
 
@@ -87,8 +92,12 @@ def test_shell_exit_139_is_sigsegv_and_plain_codes_are_not_signals():
 
 
 def test_no_amx_host_log_is_not_blamed_on_amx():
-    report = crash_report("mid-request", exit_code=-9, log_text=NO_AMX_LOG,
-                          host_flags=parse_cpu_flags("flags\t: fpu sse2 avx2 avx512f\n"))
+    report = crash_report(
+        "mid-request",
+        exit_code=-9,
+        log_text=NO_AMX_LOG,
+        host_flags=parse_cpu_flags("flags\t: fpu sse2 avx2 avx512f\n"),
+    )
     assert report.signal == "SIGKILL" and report.stage == "serving"
     assert report.cpu_features.get("AMX_INT8") is None and report.repack is True
     assert not report.amx_suspected and report.backtrace_symbol is None
@@ -105,21 +114,25 @@ def test_log_without_system_info_says_repack_unknown():
 
 def test_gdb_and_ggml_unwinder_backtraces_give_the_crashing_frame():
     assert backtrace_frames(GDB_BACKTRACE.splitlines())[:3] == [
-        "ggml_backend_amx_mul_mat", "ggml_compute_forward_mul_mat", "ggml_graph_compute_thread"]
+        "ggml_backend_amx_mul_mat",
+        "ggml_compute_forward_mul_mat",
+        "ggml_graph_compute_thread",
+    ]
     # The reporter's own frames (print_backtrace, abort) are not the crash.
-    assert crash_symbol(backtrace_frames(ABORT_BACKTRACE.splitlines())) == \
-        "ggml_vec_dot_q4_0_q8_0"
+    assert crash_symbol(backtrace_frames(ABORT_BACKTRACE.splitlines())) == "ggml_vec_dot_q4_0_q8_0"
     report = crash_report("mid-request", exit_code=-6, log_text=ABORT_BACKTRACE)
     assert report.signal == "SIGABRT" and report.backtrace_symbol == "ggml_vec_dot_q4_0_q8_0"
     assert not report.amx_suspected
 
 
 def test_hang_report_has_no_exit_code_and_says_what_was_waited_for():
-    report = crash_report("hang", log_text=NO_AMX_LOG,
-                          detail="a request got no complete answer within 2s")
+    report = crash_report(
+        "hang", log_text=NO_AMX_LOG, detail="a request got no complete answer within 2s"
+    )
     assert report.exit_code is None and report.signal is None
     assert report.sentence().startswith(
-        "llama-server hung (serving): a request got no complete answer within 2s")
+        "llama-server hung (serving): a request got no complete answer within 2s"
+    )
 
 
 def test_phase_must_be_known():
@@ -135,8 +148,10 @@ def test_system_info_skips_thread_counts():
 
 def test_host_flags_from_cpuinfo_file_or_env_override(tmp_path: Path):
     cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 amx_tile amx_int8\n\n"
-                       "processor\t: 1\nflags\t\t: fpu sse2 amx_tile amx_int8\n")
+    cpuinfo.write_text(
+        "processor\t: 0\nflags\t\t: fpu sse2 amx_tile amx_int8\n\n"
+        "processor\t: 1\nflags\t\t: fpu sse2 amx_tile amx_int8\n"
+    )
     flags = host_cpu_flags(cpuinfo, env={})
     assert flags == {"fpu", "sse2", "amx_tile", "amx_int8"} and host_has_amx(flags)
     assert host_cpu_flags(cpuinfo, env={"TRIAGE_CPU_FLAGS": "avx2,fma"}) == {"avx2", "fma"}
@@ -184,9 +199,10 @@ def test_first_error_line_is_named_for_a_plain_exit():
     assert report.errors[0].startswith("llama_model_load: error loading model")
     assert len(report.errors) == 4
     assert report.sentence().startswith(
-        'llama-server exited with code 1 during startup (model load) (first error: '
+        "llama-server exited with code 1 during startup (model load) (first error: "
         '"llama_model_load: error loading model: llama_model_loader: failed to load model '
-        'from /nope.gguf")')
+        'from /nope.gguf")'
+    )
     typo = crash_report("startup", exit_code=1, log_text="error: invalid argument: --bogus\n")
     assert typo.errors == ("error: invalid argument: --bogus",)
     assert crash_report("startup", exit_code=1, log_text=NO_AMX_LOG).errors == ()

@@ -20,8 +20,13 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("meta")
     design = gemma4.toolcall_design().design
     return {
-        fmt: compile_design(design, folder / f"{fmt}.gguf", weight_format=fmt,
-                            chat_template=TEMPLATE, model_name=f"drill-{fmt}")
+        fmt: compile_design(
+            design,
+            folder / f"{fmt}.gguf",
+            weight_format=fmt,
+            chat_template=TEMPLATE,
+            model_name=f"drill-{fmt}",
+        )
         for fmt in ("Q4_0", "MXFP4", "F32")
     }
 

@@ -67,8 +67,17 @@ def model(tmp_path: Path) -> Path:
 def test_argv_is_a_list_with_loopback_and_port(model: Path):
     spec = ServerSpec(Path("/bin/llama-server"), model, ["-c", "8192", "-np", "4"])
     assert spec.argv(8081) == [
-        "/bin/llama-server", "-m", str(model), "--host", "127.0.0.1", "--port", "8081",
-        "-c", "8192", "-np", "4",
+        "/bin/llama-server",
+        "-m",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8081",
+        "-c",
+        "8192",
+        "-np",
+        "4",
     ]
 
 
@@ -110,12 +119,16 @@ def test_occupied_port_is_reported(tmp_path: Path, model: Path):
 
 
 def test_exit_during_startup_reports_code_and_log_tail(tmp_path: Path, model: Path):
-    binary = script(tmp_path, "srv", """
+    binary = script(
+        tmp_path,
+        "srv",
+        """
         import sys
         print("loading model ...")
         print("error: failed to load model", file=sys.stderr)
         sys.exit(3)
-    """)
+    """,
+    )
     with pytest.raises(ServerStartError) as info:
         start(ServerSpec(binary, model), tmp_path / "logs", ready_timeout=10)
     message = str(info.value)

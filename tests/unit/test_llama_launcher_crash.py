@@ -85,11 +85,15 @@ def test_amx_standin_crash_at_startup_raises_with_report(tmp_path: Path, model: 
 
 
 def test_amx_standin_runs_the_real_binary_with_no_repack(tmp_path: Path, model: Path):
-    real = script(tmp_path, "real", """
+    real = script(
+        tmp_path,
+        "real",
+        """
         import sys
         print("REAL", sys.argv[1:], flush=True)
         sys.exit(7)
-    """)
+    """,
+    )
     standin = write_amx_crash_standin(real, tmp_path / "llama-server")
     with pytest.raises(ServerStartError) as info:
         start(ServerSpec(standin, model, ["--no-repack"]), tmp_path / "logs", ready_timeout=20)
@@ -98,8 +102,7 @@ def test_amx_standin_runs_the_real_binary_with_no_repack(tmp_path: Path, model: 
     assert "REAL [" in info.value.log_tail and "'--no-repack'" in info.value.log_tail
 
 
-def test_launcher_asks_for_trace_verbosity_unless_the_spec_sets_one(tmp_path: Path,
-                                                                     model: Path):
+def test_launcher_asks_for_trace_verbosity_unless_the_spec_sets_one(tmp_path: Path, model: Path):
     binary = script(tmp_path, "srv", FAKE_SERVER)
     server = start(ServerSpec(binary, model), tmp_path / "a")
     try:
@@ -114,11 +117,15 @@ def test_launcher_asks_for_trace_verbosity_unless_the_spec_sets_one(tmp_path: Pa
 
 
 def test_hang_at_startup_reports_phase_hang(tmp_path: Path, model: Path):
-    binary = script(tmp_path, "srv", """
+    binary = script(
+        tmp_path,
+        "srv",
+        """
         import time
         print("main: loading model", flush=True)
         time.sleep(3600)
-    """)
+    """,
+    )
     with pytest.raises(ServerStartError) as info:
         start(ServerSpec(binary, model), tmp_path / "logs", ready_timeout=1)
     report = info.value.report
@@ -147,7 +154,8 @@ def test_crash_mid_request_is_explained_by_the_server(tmp_path: Path, model: Pat
 
 
 def test_request_that_never_answers_makes_a_hang_report_and_stops_the_server(
-        tmp_path: Path, model: Path):
+    tmp_path: Path, model: Path
+):
     binary = script(tmp_path, "srv", FAKE_SERVER)
     server = start(ServerSpec(binary, model), tmp_path / "logs")
     pid = server.pid
@@ -181,15 +189,22 @@ def test_healthy_server_does_not_explain_a_client_error(tmp_path: Path, model: P
         server.stop()
 
 
-def test_log_is_bounded_and_keeps_its_head_and_latest_tail(tmp_path: Path, model: Path,
-                                                            monkeypatch: pytest.MonkeyPatch):
+def test_log_is_bounded_and_keeps_its_head_and_latest_tail(
+    tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatch
+):
     import triage.llama.launcher as launcher
 
     monkeypatch.setattr(launcher, "LOG_LIMIT_BYTES", 20_000)
     monkeypatch.setattr(launcher, "LOG_KEEP_TAIL_BYTES", 4_000)
-    chatty = script(tmp_path, "srv", FAKE_SERVER.replace(
-        'print("main: server', 'print("\\n".join(f"trace line {i}" for i in range(50000)))\n'
-        'print("last words", flush=True)\nprint("main: server'))
+    chatty = script(
+        tmp_path,
+        "srv",
+        FAKE_SERVER.replace(
+            'print("main: server',
+            'print("\\n".join(f"trace line {i}" for i in range(50000)))\n'
+            'print("last words", flush=True)\nprint("main: server',
+        ),
+    )
     server = start(ServerSpec(chatty, model), tmp_path / "logs")
     try:
         # Still running: the tail past the limit is in memory, and reports see it.
@@ -206,7 +221,8 @@ def test_log_is_bounded_and_keeps_its_head_and_latest_tail(tmp_path: Path, model
 
 
 def test_drill_run_on_a_server_that_stops_answering_says_it_hung(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     from triage.drills import build_drill
     from triage.drills.run import run_drill
 
@@ -224,13 +240,17 @@ def test_drill_run_on_a_server_that_stops_answering_says_it_hung(
 
 
 def test_health_from_another_process_on_the_port_is_not_ours(
-        tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatch):
+    tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatch
+):
     """A slow-starting binary (a wrapper) whose port another server holds: that server's
     /health 200 must not count as ours; ours then fails to bind and is reported."""
     import triage.llama.launcher as launcher
 
     first = start(ServerSpec(script(tmp_path, "srv", FAKE_SERVER), model), tmp_path / "a")
-    slow = script(tmp_path, "slow", """
+    slow = script(
+        tmp_path,
+        "slow",
+        """
         import socket, sys, time
         args = sys.argv[1:]
         time.sleep(1.0)  # an interpreter or wrapper starting up
@@ -240,7 +260,8 @@ def test_health_from_another_process_on_the_port_is_not_ours(
             print("couldn't bind HTTP server socket:", exc, flush=True)
             sys.exit(1)
         time.sleep(3600)
-    """)
+    """,
+    )
     monkeypatch.setattr(launcher, "port_in_use", lambda port, host="127.0.0.1": False)
     try:
         with pytest.raises(ServerStartError) as info:

@@ -53,14 +53,27 @@ def db_file(tmp_path: Path) -> str:
 def make_proxy(tmp_path: Path, db_file: str) -> Iterator[ProxyFactory]:
     started: list[ThreadedServer] = []
 
-    def make(upstream_url: str, *, database: str | None = None, recorder_options: dict[str, Any]
-             | None = None, **config: Any) -> Proxy:
+    def make(
+        upstream_url: str,
+        *,
+        database: str | None = None,
+        recorder_options: dict[str, Any] | None = None,
+        **config: Any,
+    ) -> Proxy:
         metrics = ProxyMetrics()
         options = {"flush_seconds": 0.05, "retry_seconds": 0.2, **(recorder_options or {})}
-        recorder = Recorder(database or db_file, spool_path=tmp_path / "spool.jsonl",
-                            metrics=metrics, replica="test", **options)
-        app = ProxyApp(ProxyConfig(upstream_url, identity_refresh_seconds=0, **config),
-                       recorder=recorder, metrics=metrics)
+        recorder = Recorder(
+            database or db_file,
+            spool_path=tmp_path / "spool.jsonl",
+            metrics=metrics,
+            replica="test",
+            **options,
+        )
+        app = ProxyApp(
+            ProxyConfig(upstream_url, identity_refresh_seconds=0, **config),
+            recorder=recorder,
+            metrics=metrics,
+        )
         server = ThreadedServer(app).start()
         started.append(server)
         return Proxy(app, recorder, server)
@@ -113,8 +126,11 @@ def test_client_headers_reach_the_upstream_without_httpx_defaults(
     fake, upstream_url = upstream
     proxy = make_proxy(upstream_url)
     with httpx.Client(headers={"user-agent": "agent/1.0"}) as client:
-        client.post(f"{proxy.url}/v1/chat/completions?x=1", json=chat("ok"),
-                    headers={"x-custom": "kept", "connection": "keep-alive"})
+        client.post(
+            f"{proxy.url}/v1/chat/completions?x=1",
+            json=chat("ok"),
+            headers={"x-custom": "kept", "connection": "keep-alive"},
+        )
     seen = fake.requests[-1]["headers"]
     assert seen["user-agent"] == "agent/1.0"
     assert seen["x-custom"] == "kept"
@@ -127,8 +143,9 @@ def test_stream_is_forwarded_chunk_by_chunk_before_the_upstream_finishes(
     fake, upstream_url = upstream
     proxy = make_proxy(upstream_url)
     received = b""
-    with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=chat("gated"),
-                      timeout=30) as response:
+    with httpx.stream(
+        "POST", f"{proxy.url}/v1/chat/completions", json=chat("gated"), timeout=30
+    ) as response:
         assert response.status_code == 200
         assert response.headers["content-type"] == "text/event-stream"
         for chunk in response.iter_raw():
@@ -148,8 +165,9 @@ def test_client_disconnect_cancels_the_upstream_request(
 ) -> None:
     fake, upstream_url = upstream
     proxy = make_proxy(upstream_url)
-    with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=chat("endless"),
-                      timeout=30) as response:
+    with httpx.stream(
+        "POST", f"{proxy.url}/v1/chat/completions", json=chat("endless"), timeout=30
+    ) as response:
         for chunk in response.iter_raw():
             if b"la" in chunk:
                 break
@@ -405,23 +423,31 @@ def test_failures_after_parking_fire_the_parked_incidents_capture_trigger(
     try:
         now = clock.time()
         for i in range(8):
-            recorder.submit(raw_record(f"a{i}", "" if i % 2 else "A fine answer here.",
-                                       at=now - 30 + i))
+            recorder.submit(
+                raw_record(f"a{i}", "" if i % 2 else "A fine answer here.", at=now - 30 + i)
+            )
         recorder.flush(8)
         (opened,) = recorder.opened
         store = Store(db_file, migrate=False)
         try:
             with store.session() as session:
-                record_decision(session, opened["slug"], "PARKED", rationale="rare, tolerated",
-                                by="on-call", triggers=["failure-rate,min=3"],
-                                at=utcnow() - timedelta(seconds=5))
+                record_decision(
+                    session,
+                    opened["slug"],
+                    "PARKED",
+                    rationale="rare, tolerated",
+                    by="on-call",
+                    triggers=["failure-rate,min=3"],
+                    at=utcnow() - timedelta(seconds=5),
+                )
             with store.session(readonly=True) as session:
                 assert not parked(session, utcnow().date())[0].due
         finally:
             store.close()
         for i in range(6):  # three more failures, recorded after the decision
-            recorder.submit(raw_record(f"b{i}", "" if i % 2 else "A fine answer here.",
-                                       at=clock.time() + 1 + i))
+            recorder.submit(
+                raw_record(f"b{i}", "" if i % 2 else "A fine answer here.", at=clock.time() + 1 + i)
+            )
         recorder.flush(14)
     finally:
         recorder.stop()
@@ -431,8 +457,9 @@ def test_failures_after_parking_fire_the_parked_incidents_capture_trigger(
         with store.session(readonly=True) as session:
             (item,) = parked(session, utcnow().date() + timedelta(days=1))
             incident = session.exec(select(Incident)).one()
-            counts = live.incident_live_counts(session, incident.id, utcnow() - timedelta(hours=1),
-                                               utcnow() + timedelta(minutes=1))
+            counts = live.incident_live_counts(
+                session, incident.id, utcnow() - timedelta(hours=1), utcnow() + timedelta(minutes=1)
+            )
     finally:
         store.close()
     assert item.due, item.reasons
@@ -475,17 +502,22 @@ class _OneRequestPerConnection:
                         return
                     data += chunk
                 head, _, rest = data.partition(b"\r\n\r\n")
-                length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1)) \
-                    if re.search(rb"(?i)content-length", head) else 0
+                length = (
+                    int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+                    if re.search(rb"(?i)content-length", head)
+                    else 0
+                )
                 while len(rest) < length:
                     rest += conn.recv(65536)
                 if number == 2:
                     self.dropped += 1
                     return  # closed without a response byte
                 body = json.dumps(chat_reply("A complete answer from a fresh connection."))
-                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                             b"content-length: " + str(len(body)).encode() + b"\r\n"
-                             b"connection: keep-alive\r\n\r\n" + body.encode())
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    b"content-length: " + str(len(body)).encode() + b"\r\n"
+                    b"connection: keep-alive\r\n\r\n" + body.encode()
+                )
                 self.answered += 1
 
     def close(self) -> None:
@@ -499,8 +531,10 @@ def test_a_pooled_connection_the_upstream_closed_is_retried_not_a_502(
     try:
         proxy = make_proxy(f"http://127.0.0.1:{server.port}")
         with httpx.Client() as client:
-            statuses = [client.post(f"{proxy.url}/v1/chat/completions",
-                                    json=chat("ok")).status_code for _ in range(4)]
+            statuses = [
+                client.post(f"{proxy.url}/v1/chat/completions", json=chat("ok")).status_code
+                for _ in range(4)
+            ]
     finally:
         server.close()
     assert statuses == [200] * 4
@@ -512,8 +546,9 @@ def test_a_full_spool_drops_and_counts_instead_of_filling_the_disk(
 ) -> None:
     _, upstream_url = upstream
     switch = _SwitchableStore(db_file)
-    proxy = make_proxy(upstream_url, recorder_options={"store_factory": switch,
-                                                       "max_spool_bytes": 6000})
+    proxy = make_proxy(
+        upstream_url, recorder_options={"store_factory": switch, "max_spool_bytes": 6000}
+    )
     for _ in range(6):
         assert httpx.post(f"{proxy.url}/v1/chat/completions", json=chat("ok")).status_code == 200
     proxy.recorder.flush(6)
@@ -534,8 +569,12 @@ def test_a_spool_line_cut_by_a_crash_is_kept_aside_and_the_rest_replayed(
     from triage.proxy import prepare
 
     spool = tmp_path / "spool.jsonl"
-    lines = [prepare(raw_record(f"s{i}", "An answer.", at=clock.time()), keep_success=True,
-                     replica="old").to_line() for i in range(3)]
+    lines = [
+        prepare(
+            raw_record(f"s{i}", "An answer.", at=clock.time()), keep_success=True, replica="old"
+        ).to_line()
+        for i in range(3)
+    ]
     spool.write_text(lines[0] + lines[1] + lines[2][: len(lines[2]) // 2])
     recorder = Recorder(db_file, spool_path=spool, replica="new")
     recorder.start()
@@ -552,7 +591,9 @@ def test_public_surface() -> None:
     import triage.proxy
 
     assert sorted(triage.proxy.__all__) == sorted(
-        name for name in dir(triage.proxy) if not name.startswith("_")
+        name
+        for name in dir(triage.proxy)
+        if not name.startswith("_")
         and not isinstance(getattr(triage.proxy, name), type(triage.proxy))
     )
 
@@ -566,8 +607,9 @@ def test_the_recording_queue_is_bounded_in_bytes(db_file: str, tmp_path: Path) -
     record = raw_record("q0", "An answer.", at=clock.time())
     size = len(record["request_body"]) + len(record["response_chunks"][0])
     fits = 3000 // size
-    accepted = [recorder.submit(raw_record(f"q{i}", "An answer.", at=clock.time()))
-                for i in range(fits + 2)]  # writer not started: nothing leaves the queue
+    accepted = [
+        recorder.submit(raw_record(f"q{i}", "An answer.", at=clock.time())) for i in range(fits + 2)
+    ]  # writer not started: nothing leaves the queue
     assert accepted == [True] * fits + [False, False]
     recorder.start()
     try:

@@ -41,8 +41,14 @@ def _free_port() -> int:
 def test_help_names_the_options() -> None:
     result = CliRunner().invoke(cli, ["proxy", "--help"])
     assert result.exit_code == 0
-    for option in ("--upstream", "--listen", "--stack", "--sample-successes", "--auto-diagnose",
-                   "--diagnose-upstream"):
+    for option in (
+        "--upstream",
+        "--listen",
+        "--stack",
+        "--sample-successes",
+        "--auto-diagnose",
+        "--diagnose-upstream",
+    ):
         assert option in result.output
 
 
@@ -65,8 +71,10 @@ def test_bad_options_are_refused_with_the_option_named(args: list[str], message:
 def test_auto_diagnose_never_replays_against_the_upstream_unless_asked(tmp_path: Path) -> None:
     stack = tmp_path / "stack.toml"
     stack.write_text('[server]\nurl = "http://localhost:8080"\n')
-    result = CliRunner().invoke(cli, ["proxy", "--upstream", "http://127.0.0.1:8080",
-                                      "--auto-diagnose", "--stack", str(stack)])
+    result = CliRunner().invoke(
+        cli,
+        ["proxy", "--upstream", "http://127.0.0.1:8080", "--auto-diagnose", "--stack", str(stack)],
+    )
     assert result.exit_code == 2 and "--diagnose-upstream" in result.output
     with pytest.raises(AutoDiagnoseError):
         check_stack(stack, "http://127.0.0.1:8080", allow_upstream=False)
@@ -78,13 +86,19 @@ def test_auto_diagnose_starts_triage_diagnose_on_the_incidents_example(tmp_path:
     stack = tmp_path / "stack.toml"
     stack.write_text('[server]\nmodel = "m.gguf"\n')
     argv_file = tmp_path / "argv.json"
-    recorder = [sys.executable, "-c",
-                f"import json, sys; json.dump(sys.argv[1:], open({str(argv_file)!r}, 'w'))"]
-    hook = AutoDiagnose(stack, tmp_path / "runs", database_url="sqlite:///kb.db",
-                        command=recorder)
+    recorder = [
+        sys.executable,
+        "-c",
+        f"import json, sys; json.dump(sys.argv[1:], open({str(argv_file)!r}, 'w'))",
+    ]
+    hook = AutoDiagnose(stack, tmp_path / "runs", database_url="sqlite:///kb.db", command=recorder)
     request = {"model": "m", "messages": [{"role": "user", "content": "weather?"}]}
-    hook({"slug": "2026-12-01-live-m-empty", "example": {"exchange": {
-        "request": request, "response": {"choices": []}}}})
+    hook(
+        {
+            "slug": "2026-12-01-live-m-empty",
+            "example": {"exchange": {"request": request, "response": {"choices": []}}},
+        }
+    )
     hook.started[0].wait(30)
     hook.stop()
     argv = json.loads(argv_file.read_text())
@@ -99,9 +113,21 @@ def test_the_command_forwards_records_and_stops_cleanly(upstream: str, tmp_path:
     db = f"sqlite:///{tmp_path / 'kb.db'}"
     env = {**os.environ, "TRIAGE_DATABASE_URL": db}
     process = subprocess.Popen(
-        [sys.executable, "-m", "triage.cli", "proxy", "--upstream", upstream,
-         "--listen", f"127.0.0.1:{port}", "--spool", str(tmp_path / "spool.jsonl")],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "triage.cli",
+            "proxy",
+            "--upstream",
+            upstream,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--spool",
+            str(tmp_path / "spool.jsonl"),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     try:
         deadline = time.monotonic() + 120
@@ -114,9 +140,11 @@ def test_the_command_forwards_records_and_stops_cleanly(upstream: str, tmp_path:
                 assert time.monotonic() < deadline, "the proxy did not start"
                 time.sleep(0.2)
         assert health.json() == {"status": "ok"}
-        reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions",
-                           json={"model": "empty", "messages": [{"role": "user", "content": "x"}]},
-                           timeout=30)
+        reply = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json={"model": "empty", "messages": [{"role": "user", "content": "x"}]},
+            timeout=30,
+        )
         assert reply.status_code == 200
     finally:
         process.send_signal(signal.SIGINT)

@@ -28,8 +28,13 @@ def pg_url(postgres_cluster) -> str:  # type: ignore[no-untyped-def]
 
 def test_two_replicas_on_postgres_open_exactly_one_incident(pg_url: str, tmp_path: Path) -> None:
     replicas = [
-        Recorder(pg_url, spool_path=tmp_path / f"spool-{name}.jsonl", replica=name,
-                 flush_seconds=0.01, batch_size=4)
+        Recorder(
+            pg_url,
+            spool_path=tmp_path / f"spool-{name}.jsonl",
+            replica=name,
+            flush_seconds=0.01,
+            batch_size=4,
+        )
         for name in ("replica-a", "replica-b")
     ]
     start = threading.Barrier(2)
@@ -75,9 +80,16 @@ def test_concurrent_openers_of_one_signature_get_one_incident(pg_url: str) -> No
             barrier.wait()
             with store.session() as session:
                 _, opened = live.open_incident(
-                    session, model="m", signature="empty-content|2xx", kinds=["empty-content"],
-                    title="Live: empty-content", summary="s", upstream={}, detection={},
-                    examples=[], opened_by=name,
+                    session,
+                    model="m",
+                    signature="empty-content|2xx",
+                    kinds=["empty-content"],
+                    title="Live: empty-content",
+                    summary="s",
+                    upstream={},
+                    detection={},
+                    examples=[],
+                    opened_by=name,
                 )
                 time.sleep(0.2)  # hold the transaction open: the others must wait, not insert
             results.append(opened)

@@ -8,19 +8,41 @@ from kb.records import ArmSummary, Diagnosis, DiagnosisError, Reply
 
 
 def test_a_reply_round_trips_and_keeps_its_text_bounded() -> None:
-    reply = Reply("baseline", 3, 1003, True, ["length-stop"], "length", 0, 900, 200, 0.12345,
-                  {"draft_n": 4}, text="x" * 10_000)
+    reply = Reply(
+        "baseline",
+        3,
+        1003,
+        True,
+        ["length-stop"],
+        "length",
+        0,
+        900,
+        200,
+        0.12345,
+        {"draft_n": 4},
+        text="x" * 10_000,
+    )
     data = reply.to_dict()
     assert data["type"] == "reply" and len(data["text"]) == 4000 and data["elapsed_s"] == 0.1235
     back = Reply.from_dict(data)
-    assert (back.arm, back.index, back.failed, back.kinds) == ("baseline", 3, True,
-                                                               ["length-stop"])
+    assert (back.arm, back.index, back.failed, back.kinds) == ("baseline", 3, True, ["length-stop"])
     assert "FAIL length-stop" in back.summary()
 
 
 def test_an_arm_summary_round_trips_and_reads_old_payloads() -> None:
-    arm = ArmSummary("spec-off", "no draft", "server", 8, 8, 1.0, [0.68, 1.0], 1.0, 1.0,
-                     "unchanged", kinds={"length-stop": 8})
+    arm = ArmSummary(
+        "spec-off",
+        "no draft",
+        "server",
+        8,
+        8,
+        1.0,
+        [0.68, 1.0],
+        1.0,
+        1.0,
+        "unchanged",
+        kinds={"length-stop": 8},
+    )
     assert ArmSummary.from_dict(arm.to_dict()) == arm
     old = ArmSummary.from_dict({"type": "arm", "arm": "baseline", "n": 8, "failures": 2})
     assert old.rate == 0.25 and old.decision == "undecided"
@@ -28,8 +50,15 @@ def test_an_arm_summary_round_trips_and_reads_old_payloads() -> None:
 
 
 def test_a_diagnosis_round_trips_and_is_validated_where_it_is_built() -> None:
-    stored = {"schema_version": 1, "incident": "x", "run_id": 1, "findings": [],
-              "arms": [], "causes": [], "graph": {"nodes": 0, "edges": 0}}
+    stored = {
+        "schema_version": 1,
+        "incident": "x",
+        "run_id": 1,
+        "findings": [],
+        "arms": [],
+        "causes": [],
+        "graph": {"nodes": 0, "edges": 0},
+    }
     diagnosis = Diagnosis.from_dict(stored)  # an older result: no state, no reproduction
     assert diagnosis.state == "done" and diagnosis.reproduction is None
     assert Diagnosis.from_dict(diagnosis.validated()).to_dict() == diagnosis.to_dict()

@@ -12,20 +12,40 @@ AT = "2026-07-01T10:00:00Z"
 LATER = "2026-07-02T10:00:00Z"
 
 
-def _arm(key: str, arm: str, decision: str, failures: int, n: int, speed: float | None,
-         at: str = AT, p_value: float | None = None) -> dict[str, Any]:
-    payload: dict[str, Any] = {"type": "arm", "arm": arm, "variant": f"{arm} variant",
-                               "n": n, "failures": failures, "decision": decision}
+def _arm(
+    key: str,
+    arm: str,
+    decision: str,
+    failures: int,
+    n: int,
+    speed: float | None,
+    at: str = AT,
+    p_value: float | None = None,
+) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "type": "arm",
+        "arm": arm,
+        "variant": f"{arm} variant",
+        "n": n,
+        "failures": failures,
+        "decision": decision,
+    }
     if speed is not None:
         payload["speed_tok_s"] = speed
     if p_value is not None:
         payload["p_value"] = p_value
-    return {"id": key, "kind": "measurement", "summary": f"arm {arm}: {failures}/{n} failed",
-            "recorded_at": at, "payload": payload}
+    return {
+        "id": key,
+        "kind": "measurement",
+        "summary": f"arm {arm}: {failures}/{n} failed",
+        "recorded_at": at,
+        "payload": payload,
+    }
 
 
-def _change(frm: str | None, to: str, at: str, rationale: str,
-            evidence: list[str] | None = None) -> dict[str, Any]:
+def _change(
+    frm: str | None, to: str, at: str, rationale: str, evidence: list[str] | None = None
+) -> dict[str, Any]:
     change: dict[str, Any] = {"to": to, "at": at, "actor": "engine", "rationale": rationale}
     if frm:
         change["from"] = frm
@@ -49,14 +69,24 @@ def _diagnosed() -> dict[str, Any]:
             _arm("E5", "thinking-off", "unchanged", 7, 16, 1450.0, at=LATER),
         ],
         "causes": [
-            {"id": "speculative-decoding", "title": "Speculative decoding", "status": "confirmed",
-             "basis": "measured", "history": [
-                 _change(None, "suspected", AT, planned),
-                 _change("suspected", "confirmed", AT, "spec-off removes it", ["E2"]),
-                 _change("confirmed", "confirmed", LATER, "spec-off removes it", ["E2"]),
-             ]},
-            {"id": "token-limit", "title": "Token limit", "status": "suspected",
-             "basis": "untested", "history": [_change(None, "suspected", AT, planned)]},
+            {
+                "id": "speculative-decoding",
+                "title": "Speculative decoding",
+                "status": "confirmed",
+                "basis": "measured",
+                "history": [
+                    _change(None, "suspected", AT, planned),
+                    _change("suspected", "confirmed", AT, "spec-off removes it", ["E2"]),
+                    _change("confirmed", "confirmed", LATER, "spec-off removes it", ["E2"]),
+                ],
+            },
+            {
+                "id": "token-limit",
+                "title": "Token limit",
+                "status": "suspected",
+                "basis": "untested",
+                "history": [_change(None, "suspected", AT, planned)],
+            },
         ],
     }
 
@@ -72,8 +102,10 @@ def test_timeline_has_real_changes_only() -> None:
     assert len(changes) == 2, changes  # one line for the planned pair, one real move
     assert "`speculative-decoding`) suspected -\\> confirmed" in changes[1]
     assert "confirmed -\\> confirmed" not in "\n".join(timeline)
-    assert "Speculative decoding (`speculative-decoding`), Token limit (`token-limit`) " \
+    assert (
+        "Speculative decoding (`speculative-decoding`), Token limit (`token-limit`) "
         "suspected by engine" in changes[0]
+    )
 
 
 def test_fix_options_show_removal_and_speed_side_by_side_with_citations() -> None:

@@ -40,8 +40,14 @@ class FakeReplayer:
         self.calls: list[dict[str, Any]] = []
 
     def __call__(self, stack, request_bodies, *, max_requests, baseline=None, log_dir=None):  # type: ignore[no-untyped-def]
-        self.calls.append({"bodies": request_bodies, "baseline": baseline,
-                           "max_requests": max_requests, "log_dir": log_dir})
+        self.calls.append(
+            {
+                "bodies": request_bodies,
+                "baseline": baseline,
+                "max_requests": max_requests,
+                "log_dir": log_dir,
+            }
+        )
         return self.outcomes[len(self.calls) - 1]
 
 
@@ -51,21 +57,38 @@ def _incident(store: Store, *, baseline: bool = True, status: str = "PARKED") ->
         session.add(incident)
         session.flush()
         request = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 800}
-        add_evidence(session, incident_id=incident.id, kind="exchange", summary="failing",
-                     payload={"exchange": {"request": request},
-                              "findings": [{"kind": "empty-content", "passed": False}]},
-                     recorded_at=T0)
+        add_evidence(
+            session,
+            incident_id=incident.id,
+            kind="exchange",
+            summary="failing",
+            payload={
+                "exchange": {"request": request},
+                "findings": [{"kind": "empty-content", "passed": False}],
+            },
+            recorded_at=T0,
+        )
         if baseline:
-            add_evidence(session, incident_id=incident.id, kind="measurement",
-                         summary="arm baseline: 8/8",
-                         payload={"type": "arm", "arm": "baseline", "n": 8, "failures": 8},
-                         recorded_at=T0)
-        session.add(Cause(incident_id=incident.id, key="reasoning-exhausts-budget",
-                          catalogue_id="reasoning-exhausts-budget", title="budget",
-                          status="confirmed", deciding_probe="thinking-off"))
+            add_evidence(
+                session,
+                incident_id=incident.id,
+                kind="measurement",
+                summary="arm baseline: 8/8",
+                payload={"type": "arm", "arm": "baseline", "n": 8, "failures": 8},
+                recorded_at=T0,
+            )
+        session.add(
+            Cause(
+                incident_id=incident.id,
+                key="reasoning-exhausts-budget",
+                catalogue_id="reasoning-exhausts-budget",
+                title="budget",
+                status="confirmed",
+                deciding_probe="thinking-off",
+            )
+        )
     with store.session() as session:
-        record_decision(session, SLUG, status, rationale="drill", revisit_on="2026-08-01",
-                        at=T0)
+        record_decision(session, SLUG, status, rationale="drill", revisit_on="2026-08-01", at=T0)
 
 
 def _stack(tmp_path: Path) -> Path:
@@ -77,15 +100,19 @@ def _stack(tmp_path: Path) -> Path:
 
 def _measurements(store: Store) -> list[Evidence]:
     with store.session(readonly=True) as session:
-        return list(session.exec(select(Evidence).where(Evidence.kind == "measurement")
-                                 .order_by(Evidence.id)).all())
+        return list(
+            session.exec(
+                select(Evidence).where(Evidence.kind == "measurement").order_by(Evidence.id)
+            ).all()
+        )
 
 
 def test_gone_failure_proposes_fixed_and_records_one_run(store: Store, tmp_path: Path) -> None:
     _incident(store)
     replayer = FakeReplayer(Outcome(8, 0, "removes", [0.0, 0.37], 0.0002))
-    result = revisit_incident(store, SLUG, _stack(tmp_path), max_requests=16,
-                              replay_rate=replayer, at=AT)
+    result = revisit_incident(
+        store, SLUG, _stack(tmp_path), max_requests=16, replay_rate=replayer, at=AT
+    )
     assert result.proposal == "FIXED" and result.status == "parked" and not result.errored
     assert result.before == Rate(8, 8, evidence=("E2",))
     assert result.after == Rate(0, 8, 0.0, [0.0, 0.37], 0.0002, "removes")
@@ -108,8 +135,9 @@ def test_unchanged_failure_stays_parked_and_runs_the_deciding_probe(
     result = revisit_incident(store, SLUG, _stack(tmp_path), replay_rate=replayer, at=AT)
     assert result.proposal == "PARKED"
     assert result.message.startswith("stays PARKED: the failure is unchanged")
-    assert result.probes == [ProbeOutcome("thinking-off", 0, 8, "removes",
-                                          ("reasoning-exhausts-budget",))]
+    assert result.probes == [
+        ProbeOutcome("thinking-off", 0, 8, "removes", ("reasoning-exhausts-budget",))
+    ]
     # The probe replays the request with thinking off, against the revisit's own rate.
     assert replayer.calls[1]["bodies"][0]["chat_template_kwargs"] == {"enable_thinking": False}
     assert replayer.calls[1]["baseline"] == (8, 8)
@@ -118,8 +146,9 @@ def test_unchanged_failure_stays_parked_and_runs_the_deciding_probe(
 
 def test_without_a_baseline_no_fix_is_proposed(store: Store, tmp_path: Path) -> None:
     _incident(store, baseline=False)
-    result = revisit_incident(store, SLUG, _stack(tmp_path),
-                              replay_rate=FakeReplayer(Outcome(8, 0, "undecided")), at=AT)
+    result = revisit_incident(
+        store, SLUG, _stack(tmp_path), replay_rate=FakeReplayer(Outcome(8, 0, "undecided")), at=AT
+    )
     assert result.proposal == "PARKED" and result.before is None
     assert "no baseline failure rate on record" in result.message
 
@@ -152,7 +181,11 @@ def test_the_ui_action_is_the_same_revisit(store: Store, tmp_path: Path) -> None
     _incident(store)
     with pytest.raises(actions.ActionError, match="pass --stack STACK.toml"):
         actions.revisit(store, SLUG, None, replay_rate=FakeReplayer())
-    result = actions.revisit(store, SLUG, _stack(tmp_path),
-                             replay_rate=FakeReplayer(Outcome(8, 0, "removes", p_value=0.0002)))
+    result = actions.revisit(
+        store,
+        SLUG,
+        _stack(tmp_path),
+        replay_rate=FakeReplayer(Outcome(8, 0, "removes", p_value=0.0002)),
+    )
     assert result.proposal == "FIXED"
     assert _measurements(store)[-1].key == result.evidence[0]

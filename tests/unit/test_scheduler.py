@@ -19,8 +19,13 @@ class FakeReplayer:
     """Each arm fails with a fixed probability; replay i of an arm is decided by a RNG
     seeded with (arm, i), so a schedule is deterministic and seeds are paired."""
 
-    def __init__(self, rates: dict[str, float], *, crash: dict[str, int] | None = None,
-                 kinds: dict[str, list[str]] | None = None) -> None:
+    def __init__(
+        self,
+        rates: dict[str, float],
+        *,
+        crash: dict[str, int] | None = None,
+        kinds: dict[str, list[str]] | None = None,
+    ) -> None:
         self.rates = rates
         self.crash = crash or {}  # arm -> fail with ArmFailed once it has sent this many
         self.kinds = kinds or {}
@@ -35,8 +40,21 @@ class FakeReplayer:
         for index in indices:
             failed = random.Random(f"{arm}/{index}").random() < self.rates[arm]
             kinds = self.kinds.get(arm, ["length-stop"]) if failed else []
-            replies.append(Reply(arm, index, 1000 + index, failed, kinds,
-                                 "length" if failed else "stop", 0, 0, 200, 0.01, {}))
+            replies.append(
+                Reply(
+                    arm,
+                    index,
+                    1000 + index,
+                    failed,
+                    kinds,
+                    "length" if failed else "stop",
+                    0,
+                    0,
+                    200,
+                    0.01,
+                    {},
+                )
+            )
         return replies
 
 
@@ -47,8 +65,13 @@ def _arms(*specs: tuple[str, str, tuple[str, ...]]) -> dict[str, ArmState]:
     return arms
 
 
-def _run(arms: dict[str, ArmState], replayer: FakeReplayer, cap: int = 64,
-         judge=None, recorded: list[Reply] | None = None) -> None:  # type: ignore[no-untyped-def]
+def _run(
+    arms: dict[str, ArmState],
+    replayer: FakeReplayer,
+    cap: int = 64,
+    judge=None,
+    recorded: list[Reply] | None = None,
+) -> None:  # type: ignore[no-untyped-def]
     sink = recorded.extend if recorded is not None else (lambda replies: None)
     scheduler = Scheduler(look_schedule(cap), cap, judge=judge, on_replies=sink)
     asyncio.run(scheduler.run(arms, [n for n in arms if n != "baseline"], replayer))
@@ -67,7 +90,10 @@ def test_deterministic_failure_is_decided_at_the_second_look() -> None:
     assert arms["baseline"].n == 8 and arms["baseline"].failures == 8
     # Seeds are paired: every arm replayed indices 0..n-1 once, every reply was recorded.
     assert {arm: sorted(sent) for arm, sent in replayer.sent.items()} == {
-        "baseline": list(range(8)), "fix": list(range(8)), "same": list(range(4))}
+        "baseline": list(range(8)),
+        "fix": list(range(8)),
+        "same": list(range(4)),
+    }
     assert len(recorded) == 20
 
 
@@ -118,8 +144,12 @@ def test_a_crashed_server_errors_its_arms_and_the_others_go_on() -> None:
     arms = _arms(("fix", "g1", ("c",)), ("crash", "g2", ("d",)), ("sibling", "g2", ("d",)))
     # Both g2 arms stay undecided after the first look, so the crash on the second look
     # finds them running.
-    _run(arms, FakeReplayer({"baseline": 1.0, "fix": 0.0, "crash": 0.3, "sibling": 0.8},
-                            crash={"crash": 4}))
+    _run(
+        arms,
+        FakeReplayer(
+            {"baseline": 1.0, "fix": 0.0, "crash": 0.3, "sibling": 0.8}, crash={"crash": 4}
+        ),
+    )
     assert arms["crash"].decision == "errored"
     assert arms["crash"].stopped == "server crashed" and "-11" in arms["crash"].error
     assert arms["crash"].log_tail == "Segmentation fault"
@@ -139,8 +169,9 @@ def test_a_crashed_baseline_stops_the_run() -> None:
 def test_resumed_replies_are_not_sent_again() -> None:
     arms = _arms(("fix", "g1", ("c",)))
     for i in range(4):
-        arms["baseline"].replies.append(Reply("baseline", i, 1000 + i, True, ["length-stop"],
-                                              "length", 0, 0, 200, 0.0, {}))
+        arms["baseline"].replies.append(
+            Reply("baseline", i, 1000 + i, True, ["length-stop"], "length", 0, 0, 200, 0.0, {})
+        )
     replayer = FakeReplayer({"baseline": 1.0, "fix": 0.0})
     _run(arms, replayer)
     assert replayer.sent["baseline"] == [4, 5, 6, 7]
@@ -169,15 +200,15 @@ def _reply(kinds: list[str], status: int | None = 200, error: str = "") -> Reply
 
 def test_gate_refuses_replays_that_the_server_rejects() -> None:
     signature = Signature.from_findings(
-        [{"kind": "empty-content", "passed": False}], {"status": 200})
+        [{"kind": "empty-content", "passed": False}], {"status": 200}
+    )
     message = gate_message(signature, _baseline(*[_reply(["http-error"], 400)] * 4))
     assert message is not None
     assert "did not reproduce" in message and "HTTP 400" in message and "4/4" in message
 
 
 def test_gate_refuses_a_dead_server_and_a_different_symptom() -> None:
-    signature = Signature.from_findings([{"kind": "http-error", "passed": False}],
-                                        {"status": 502})
+    signature = Signature.from_findings([{"kind": "http-error", "passed": False}], {"status": 502})
     assert signature.status_class == 5
     refused = _reply(["http-error"], None, error="cannot connect to llama-server")
     assert "no reply" in (gate_message(signature, _baseline(refused, refused)) or "")
@@ -186,10 +217,13 @@ def test_gate_refuses_a_dead_server_and_a_different_symptom() -> None:
     assert message is not None and "length-stop" in message and "5xx" in message
 
 
-@pytest.mark.parametrize("findings, exchange", [
-    ([{"kind": "length-stop", "passed": False}], {"status": 200}),
-    ([], {}),  # reproducing from the request alone: any failure counts
-])
+@pytest.mark.parametrize(
+    "findings, exchange",
+    [
+        ([{"kind": "length-stop", "passed": False}], {"status": 200}),
+        ([], {}),  # reproducing from the request alone: any failure counts
+    ],
+)
 def test_gate_passes_the_captured_failure(findings, exchange) -> None:  # type: ignore[no-untyped-def]
     signature = Signature.from_findings(findings, exchange)
     ok = Reply("baseline", 1, 2, False, [], "stop", 10, 0, 200, 0.0, {})

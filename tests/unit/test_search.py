@@ -115,9 +115,7 @@ def test_reference_query_finds_the_imported_reference_file(store: Store) -> None
         hits = search(session, "empty content finish length thinking")
         assert _slugs(hits)[0] == REFERENCE
         qwen = search(session, "qwen retry spiral")
-    assert {hit.slug for hit in qwen} >= {
-        path.stem for path in INCIDENTS_DIR.glob("*qwen*.md")
-    }
+    assert {hit.slug for hit in qwen} >= {path.stem for path in INCIDENTS_DIR.glob("*qwen*.md")}
 
 
 # ------------------------------------------------------------------ ranking and snippets

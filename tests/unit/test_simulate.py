@@ -13,16 +13,16 @@ from triage import stats
 ENGINE = sim.Design("e-value", tuple(stats.look_schedule(stats.DEFAULT_CAP)))
 
 
-@pytest.mark.parametrize("n,base_rate,arm_rate", [(6, 0.6, 0.0), (10, 0.35, 0.35),
-                                                  (8, 0.5, 0.1)])
-def test_fixed_power_matches_fisher_exact_summed_by_hand(n: int, base_rate: float,
-                                                          arm_rate: float) -> None:
+@pytest.mark.parametrize("n,base_rate,arm_rate", [(6, 0.6, 0.0), (10, 0.35, 0.35), (8, 0.5, 0.1)])
+def test_fixed_power_matches_fisher_exact_summed_by_hand(
+    n: int, base_rate: float, arm_rate: float
+) -> None:
     expected = 0.0
     for k0 in range(n + 1):
         for k1 in range(n + 1):
             p = fisher_exact([[k1, n - k1], [k0, n - k0]], alternative="less").pvalue
             if p < 0.05:
-                expected += (_binom(n, k0, base_rate) * _binom(n, k1, arm_rate))
+                expected += _binom(n, k0, base_rate) * _binom(n, k1, arm_rate)
     assert sim.fixed_power(n, base_rate, arm_rate) == pytest.approx(expected, abs=1e-12)
 
 
@@ -32,14 +32,15 @@ def _binom(n: int, k: int, p: float) -> float:
     return comb(n, k) * p**k * (1 - p) ** (n - k)
 
 
-@pytest.mark.parametrize("n,base_rate,effect", [(30, 0.35, "removed"), (30, 0.35, "none"),
-                                                (12, 0.6, "halved")])
-def test_simulated_fixed_design_matches_its_exact_error_rate(n: int, base_rate: float,
-                                                             effect: str) -> None:
+@pytest.mark.parametrize(
+    "n,base_rate,effect", [(30, 0.35, "removed"), (30, 0.35, "none"), (12, 0.6, "halved")]
+)
+def test_simulated_fixed_design_matches_its_exact_error_rate(
+    n: int, base_rate: float, effect: str
+) -> None:
     # One look is a plain one-sided Fisher test at 0.05, decided by stats.compare itself.
     design = sim.Design("bonferroni", (n,))
-    cell = sim.simulate_cell(design, base_rate, effect, triages=20000,
-                             rng=np.random.default_rng(7))
+    cell = sim.simulate_cell(design, base_rate, effect, triages=20000, rng=np.random.default_rng(7))
     exact = sim.fixed_power(n, base_rate, base_rate * sim.EFFECTS[effect])
     standard_error = (exact * (1 - exact) / cell.triages) ** 0.5
     assert abs(cell.share("removes") - exact) <= 4 * standard_error + 1e-9
@@ -56,8 +57,7 @@ def test_matched_fixed_n_is_the_first_n_with_the_power() -> None:
 
 
 def test_a_deterministic_failure_costs_what_the_looks_say() -> None:
-    removed = sim.simulate_cell(ENGINE, 1.0, "removed", triages=200,
-                                rng=np.random.default_rng(1))
+    removed = sim.simulate_cell(ENGINE, 1.0, "removed", triages=200, rng=np.random.default_rng(1))
     kept = sim.simulate_cell(ENGINE, 1.0, "none", triages=200, rng=np.random.default_rng(1))
     # Five discordant pairs are needed; the look after 4 is at 8 pairs = 16 requests.
     assert removed.counts["removes"] == 200 and removed.mean_requests == 16
@@ -119,14 +119,18 @@ def test_wald_bound_known_answer_and_no_simulated_rule_beats_it(
     # Deterministic failure, certain power: each pair is worth ln 4 against the least
     # favourable null (both arms failing half the time), and ln 20 is needed.
     assert sim.wald_bound(1.0, 0.0, 1.0, power=1.0) == pytest.approx(
-        2 * np.log(20) / np.log(4), rel=1e-4)
+        2 * np.log(20) / np.log(4), rel=1e-4
+    )
     for cell in engine_table:
         if cell.effect == "halved":
             continue
         verdict = "removes" if cell.effect == "removed" else "unchanged"
-        bound = sim.wald_bound(cell.base_rate, cell.arm_rate,
-                               1.0 if cell.effect == "removed" else stats.EFFECT_RATIO,
-                               power=cell.share(verdict))
+        bound = sim.wald_bound(
+            cell.base_rate,
+            cell.arm_rate,
+            1.0 if cell.effect == "removed" else stats.EFFECT_RATIO,
+            power=cell.share(verdict),
+        )
         assert cell.mean_requests >= bound, (cell.base_rate, cell.effect)
 
 
@@ -136,14 +140,16 @@ def test_seed_coupled_pairs_keep_the_guarantee_and_decide_sooner(coupling: float
     # replies (same server, a transform that changes nothing), no-effect pairs agree.
     rng = np.random.default_rng(11)
     coupled = sim.simulate_cell(ENGINE, 0.2, "none", triages=3000, rng=rng, coupling=coupling)
-    independent = sim.simulate_cell(ENGINE, 0.2, "none", triages=3000,
-                                    rng=np.random.default_rng(11))
+    independent = sim.simulate_cell(
+        ENGINE, 0.2, "none", triages=3000, rng=np.random.default_rng(11)
+    )
     assert coupled.share_interval("removes").high <= 0.05
     if coupling == 1.0:
         assert coupled.counts["removes"] == 0  # no discordant pair, nothing to bet on
     assert coupled.mean_requests < independent.mean_requests
-    removed = sim.simulate_cell(ENGINE, 0.35, "removed", triages=1000,
-                                rng=np.random.default_rng(3), coupling=coupling)
+    removed = sim.simulate_cell(
+        ENGINE, 0.35, "removed", triages=1000, rng=np.random.default_rng(3), coupling=coupling
+    )
     assert removed.counts["unchanged"] == 0 and removed.share("removes") > 0.95
 
 
@@ -156,7 +162,10 @@ def test_the_simulator_decides_exactly_as_compare_does_for_the_engine() -> None:
     for look in sorted(set(n.tolist())):
         rows = n == look
         simulated = sim._decide(ENGINE, look, k0[rows], k1[rows], both[rows])
-        engine = [stats.compare(int(a), look, int(b), look, paired=(int(a), int(a - c)),
-                                looks=len(ENGINE.looks)).decision
-                  for a, b, c in zip(k0[rows], k1[rows], both[rows], strict=True)]
+        engine = [
+            stats.compare(
+                int(a), look, int(b), look, paired=(int(a), int(a - c)), looks=len(ENGINE.looks)
+            ).decision
+            for a, b, c in zip(k0[rows], k1[rows], both[rows], strict=True)
+        ]
         assert list(simulated) == engine

@@ -19,13 +19,18 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 
 def test_relative_paths_resolve_against_the_stack_file(tmp_path: Path) -> None:
-    stack = load_stack(_write(tmp_path, """
+    stack = load_stack(
+        _write(
+            tmp_path,
+            """
 [server]
 model = "q.gguf"
 args = ["-c", "8192", "--spec-type", "draft-simple", "-md", "d.gguf"]
 [alternates]
 model = "m.gguf"
-"""))
+""",
+        )
+    )
     assert stack.server.model == tmp_path / "q.gguf"
     assert stack.alternate_model == tmp_path / "m.gguf"
     assert stack.speculative
@@ -53,22 +58,36 @@ def test_bad_stack_files_name_the_field(tmp_path: Path, text: str, path: str) ->
 
 
 def test_strip_spec_flags_handles_every_spelling() -> None:
-    args = ["-c", "4096", "--spec-type=draft-mtp", "--model-draft", "d.gguf",
-            "--spec-draft-n-max", "3", "--jinja", "--spec-default"]
+    args = [
+        "-c",
+        "4096",
+        "--spec-type=draft-mtp",
+        "--model-draft",
+        "d.gguf",
+        "--spec-draft-n-max",
+        "3",
+        "--jinja",
+        "--spec-default",
+    ]
     assert strip_spec_flags(args) == ["-c", "4096", "--jinja"]
     assert has_spec_flags(args)
     assert not has_spec_flags(["-c", "4096", "--spec-type", "none"])
 
 
 def test_known_good_dimensions_and_reversion(tmp_path: Path) -> None:
-    stack = load_stack(_write(tmp_path, """
+    stack = load_stack(
+        _write(
+            tmp_path,
+            """
 [server]
 model = "q.gguf"
 args = ["-c", "8192", "--spec-type", "draft-simple", "-md", "d.gguf"]
 [known_good]
 model = "m.gguf"
 args = ["-c", "8192"]
-"""))
+""",
+        )
+    )
     dims = known_good_dimensions(stack)
     assert sorted(dims) == ["spec-flags", "weights"]
     only_weights = revert_dimensions(stack, {"weights"})
@@ -85,13 +104,24 @@ def test_spec_values_equal_to_other_args_stay_on_their_side(tmp_path: Path) -> N
     other, spec = split_spec_flags(["-np", "3", "--spec-draft-n-max", "3", "-md", "d.gguf"])
     assert other == ["-np", "3"]
     assert spec == ["--spec-draft-n-max", "3", "-md", "d.gguf"]
-    stack = load_stack(_write(tmp_path, """
+    stack = load_stack(
+        _write(
+            tmp_path,
+            """
 [server]
 model = "q.gguf"
 args = ["-np", "3", "--spec-type", "draft-simple", "--spec-draft-n-max", "3"]
 [known_good]
 args = ["-np", "3"]
-"""))
+""",
+        )
+    )
     reverted = revert_dimensions(stack, {"other-args"})
-    assert list(reverted.args) == ["-np", "3", "--spec-type", "draft-simple",
-                                   "--spec-draft-n-max", "3"]
+    assert list(reverted.args) == [
+        "-np",
+        "3",
+        "--spec-type",
+        "draft-simple",
+        "--spec-draft-n-max",
+        "3",
+    ]

@@ -87,6 +87,7 @@ def test_paired_replays_decide_unchanged_sooner_and_only_with_enough_failures() 
 
 # -- the e-value rule (issue 15): what compare decides when the engine passes seed pairs ----
 
+
 def test_the_default_rule_is_the_e_value_rule_only_with_pairs_and_several_looks() -> None:
     assert compare(8, 8, 0, 8, paired=(8, 8)).rule == "e-value"
     assert compare(8, 8, 0, 8).rule == "bonferroni"  # no pairs: the earlier rule
@@ -155,12 +156,16 @@ def _exact_crossing(p: float, arm_rate: float, n: int, evalue, alpha: float = 0.
     crossed = 0.0
     a, b, c = np.meshgrid(np.arange(size), np.arange(size), np.arange(size), indexing="ij")
     hit = evalue(a, b, c) >= 1 / alpha
-    probs = {(1, 0, 0): (1 - p) * arm_rate, (0, 1, 0): p * (1 - arm_rate),
-             (0, 0, 1): p * arm_rate, (0, 0, 0): (1 - p) * (1 - arm_rate)}
+    probs = {
+        (1, 0, 0): (1 - p) * arm_rate,
+        (0, 1, 0): p * (1 - arm_rate),
+        (0, 0, 1): p * arm_rate,
+        (0, 0, 0): (1 - p) * (1 - arm_rate),
+    }
     for _ in range(n):
         new = np.zeros_like(mass)
         for (da, db, dc), q in probs.items():
-            new[da:, db:, dc:] += q * mass[:size - da, :size - db, :size - dc]
+            new[da:, db:, dc:] += q * mass[: size - da, : size - db, : size - dc]
         crossed += new[hit].sum()
         new[hit] = 0.0
         mass = new
@@ -180,8 +185,7 @@ def test_removes_bet_crosses_with_probability_at_most_alpha_under_no_effect(p: f
 @pytest.mark.parametrize("p", [1.0, 0.6, 0.2, 0.05])
 def test_unchanged_bet_crosses_with_probability_at_most_alpha_at_a_fourfold_cut(p: float) -> None:
     # The hardest case for "unchanged": the arm cuts the rate exactly fourfold.
-    crossing = _exact_crossing(p, EFFECT_RATIO * p, 64,
-                               lambda a, b, c: unchanged_evalue(a, b, c))
+    crossing = _exact_crossing(p, EFFECT_RATIO * p, 64, lambda a, b, c: unchanged_evalue(a, b, c))
     assert crossing <= 0.05
 
 

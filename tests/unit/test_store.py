@@ -162,14 +162,19 @@ def test_add_evidence_many_numbers_after_existing_keys_and_validates_first(store
     with store.session() as session:
         add_evidence(session, incident_id=incident_id, kind="log", summary="first")
         rows = add_evidence_many(
-            session, incident_id,
-            [{"kind": "probe", "summary": f"reply {i}"} for i in range(3)], run_id=None,
+            session,
+            incident_id,
+            [{"kind": "probe", "summary": f"reply {i}"} for i in range(3)],
+            run_id=None,
         )
         assert [row.key for row in rows] == ["E2", "E3", "E4"]
     with pytest.raises(StoreError, match="unknown evidence kind"):
         with store.session() as session:
-            add_evidence_many(session, incident_id, [
-                {"kind": "probe", "summary": "ok"}, {"kind": "gossip", "summary": "no"}])
+            add_evidence_many(
+                session,
+                incident_id,
+                [{"kind": "probe", "summary": "ok"}, {"kind": "gossip", "summary": "no"}],
+            )
     with store.session(readonly=True) as session:
         from kb.models import Evidence
 

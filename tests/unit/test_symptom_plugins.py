@@ -38,8 +38,15 @@ def register(catalogue):
 def _reply(text: str) -> dict[str, object]:
     return {
         "request": {"messages": []},
-        "response": {"choices": [{"index": 0, "finish_reason": "stop",
-                                  "message": {"role": "assistant", "content": text}}]},
+        "response": {
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": text},
+                }
+            ]
+        },
         "status": 200,
     }
 
@@ -55,7 +62,11 @@ def test_builtin_checks_are_registered_through_entry_points() -> None:
     checks = catalogue().checks
     assert checks.ids() == tuple(term.id for term in vocab.FINDING_KINDS)
     assert {checks.origin(kind) for kind in checks.ids()} == {
-        "checks-content", "checks-tools", "checks-transport", "checks-transport-server"}
+        "checks-content",
+        "checks-tools",
+        "checks-transport",
+        "checks-transport-server",
+    }
     assert {entry.id: entry.number for entry in checks} == vocab.KIND_NUMBERS
     assert [c.id for c in checks if not c.user_facing] == ["runaway-reasoning"]
     for entry in checks:

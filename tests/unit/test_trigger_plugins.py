@@ -56,7 +56,10 @@ def test_the_builtin_kinds_come_through_their_entry_point() -> None:
     assert section.ids() == ("new-build", "new-weights", "failure-rate", "date")
     assert {section.origin(kind) for kind in section.ids()} == {"triggers"}
     assert parse_trigger("failure-rate>20%,min=3", section) == {
-        "kind": "failure-rate", "threshold": 0.2, "min_captures": 3}
+        "kind": "failure-rate",
+        "threshold": 0.2,
+        "min_captures": 3,
+    }
     with pytest.raises(DecisionError, match=r"expected one of: new-build\[>BUILD\]"):
         parse_trigger("mentions=flash-attn", section)
 
@@ -80,8 +83,16 @@ def test_a_plugin_trigger_kind_parks_and_fires(
 
     with installed(tmp_path, "mentions_trigger", PLUGIN):
         assert "mentions" in catalogue().triggers
-        parked = _run(db_url, "decide", SLUG, "--parked", "--why", "waiting for a fix",
-                      "--when", "mentions=flash-attn")
+        parked = _run(
+            db_url,
+            "decide",
+            SLUG,
+            "--parked",
+            "--why",
+            "waiting for a fix",
+            "--when",
+            "mentions=flash-attn",
+        )
         assert parked.exit_code == 0, parked.output
         assert "trigger: evidence that mentions 'flash-attn'" in parked.output
         waiting = _run(db_url, "parked")
@@ -90,8 +101,12 @@ def test_a_plugin_trigger_kind_parks_and_fires(
         store = Store(db_url)
         try:
             with store.session() as session:
-                add_evidence(session, incident_id=require_incident(session, SLUG).id,
-                             kind="reference", summary="upstream fixed flash-attn on CPU")
+                add_evidence(
+                    session,
+                    incident_id=require_incident(session, SLUG).id,
+                    kind="reference",
+                    summary="upstream fixed flash-attn on CPU",
+                )
         finally:
             store.close()
         monkeypatch.setenv("TRIAGE_TODAY", "2099-01-01")  # the evidence is dated today (UTC)
@@ -107,7 +122,8 @@ def test_a_plugin_trigger_kind_parks_and_fires(
 
 def test_kb_alone_reads_its_builtin_kinds() -> None:
     assert triggers.describe({"kind": "new-build", "after": 9586, "note": "n"}) == (
-        "a llama-server build newer than b9586 (n)")
+        "a llama-server build newer than b9586 (n)"
+    )
     with pytest.raises(DecisionError, match="unknown trigger kind 'mentions'"):
         triggers.normalise({"kind": "mentions", "word": "x"})
     with pytest.raises(ValueError, match="already registered"):

@@ -18,9 +18,13 @@ def test_streamlit_argv_is_headless_on_loopback() -> None:
     argv = ui.streamlit_argv(8765, "127.0.0.1")
     assert argv[1:5] == ["-m", "streamlit", "run", str(ui.APP)]
     assert ui.APP.is_file()
-    for option in ("--server.headless=true", "--server.port=8765",
-                   "--server.address=127.0.0.1", "--browser.gatherUsageStats=false",
-                   "--server.fileWatcherType=none"):
+    for option in (
+        "--server.headless=true",
+        "--server.port=8765",
+        "--server.address=127.0.0.1",
+        "--browser.gatherUsageStats=false",
+        "--server.fileWatcherType=none",
+    ):
         assert option in argv
 
 

@@ -75,8 +75,11 @@ def _open_live() -> AppTest:
 def test_live_page_shows_identity_chart_rates_and_incidents(live_kb: str) -> None:
     at = _open_live()
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics == {"Model": "gemma-drill.gguf", "Build": "b11434-abc",
-                       "Chat template": "ffffffffffff"}
+    assert metrics == {
+        "Model": "gemma-drill.gguf",
+        "Build": "b11434-abc",
+        "Chat template": "ffffffffffff",
+    }
     charts = at.get("arrow_line_chart") or at.get("vega_lite_chart")
     assert charts, "the failure rates are drawn as a chart"
     (table,) = [df.value for df in at.dataframe]
@@ -88,8 +91,9 @@ def test_live_page_shows_identity_chart_rates_and_incidents(live_kb: str) -> Non
     assert "10/40 failing" in text and "replica-a" in text
 
 
-def test_live_page_without_traffic_says_how_to_start(tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_live_page_without_traffic_says_how_to_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     url = f"sqlite:///{tmp_path / 'empty.db'}"
     Store(url).close()
     monkeypatch.setenv("TRIAGE_DATABASE_URL", url)

@@ -48,9 +48,7 @@ def run_ui(tmp_path: Path, *args: str) -> Result:
     return CliRunner().invoke(cli, ["--database", url, "ui", *args])
 
 
-def test_non_loopback_without_authentication_is_refused(
-    started: list[Any], tmp_path: Path
-) -> None:
+def test_non_loopback_without_authentication_is_refused(started: list[Any], tmp_path: Path) -> None:
     result = run_ui(tmp_path, "--host", "0.0.0.0")
     assert result.exit_code == 1
     assert "refusing to serve the UI on 0.0.0.0 without authentication" in result.output
@@ -70,8 +68,13 @@ def test_loopback_needs_no_login(started: list[Any], tmp_path: Path) -> None:
 
 def test_proxy_header_authentication(started: list[Any], tmp_path: Path) -> None:
     result = run_ui(
-        tmp_path, "--host", "0.0.0.0", "--auth-header", "X-Forwarded-User",
-        "--trusted-proxy", "10.0.0.5",
+        tmp_path,
+        "--host",
+        "0.0.0.0",
+        "--auth-header",
+        "X-Forwarded-User",
+        "--trusted-proxy",
+        "10.0.0.5",
     )
     assert result.exit_code == 0, result.output
     [(argv, env)] = started
@@ -98,9 +101,7 @@ def test_oidc_from_streamlit_secrets(started: list[Any], tmp_path: Path) -> None
     assert run_ui(tmp_path, "--host", "0.0.0.0", "--secrets", str(secrets)).exit_code == 1
 
 
-def test_stacks_come_from_the_command_line_and_ui_toml(
-    started: list[Any], tmp_path: Path
-) -> None:
+def test_stacks_come_from_the_command_line_and_ui_toml(started: list[Any], tmp_path: Path) -> None:
     stacks = tmp_path / "stacks"
     stacks.mkdir()
     for name in ("a.toml", "b.toml", "c.toml"):
@@ -140,8 +141,12 @@ def kb_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     finally:
         store.close()
     monkeypatch.setenv("TRIAGE_DATABASE_URL", url)
-    for name in ("TRIAGE_UI_AUTH", "TRIAGE_UI_AUTH_HEADER", "TRIAGE_UI_TRUSTED_PROXIES",
-                 "TRIAGE_UI_STACKS"):
+    for name in (
+        "TRIAGE_UI_AUTH",
+        "TRIAGE_UI_AUTH_HEADER",
+        "TRIAGE_UI_TRUSTED_PROXIES",
+        "TRIAGE_UI_STACKS",
+    ):
         monkeypatch.delenv(name, raising=False)
     yield url
     data.forget_stores()

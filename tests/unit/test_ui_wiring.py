@@ -50,7 +50,9 @@ def _page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def test_the_format_choice_comes_from_the_registry(
-    kb_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    kb_url: str,  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     at = _page(tmp_path, monkeypatch)
     offered = list(at.selectbox(key="triage_format").options)
@@ -58,11 +60,19 @@ def test_the_format_choice_comes_from_the_registry(
 
 
 def test_a_run_that_did_not_reproduce_says_so_and_links_the_incident(
-    kb_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    kb_url: str,  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     message = "0/8 replays showed the captured failure (length-stop)"
-    _fake_run(monkeypatch, {"incident": REFERENCE, "state": "not-reproduced",
-                            "reproduction": {"reproduced": False, "message": message}})
+    _fake_run(
+        monkeypatch,
+        {
+            "incident": REFERENCE,
+            "state": "not-reproduced",
+            "reproduction": {"reproduced": False, "message": message},
+        },
+    )
     at = _page(tmp_path, monkeypatch)
     fill_triage_form(at, exchange=PAIR)
     submit(at, "Run triage")
@@ -75,10 +85,18 @@ def test_a_run_that_did_not_reproduce_says_so_and_links_the_incident(
 
 
 def test_a_partial_run_is_flagged(
-    kb_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    kb_url: str,  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    _fake_run(monkeypatch, {"incident": REFERENCE, "state": "partial",
-                            "errors": ["arm spec-off: server died (exit code -11)"]})
+    _fake_run(
+        monkeypatch,
+        {
+            "incident": REFERENCE,
+            "state": "partial",
+            "errors": ["arm spec-off: server died (exit code -11)"],
+        },
+    )
     at = _page(tmp_path, monkeypatch)
     fill_triage_form(at, exchange=PAIR)
     submit(at, "Run triage")
@@ -87,13 +105,18 @@ def test_a_partial_run_is_flagged(
 
 
 def test_a_pasted_curl_cannot_read_a_file_beside_the_stack(
-    kb_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    kb_url: str,  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     calls = _fake_run(monkeypatch, {"incident": REFERENCE, "state": "done"})
     (tmp_path / "body.json").write_text('{"messages": [{"role": "user", "content": "x"}]}')
     at = _page(tmp_path, monkeypatch)
-    fill_triage_form(at, exchange="curl http://127.0.0.1:8080/v1/chat/completions "
-                                   "-H 'Content-Type: application/json' -d @body.json")
+    fill_triage_form(
+        at,
+        exchange="curl http://127.0.0.1:8080/v1/chat/completions "
+        "-H 'Content-Type: application/json' -d @body.json",
+    )
     submit(at, "Run triage")
     [error] = texts(at, "error")
     assert error.startswith("exchange: ") and "give the capture as a file" in md_unescape(error)
@@ -101,21 +124,40 @@ def test_a_pasted_curl_cannot_read_a_file_beside_the_stack(
 
 
 def test_a_plugin_trigger_kind_is_described_on_the_incident_page(
-    kb_url: str, tmp_path: Path  # noqa: F811
+    kb_url: str,  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
 ) -> None:
     with installed(tmp_path, "mentions_trigger", PLUGIN):
-        parked = CliRunner().invoke(cli, ["--database", kb_url, "decide", REFERENCE, "--parked",
-                                          "--why", "waiting", "--when", "mentions=flash-attn"])
+        parked = CliRunner().invoke(
+            cli,
+            [
+                "--database",
+                kb_url,
+                "decide",
+                REFERENCE,
+                "--parked",
+                "--why",
+                "waiting",
+                "--when",
+                "mentions=flash-attn",
+            ],
+        )
         assert parked.exit_code == 0, parked.output
         at = open_page("incident", slug=REFERENCE)
-        shown = " ".join(texts(at, "markdown") + texts(at, "caption") + texts(at, "warning")
-                         + texts(at, "info") + texts(at, "success"))
+        shown = " ".join(
+            texts(at, "markdown")
+            + texts(at, "caption")
+            + texts(at, "warning")
+            + texts(at, "info")
+            + texts(at, "success")
+        )
         assert "evidence that mentions 'flash-attn'" in shown
         assert "unknown trigger kind" not in shown
 
 
 def test_a_catalogue_the_database_disagrees_with_stops_the_ui(
-    kb_url: str, tmp_path: Path  # noqa: F811
+    kb_url: str,  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
 ) -> None:
     store = Store(kb_url)
     try:
@@ -125,7 +167,10 @@ def test_a_catalogue_the_database_disagrees_with_stops_the_ui(
         store.close()
     from streamlit.testing.v1 import AppTest
     from test_ui_pages import APP
+
     at = AppTest.from_file(APP, default_timeout=60).run()
     errors = [md_unescape(e) for e in texts(at, "error")]
     assert any("catalogue cannot use this knowledge base" in e for e in errors), (
-        errors, [e.value for e in at.exception])
+        errors,
+        [e.value for e in at.exception],
+    )

@@ -44,14 +44,22 @@ def _catalogue(causes: dict[str, int] | None = None, checks: dict[str, int] | No
 
 def test_numbers_are_the_documented_ones_and_bits_follow_them() -> None:
     assert [(t.id, t.number) for t in vocab.FINDING_KINDS][:3] == [
-        ("empty-content", 0), ("length-stop", 1), ("reasoning-exhausted-budget", 2)]
+        ("empty-content", 0),
+        ("length-stop", 1),
+        ("reasoning-exhausted-budget", 2),
+    ]
     assert vocab.KIND_NUMBERS["timeout"] == 10
     assert vocab.CAUSE_NUMBERS["token-limit"] == 5
     assert vocab.CAUSE_NUMBERS["cpu-backend"] == 6
     assert vocab.CAUSE_NUMBERS["model-file"] == 14
     assert CAUSE_CATALOGUE_IDS == (
-        "reasoning-exhausts-budget", "speculative-decoding", "quantized-weights",
-        "server-build", "output-parsing", "token-limit")
+        "reasoning-exhausts-budget",
+        "speculative-decoding",
+        "quantized-weights",
+        "server-build",
+        "output-parsing",
+        "token-limit",
+    )
     assert KIND_BITS["http-error"] == 1 << 9
     assert CAUSE_BITS["output-parsing"] == 1 << 4
     assert CAUSE_BITS["kv-cache-quant"] == 1 << 7  # reserved ids have their bit already
@@ -159,8 +167,15 @@ def _incident(session, slug: str, kinds: list[str], causes: list[str]) -> None:
     for index, kind in enumerate(kinds):
         session.add(Symptom(incident_id=incident.id, key=f"S{index}", kind=kind, description=kind))
     for cause in causes:
-        session.add(Cause(incident_id=incident.id, key=cause, catalogue_id=cause, title=cause,
-                          status="confirmed"))
+        session.add(
+            Cause(
+                incident_id=incident.id,
+                key=cause,
+                catalogue_id=cause,
+                title=cause,
+                status="confirmed",
+            )
+        )
     session.flush()
 
 
@@ -205,8 +220,9 @@ def test_plugin_and_reserved_ids_match_in_family_search(db_url: str) -> None:
             row = session.get(IncidentSignature, 2)
             assert row is not None and row.causes_mask == CAUSE_BITS["kv-cache-quant"]
             by_text = similar_incidents(session, signature(["plug-kind"], ["my-plugin-cause"], {}))
-            by_bit = similar_incidents(session, signature(["empty-content"], ["kv-cache-quant"],
-                                                          {}))
+            by_bit = similar_incidents(
+                session, signature(["empty-content"], ["kv-cache-quant"], {})
+            )
         assert [m.slug for m in by_text] == ["2026-01-01-plugin"]
         assert by_text[0].score == 1.0
         assert [m.slug for m in by_bit] == ["2026-01-02-reserved"]

@@ -88,8 +88,9 @@ def installation_key() -> bytes:
     try:
         key = _read_key(path) or _create_key(path)
     except (OSError, ValueError) as exc:
-        _log.warning("redaction key unavailable (%s); markers match within this run only",
-                     type(exc).__name__)
+        _log.warning(
+            "redaction key unavailable (%s); markers match within this run only", type(exc).__name__
+        )
         key = _process_key
     _keys[path] = key
     return key

@@ -24,16 +24,20 @@ def is_gateway_envelope(value: Any, *, response: bool) -> bool:
         return False
     if response:
         return "choices" not in value and any(k in value for k in _RESPONSE_FIELDS)
-    return "messages" not in value and "prompt" not in value and (
-        any(k in value for k in _REQUEST_FIELDS) or len(value) == 1
+    return (
+        "messages" not in value
+        and "prompt" not in value
+        and (any(k in value for k in _REQUEST_FIELDS) or len(value) == 1)
     )
 
 
 def _headers(value: Any) -> dict[str, str] | None:
     """Headers as a dict: a mapping, or a list of {name, value} / [name, value] pairs."""
     if isinstance(value, dict):
-        return {str(k): ", ".join(map(str, v)) if isinstance(v, list) else str(v)
-                for k, v in value.items()}
+        return {
+            str(k): ", ".join(map(str, v)) if isinstance(v, list) else str(v)
+            for k, v in value.items()
+        }
     if isinstance(value, list):
         out: dict[str, str] = {}
         for item in value:
@@ -68,8 +72,11 @@ def flatten_gateway_record(record: dict[str, Any], file: str, where: Any) -> dic
     if request_envelope:
         assert isinstance(request, dict)
         flat["request"] = _request_json(request["body"], file, where("$.request.body"))
-        for target, source in (("request_headers", "headers"), ("url", "url"),
-                               ("method", "method")):
+        for target, source in (
+            ("request_headers", "headers"),
+            ("url", "url"),
+            ("method", "method"),
+        ):
             if target not in record and request.get(source) is not None:
                 flat[target] = request[source]
         if "request_headers" in flat:
@@ -77,8 +84,9 @@ def flatten_gateway_record(record: dict[str, Any], file: str, where: Any) -> dic
     if response_envelope:
         assert isinstance(response, dict)
         flat["response"] = response["body"]
-        status = next((response[k] for k in ("status", "status_code", "statusCode")
-                       if k in response), None)
+        status = next(
+            (response[k] for k in ("status", "status_code", "statusCode") if k in response), None
+        )
         if "status" not in record and "status_code" not in record and status is not None:
             flat["status"] = status
         if "response_headers" not in record and response.get("headers") is not None:

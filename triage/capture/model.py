@@ -176,8 +176,7 @@ def validate_exchange(data: Any) -> list[tuple[str, str]]:
             return [
                 (
                     "$.source_format",
-                    f"{source_format!r} is not a registered capture format "
-                    f"({', '.join(known)})",
+                    f"{source_format!r} is not a registered capture format ({', '.join(known)})",
                 )
             ]
         return []

@@ -215,9 +215,11 @@ def redact_text(text: str) -> str:
     for pattern in _TOKEN_PATTERNS:
         text = pattern.sub(lambda m: redaction_marker(m.group(0)), text)
     text = _SCHEME_CREDENTIAL.sub(
-        lambda m: m.group(0)
-        if m.group(3).startswith("[")
-        else f"{m.group(1)}{m.group(2)}{redaction_marker(m.group(3))}",
+        lambda m: (
+            m.group(0)
+            if m.group(3).startswith("[")
+            else f"{m.group(1)}{m.group(2)}{redaction_marker(m.group(3))}"
+        ),
         text,
     )
     text = _COOKIE.sub(_redact_cookie, text)

@@ -168,8 +168,11 @@ class Catalogue:
         """Build the catalogue: built-in plugins (`triage.*`, `kb.*` modules) first, then the rest
         in name order, so numbering checks and "already registered" errors are stable."""
         catalogue = cls()
-        eps = list(metadata.entry_points(group=ENTRY_POINT_GROUP)) if entry_points is None \
+        eps = (
+            list(metadata.entry_points(group=ENTRY_POINT_GROUP))
+            if entry_points is None
             else list(entry_points)
+        )
         eps.sort(key=lambda ep: (not ep.value.startswith(BUILTIN_PREFIXES), ep.name))
         seen: set[str] = set()
         for ep in eps:
@@ -179,8 +182,9 @@ class Catalogue:
             try:
                 target = ep.load()
             except Exception as exc:
-                raise CatalogueError(f"plugin {ep.name!r} ({ep.value}) cannot be imported: "
-                                     f"{exc}") from exc
+                raise CatalogueError(
+                    f"plugin {ep.name!r} ({ep.value}) cannot be imported: {exc}"
+                ) from exc
             register = getattr(target, "register", target)
             if not callable(register):
                 raise CatalogueError(f"plugin {ep.name!r} ({ep.value}) has no register()")

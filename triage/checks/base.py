@@ -65,7 +65,6 @@ TIMEOUT_STATUSES = frozenset({408, 504})
 MAX_SCAN_CHARS = 200_000
 
 
-
 class Finding(NamedTuple):
     """One check's verdict on one place in an exchange.
 
@@ -91,7 +90,6 @@ class Finding(NamedTuple):
             "where": self.where,
             "offset": self.offset,
         }
-
 
 
 # --------------------------------------------------------------------------------------
@@ -231,7 +229,6 @@ def _no_completion_reason(view: View) -> str:
     return "no completion to check"
 
 
-
 def _declared_tools(request: dict[str, Any]) -> dict[str, Any] | None:
     """Tool name -> parameters schema from `tools` (or legacy `functions`); None if none."""
     tools = request.get("tools")
@@ -318,4 +315,3 @@ def _passed(kind: str, reason: str, where: str | None) -> Finding:
 
 def _pass(kind: str, reason: str, where: str | None = None) -> list[Finding]:
     return [_passed(kind, reason, where)]
-

@@ -182,7 +182,6 @@ def check_reasoning_budget(view: View) -> list[Finding]:
     return findings or _pass(kind, "the budget was not spent on reasoning alone")
 
 
-
 # --------------------------------------------------------------------------------------
 # Runaway reasoning
 # --------------------------------------------------------------------------------------
@@ -266,8 +265,6 @@ def check_runaway_reasoning(view: View) -> list[Finding]:
     if not any(c.reasoning for c in view.choices):
         return _pass(kind, "no reasoning text")
     return [Finding(kind, True, round(best, 4), f"reasoning repeats {best:.0%} of its n-grams")]
-
-
 
 
 CHECKS = (check_empty_content, check_length_stop, check_reasoning_budget, check_runaway_reasoning)

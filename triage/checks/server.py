@@ -39,15 +39,30 @@ def check_server_crash(view: View) -> list[Finding]:
     """The server died under the request: a proxy's 502, or a reset / closed connection."""
     kind = "server-crash"
     if view.status == 502:
-        return [Finding(kind, False, 0.9, "HTTP 502: the upstream server failed (crashed or "
-                        "reset the connection)", "$.status")]
+        return [
+            Finding(
+                kind,
+                False,
+                0.9,
+                "HTTP 502: the upstream server failed (crashed or reset the connection)",
+                "$.status",
+            )
+        ]
     text = _error_text(view)
-    match = _CRASH_TEXT.search(text) if text and (view.status is None or view.status >= 500) \
-        else None
+    match = (
+        _CRASH_TEXT.search(text) if text and (view.status is None or view.status >= 500) else None
+    )
     if match:
-        return [Finding(kind, False, 0.8, f"the connection to the server broke: "
-                        f"{match.group(0)!r}", "$.error" if view.error else "$.response_text",
-                        match.start())]
+        return [
+            Finding(
+                kind,
+                False,
+                0.8,
+                f"the connection to the server broke: {match.group(0)!r}",
+                "$.error" if view.error else "$.response_text",
+                match.start(),
+            )
+        ]
     return _pass(kind, "no sign of a server crash")
 
 
@@ -56,14 +71,28 @@ def check_server_hang(view: View) -> list[Finding]:
     """The server stopped answering: a proxy's 504 gateway timeout."""
     kind = "server-hang"
     if view.status == 504:
-        return [Finding(kind, False, 0.8, "HTTP 504: the upstream server did not answer in "
-                        "time (hung or overloaded)", "$.status")]
+        return [
+            Finding(
+                kind,
+                False,
+                0.8,
+                "HTTP 504: the upstream server did not answer in time (hung or overloaded)",
+                "$.status",
+            )
+        ]
     text = _error_text(view)
     match = _HANG_TEXT.search(text) if text else None
     if match:
-        return [Finding(kind, False, 0.7, f"the proxy gave up on the server: "
-                        f"{match.group(0)!r}", "$.error" if view.error else "$.response_text",
-                        match.start())]
+        return [
+            Finding(
+                kind,
+                False,
+                0.7,
+                f"the proxy gave up on the server: {match.group(0)!r}",
+                "$.error" if view.error else "$.response_text",
+                match.start(),
+            )
+        ]
     return _pass(kind, "no sign of a server hang")
 
 

@@ -245,8 +245,6 @@ def check_tool_markup(view: View) -> list[Finding]:
     return findings or _pass(kind, "no tool-call markup in content or reasoning")
 
 
-
-
 CHECKS = (check_tool_args_json, check_tool_args_schema, check_tool_markup)
 
 

@@ -115,8 +115,6 @@ def check_timeout(view: View) -> list[Finding]:
     return _pass("timeout", "no timeout")
 
 
-
-
 CHECKS = (check_parse_failure, check_truncated, check_http_error, check_timeout)
 
 

@@ -6,9 +6,9 @@ Shared here: opening the knowledge base for a command, and printing JSON.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from sqlalchemy.exc import SQLAlchemyError
@@ -16,6 +16,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from kb.store import Store, StoreError, database_url, describe_db_error, redact_url
 from triage.catalogue import CatalogueError
 from triage.catalogue.numbering import check_store_numbering
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @contextmanager
@@ -35,8 +37,9 @@ def open_store(ctx: click.Context) -> Iterator[Store]:
         check_store_numbering(store)  # before any stored bit mask is read or written
     except CatalogueError as exc:
         store.close()
-        raise click.ClickException(f"the installed catalogue cannot use this knowledge base: "
-                                   f"{exc}") from None
+        raise click.ClickException(
+            f"the installed catalogue cannot use this knowledge base: {exc}"
+        ) from None
     except SQLAlchemyError as exc:
         store.close()
         raise click.ClickException(
@@ -58,3 +61,15 @@ def open_store(ctx: click.Context) -> Iterator[Store]:
 
 def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+
+
+def with_options(options: tuple[Callable[[F], F], ...]) -> Callable[[F], F]:
+    """Apply click options kept in a tuple as if each were written above the command, in
+    order (long option lists stay beside, not inside, the command function)."""
+
+    def apply(command: F) -> F:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return apply

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from triage.commands import echo_json, open_store
+from triage.commands import echo_json, open_store, with_options
 
 
 def register(group: click.Group) -> None:
@@ -33,8 +33,9 @@ def _versions(value: str | None, good: int, bad: int) -> list[int]:
         if value:
             listed = [parse_build_ref(item) for item in value.split(",") if item.strip()]
             if None in listed:
-                raise click.BadParameter(f"{value!r}: a comma-separated list of builds",
-                                         param_hint="--versions")
+                raise click.BadParameter(
+                    f"{value!r}: a comma-separated list of builds", param_hint="--versions"
+                )
             published = [number for number in listed if number is not None]
         else:
             published = published_versions()
@@ -76,39 +77,47 @@ def _load_stack(path: Path) -> Any:
     except StackError as exc:
         raise click.ClickException(str(exc)) from None
     if stack.server.model is None:
-        raise click.ClickException(f"{path}: $.server.model: bisect launches each build "
-                                   "and needs the model file")
+        raise click.ClickException(
+            f"{path}: $.server.model: bisect launches each build and needs the model file"
+        )
     return stack
 
 
 def _run(bisector: Any, log: Any) -> Any:
     if bisector.results:
-        log(f"resuming: {len(bisector.results)} builds measured before "
-            f"({', '.join(f'b{n}' for n in sorted(bisector.results))})")
+        log(
+            f"resuming: {len(bisector.results)} builds measured before "
+            f"({', '.join(f'b{n}' for n in sorted(bisector.results))})"
+        )
     return bisector.run()
 
 
 def format_report(report: Any, commits: dict[str, Any] | None, incident: str) -> str:
     """The bisection as text for a terminal."""
-    lines = [f"Bisection b{report.good}..b{report.bad} ({report.builds_in_range} builds in "
-             f"range; {len(report.tested)} tested, {report.requests} requests) -> "
-             f"{report.outcome}", f"  {report.message}", "",
-             "Tested builds (failures k/n, rate, 95% Wilson interval, p vs the bad build):"]
+    lines = [
+        f"Bisection b{report.good}..b{report.bad} ({report.builds_in_range} builds in "
+        f"range; {len(report.tested)} tested, {report.requests} requests) -> "
+        f"{report.outcome}",
+        f"  {report.message}",
+        "",
+        "Tested builds (failures k/n, rate, 95% Wilson interval, p vs the bad build):",
+    ]
     lines += [f"  {result.describe()}" for result in report.tested]
     for label, build in (("last good", report.last_good), ("first bad", report.first_bad)):
         result = report.result(build)
         if result is not None:
             lines.append(f"{label}: {result.describe()}")
     if commits:
-        lines.append(f"llama.cpp commits between: {commits['commits']} "
-                     f"({commits['compare_url']})")
+        lines.append(f"llama.cpp commits between: {commits['commits']} ({commits['compare_url']})")
         for build, commit in commits.get("sdist_commit_ids", {}).items():
             lines.append(f"  {build} sdist packaging commit {commit}")
         if "changed_files" in commits:
             shown = commits["changed_files"][:15]
-            lines.append(f"  {commits['changed_files_total']} files differ between the sdists: "
-                         + ", ".join(shown) + (" ..." if len(commits["changed_files"]) > 15
-                                                else ""))
+            lines.append(
+                f"  {commits['changed_files_total']} files differ between the sdists: "
+                + ", ".join(shown)
+                + (" ..." if len(commits["changed_files"]) > 15 else "")
+            )
     lines.append(f"evidence recorded on incident {incident}")
     return "\n".join(lines) + "\n"
 
@@ -143,21 +152,34 @@ def _bisect(store: Any, incident_id: int, slug: str, plan: _Plan) -> Any:
     def record(result: BuildResult) -> None:
         _log(f"  {result.describe()}")
         with store.session() as session:
-            record_bisect_step(session, incident_id, f"bisect {result.describe()}",
-                               {"type": "bisect-build", "good": plan.good, "bad": plan.bad,
-                                **result.to_dict()})
+            record_bisect_step(
+                session,
+                incident_id,
+                f"bisect {result.describe()}",
+                {"type": "bisect-build", "good": plan.good, "bad": plan.bad, **result.to_dict()},
+            )
 
-    oracle = ServerOracle(plan.stack, plan.request, seed=plan.seed,
-                          log_dir=data_dir() / "runs" / "bisect",
-                          binary_for=lambda number: server_binary_for(number, log=_log))
-    _log(f"bisecting {len(plan.versions)} builds b{plan.good}..b{plan.bad}; "
-         f"state {plan.state_path}")
+    oracle = ServerOracle(
+        plan.stack,
+        plan.request,
+        seed=plan.seed,
+        log_dir=data_dir() / "runs" / "bisect",
+        binary_for=lambda number: server_binary_for(number, log=_log),
+    )
+    _log(
+        f"bisecting {len(plan.versions)} builds b{plan.good}..b{plan.bad}; state {plan.state_path}"
+    )
     try:
-        bisector = Bisector(plan.versions, oracle, on_result=record, state_key=plan.key,
-                            meta={"incident": slug},
-                            options=BisectOptions(reference_n=plan.reference_n,
-                                                  cap=plan.max_requests,
-                                                  state_path=plan.state_path))
+        bisector = Bisector(
+            plan.versions,
+            oracle,
+            on_result=record,
+            state_key=plan.key,
+            meta={"incident": slug},
+            options=BisectOptions(
+                reference_n=plan.reference_n, cap=plan.max_requests, state_path=plan.state_path
+            ),
+        )
         return _run(bisector, _log)
     except BisectError as exc:
         raise click.ClickException(str(exc)) from None
@@ -174,43 +196,86 @@ def _record_outcome(store: Any, incident_id: int, plan: _Plan, report: Any) -> A
     if report.last_good is not None and report.first_bad is not None:
         commits = commits_between(report.last_good, report.first_bad)
     with store.session() as session:
-        record_bisect_step(session, incident_id,
-                           f"bisect b{plan.good}..b{plan.bad}: {report.outcome}: "
-                           f"{report.message}",
-                           {"type": "bisect-result", **report.to_dict(), "commits": commits},
-                           kind="observation")
+        record_bisect_step(
+            session,
+            incident_id,
+            f"bisect b{plan.good}..b{plan.bad}: {report.outcome}: {report.message}",
+            {"type": "bisect-result", **report.to_dict(), "commits": commits},
+            kind="observation",
+        )
     return commits
 
 
+_BISECT_OPTIONS = (
+    click.option("--good", "good_ref", required=True, help="A build that works, e.g. b9585."),
+    click.option("--bad", "bad_ref", required=True, help="A build that fails, e.g. b11434."),
+    click.option(
+        "--request",
+        "request_path",
+        required=True,
+        type=click.Path(path_type=Path, dir_okay=False, exists=True),
+        help="The failing request (JSON body or any capture format).",
+    ),
+    click.option(
+        "--response",
+        "response_path",
+        default=None,
+        type=click.Path(path_type=Path, dir_okay=False, exists=True),
+        help="Its response, for capture formats that need one.",
+    ),
+    click.option(
+        "--stack",
+        "stack_path",
+        required=True,
+        type=click.Path(path_type=Path, dir_okay=False, exists=True),
+        help="stack.toml: model and args of the failing server "
+        "(its binary is replaced by each build).",
+    ),
+    click.option("--incident", default=None, help="Record on this incident (default: a new one)."),
+    click.option(
+        "--versions",
+        "versions_list",
+        default=None,
+        help="Comma-separated builds to bisect over instead of the published list.",
+    ),
+    click.option(
+        "--reference-n",
+        type=click.IntRange(4, 1000),
+        default=16,
+        show_default=True,
+        help="Replays of the bad build, whose failure rate the others are tested against.",
+    ),
+    click.option(
+        "--max-requests",
+        type=click.IntRange(4, 10000),
+        default=64,
+        show_default=True,
+        help="Most replays of any other build (the sequential rule stops earlier).",
+    ),
+    click.option("--seed", type=int, default=1000, show_default=True, help="First seed."),
+    click.option("--restart", is_flag=True, help="Forget the saved state of this bisection."),
+    click.option("--json", "as_json", is_flag=True, help="Print the report as JSON."),
+)
+
+
 @click.command("bisect")
-@click.option("--good", "good_ref", required=True, help="A build that works, e.g. b9585.")
-@click.option("--bad", "bad_ref", required=True, help="A build that fails, e.g. b11434.")
-@click.option("--request", "request_path", required=True,
-              type=click.Path(path_type=Path, dir_okay=False, exists=True),
-              help="The failing request (JSON body or any capture format).")
-@click.option("--response", "response_path", default=None,
-              type=click.Path(path_type=Path, dir_okay=False, exists=True),
-              help="Its response, for capture formats that need one.")
-@click.option("--stack", "stack_path", required=True,
-              type=click.Path(path_type=Path, dir_okay=False, exists=True),
-              help="stack.toml: model and args of the failing server (its binary is replaced "
-                   "by each build).")
-@click.option("--incident", default=None, help="Record on this incident (default: a new one).")
-@click.option("--versions", "versions_list", default=None,
-              help="Comma-separated builds to bisect over instead of the published list.")
-@click.option("--reference-n", type=click.IntRange(4, 1000), default=16, show_default=True,
-              help="Replays of the bad build, whose failure rate the others are tested against.")
-@click.option("--max-requests", type=click.IntRange(4, 10000), default=64, show_default=True,
-              help="Most replays of any other build (the sequential rule stops earlier).")
-@click.option("--seed", type=int, default=1000, show_default=True, help="First seed.")
-@click.option("--restart", is_flag=True, help="Forget the saved state of this bisection.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@with_options(_BISECT_OPTIONS)
 @click.pass_context
-def bisect_command(ctx: click.Context, good_ref: str, bad_ref: str, request_path: Path,
-                   response_path: Path | None, stack_path: Path, incident: str | None,
-                   versions_list: str | None,
-                   reference_n: int, max_requests: int, seed: int, restart: bool,
-                   as_json: bool) -> None:
+def bisect_command(
+    ctx: click.Context,
+    good_ref: str,
+    bad_ref: str,
+    request_path: Path,
+    response_path: Path | None,
+    stack_path: Path,
+    incident: str | None,
+    versions_list: str | None,
+    reference_n: int,
+    max_requests: int,
+    seed: int,
+    restart: bool,
+    as_json: bool,
+) -> None:
     """Find the first published build that fails the request: noisy bisection, each build
     judged by the engine's sequential test (never one sample), resumable, every tested build
     recorded as evidence on the incident."""
@@ -228,21 +293,26 @@ def bisect_command(ctx: click.Context, good_ref: str, bad_ref: str, request_path
     if restart:
         state_path.unlink(missing_ok=True)
     incident = incident or saved_meta(state_path).get("incident")
-    plan = _Plan(good, bad, versions, request, stack, key, state_path, seed, reference_n,
-                 max_requests)
+    plan = _Plan(
+        good, bad, versions, request, stack, key, state_path, seed, reference_n, max_requests
+    )
     with open_store(ctx) as store:
         with store.session() as session:
             row = bisect_incident(
-                session, incident, title=f"bisect b{good}..b{bad}: {request_path.name}",
-                model=Path(str(stack.server.model)).stem, flags=safe_args(stack.server.args),
-                stack={"server": safe_describe(stack.server)})
+                session,
+                incident,
+                title=f"bisect b{good}..b{bad}: {request_path.name}",
+                model=Path(str(stack.server.model)).stem,
+                flags=safe_args(stack.server.args),
+                stack={"server": safe_describe(stack.server)},
+            )
             incident_id, slug = row.id, row.slug
         assert incident_id is not None
         report = _bisect(store, incident_id, slug, plan)
         commits = _record_outcome(store, incident_id, plan, report)
     if as_json:
-        echo_json({"incident": slug, **report.to_dict(), "commits": commits,
-                   "state": str(state_path)})
+        echo_json(
+            {"incident": slug, **report.to_dict(), "commits": commits, "state": str(state_path)}
+        )
         return
     click.echo(format_report(report, commits, slug), nl=False)
-

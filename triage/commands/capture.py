@@ -307,8 +307,9 @@ def _options(func: Any) -> Any:
     return func
 
 
-def _fail_on_kinds(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
-                   ) -> frozenset[str]:
+def _fail_on_kinds(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> frozenset[str]:
     """`--fail-on`: `any`, or finding kinds the installed checks can report."""
     from triage.catalogue import catalogue
 
@@ -317,7 +318,10 @@ def _fail_on_kinds(ctx: click.Context, param: click.Parameter, values: tuple[str
     if unknown:
         raise click.BadParameter(
             f"unknown finding kind {', '.join(map(repr, unknown))}; expected 'any' or one of: "
-            f"{', '.join(sorted(known))}", ctx=ctx, param=param)
+            f"{', '.join(sorted(known))}",
+            ctx=ctx,
+            param=param,
+        )
     return frozenset(values)
 
 
@@ -356,8 +360,9 @@ def check_command(
         click.echo(json.dumps([item.to_dict() for item in items], indent=2, ensure_ascii=False))
     else:
         _print_human(items)
-    if fail_on and any(kind in fail_on or "any" in fail_on
-                       for item in items for kind in item.symptoms):
+    if fail_on and any(
+        kind in fail_on or "any" in fail_on for item in items for kind in item.symptoms
+    ):
         raise SystemExit(EXIT_FINDING_FAILED)
 
 

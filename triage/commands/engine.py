@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from kb.store import Store
-from triage.commands import open_store
+from triage.commands import open_store, with_options
 
 
 def validate_diagnosis(diagnosis: dict[str, Any]) -> None:
@@ -72,16 +72,25 @@ def format_diagnosis(diagnosis: dict[str, Any]) -> str:
             lines.append(f"  {cause['id']}: {cause['rationale']} [evidence: {ev}]")
         lines.append("")
     for obs in diagnosis.get("observations", []):
-        if obs.get("name") in ("spec-divergence", "weights-confounder", "template-render",
-                               "known-good-search"):
-            lines.append(f"observation {obs['name']}: "
-                         + json.dumps({k: v for k, v in obs.items()
-                                       if k not in ("name", "prompt_tail")}, default=str))
+        if obs.get("name") in (
+            "spec-divergence",
+            "weights-confounder",
+            "template-render",
+            "known-good-search",
+        ):
+            lines.append(
+                f"observation {obs['name']}: "
+                + json.dumps(
+                    {k: v for k, v in obs.items() if k not in ("name", "prompt_tail")}, default=str
+                )
+            )
     cost = diagnosis.get("cost") or {}
     if cost:
-        lines.append(f"cost: {cost.get('requests')} requests, {cost.get('wall_seconds')} s "
-                     f"wall, {cost.get('server_seconds')} s server, "
-                     f"{cost.get('launch_seconds')} s launches")
+        lines.append(
+            f"cost: {cost.get('requests')} requests, {cost.get('wall_seconds')} s "
+            f"wall, {cost.get('server_seconds')} s server, "
+            f"{cost.get('launch_seconds')} s launches"
+        )
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -134,27 +143,66 @@ def register(group: click.Group) -> None:
     group.add_command(demo_command)
 
 
+_DIAGNOSE_OPTIONS = (
+    click.option(
+        "--request",
+        "request_path",
+        type=click.Path(path_type=Path, dir_okay=False),
+        help="The failing request (JSON body), or any capture the capture layer reads.",
+    ),
+    click.option(
+        "--response",
+        "response_path",
+        type=click.Path(path_type=Path, dir_okay=False),
+        help="Its response (JSON body or SSE transcript).",
+    ),
+    click.option(
+        "--format",
+        "fmt",
+        default="auto",
+        show_default=True,
+        help="Capture format: auto|pair|curl|sse|har|jsonl.",
+    ),
+    click.option(
+        "--stack",
+        "stack_path",
+        type=click.Path(path_type=Path, dir_okay=False),
+        help="stack.toml: how the failing server runs and what to compare it with.",
+    ),
+    click.option("--incident", default=None, help="Attach to this incident (default: a new one)."),
+    click.option(
+        "--max-requests",
+        type=click.IntRange(4, 10000),
+        default=None,
+        help="Cap of replays per arm (sequential rule stops earlier when decided).",
+    ),
+    click.option("--seed", type=int, default=None, help="First seed of the replays."),
+    click.option(
+        "--json",
+        "json_out",
+        type=click.Path(path_type=Path, dir_okay=False),
+        default=None,
+        help="Write the diagnosis JSON here ('-' for stdout).",
+    ),
+    click.option("--resume", is_flag=True, help="Continue the latest interrupted run."),
+)
+
+
 @click.command("diagnose")
-@click.option("--request", "request_path", type=click.Path(path_type=Path, dir_okay=False),
-              help="The failing request (JSON body), or any capture the capture layer reads.")
-@click.option("--response", "response_path", type=click.Path(path_type=Path, dir_okay=False),
-              help="Its response (JSON body or SSE transcript).")
-@click.option("--format", "fmt", default="auto", show_default=True,
-              help="Capture format: auto|pair|curl|sse|har|jsonl.")
-@click.option("--stack", "stack_path", type=click.Path(path_type=Path, dir_okay=False),
-              help="stack.toml: how the failing server runs and what to compare it with.")
-@click.option("--incident", default=None, help="Attach to this incident (default: a new one).")
-@click.option("--max-requests", type=click.IntRange(4, 10000), default=None,
-              help="Cap of replays per arm (sequential rule stops earlier when decided).")
-@click.option("--seed", type=int, default=None, help="First seed of the replays.")
-@click.option("--json", "json_out", type=click.Path(path_type=Path, dir_okay=False),
-              default=None, help="Write the diagnosis JSON here ('-' for stdout).")
-@click.option("--resume", is_flag=True, help="Continue the latest interrupted run.")
+@with_options(_DIAGNOSE_OPTIONS)
 @click.pass_context
-def diagnose_command(ctx: click.Context, request_path: Path | None, response_path: Path | None,
-                     fmt: str, stack_path: Path | None, incident: str | None,
-                     max_requests: int | None, seed: int | None, json_out: Path | None,
-                     resume: bool) -> None:
+def diagnose_command(
+    ctx: click.Context,
+    request_path: Path | None,
+    response_path: Path | None,
+    fmt: str,
+    stack_path: Path | None,
+    incident: str | None,
+    max_requests: int | None,
+    seed: int | None,
+    json_out: Path | None,
+    resume: bool,
+) -> None:
     """Reproduce a failing exchange against its stack and decide which causes are real."""
     from triage.engine import DiagnoseOptions
     from triage.stackfile import StackError, load_stack
@@ -171,8 +219,9 @@ def diagnose_command(ctx: click.Context, request_path: Path | None, response_pat
     if seed is not None:
         options.seed = seed
     with open_store(ctx) as store:
-        diagnosis = _run_diagnosis(store, request_path, response_path, fmt, stack, incident,
-                                   options, resume)
+        diagnosis = _run_diagnosis(
+            store, request_path, response_path, fmt, stack, incident, options, resume
+        )
     validate_diagnosis(diagnosis)
     if json_out is not None:
         text = json.dumps(diagnosis, indent=2, sort_keys=True, default=str) + "\n"
@@ -195,12 +244,20 @@ def _exit_for_state(diagnosis: dict[str, Any]) -> None:
     if state == "partial":
         raise click.ClickException(
             "the run ended with errors (see the arms marked ERROR); continue it with "
-            f"`triage diagnose --resume --incident {diagnosis['incident']} --stack ...`")
+            f"`triage diagnose --resume --incident {diagnosis['incident']} --stack ...`"
+        )
 
 
-def _run_diagnosis(store: Store, request_path: Path | None, response_path: Path | None,
-                   fmt: str, stack: Any, incident: str | None, options: Any,
-                   resume: bool) -> dict[str, Any]:
+def _run_diagnosis(
+    store: Store,
+    request_path: Path | None,
+    response_path: Path | None,
+    fmt: str,
+    stack: Any,
+    incident: str | None,
+    options: Any,
+    resume: bool,
+) -> dict[str, Any]:
     from triage.engine import EngineError, diagnose, unfinished_run
     from triage.engine import resume as resume_run
 
@@ -208,18 +265,25 @@ def _run_diagnosis(store: Store, request_path: Path | None, response_path: Path 
         if resume:
             run = unfinished_run(store, incident)
             if run is None:
-                raise click.ClickException("no interrupted run to resume"
-                                           + (f" for {incident}" if incident else ""))
+                raise click.ClickException(
+                    "no interrupted run to resume" + (f" for {incident}" if incident else "")
+                )
             click.echo(f"resuming run {run.id}", err=True)
-            diagnosis = resume_run(store, run, stack, options=options,
-                                   progress=_progress_printer())
+            diagnosis = resume_run(store, run, stack, options=options, progress=_progress_printer())
         else:
             if request_path is None:
                 raise click.UsageError("--request is required (or --resume)")
             request, findings, exchange = _load_exchange(request_path, response_path, fmt)
-            diagnosis = diagnose(store, stack, request, exchange=exchange, findings=findings,
-                                 incident=incident, options=options,
-                                 progress=_progress_printer())
+            diagnosis = diagnose(
+                store,
+                stack,
+                request,
+                exchange=exchange,
+                findings=findings,
+                incident=incident,
+                options=options,
+                progress=_progress_printer(),
+            )
     except EngineError as exc:
         raise click.ClickException(str(exc)) from None
     return diagnosis
@@ -242,8 +306,9 @@ def show_command(ctx: click.Context, slug: str, as_json: bool) -> None:
         why = f"its latest run is {state}" if state else "no run recorded"
         raise click.ClickException(
             f"no diagnosis recorded for {slug!r}: {why} (run `triage diagnose`"
-            + (", or `triage diagnose --resume`" if state in ("interrupted", "partial")
-               else "") + f", or see `triage incidents show {slug}`)")
+            + (", or `triage diagnose --resume`" if state in ("interrupted", "partial") else "")
+            + f", or see `triage incidents show {slug}`)"
+        )
     if as_json:
         click.echo(json.dumps(diagnosis, indent=2, sort_keys=True, default=str))
     else:
@@ -253,8 +318,13 @@ def show_command(ctx: click.Context, slug: str, as_json: bool) -> None:
 
 
 @click.command("demo")
-@click.option("--dir", "work_dir", type=click.Path(path_type=Path, file_okay=False),
-              default=None, help="Where to write the drill models (default: data dir).")
+@click.option(
+    "--dir",
+    "work_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Where to write the drill models (default: data dir).",
+)
 @click.option("--ui/--no-ui", default=False, help="Start the web UI afterwards.")
 @click.option("--max-requests", type=click.IntRange(4, 10000), default=32, show_default=True)
 @click.pass_context
@@ -263,8 +333,9 @@ def demo_command(ctx: click.Context, work_dir: Path | None, ui: bool, max_reques
     from triage.demo import run_demo
 
     database = ctx.obj.get("database") if ctx.obj else None
-    diagnosis = run_demo(database, work_dir, max_requests=max_requests,
-                         progress=_progress_printer())
+    diagnosis = run_demo(
+        database, work_dir, max_requests=max_requests, progress=_progress_printer()
+    )
     click.echo(format_diagnosis(diagnosis))
     if ui:
         from triage.commands.ui import start_ui

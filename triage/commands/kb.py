@@ -113,8 +113,7 @@ def _cause_line(cause: dict[str, Any]) -> str:
 @click.option("--summary", default="", help="One paragraph: what happened.")
 @click.option("--json", "as_json", is_flag=True, help="Print the new record as JSON.")
 @click.pass_context
-def new_command(ctx: click.Context, title: str, model: str, summary: str,
-                as_json: bool) -> None:
+def new_command(ctx: click.Context, title: str, model: str, summary: str, as_json: bool) -> None:
     """Open an incident by hand (status open) and print its slug, for `triage capture
     --incident SLUG` and `triage diagnose --incident SLUG`."""
     with open_store(ctx) as store:

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
 
 import click
 
 from kb.store import data_dir
+from triage.commands import with_options
 
 if TYPE_CHECKING:
     from triage.proxy import ProxyApp
     from triage.proxy.diagnose import AutoDiagnose
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 # In the order `triage proxy --help` lists them.
 _OPTIONS = (
@@ -86,15 +84,8 @@ _OPTIONS = (
 )
 
 
-def _proxy_options(command: F) -> F:
-    """Apply `_OPTIONS` as if each were a decorator written above the command, in order."""
-    for option in reversed(_OPTIONS):
-        command = option(command)
-    return command
-
-
 @click.command("proxy")
-@_proxy_options
+@with_options(_OPTIONS)
 @click.pass_context
 def proxy_command(
     ctx: click.Context,

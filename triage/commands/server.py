@@ -34,14 +34,20 @@ def _build_number(value: str | None) -> int | None:
         return None
     number = parse_build_ref(value)
     if number is None:
-        raise click.BadParameter(f"{value!r} is not a build number (e.g. 9589 or b9589)",
-                                 param_hint="--version")
+        raise click.BadParameter(
+            f"{value!r} is not a build number (e.g. 9589 or b9589)", param_hint="--version"
+        )
     return number
 
 
 @server_group.command("build")
-@click.option("--version", "version", default=None, metavar="N",
-              help=f"Build number to build, e.g. 9589 or b9589 (default: b{BUILD_NUMBER}).")
+@click.option(
+    "--version",
+    "version",
+    default=None,
+    metavar="N",
+    help=f"Build number to build, e.g. 9589 or b9589 (default: b{BUILD_NUMBER}).",
+)
 @click.option("--jobs", "-j", type=int, default=None, help="Parallel compile jobs (default: CPUs).")
 @click.option("--force", is_flag=True, help="Run configure/build/install even if installed.")
 def build_command(version: str | None, jobs: int | None, force: bool) -> None:
@@ -52,8 +58,9 @@ def build_command(version: str | None, jobs: int | None, force: bool) -> None:
     targets this machine's CPU, whose features are recorded with the build."""
     number = _build_number(version) or BUILD_NUMBER
     try:
-        path = build_server(build_number=number, jobs=jobs, force=force,
-                            log=lambda line: click.echo(line, err=True))
+        path = build_server(
+            build_number=number, jobs=jobs, force=force, log=lambda line: click.echo(line, err=True)
+        )
     except BuildError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(str(path))
@@ -73,8 +80,7 @@ def list_command(as_json: bool) -> None:
     for row in rows:
         size = f"{row['binary_bytes'] / 1e6:.1f} MB" if row["binary_bytes"] else "-"
         default = " (default)" if row["build_number"] == BUILD_NUMBER else ""
-        click.echo(f"b{row['build_number']}{default}  {row['state']}  {size}  "
-                   f"{row['cpu_summary']}")
+        click.echo(f"b{row['build_number']}{default}  {row['state']}  {size}  {row['cpu_summary']}")
         if row["binary"]:
             click.echo(f"    {row['binary']}")
 
@@ -114,17 +120,27 @@ def which_command(as_json: bool) -> None:
         click.echo(f"built for {summarize(features)}")
         missing = missing_on_host(features)
         if missing:
-            click.echo(f"warning: this CPU lacks {', '.join(missing)}, which the build host "
-                       "had: rebuild here (`triage server build --force`)")
+            click.echo(
+                f"warning: this CPU lacks {', '.join(missing)}, which the build host "
+                "had: rebuild here (`triage server build --force`)"
+            )
 
 
 @click.command("drill")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Keep the generated drill (models, manifest, stack.toml) in this folder.")
-@click.option("--repeat", type=click.IntRange(1, 200), default=1,
-              help="Send each unseeded scripted request N times (seeds 1..N).")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Keep the generated drill (models, manifest, stack.toml) in this folder.",
+)
+@click.option(
+    "--repeat",
+    type=click.IntRange(1, 200),
+    default=1,
+    help="Send each unseeded scripted request N times (seeds 1..N).",
+)
 def drill_command(name: str, as_json: bool, out: Path | None, repeat: int) -> None:
     """Generate drill NAME, run it on a real llama-server, print what came back."""
     from triage.drills import TemplateNotFound, build_drill, list_drills
@@ -145,8 +161,10 @@ def drill_command(name: str, as_json: bool, out: Path | None, repeat: int) -> No
         click.echo(json.dumps(report, indent=2))
         return
     server = report["server"]
-    click.echo(f"drill {name}: llama-server b{server['build']} up in "
-               f"{server['launch_seconds']:.2f}s, args {' '.join(server['args'])}")
+    click.echo(
+        f"drill {name}: llama-server b{server['build']} up in "
+        f"{server['launch_seconds']:.2f}s, args {' '.join(server['args'])}"
+    )
     for summary in report["results"]:
         click.echo(format_summary(summary))
     if out:

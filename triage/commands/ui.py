@@ -123,8 +123,11 @@ def start_ui(
     except SQLAlchemyError as exc:
         raise click.ClickException(f"{redact_url(url)}: {describe_db_error(exc)}") from None
     env = dict(os.environ, TRIAGE_DATABASE_URL=url, **settings.to_env())
-    login = {"none": "no login (loopback only)", "oidc": "OIDC login",
-             "header": f"user from the {settings.header} header"}[settings.auth]
+    login = {
+        "none": "no login (loopback only)",
+        "oidc": "OIDC login",
+        "header": f"user from the {settings.header} header",
+    }[settings.auth]
     click.echo(
         f"triage ui on http://{host}:{port} (knowledge base {redact_url(url)}; {login}; "
         f"{len(resolve_stacks(settings.stacks))} stack(s) for New triage)",
@@ -138,26 +141,53 @@ def start_ui(
 
 
 @click.command("ui")
-@click.option("--port", type=click.IntRange(1, 65535), default=8501, show_default=True,
-              envvar="TRIAGE_UI_PORT", help="Port to listen on.")
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on. Anything but loopback requires authentication "
-              "(OIDC in Streamlit's secrets.toml, or --auth-header).")
-@click.option("--stack", "stacks", multiple=True,
-              type=click.Path(dir_okay=False, path_type=Path),
-              help="A stack file the New-triage form may run (repeatable). Nobody can type "
-              "a binary or arguments into the page.")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path),
-              envvar="TRIAGE_UI_CONFIG",
-              help="ui.toml: [ui] stacks, auth_header, trusted_proxies "
-              "[default: $TRIAGE_HOME/ui.toml].")
-@click.option("--auth-header", help="Take the user from this header (e.g. X-Forwarded-User), "
-              "set by an authenticating reverse proxy.")
-@click.option("--trusted-proxy", "trusted_proxies", multiple=True,
-              help="Address or network of that proxy (repeatable) [default: loopback].")
-@click.option("--secrets", type=click.Path(dir_okay=False, path_type=Path),
-              help="Streamlit secrets.toml with an [auth] section for OIDC login "
-              "[default: ~/.streamlit/ and ./.streamlit/].")
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=8501,
+    show_default=True,
+    envvar="TRIAGE_UI_PORT",
+    help="Port to listen on.",
+)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on. Anything but loopback requires authentication "
+    "(OIDC in Streamlit's secrets.toml, or --auth-header).",
+)
+@click.option(
+    "--stack",
+    "stacks",
+    multiple=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A stack file the New-triage form may run (repeatable). Nobody can type "
+    "a binary or arguments into the page.",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="TRIAGE_UI_CONFIG",
+    help="ui.toml: [ui] stacks, auth_header, trusted_proxies [default: $TRIAGE_HOME/ui.toml].",
+)
+@click.option(
+    "--auth-header",
+    help="Take the user from this header (e.g. X-Forwarded-User), "
+    "set by an authenticating reverse proxy.",
+)
+@click.option(
+    "--trusted-proxy",
+    "trusted_proxies",
+    multiple=True,
+    help="Address or network of that proxy (repeatable) [default: loopback].",
+)
+@click.option(
+    "--secrets",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Streamlit secrets.toml with an [auth] section for OIDC login "
+    "[default: ~/.streamlit/ and ./.streamlit/].",
+)
 @click.pass_context
 def ui_command(
     ctx: click.Context,
@@ -172,13 +202,22 @@ def ui_command(
     """Start the web UI: incidents, diagnoses, cause graphs, decisions, retrospectives."""
     try:
         settings = resolve_settings(
-            host, stacks=stacks, config_file=config_file, auth_header=auth_header,
-            trusted_proxies=trusted_proxies, secrets=secrets,
+            host,
+            stacks=stacks,
+            config_file=config_file,
+            auth_header=auth_header,
+            trusted_proxies=trusted_proxies,
+            secrets=secrets,
         )
     except UiConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    start_ui(ctx.obj.get("database") if ctx.obj else None, port=port, host=host,
-             settings=settings, secrets=secrets)
+    start_ui(
+        ctx.obj.get("database") if ctx.obj else None,
+        port=port,
+        host=host,
+        settings=settings,
+        secrets=secrets,
+    )
 
 
 def register(group: click.Group) -> None:

@@ -133,9 +133,7 @@ def derive_draft(design: Design, miss_every: int = DRAFT_MISS_EVERY) -> Design:
     return draft
 
 
-def _exit_budget(
-    max_tokens: int, before_loop: int, cycle: int, after_exit: int
-) -> int:
+def _exit_budget(max_tokens: int, before_loop: int, cycle: int, after_exit: int) -> int:
     """How many loop cycles fit in `max_tokens` and still leave room for the answer."""
     return max(0, (max_tokens - before_loop - after_exit) // cycle)
 
@@ -235,9 +233,7 @@ def loop_failure_rate(facts: dict[str, object], max_tokens: int, temperature: fl
     return (1.0 - exit_probability) ** cycles
 
 
-def thinking_budget_manifest(
-    facts: dict[str, object], max_tokens: int = 800
-) -> dict[str, Any]:
+def thinking_budget_manifest(facts: dict[str, object], max_tokens: int = 800) -> dict[str, Any]:
     """Ground truth of gemma4-thinking-budget."""
     cycles = _exit_budget(
         max_tokens,
@@ -266,32 +262,44 @@ def thinking_budget_manifest(
         },
         "causes": {
             "reasoning-exhausts-budget": _cause(
-                True, "confirmed", ["confirmed"],
+                True,
+                "confirmed",
+                ["confirmed"],
                 "Thinking is on by default; the thought loops and eats max_tokens: "
                 "finish_reason length, content empty. enable_thinking=false (or a reasoning "
                 "budget) gives the full answer and a stop.",
             ),
             "speculative-decoding": _cause(
-                False, "not-confirmed", ["rejected", "suspected"],
+                False,
+                "not-confirmed",
+                ["rejected", "suspected"],
                 "The draft model changes which tokens are proposed, not the distribution "
                 "the target samples from: the spec-off server fails at the same rate.",
             ),
             "quantized-weights": _cause(
-                False, "rejected", ["rejected"],
+                False,
+                "rejected",
+                ["rejected"],
                 "qat (Q4_0) and mxfp4 (MXFP4) hold the same chain and the same template: "
                 "identical behaviour.",
             ),
             "server-build": _cause(
-                False, "suspected", ["suspected"],
+                False,
+                "suspected",
+                ["suspected"],
                 "Not testable: the drill has one build. An alternate binary would decide it.",
             ),
             "output-parsing": _cause(
-                False, "not-confirmed", ["rejected", "suspected"],
+                False,
+                "not-confirmed",
+                ["rejected", "suspected"],
                 "The output is parsed correctly: the thought is reasoning_content, the "
                 "answer content; the empty content is a length stop.",
             ),
             "token-limit": _cause(
-                False, "not-confirmed", ["rejected", "suspected"],
+                False,
+                "not-confirmed",
+                ["rejected", "suspected"],
                 f"With thinking off the {facts['answer_chars']}-char answer needs "
                 f"{int(_number(facts, 'answer_tokens')) + 1} tokens and stops well inside "
                 f"max_tokens={max_tokens}.",
@@ -314,30 +322,42 @@ def toolcall_manifest(facts: dict[str, object]) -> dict[str, Any]:
         },
         "causes": {
             "output-parsing": _cause(
-                True, "confirmed", ["confirmed"],
+                True,
+                "confirmed",
+                ["confirmed"],
                 "With probability q the model writes the tool call inside its thought, "
                 "with unquoted arguments: the markup lands in reasoning_content (or the "
                 "response fails to parse), no tool_calls, empty content, finish stop.",
             ),
             "reasoning-exhausts-budget": _cause(
-                False, "not-confirmed", ["rejected", "suspected"],
+                False,
+                "not-confirmed",
+                ["rejected", "suspected"],
                 "Thinking off removes the symptom, but the failing responses stop "
                 "(finish_reason stop), they do not run out of tokens.",
             ),
             "speculative-decoding": _cause(
-                False, "not-confirmed", ["rejected", "suspected"],
+                False,
+                "not-confirmed",
+                ["rejected", "suspected"],
                 "The spec-off server fails at the same rate.",
             ),
             "quantized-weights": _cause(
-                False, "rejected", ["rejected"],
+                False,
+                "rejected",
+                ["rejected"],
                 "qat and mxfp4 hold the same chain and template.",
             ),
             "server-build": _cause(
-                False, "suspected", ["suspected"],
+                False,
+                "suspected",
+                ["suspected"],
                 "Not testable: the drill has one build.",
             ),
             "token-limit": _cause(
-                False, "rejected", ["rejected", "suspected"],
+                False,
+                "rejected",
+                ["rejected", "suspected"],
                 "Responses are short and never stop on length.",
             ),
         },
@@ -351,7 +371,7 @@ def expected_reasoning_chars(design: Design, max_tokens: int) -> int:
     text = design.text_of(path)
     prefix = "<|channel>thought"
     assert text.startswith(prefix)
-    return len(text[len(prefix):].lstrip())
+    return len(text[len(prefix) :].lstrip())
 
 
 def chars_per_token(text: str, tokens: int) -> float:

@@ -44,8 +44,9 @@ def host_workaround_note(flags: Iterable[str] | None = None) -> str | None:
     return AMX_WORKAROUND_NOTE if host_workaround_args(flags) else None
 
 
-def write_workaround_wrapper(real_binary: Path, dest: Path,
-                             flags: Iterable[str] | None = None) -> Path | None:
+def write_workaround_wrapper(
+    real_binary: Path, dest: Path, flags: Iterable[str] | None = None
+) -> Path | None:
     """On an AMX host, a wrapper executable at `dest` that runs `real_binary` with
     `--no-repack` added and the note printed first in its log; None (nothing written) on other
     hosts. For the test suite, whose tests start drill servers with hand-written args."""

@@ -38,9 +38,20 @@ class TokenKind(enum.IntEnum):
 # parser know. `<|"|>` is the string delimiter inside tool calls: it must render in the
 # output text, so it is user-defined (type 4); a control token would be dropped.
 GEMMA4_CONTROL_TOKENS = (
-    "<|turn>", "<turn|>", "<|think|>", "<|channel>", "<channel|>",
-    "<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>",
-    "<|tool_response>", "<tool_response|>", "<|image|>", "<|audio|>", "<|video|>",
+    "<|turn>",
+    "<turn|>",
+    "<|think|>",
+    "<|channel>",
+    "<channel|>",
+    "<|tool>",
+    "<tool|>",
+    "<|tool_call>",
+    "<tool_call|>",
+    "<|tool_response>",
+    "<tool_response|>",
+    "<|image|>",
+    "<|audio|>",
+    "<|video|>",
 )
 GEMMA4_USER_DEFINED_TOKENS = ('<|"|>',)
 
@@ -180,7 +191,7 @@ class Design:
             wanted = round((len(pieces) + 1) * target_chars) - round(len(pieces) * target_chars)
             size = max(1, min(wanted, len(text) - position))
             while True:
-                piece = text[position:position + size]
+                piece = text[position : position + size]
                 end = position + size
                 stored = to_spm(piece)
                 bad_edge = piece.endswith("\n") and end < len(text)

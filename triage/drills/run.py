@@ -11,8 +11,14 @@ from triage.llama.build import binary_build_info, find_server_binary
 from triage.llama.client import ChatResult, LlamaClient, LlamaClientError
 from triage.llama.launcher import ServerSpec, launch
 
-TIMING_KEYS = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "draft_n",
-               "draft_n_accepted")
+TIMING_KEYS = (
+    "prompt_n",
+    "prompt_ms",
+    "predicted_n",
+    "predicted_ms",
+    "draft_n",
+    "draft_n_accepted",
+)
 
 
 def summarize(name: str, result: ChatResult) -> dict[str, Any]:
@@ -25,8 +31,10 @@ def summarize(name: str, result: ChatResult) -> dict[str, Any]:
         "content_chars": len(result.content),
         "reasoning_chars": len(result.reasoning_content),
         "tool_calls": [
-            {"name": call.get("function", {}).get("name"),
-             "arguments": call.get("function", {}).get("arguments")}
+            {
+                "name": call.get("function", {}).get("name"),
+                "arguments": call.get("function", {}).get("arguments"),
+            }
             for call in result.tool_calls
         ],
         "timings": timings,
@@ -94,8 +102,9 @@ def run_drill(
             if explained is None:
                 raise
             why = explained.report.sentence() if explained.report else str(explained)
-            raise LlamaClientError(f"{exc}; {why}", kind=exc.kind, url=exc.url,
-                                   report=explained.report) from explained
+            raise LlamaClientError(
+                f"{exc}; {why}", kind=exc.kind, url=exc.url, report=explained.report
+            ) from explained
         launch_seconds = server.launch_seconds
         log_path = server.log_path
     return {

@@ -71,7 +71,6 @@ os.kill(os.getpid(), signal.SIGSEGV)
 def write_amx_crash_standin(real_binary: Path, dest: Path) -> Path:
     """Write the stand-in executable at `dest`, wrapping `real_binary`; returns `dest`."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(_SCRIPT.format(python=sys.executable, real=str(real_binary),
-                                   log=AMX_CRASH_LOG))
+    dest.write_text(_SCRIPT.format(python=sys.executable, real=str(real_binary), log=AMX_CRASH_LOG))
     dest.chmod(dest.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return dest

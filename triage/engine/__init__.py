@@ -60,8 +60,16 @@ def diagnose(
     progress: ProgressFn | None = None,
 ) -> dict[str, Any]:
     """Run the probes for one failing request against one stack; returns the diagnosis."""
-    return Diagnoser(store, stack, request, exchange=exchange, findings=findings,
-                     incident=incident, options=options, progress=progress).run()
+    return Diagnoser(
+        store,
+        stack,
+        request,
+        exchange=exchange,
+        findings=findings,
+        incident=incident,
+        options=options,
+        progress=progress,
+    ).run()
 
 
 def latest_diagnosis(store: Store, slug: str) -> dict[str, Any] | None:
@@ -86,14 +94,27 @@ def unfinished_run(store: Store, slug: str | None) -> TriageRun | None:
         return _runs.unfinished_run(session, slug)
 
 
-def resume(store: Store, run: TriageRun, stack: Any, *, options: DiagnoseOptions | None = None,
-           progress: ProgressFn | None = None) -> dict[str, Any]:
+def resume(
+    store: Store,
+    run: TriageRun,
+    stack: Any,
+    *,
+    options: DiagnoseOptions | None = None,
+    progress: ProgressFn | None = None,
+) -> dict[str, Any]:
     """Continue an interrupted run from the replies it already recorded."""
     with store.session(readonly=True) as session:
         slug = _runs.run_incident_slug(session, run)
-    diagnoser = Diagnoser(store, stack, dict(run.plan["request"]), incident=slug,
-                          findings=list(run.plan.get("findings") or []),
-                          options=options, progress=progress, run_id=run.id)
+    diagnoser = Diagnoser(
+        store,
+        stack,
+        dict(run.plan["request"]),
+        incident=slug,
+        findings=list(run.plan.get("findings") or []),
+        options=options,
+        progress=progress,
+        run_id=run.id,
+    )
     if run.plan.get("exchange_evidence"):
         diagnoser.recorder.evidence_keys["exchange"] = str(run.plan["exchange_evidence"])
     return diagnoser.run()

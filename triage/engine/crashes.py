@@ -13,16 +13,26 @@ import re
 import signal
 from typing import Any
 
-__all__ = ["CRASH_KIND", "HANG_KIND", "crash_facts", "crash_kind", "crash_reply", "report_of",
-           "startup_crash"]
+__all__ = [
+    "CRASH_KIND",
+    "HANG_KIND",
+    "crash_facts",
+    "crash_kind",
+    "crash_reply",
+    "report_of",
+    "startup_crash",
+]
 
 CRASH_KIND = "server-crash"
 HANG_KIND = "server-hang"
 _EXIT = re.compile(r"exited with code (-?\d+) during startup")
 _SYMBOL = re.compile(r"\b(ggml_[A-Za-z0-9_]+|llama_[A-Za-z0-9_]+)\b")
 _FLAG = re.compile(r"\b([A-Z][A-Z0-9_]+) = 1\b")
-_OBSERVATION = {"startup": "startup-crash", "mid-request": "mid-request-crash",
-                "hang": "server-hang"}
+_OBSERVATION = {
+    "startup": "startup-crash",
+    "mid-request": "mid-request-crash",
+    "hang": "server-hang",
+}
 
 
 def report_of(exc: BaseException | None) -> Any | None:
@@ -54,29 +64,34 @@ def crash_facts(report: Any) -> dict[str, Any]:
         symbols = _SYMBOL.findall(tail)
         symbol = symbols[-1] if symbols else None
     flags = sorted(k for k, v in report.cpu_features.items() if v == "1") or sorted(
-        set(_FLAG.findall(next((line for line in report.log_tail if "system_info" in line),
-                               ""))))
+        set(_FLAG.findall(next((line for line in report.log_tail if "system_info" in line), "")))
+    )
     code = report.exit_code
     name = report.signal or (f"exit code {code}" if code is not None else "no exit")
     amx = [line for line in report.buffers if "AMX" in line]
-    amx += [line.strip()[:200] for line in report.log_tail if "AMX" in line and
-            line not in amx]
-    what = {"startup": "crashes at startup", "mid-request": "crashes in the middle of a "
-            "request", "hang": "hangs"}.get(report.phase, "fails")
+    amx += [line.strip()[:200] for line in report.log_tail if "AMX" in line and line not in amx]
+    what = {
+        "startup": "crashes at startup",
+        "mid-request": "crashes in the middle of a request",
+        "hang": "hangs",
+    }.get(report.phase, "fails")
     summary = f"the incident's server {what}" + (
-        "" if report.phase == "hang" else f" ({name}, exit code {code})")
-    facts.update({
-        "name": _OBSERVATION.get(report.phase, "server-crash"),
-        "kind": crash_kind(report),
-        "signal": report.signal or (name if report.phase != "hang" else None),
-        "backtrace_symbol": symbol,
-        "cpu_flags": flags,
-        "repack": bool(report.repack) or "REPACK = 1" in tail,
-        "amx_lines": amx[:5],
-        "log_tail": tail[-2000:],
-        "summary": summary + (f" in {symbol}" if symbol else ""),
-        "sentence": report.sentence(),
-    })
+        "" if report.phase == "hang" else f" ({name}, exit code {code})"
+    )
+    facts.update(
+        {
+            "name": _OBSERVATION.get(report.phase, "server-crash"),
+            "kind": crash_kind(report),
+            "signal": report.signal or (name if report.phase != "hang" else None),
+            "backtrace_symbol": symbol,
+            "cpu_flags": flags,
+            "repack": bool(report.repack) or "REPACK = 1" in tail,
+            "amx_lines": amx[:5],
+            "log_tail": tail[-2000:],
+            "summary": summary + (f" in {symbol}" if symbol else ""),
+            "sentence": report.sentence(),
+        }
+    )
     return facts
 
 
@@ -109,7 +124,8 @@ def _from_message(message: str) -> dict[str, Any] | None:
     system_info = next((line for line in lines if "system_info" in line or "CPU :" in line), "")
     symbols = _SYMBOL.findall(tail)
     summary = f"the incident's server crashes at startup ({name}, exit code {code})" + (
-        f" in {symbols[-1]}" if symbols else "")
+        f" in {symbols[-1]}" if symbols else ""
+    )
     return {
         "name": "startup-crash",
         "kind": CRASH_KIND,

@@ -29,8 +29,11 @@ def server_seconds(arm: ArmState) -> float:
 
 
 def _speed(arm: ArmState) -> float | None:
-    rates = [float(r.timings["predicted_per_second"]) for r in arm.replies
-             if isinstance(r.timings.get("predicted_per_second"), (int, float))]
+    rates = [
+        float(r.timings["predicted_per_second"])
+        for r in arm.replies
+        if isinstance(r.timings.get("predicted_per_second"), (int, float))
+    ]
     return round(sum(rates) / len(rates), 2) if rates else None
 
 
@@ -41,34 +44,57 @@ def arm_summary(arm: ArmState) -> ArmSummary:
     accepted = sum(int(r.timings.get("draft_n_accepted", 0) or 0) for r in arm.replies)
     is_base = arm.name == BASELINE
     return ArmSummary(
-        arm=arm.name, variant=arm.variant, level=arm.level, n=arm.n, failures=arm.failures,
-        rate=round(arm.failures / arm.n, 4) if arm.n else None, ci95=ci.as_list(),
+        arm=arm.name,
+        variant=arm.variant,
+        level=arm.level,
+        n=arm.n,
+        failures=arm.failures,
+        rate=round(arm.failures / arm.n, 4) if arm.n else None,
+        ci95=ci.as_list(),
         p_value=None if is_base else _round(arm.p_value),
         p_less=None if is_base else _round(arm.p_less),
         decision="baseline" if is_base else arm.outcome().decision,
-        stopped=arm.stopped, errors=len([r for r in arm.replies if r.error]),
-        error=arm.error, log_tail=arm.log_tail, kinds=arm.kind_counts(), speed_tok_s=_speed(arm),
+        stopped=arm.stopped,
+        errors=len([r for r in arm.replies if r.error]),
+        error=arm.error,
+        log_tail=arm.log_tail,
+        kinds=arm.kind_counts(),
+        speed_tok_s=_speed(arm),
         server_seconds=round(server_seconds(arm), 3),
-        launch_seconds=round(arm.launch_seconds, 3), draft_n=draft_n,
+        launch_seconds=round(arm.launch_seconds, 3),
+        draft_n=draft_n,
         draft_n_accepted=accepted,
         draft_acceptance=round(accepted / draft_n, 4) if draft_n else None,
     )
 
 
 def stack_summary(stack: Stack, speculative: bool) -> dict[str, Any]:
-    return {"server": safe_describe(stack.server), "speculative": speculative,
-            "alternate_model": str(stack.alternate_model or "") or None,
-            "alternate_binary": str(stack.alternate_binary or "") or None,
-            "known_good": safe_describe(stack.known_good) if stack.known_good else None}
+    return {
+        "server": safe_describe(stack.server),
+        "speculative": speculative,
+        "alternate_model": str(stack.alternate_model or "") or None,
+        "alternate_binary": str(stack.alternate_binary or "") or None,
+        "known_good": safe_describe(stack.known_good) if stack.known_good else None,
+    }
 
 
 def build_diagnosis(
-    *, slug: str, run_id: int | None, findings: list[dict[str, Any]],
-    stack: dict[str, Any], arms: Sequence[tuple[ArmSummary, str | None]],
-    observations: Sequence[dict[str, Any]], verdicts: Sequence[Verdict],
-    changes: Mapping[str, Mapping[str, Any]], keys: Any, errors: Sequence[str],
-    graph: dict[str, Any], cost: dict[str, Any], exchange_evidence: str | None,
-    state: str, reproduction: dict[str, Any] | None,
+    *,
+    slug: str,
+    run_id: int | None,
+    findings: list[dict[str, Any]],
+    stack: dict[str, Any],
+    arms: Sequence[tuple[ArmSummary, str | None]],
+    observations: Sequence[dict[str, Any]],
+    verdicts: Sequence[Verdict],
+    changes: Mapping[str, Mapping[str, Any]],
+    keys: Any,
+    errors: Sequence[str],
+    graph: dict[str, Any],
+    cost: dict[str, Any],
+    exchange_evidence: str | None,
+    state: str,
+    reproduction: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """The diagnosis JSON, checked against kb/schemas/diagnosis.schema.json. A cause that
     this run did not move (weaker evidence than what set it) is reported with its standing
@@ -78,23 +104,43 @@ def build_diagnosis(
         change = changes.get(verdict.cause, {})
         applied = change.get("applied", True)
         status = verdict.status if applied else str(change.get("status", verdict.status))
-        rationale = verdict.rationale if applied else (
-            f"{change.get('rationale')} (kept: this run could not test it -- "
-            f"{verdict.rationale})")
-        causes.append(DiagnosisCause(
-            id=verdict.cause, status=status, rationale=rationale,
-            evidence=keys([*verdict.supports, *verdict.refutes]) if applied else [],
-            deciding_probe=verdict.deciding_probe, previous_status=change.get("previous"),
-            undecided=(verdict.undecided or None) if status == "suspected" else None,
-        ))
-    undecided = [f"{c.id}: {c.undecided}" for c in causes
-                 if c.status == "suspected" and c.undecided]
+        rationale = (
+            verdict.rationale
+            if applied
+            else (
+                f"{change.get('rationale')} (kept: this run could not test it -- "
+                f"{verdict.rationale})"
+            )
+        )
+        causes.append(
+            DiagnosisCause(
+                id=verdict.cause,
+                status=status,
+                rationale=rationale,
+                evidence=keys([*verdict.supports, *verdict.refutes]) if applied else [],
+                deciding_probe=verdict.deciding_probe,
+                previous_status=change.get("previous"),
+                undecided=(verdict.undecided or None) if status == "suspected" else None,
+            )
+        )
+    undecided = [
+        f"{c.id}: {c.undecided}" for c in causes if c.status == "suspected" and c.undecided
+    ]
     undecided += list(errors)
     diagnosis = Diagnosis(
-        incident=slug, run_id=run_id, generated_at=utcnow().isoformat(), findings=findings,
+        incident=slug,
+        run_id=run_id,
+        generated_at=utcnow().isoformat(),
+        findings=findings,
         arms=[DiagnosisArm.from_summary(summary, key) for summary, key in arms],
-        causes=causes, graph=graph, exchange_evidence=exchange_evidence, stack=stack,
-        observations=list(observations), undecided=undecided, cost=cost, state=state,
+        causes=causes,
+        graph=graph,
+        exchange_evidence=exchange_evidence,
+        stack=stack,
+        observations=list(observations),
+        undecided=undecided,
+        cost=cost,
+        state=state,
         reproduction=reproduction,
     )
     return diagnosis.validated()

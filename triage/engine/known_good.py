@@ -30,16 +30,23 @@ def search(stack: Stack, dims: dict[str, tuple[Any, Any]], run_arm: RunArm) -> d
     decisions = {arm: _run(run_arm, stack, arm, subset) for arm, subset in tried.items()}
     if "removes" not in decisions.values() and len(names) > 2:
         for i, a in enumerate(names):
-            for b in names[i + 1:]:
+            for b in names[i + 1 :]:
                 arm = f"known-good:revert-{a}+{b}"
                 tried[arm] = {a, b}
                 decisions[arm] = _run(run_arm, stack, arm, {a, b})
     decisions["known-good"] = _run(run_arm, stack, "known-good", set(names))
-    needed = sorted({d for arm, subset in tried.items()
-                     if decisions[arm] == "removes" and len(subset) == 1 for d in subset})
+    needed = sorted(
+        {
+            d
+            for arm, subset in tried.items()
+            if decisions[arm] == "removes" and len(subset) == 1
+            for d in subset
+        }
+    )
     if not needed:
-        pairs = [sorted(s) for arm, s in tried.items()
-                 if decisions[arm] == "removes" and len(s) == 2]
+        pairs = [
+            sorted(s) for arm, s in tried.items() if decisions[arm] == "removes" and len(s) == 2
+        ]
         needed = sorted({d for pair in pairs for d in pair})
     return {
         "name": "known-good-search",

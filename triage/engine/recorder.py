@@ -28,9 +28,16 @@ class Recorder:
         with self.store.session(readonly=True) as session:
             return get_incident(session, slug) is not None
 
-    def prepare(self, slug: str | None, new: runs.NewIncident, causes: Sequence[runs.CauseSpec],
-                *, exchange: dict[str, Any] | None, findings: list[dict[str, Any]],
-                plan: dict[str, Any] | None) -> None:
+    def prepare(
+        self,
+        slug: str | None,
+        new: runs.NewIncident,
+        causes: Sequence[runs.CauseSpec],
+        *,
+        exchange: dict[str, Any] | None,
+        findings: list[dict[str, Any]],
+        plan: dict[str, Any] | None,
+    ) -> None:
         """Find or open the incident, add the catalogue causes, and (for a new run) store
         the exchange and open the run row -- one transaction."""
         with self.store.session() as session:
@@ -45,7 +52,8 @@ class Recorder:
                 return
             if exchange:
                 self.evidence_keys["exchange"] = runs.record_exchange(
-                    session, incident.id, exchange, findings)
+                    session, incident.id, exchange, findings
+                )
             assert plan is not None
             plan = {**plan, "exchange_evidence": self.evidence_keys.get("exchange")}
             self.run_id = runs.start_run(session, incident.id, plan)
@@ -66,16 +74,22 @@ class Recorder:
         with self.store.session() as session:
             runs.heartbeat(session, self.run_id)
 
-    def set_state(self, state: str, *, finished: bool = False,
-                  result: dict[str, Any] | None = None) -> None:
+    def set_state(
+        self, state: str, *, finished: bool = False, result: dict[str, Any] | None = None
+    ) -> None:
         if self.run_id is None:
             return
         with self.store.session() as session:
             runs.set_run_state(session, self.run_id, state, finished=finished, result=result)
 
-    def record_results(self, arms: Sequence[ArmSummary], observations: dict[str, dict[str, Any]],
-                       summarize: Any, verdicts: Sequence[runs.VerdictRow] | None,
-                       build: Any) -> Any:
+    def record_results(
+        self,
+        arms: Sequence[ArmSummary],
+        observations: dict[str, dict[str, Any]],
+        summarize: Any,
+        verdicts: Sequence[runs.VerdictRow] | None,
+        build: Any,
+    ) -> Any:
         """Store the arm summaries and observations as evidence, apply the verdicts (None:
         no cause moves), then `build(changes, record)` the result and finish the run with it
         -- one transaction, so a run is either fully recorded or not at all."""
@@ -83,20 +97,31 @@ class Recorder:
         with self.store.session() as session:
             for arm in arms:
                 evidence = add_evidence(
-                    session, incident_id=self.incident_id, kind="measurement",
-                    summary=arm.evidence_summary(), payload=arm.to_dict(),
-                    source="triage diagnose", run_id=self.run_id)
+                    session,
+                    incident_id=self.incident_id,
+                    kind="measurement",
+                    summary=arm.evidence_summary(),
+                    payload=arm.to_dict(),
+                    source="triage diagnose",
+                    run_id=self.run_id,
+                )
                 self.evidence_keys[arm.arm] = evidence.key
             for name, facts in observations.items():
                 evidence = add_evidence(
-                    session, incident_id=self.incident_id, kind="observation",
-                    summary=summarize(name, facts), payload={"type": "observation", **facts},
-                    source="triage diagnose", run_id=self.run_id)
+                    session,
+                    incident_id=self.incident_id,
+                    kind="observation",
+                    summary=summarize(name, facts),
+                    payload={"type": "observation", **facts},
+                    source="triage diagnose",
+                    run_id=self.run_id,
+                )
                 self.evidence_keys[name] = evidence.key
             changes = {}
             if verdicts is not None:
-                changes = runs.apply_verdicts(session, self.incident_id, self.run_id,
-                                              self._with_keys(verdicts), self.actor)
+                changes = runs.apply_verdicts(
+                    session, self.incident_id, self.run_id, self._with_keys(verdicts), self.actor
+                )
             record = load_record(session, self.incident_slug)
             state, result = build(changes, record)
             runs.finish_run(session, self.run_id, state, result)
@@ -106,6 +131,15 @@ class Recorder:
         return [self.evidence_keys[n] for n in names if n in self.evidence_keys]
 
     def _with_keys(self, verdicts: Sequence[runs.VerdictRow]) -> list[runs.VerdictRow]:
-        return [runs.VerdictRow(v.cause, v.status, v.rationale, self.keys(v.supports),
-                                self.keys(v.refutes), v.deciding_probe, v.basis)
-                for v in verdicts]
+        return [
+            runs.VerdictRow(
+                v.cause,
+                v.status,
+                v.rationale,
+                self.keys(v.supports),
+                self.keys(v.refutes),
+                v.deciding_probe,
+                v.basis,
+            )
+            for v in verdicts
+        ]

@@ -50,12 +50,21 @@ class _RoundRobin:
         from triage.llama.client import LlamaClient
 
         sem = asyncio.Semaphore(max(1, min(self.server.slots, 4)))
-        client = LlamaClient(self.server.base_url, timeout=self.timeout,
-                             api_key=self.server.api_key)
+        client = LlamaClient(
+            self.server.base_url, timeout=self.timeout, api_key=self.server.api_key
+        )
         try:
-            tasks = [score_one(client, arm, probes.replay_body(
-                self.bodies[i % len(self.bodies)], self.seed + i), i, self.seed + i, sem)
-                for i in indices]
+            tasks = [
+                score_one(
+                    client,
+                    arm,
+                    probes.replay_body(self.bodies[i % len(self.bodies)], self.seed + i),
+                    i,
+                    self.seed + i,
+                    sem,
+                )
+                for i in indices
+            ]
             return list(await asyncio.gather(*tasks))
         finally:
             await client.aclose()
@@ -79,11 +88,9 @@ def replay_rate(
     # Doubling looks: replay_rate compares with `compare` (the Bonferroni rule divides alpha
     # by the number of looks), so fewer looks keep its power.
     schedule = look_schedule(max_requests, doubling=True) if baseline else [max_requests]
-    arm = ArmState("replay", "recorded requests on the current stack", "server",
-                   stack.server.key())
+    arm = ArmState("replay", "recorded requests on the current stack", "server", stack.server.key())
     try:
-        with open_server(stack.server, log_dir or (data_dir() / "runs" / "replay"),
-                         60.0) as server:
+        with open_server(stack.server, log_dir or (data_dir() / "runs" / "replay"), 60.0) as server:
             replayer = _RoundRobin(server, request_bodies, seed, request_timeout)
             for target in schedule:
                 todo = [i for i in range(arm.n, target)]
@@ -93,8 +100,7 @@ def replay_rate(
                     break
                 if baseline is None:
                     continue
-                cmp = compare(baseline[0], baseline[1], arm.failures, arm.n,
-                              looks=len(schedule))
+                cmp = compare(baseline[0], baseline[1], arm.failures, arm.n, looks=len(schedule))
                 arm.p_less, arm.p_value, arm.decision = cmp.p_less, cmp.p_two_sided, cmp.decision
                 if cmp.decision in ("removes", "unchanged", "no-baseline-failure"):
                     break
@@ -108,7 +114,13 @@ def replay_rate(
         arm.decision = "errored"
     summary = arm_summary(arm)
     return ArmResult(
-        n=arm.n, failures=arm.failures, rate=summary.rate, ci95=summary.ci95,
-        p_value=arm.p_less if baseline else None, decision=arm.decision,
-        kinds=arm.kind_counts(), error=arm.error, speed_tok_s=summary.speed_tok_s,
+        n=arm.n,
+        failures=arm.failures,
+        rate=summary.rate,
+        ci95=summary.ci95,
+        p_value=arm.p_less if baseline else None,
+        decision=arm.decision,
+        kinds=arm.kind_counts(),
+        error=arm.error,
+        speed_tok_s=summary.speed_tok_s,
     )

@@ -19,15 +19,22 @@ from triage.observe import committed_text, finish_reason_of, message_of, raw_mis
 __all__ = ["ArmRoute", "LlamaReplayer", "classify_reply", "score_one"]
 
 
-def classify_reply(request: dict[str, Any], status: int | None, body: Any,
-                   elapsed: float, *, timed_out: bool = False) -> tuple[bool, list[str]]:
+def classify_reply(
+    request: dict[str, Any],
+    status: int | None,
+    body: Any,
+    elapsed: float,
+    *,
+    timed_out: bool = False,
+) -> tuple[bool, list[str]]:
     """Is this reply a failure, and which failure kinds does it show? (capture + symptoms)"""
     from triage.capture import CaptureError, exchange_from_http
     from triage.symptoms import USER_FACING_KINDS, failure_kinds
 
     try:
-        exchange = exchange_from_http(request, body, status=status, elapsed_ms=elapsed * 1000,
-                                      timed_out=timed_out)
+        exchange = exchange_from_http(
+            request, body, status=status, elapsed_ms=elapsed * 1000, timed_out=timed_out
+        )
     except CaptureError:
         return True, ["http-error"]
     kinds = failure_kinds(exchange)
@@ -37,8 +44,9 @@ def classify_reply(request: dict[str, Any], status: int | None, body: Any,
     return bool(kinds & USER_FACING_KINDS), sorted(kinds)
 
 
-async def score_one(client: Any, arm: str, body: dict[str, Any], index: int, seed: int,
-                    sem: asyncio.Semaphore) -> Reply:
+async def score_one(
+    client: Any, arm: str, body: dict[str, Any], index: int, seed: int, sem: asyncio.Semaphore
+) -> Reply:
     """Send one replicate and score it (failure kinds, lengths, timings)."""
     from triage.llama.client import LlamaClientError
 
@@ -49,20 +57,29 @@ async def score_one(client: Any, arm: str, body: dict[str, Any], index: int, see
         except LlamaClientError as exc:
             elapsed = time.monotonic() - started
             kind = "timeout" if getattr(exc, "kind", "") == "timeout" else "http-error"
-            return Reply(arm, index, seed, True, [kind], None, 0, 0, None, elapsed, {},
-                         error=str(exc))
+            return Reply(
+                arm, index, seed, True, [kind], None, 0, 0, None, elapsed, {}, error=str(exc)
+            )
     payload = result.json
     failed, kinds = classify_reply(
-        body, result.status_code, payload if payload is not None else result.raw,
-        result.elapsed)
+        body, result.status_code, payload if payload is not None else result.raw, result.elapsed
+    )
     message = message_of(payload)
     timings = dict(payload.get("timings") or {}) if isinstance(payload, dict) else {}
     return Reply(
-        arm, index, seed, failed, kinds, finish_reason_of(payload),
+        arm,
+        index,
+        seed,
+        failed,
+        kinds,
+        finish_reason_of(payload),
         len(str(message.get("content") or "")),
         len(str(message.get("reasoning_content") or "")),
-        result.status_code, result.elapsed, timings,
-        raw_misplaced=raw_misplaced(payload), text=committed_text(payload),
+        result.status_code,
+        result.elapsed,
+        timings,
+        raw_misplaced=raw_misplaced(payload),
+        text=committed_text(payload),
     )
 
 
@@ -157,15 +174,17 @@ class LaunchEachTime:
         seed = self.seed + index
         started = time.monotonic()
         try:
-            with open_server(self.config, self.log_dir / f"{arm}-{index}",
-                             self.ready_timeout) as server:
+            with open_server(
+                self.config, self.log_dir / f"{arm}-{index}", self.ready_timeout
+            ) as server:
+
                 async def once() -> Reply:
-                    client = LlamaClient(server.base_url, timeout=self.timeout,
-                                         api_key=server.api_key)
+                    client = LlamaClient(
+                        server.base_url, timeout=self.timeout, api_key=server.api_key
+                    )
                     try:
                         body = probes.replay_body(self.transform(self.request), seed)
-                        return await score_one(client, arm, body, index, seed,
-                                               asyncio.Semaphore(1))
+                        return await score_one(client, arm, body, index, seed, asyncio.Semaphore(1))
                     finally:
                         await client.aclose()
 
@@ -173,10 +192,23 @@ class LaunchEachTime:
         except Exception as exc:  # noqa: BLE001 - a crash is a measurement, not an error
             crash = startup_crash(exc)
             if crash is None:
-                raise ArmFailed(f"{type(exc).__name__}: {str(exc)[:400]}",
-                                str(getattr(exc, "log_tail", ""))) from exc
-            return Reply(arm, index, seed, True, [CRASH_KIND, crash["signal"]], None, 0, 0,
-                         None, time.monotonic() - started, {}, text=crash["log_tail"][-500:])
+                raise ArmFailed(
+                    f"{type(exc).__name__}: {str(exc)[:400]}", str(getattr(exc, "log_tail", ""))
+                ) from exc
+            return Reply(
+                arm,
+                index,
+                seed,
+                True,
+                [CRASH_KIND, crash["signal"]],
+                None,
+                0,
+                0,
+                None,
+                time.monotonic() - started,
+                {},
+                text=crash["log_tail"][-500:],
+            )
         # It started: only a crash (at startup, mid-request), a hang or no answer fails.
         reply.failed = bool(reply.error) or bool({CRASH_KIND, HANG_KIND} & set(reply.kinds))
         return reply

@@ -24,8 +24,7 @@ class Signature:
     status_class: int | None = None  # 2 for 2xx, 5 for 5xx, ...
 
     @classmethod
-    def from_findings(cls, findings: list[dict[str, Any]], exchange: dict[str, Any]
-                      ) -> Signature:
+    def from_findings(cls, findings: list[dict[str, Any]], exchange: dict[str, Any]) -> Signature:
         kinds = frozenset(str(f["kind"]) for f in findings if not f.get("passed", True))
         status = exchange.get("status") if exchange else None
         finish = None
@@ -35,20 +34,29 @@ class Signature:
                 finish = response["choices"][0].get("finish_reason")
             except (KeyError, IndexError, TypeError, AttributeError):
                 finish = None
-        return cls(kinds, finish if isinstance(finish, str) else None,
-                   status // 100 if isinstance(status, int) and status >= 100 else None)
+        return cls(
+            kinds,
+            finish if isinstance(finish, str) else None,
+            status // 100 if isinstance(status, int) and status >= 100 else None,
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kinds": sorted(self.kinds), "finish_reason": self.finish_reason,
-                "status_class": f"{self.status_class}xx" if self.status_class else None}
+        return {
+            "kinds": sorted(self.kinds),
+            "finish_reason": self.finish_reason,
+            "status_class": f"{self.status_class}xx" if self.status_class else None,
+        }
 
     def matches(self, reply: Any) -> bool:
         """Does a failing reply show this failure?"""
         if not reply.failed or reply.error:
             return False
         status = reply.status if isinstance(reply.status, int) else None
-        if self.status_class is not None and status is not None \
-                and status // 100 != self.status_class:
+        if (
+            self.status_class is not None
+            and status is not None
+            and status // 100 != self.status_class
+        ):
             return False
         if self.status_class in (None, 2) and status is not None and 400 <= status < 500:
             return False  # the replay itself was refused: not the captured failure
@@ -60,8 +68,11 @@ def _describe(reply: Any) -> str:
         return f"no reply ({reply.error[:160]})"
     if isinstance(reply.status, int) and reply.status >= 400:
         return f"HTTP {reply.status}"
-    return "failed with " + (", ".join(reply.kinds) or "no finding") + \
-        (f" (finish {reply.finish_reason})" if reply.finish_reason else "")
+    return (
+        "failed with "
+        + (", ".join(reply.kinds) or "no finding")
+        + (f" (finish {reply.finish_reason})" if reply.finish_reason else "")
+    )
 
 
 def gate_message(signature: Signature, baseline: Any) -> str | None:
@@ -82,6 +93,8 @@ def gate_message(signature: Signature, baseline: Any) -> str | None:
     wanted = ", ".join(sorted(signature.kinds)) or "a failing reply"
     if signature.status_class:
         wanted += f" (HTTP {signature.status_class}xx)"
-    return (f"the failure did not reproduce: the captured exchange shows {wanted}, but "
-            f"{len(different)}/{len(replies)} baseline replays failed differently: {shown}. "
-            "No cause was moved; fix the request or the stack and run again")
+    return (
+        f"the failure did not reproduce: the captured exchange shows {wanted}, but "
+        f"{len(different)}/{len(replies)} baseline replays failed differently: {shown}. "
+        "No cause was moved; fix the request or the stack and run again"
+    )

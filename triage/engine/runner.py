@@ -115,12 +115,14 @@ class Diagnoser:
         self.crash: dict[str, Any] | None = None  # facts of a startup crash (crash mode)
         # Secret flag values of the stack (`--api-key KEY`, ...): scrubbed from every message,
         # log tail and fact before it is recorded or printed.
-        self.secrets = secret_values([
-            *stack.server.args, *(stack.known_good.args if stack.known_good else [])])
+        self.secrets = secret_values(
+            [*stack.server.args, *(stack.known_good.args if stack.known_good else [])]
+        )
         self.started = time.monotonic()
         self.log_dir = self.options.log_dir or (data_dir() / "runs")
-        self.replayer = LlamaReplayer(self.request, self.options.seed,
-                                      self.options.request_timeout, self.options.concurrency)
+        self.replayer = LlamaReplayer(
+            self.request, self.options.seed, self.options.request_timeout, self.options.concurrency
+        )
 
     # -- bookkeeping ---------------------------------------------------------------------
     def _emit(self, stage: str, message: str, done: int = 0, total: int = 0) -> None:
@@ -133,18 +135,28 @@ class Diagnoser:
         server = self.stack.server
         model = Path(str(server.model or server.url or "server")).stem
         new = runs.NewIncident(
-            model=model, kinds=[f["kind"] for f in self.findings if not f.get("passed", True)],
-            weights=Path(str(server.model or "")).name, flags=safe_args(server.args),
-            stack={"server": safe_describe(server), "speculative": self.stack.speculative})
+            model=model,
+            kinds=[f["kind"] for f in self.findings if not f.get("passed", True)],
+            weights=Path(str(server.model or "")).name,
+            flags=safe_args(server.args),
+            stack={"server": safe_describe(server), "speculative": self.stack.speculative},
+        )
         causes = [runs.CauseSpec(c.id, c.title) for c in self._causes(catalogue().causes)]
         plan = {
-            "request": self.request, "stack": safe_stack_raw(self.stack.raw),
+            "request": self.request,
+            "stack": safe_stack_raw(self.stack.raw),
             "stack_source": self.stack.source,
             "options": {"max_requests": self.options.max_requests, "seed": self.options.seed},
             "findings": self.findings,
         }
-        self.recorder.prepare(self.incident_slug, new, causes, exchange=self.exchange,
-                              findings=self.findings, plan=plan)
+        self.recorder.prepare(
+            self.incident_slug,
+            new,
+            causes,
+            exchange=self.exchange,
+            findings=self.findings,
+            plan=plan,
+        )
         self.incident_slug = self.recorder.incident_slug
 
     def _plan(self) -> None:
@@ -152,13 +164,15 @@ class Diagnoser:
         crashed = self.crash is not None
         for planned in probes.plan_arms(self.stack, self.request):
             if planned.name != cause_rules.BASELINE and (
-                    (planned.when == "crash" and not crashed)
-                    or (crashed and planned.level == "request")):
+                (planned.when == "crash" and not crashed)
+                or (crashed and planned.level == "request")
+            ):
                 continue  # crash-only arms need a crash; a crashed server serves no request
             key = incident_key if planned.level == "request" else planned.config.key()  # type: ignore[union-attr]
             self.planned[planned.name] = planned
-            self.arms[planned.name] = ArmState(planned.name, planned.variant, planned.level,
-                                               key, planned.decides)
+            self.arms[planned.name] = ArmState(
+                planned.name, planned.variant, planned.level, key, planned.decides
+            )
         for reply in self.recorder.previous_replies():
             arm = self.arms.get(reply.arm)
             if arm is not None and not arm.has(reply.index):
@@ -166,11 +180,20 @@ class Diagnoser:
 
     def _scheduler(self) -> Scheduler:
         def on_look(look: int, target: int, active: list[str]) -> None:
-            self._emit("probe", f"look {look + 1}/{len(self.schedule)}: {target} replays for "
-                       + ", ".join(active), look + 1, len(self.schedule))
+            self._emit(
+                "probe",
+                f"look {look + 1}/{len(self.schedule)}: {target} replays for " + ", ".join(active),
+                look + 1,
+                len(self.schedule),
+            )
 
-        return Scheduler(self.schedule, self.options.max_requests, judge=self._judge,
-                         on_replies=self._record_replies, on_look=on_look)
+        return Scheduler(
+            self.schedule,
+            self.options.max_requests,
+            judge=self._judge,
+            on_replies=self._record_replies,
+            on_look=on_look,
+        )
 
     def _causes(self, causes: Any) -> list[Any]:
         """The causes this run decides: crash-only causes (`when = "crash"`) only when the
@@ -181,16 +204,15 @@ class Diagnoser:
     def _decide(self, outcomes: Any) -> list[cause_rules.Verdict]:
         from triage.catalogue import catalogue
 
-        return cause_rules.decide(outcomes, self._observations(),
-                                  self._causes(catalogue().causes))
+        return cause_rules.decide(outcomes, self._observations(), self._causes(catalogue().causes))
 
     def _judge(self, outcomes: Any) -> dict[str, str]:
         return {v.cause: v.status for v in self._decide(outcomes)}
 
     def _observations(self) -> cause_rules.Observations:
         return cause_rules.observations_from(
-            self.facts, self.stack, speculative=self._speculative(),
-            planned=tuple(self.planned))
+            self.facts, self.stack, speculative=self._speculative(), planned=tuple(self.planned)
+        )
 
     def _speculative(self) -> bool:
         """Speculative decoding is on: flags in the stack, the server's /props, or draft
@@ -199,7 +221,8 @@ class Diagnoser:
             return True
         baseline = self.arms.get(cause_rules.BASELINE)
         return baseline is not None and any(
-            int(r.timings.get("draft_n", 0) or 0) > 0 for r in baseline.replies)
+            int(r.timings.get("draft_n", 0) or 0) > 0 for r in baseline.replies
+        )
 
     # -- main ------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -212,9 +235,12 @@ class Diagnoser:
             self._plan()
             kg_dims = probes.known_good_dimensions(self.stack) if base is not None else {}
             server_arms = [p for p in self.planned.values() if p.level == "server"]
-            self._emit("plan", f"{len(self.planned) - len(server_arms)} request arms, "
-                       f"{len(server_arms)} server arms"
-                       + (f", known-good search over {sorted(kg_dims)}" if kg_dims else ""))
+            self._emit(
+                "plan",
+                f"{len(self.planned) - len(server_arms)} request arms, "
+                f"{len(server_arms)} server arms"
+                + (f", known-good search over {sorted(kg_dims)}" if kg_dims else ""),
+            )
             assert self.recorder.run_id is not None
             log_dir = self.log_dir / f"run-{self.recorder.run_id}"
             log_dir.mkdir(parents=True, exist_ok=True)
@@ -240,19 +266,26 @@ class Diagnoser:
                 continue
             facts = crash_facts(server.failure)
             arms = sorted(a.name for a in self.arms.values() if a.group == server.key)
-            name = facts["name"] if server.config is self.stack.server else \
-                f"{'+'.join(arms) or server.key}-{facts['name']}"
+            name = (
+                facts["name"]
+                if server.config is self.stack.server
+                else f"{'+'.join(arms) or server.key}-{facts['name']}"
+            )
             self.facts[name] = {**facts, "name": name, "arms": arms}
 
     def _preflight(self) -> None:
         """Refuse what cannot work before launching or recording anything."""
         messages = self.request.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise EngineError("request: $.messages is required (a non-empty list of chat "
-                              "messages); llama-server refuses a chat request without it")
+            raise EngineError(
+                "request: $.messages is required (a non-empty list of chat "
+                "messages); llama-server refuses a chat request without it"
+            )
         if self.incident_slug and not self.recorder.incident_exists(self.incident_slug):
-            raise EngineError(f"--incident {self.incident_slug!r}: no such incident (omit "
-                              "--incident to open a new one)")
+            raise EngineError(
+                f"--incident {self.incident_slug!r}: no such incident (omit "
+                "--incident to open a new one)"
+            )
         server = self.stack.server
         if server.model is None and server.url:
             check_url(server.url)
@@ -264,11 +297,17 @@ class Diagnoser:
 
     def _launch_base(self, servers: ExitStack) -> Server | None:
         self._emit("launch", "starting the incident's server")
-        stamp = f"run-{self.recorder.run_id}" if self.recorder.run_id else \
-            f"launch-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+        stamp = (
+            f"run-{self.recorder.run_id}"
+            if self.recorder.run_id
+            else f"launch-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+        )
         try:
-            base = servers.enter_context(open_server(
-                self.stack.server, self.log_dir / stamp / "incident", self.options.ready_timeout))
+            base = servers.enter_context(
+                open_server(
+                    self.stack.server, self.log_dir / stamp / "incident", self.options.ready_timeout
+                )
+            )
         except EngineError:
             raise
         except Exception as exc:
@@ -286,11 +325,16 @@ class Diagnoser:
         self.servers[base.key] = base
         return base
 
-    def _run_arms(self, base: Server, kg_dims: dict[str, tuple[Any, Any]],
-                  log_dir: Path) -> None:
-        asyncio.run(observe.observe_server(base, self.request, self.facts,
-                                           seed=self.options.seed,
-                                           timeout=self.options.request_timeout))
+    def _run_arms(self, base: Server, kg_dims: dict[str, tuple[Any, Any]], log_dir: Path) -> None:
+        asyncio.run(
+            observe.observe_server(
+                base,
+                self.request,
+                self.facts,
+                seed=self.options.seed,
+                timeout=self.options.request_timeout,
+            )
+        )
         if self._base_failed(base):  # it crashed (or hung) on the observation requests
             self._crash_mode_after(base, log_dir)
             return
@@ -310,8 +354,10 @@ class Diagnoser:
                 self._run_server_arm(planned, base, log_dir)
         if kg_dims:
             self.facts["known-good-search"] = known_good.search(
-                self.stack, kg_dims, lambda name, variant, config:
-                self._kg_arm(name, variant, config, base, log_dir))
+                self.stack,
+                kg_dims,
+                lambda name, variant, config: self._kg_arm(name, variant, config, base, log_dir),
+            )
 
     @staticmethod
     def _base_failed(base: Server) -> bool:
@@ -325,8 +371,7 @@ class Diagnoser:
         failure to diagnose (issue 12), probed like a startup crash -- every replay is a
         launch plus one request -- by the crash-only arms (no-repack, ...)."""
         self.crash = crash_facts(base.failure)
-        self._emit("crash", self.crash["summary"] + "; diagnosing the crash, one launch per "
-                   "replay")
+        self._emit("crash", self.crash["summary"] + "; diagnosing the crash, one launch per replay")
         self._prepare()  # the crash-only causes (cpu-backend) join the incident's causes
         self.arms.clear()
         self.planned.clear()
@@ -341,15 +386,23 @@ class Diagnoser:
         self.facts[str(self.crash["name"])] = self.crash
         startup = self.crash.get("phase", "startup") == "startup"
         if startup:
-            self.reproduction = {"reproduced": True, "message": self.crash["summary"],
-                                 "signature": {"kinds": [CRASH_KIND], "finish_reason": None,
-                                               "status_class": None}}
+            self.reproduction = {
+                "reproduced": True,
+                "message": self.crash["summary"],
+                "signature": {"kinds": [CRASH_KIND], "finish_reason": None, "status_class": None},
+            }
         router = _Router()
         for name, planned in self.planned.items():
             config = self.stack.server if name == cause_rules.BASELINE else planned.config
             router.routes[name] = LaunchEachTime(
-                config, log_dir / _safe(name), self.options.ready_timeout, self.request,
-                self.options.seed, self.options.request_timeout, planned.transform)
+                config,
+                log_dir / _safe(name),
+                self.options.ready_timeout,
+                self.request,
+                self.options.seed,
+                self.options.request_timeout,
+                planned.transform,
+            )
         scheduler = self._scheduler()
         asyncio.run(scheduler.baseline_look(self.arms, self.schedule[0], router))
         if not startup and not self._gate():
@@ -369,9 +422,11 @@ class Diagnoser:
         """Apply the reproduction gate to the baseline's replies so far."""
         baseline = self.arms[cause_rules.BASELINE]
         message = gate_message(self.signature, baseline)
-        self.reproduction = {"reproduced": message is None,
-                             "message": message or "the baseline reproduces the captured "
-                             "failure", "signature": self.signature.to_dict()}
+        self.reproduction = {
+            "reproduced": message is None,
+            "message": message or "the baseline reproduces the captured failure",
+            "signature": self.signature.to_dict(),
+        }
         if message is not None:
             self._emit("gate", message)
             for arm in self.arms.values():
@@ -386,8 +441,9 @@ class Diagnoser:
         assert planned.config is not None
         self._emit("launch", f"starting server for {planned.name}")
         try:
-            with open_server(planned.config, log_dir / _safe(planned.name),
-                             self.options.ready_timeout) as server:
+            with open_server(
+                planned.config, log_dir / _safe(planned.name), self.options.ready_timeout
+            ) as server:
                 arm.launch_seconds = server.launch_seconds
                 self.servers[server.key] = server
                 if planned.observe is not None:
@@ -404,31 +460,38 @@ class Diagnoser:
         if report is not None:
             facts = crash_facts(report)
             self.facts[f"{arm.name}-{facts['name']}"] = {
-                **facts, "name": f"{arm.name}-{facts['name']}", "arm": arm.name}
+                **facts,
+                "name": f"{arm.name}-{facts['name']}",
+                "arm": arm.name,
+            }
         if not arm.error:
-            arm.error = report.sentence() if report is not None else \
-                f"{type(exc).__name__}: {exc}"
+            arm.error = report.sentence() if report is not None else f"{type(exc).__name__}: {exc}"
             arm.log_tail = str(getattr(exc, "log_tail", ""))
             arm.decision = "errored"
             arm.stopped = "server failed"
 
     def _observe(self, planned: probes.PlannedArm, base: Server, server: Server) -> None:
         assert planned.observe is not None
-        context = probes.ObserveContext(base, server, self.request, self.options.seed,
-                                        self.options.request_timeout,
-                                        self.options.divergence_seeds)
+        context = probes.ObserveContext(
+            base,
+            server,
+            self.request,
+            self.options.seed,
+            self.options.request_timeout,
+            self.options.divergence_seeds,
+        )
         facts: dict[str, Any] | None
         try:
             facts = asyncio.run(planned.observe(context))
         except Exception as exc:  # noqa: BLE001 - an observation is recorded, not fatal
-            facts = {"name": f"{planned.name}-observation", "error": f"{type(exc).__name__}: "
-                     f"{exc}"}
+            facts = {"name": f"{planned.name}-observation", "error": f"{type(exc).__name__}: {exc}"}
         if facts:
             facts = {"name": planned.name, **facts}
             self.facts[str(facts["name"])] = facts
 
-    def _kg_arm(self, name: str, variant: str, config: ServerConfig, base: Server,
-                log_dir: Path) -> str:
+    def _kg_arm(
+        self, name: str, variant: str, config: ServerConfig, base: Server, log_dir: Path
+    ) -> str:
         self.arms[name] = ArmState(name, variant, "server", config.key())
         planned = probes.PlannedArm(name, variant, "server", config=config)
         self.planned[name] = planned
@@ -439,8 +502,10 @@ class Diagnoser:
         """Store replies, their error text scrubbed of secret flag values (a failed launch
         quotes its argv)."""
         if self.secrets:
-            replies = [dataclasses.replace(r, error=scrub_secrets(r.error, self.secrets))
-                       if r.error else r for r in replies]
+            replies = [
+                dataclasses.replace(r, error=scrub_secrets(r.error, self.secrets)) if r.error else r
+                for r in replies
+            ]
         self.recorder.record_replies(replies)
 
     # -- results -----------------------------------------------------------------------------
@@ -458,13 +523,28 @@ class Diagnoser:
             # A baseline that failed differently is not the incident's baseline: keep its
             # replies as a reproduction measurement, never as a `baseline` arm.
             summaries = []
-            self.facts["reproduction"] = {"name": "reproduction", **(self.reproduction or {}),
-                                          "summary": (self.reproduction or {}).get("message"),
-                                          "baseline": arm_summary(
-                                              self.arms[cause_rules.BASELINE]).to_dict()}
-        rows = None if gate_failed else [
-            runs.VerdictRow(v.cause, v.status, v.rationale, list(v.supports), list(v.refutes),
-                            v.deciding_probe, v.basis) for v in verdicts]
+            self.facts["reproduction"] = {
+                "name": "reproduction",
+                **(self.reproduction or {}),
+                "summary": (self.reproduction or {}).get("message"),
+                "baseline": arm_summary(self.arms[cause_rules.BASELINE]).to_dict(),
+            }
+        rows = (
+            None
+            if gate_failed
+            else [
+                runs.VerdictRow(
+                    v.cause,
+                    v.status,
+                    v.rationale,
+                    list(v.supports),
+                    list(v.refutes),
+                    v.deciding_probe,
+                    v.basis,
+                )
+                for v in verdicts
+            ]
+        )
         errored = [a for a in self.arms.values() if a.error]
         state = "not-reproduced" if gate_failed else ("partial" if errored else "done")
 
@@ -472,17 +552,26 @@ class Diagnoser:
             keys = self.recorder.keys
             shown = verdicts if not gate_failed else []
             diagnosis = build_diagnosis(
-                slug=self.recorder.incident_slug, run_id=self.recorder.run_id,
-                findings=self.findings, stack={
+                slug=self.recorder.incident_slug,
+                run_id=self.recorder.run_id,
+                findings=self.findings,
+                stack={
                     **stack_summary(self.stack, obs.speculative_enabled),
-                    "host_workaround": _host_workaround(self.stack)},
+                    "host_workaround": _host_workaround(self.stack),
+                },
                 arms=[(s, self.recorder.evidence_keys.get(s.arm)) for s in summaries],
-                observations=[{**facts, "evidence": self.recorder.evidence_keys.get(name)}
-                              for name, facts in self.facts.items()],
-                verdicts=shown, changes=changes, keys=keys,
+                observations=[
+                    {**facts, "evidence": self.recorder.evidence_keys.get(name)}
+                    for name, facts in self.facts.items()
+                ],
+                verdicts=shown,
+                changes=changes,
+                keys=keys,
                 errors=[f"arm {a.name} errored: {a.error}" for a in errored],
-                graph=graph_mod.summary(graph_mod.build_graph(record)), cost=self._cost(),
-                exchange_evidence=self.recorder.evidence_keys.get("exchange"), state=state,
+                graph=graph_mod.summary(graph_mod.build_graph(record)),
+                cost=self._cost(),
+                exchange_evidence=self.recorder.evidence_keys.get("exchange"),
+                state=state,
                 reproduction=self.reproduction,
             )
             if gate_failed:
@@ -490,16 +579,19 @@ class Diagnoser:
             return state, diagnosis
 
         result: dict[str, Any] = self.recorder.record_results(
-            summaries, self.facts, observe.observation_summary, rows, build)
+            summaries, self.facts, observe.observation_summary, rows, build
+        )
         self._emit("done", f"diagnosis of {self.recorder.incident_slug} recorded")
         return result
 
     def _cost(self) -> dict[str, Any]:
         requests = sum(len(a.replies) for a in self.arms.values())
-        return {"requests": requests,
-                "wall_seconds": round(time.monotonic() - self.started, 3),
-                "server_seconds": round(sum(server_seconds(a) for a in self.arms.values()), 3),
-                "launch_seconds": round(sum(s.launch_seconds for s in self.servers.values()), 3)}
+        return {
+            "requests": requests,
+            "wall_seconds": round(time.monotonic() - self.started, 3),
+            "server_seconds": round(sum(server_seconds(a) for a in self.arms.values()), 3),
+            "launch_seconds": round(sum(s.launch_seconds for s in self.servers.values()), 3),
+        }
 
 
 def _standing_causes(record: dict[str, Any]) -> list[dict[str, Any]]:
@@ -507,12 +599,19 @@ def _standing_causes(record: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for cause in record.get("causes") or []:
         status = str(cause.get("status", "suspected"))
-        out.append({"id": str(cause.get("id")), "status": status,
-                    "rationale": str(cause.get("rationale") or "not moved by this run"),
-                    "evidence": [], "deciding_probe": str(cause.get("deciding_probe") or ""),
-                    "previous_status": status,
-                    "undecided": "the failure did not reproduce in this run"
-                    if status == "suspected" else None})
+        out.append(
+            {
+                "id": str(cause.get("id")),
+                "status": status,
+                "rationale": str(cause.get("rationale") or "not moved by this run"),
+                "evidence": [],
+                "deciding_probe": str(cause.get("deciding_probe") or ""),
+                "previous_status": status,
+                "undecided": "the failure did not reproduce in this run"
+                if status == "suspected"
+                else None,
+            }
+        )
     return out
 
 

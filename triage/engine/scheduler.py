@@ -139,20 +139,23 @@ class Scheduler:
     on_replies: Callable[[list[Any]], None] = lambda replies: None
     on_look: Callable[[int, int, list[str]], None] = lambda look, target, active: None
 
-    async def run(self, arms: dict[str, ArmState], names: Sequence[str],
-                  replayer: Replayer) -> None:
+    async def run(
+        self, arms: dict[str, ArmState], names: Sequence[str], replayer: Replayer
+    ) -> None:
         """Bring `names` (besides the baseline) to a decision; `arms` holds every arm of the
         run (the baseline included), so verdicts and mootness see all of them."""
         baseline = arms[BASELINE]
-        active = [n for n in names if n != BASELINE and arms[n].decision in OPEN
-                  and not arms[n].error]
+        active = [
+            n for n in names if n != BASELINE and arms[n].decision in OPEN and not arms[n].error
+        ]
         for look, target in enumerate(self.schedule):
             if not active:
                 break
             self.on_look(look, target, active)
             states = [baseline, *[arms[n] for n in active]]
-            results = await asyncio.gather(*[self._top_up(replayer, s, target) for s in states],
-                                           return_exceptions=True)
+            results = await asyncio.gather(
+                *[self._top_up(replayer, s, target) for s in states], return_exceptions=True
+            )
             for state, result in zip(states, results, strict=True):
                 if isinstance(result, ArmFailed):
                     self._mark_failed(arms, state.group, result)
@@ -166,8 +169,9 @@ class Scheduler:
                 return
             active = self._decide_look(arms, active, look)
 
-    async def baseline_look(self, arms: dict[str, ArmState], target: int,
-                            replayer: Replayer) -> None:
+    async def baseline_look(
+        self, arms: dict[str, ArmState], target: int, replayer: Replayer
+    ) -> None:
         """Top up the baseline alone (the reproduction gate looks at it first)."""
         baseline = arms[BASELINE]
         try:
@@ -183,16 +187,21 @@ class Scheduler:
         arm.replies.extend(replies)
         self.on_replies(replies)
 
-    def _decide_look(self, arms: dict[str, ArmState], active: list[str], look: int
-                     ) -> list[str]:
+    def _decide_look(self, arms: dict[str, ArmState], active: list[str], look: int) -> list[str]:
         baseline = arms[BASELINE]
         still = []
         for name in active:
             arm = arms[name]
             if arm.error:
                 continue
-            cmp = compare(baseline.failures, baseline.n, arm.failures, arm.n,
-                          looks=len(self.schedule), paired=paired(baseline, arm))
+            cmp = compare(
+                baseline.failures,
+                baseline.n,
+                arm.failures,
+                arm.n,
+                looks=len(self.schedule),
+                paired=paired(baseline, arm),
+            )
             arm.p_less, arm.p_value = cmp.p_less, cmp.p_two_sided
             arm.decision = cmp.decision
             if cmp.decision in DECIDED:
@@ -220,19 +229,27 @@ class Scheduler:
         current = outcomes[name]
         seen: dict[str, set[str]] = {cause: set() for cause in arm.decides}
         size = max(current.n, 1)
-        for hypothesis, failures in (("removes", 0), ("unchanged", size),
-                                     ("undecided", current.failures)):
+        for hypothesis, failures in (
+            ("removes", 0),
+            ("unchanged", size),
+            ("undecided", current.failures),
+        ):
             trial = dict(outcomes)
-            trial[name] = replace(current, decision=hypothesis, n=size, failures=failures,
-                                  p_value=current.p_value if current.p_value is not None
-                                  else 0.0)
+            trial[name] = replace(
+                current,
+                decision=hypothesis,
+                n=size,
+                failures=failures,
+                p_value=current.p_value if current.p_value is not None else 0.0,
+            )
             statuses = self.judge(trial)
             for cause in arm.decides:
                 seen[cause].add(statuses.get(cause, ""))
         if any(len(values) > 1 for values in seen.values()):
             return None
-        settled = ", ".join(f"{cause} stays {next(iter(seen[cause])) or 'unknown'}"
-                            for cause in arm.decides)
+        settled = ", ".join(
+            f"{cause} stays {next(iter(seen[cause])) or 'unknown'}" for cause in arm.decides
+        )
         return f"no outcome of it changes a verdict ({settled})"
 
     @staticmethod

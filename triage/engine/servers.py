@@ -102,8 +102,10 @@ def safe_stack_raw(raw: Any) -> Any:
     """A parsed stack file with every `args` list's secret flag values masked (for the
     run plan; `--resume` reads the stack file again, so nothing needs the real values)."""
     if isinstance(raw, dict):
-        return {k: safe_args(v) if k == "args" and isinstance(v, list) else safe_stack_raw(v)
-                for k, v in raw.items()}
+        return {
+            k: safe_args(v) if k == "args" and isinstance(v, list) else safe_stack_raw(v)
+            for k, v in raw.items()
+        }
     if isinstance(raw, list):
         return [safe_stack_raw(v) for v in raw]
     return raw
@@ -192,20 +194,33 @@ def resolve_binary(binary: Path | None) -> Path:
 def open_server(config: ServerConfig, log_dir: Path, ready_timeout: float) -> Iterator[Server]:
     """Launch (or attach to) one server configuration; always stopped on exit."""
     if config.model is None and config.url:
-        yield Server(config.key(), config, config.url.rstrip("/"), 1, 0.0,
-                     api_key=api_key_from_args(config.args))
+        yield Server(
+            config.key(),
+            config,
+            config.url.rstrip("/"),
+            1,
+            0.0,
+            api_key=api_key_from_args(config.args),
+        )
         return
     from triage.llama.launcher import ServerSpec, launch
 
     if config.model is None:
         raise EngineError("the server configuration has neither a model nor a url")
     api_key = api_key_from_args(config.args)
-    spec = ServerSpec(binary=resolve_binary(config.binary), model=Path(config.model),
-                      args=list(config.args))
+    spec = ServerSpec(
+        binary=resolve_binary(config.binary), model=Path(config.model), args=list(config.args)
+    )
     with launch(spec, log_dir=log_dir, ready_timeout=ready_timeout) as running:
-        yield Server(config.key(), config, running.base_url, 1,
-                     float(getattr(running, "launch_seconds", 0.0) or 0.0), running,
-                     api_key=api_key)
+        yield Server(
+            config.key(),
+            config,
+            running.base_url,
+            1,
+            float(getattr(running, "launch_seconds", 0.0) or 0.0),
+            running,
+            api_key=api_key,
+        )
 
 
 RESERVED_FLAGS = ("--host", "--port", "-m", "--model")
@@ -219,8 +234,10 @@ def check_config(config: ServerConfig, where: str) -> None:
     args = list(config.args)
     clashes = sorted({a.split("=", 1)[0] for a in args} & set(RESERVED_FLAGS))
     if clashes:
-        raise EngineError(f"{where}: args must not set {', '.join(clashes)}: the engine "
-                          "chooses the model, host and port of every server it launches")
+        raise EngineError(
+            f"{where}: args must not set {', '.join(clashes)}: the engine "
+            "chooses the model, host and port of every server it launches"
+        )
     if config.model is None:
         return
     if not Path(config.model).is_file():
@@ -251,5 +268,6 @@ def check_url(url: str, timeout: float = 5.0) -> None:
     except LlamaClientError as exc:
         raise EngineError(f"$.server.url: {url} does not answer: {exc}") from None
     if status >= 400:
-        raise EngineError(f"$.server.url: {url}/health answered HTTP {status}; the server "
-                          "is not ready")
+        raise EngineError(
+            f"$.server.url: {url}/health answered HTTP {status}; the server is not ready"
+        )

@@ -133,21 +133,30 @@ def pip_download_argv(build_number: int, dest: Path, python: str | None = None) 
     """argv that fetches the sdist (only this package from source: never `--no-binary :all:`,
     which would compile pip's own build dependencies such as cmake)."""
     return [
-        python or sys.executable, "-m", "pip", "download",
-        "--no-deps", "--no-binary", SDIST_PACKAGE,
+        python or sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--no-binary",
+        SDIST_PACKAGE,
         f"{SDIST_PACKAGE}=={build_number}.0.0",
-        "-d", str(dest),
+        "-d",
+        str(dest),
     ]
 
 
-def configure_argv(src: Path, build: Path, build_number: int = BUILD_NUMBER,
-                   launcher: str | None = None) -> list[str]:
+def configure_argv(
+    src: Path, build: Path, build_number: int = BUILD_NUMBER, launcher: str | None = None
+) -> list[str]:
     """argv of the CMake configure step (`launcher`: ccache's path, when used). The launcher
     is not part of the build's identity (`cmake_flags`): it does not change the binary."""
     argv = ["cmake", "-S", str(src), "-B", str(build), *cmake_flags(build_number)]
     if launcher:
-        argv += [f"-DCMAKE_C_COMPILER_LAUNCHER={launcher}",
-                 f"-DCMAKE_CXX_COMPILER_LAUNCHER={launcher}"]
+        argv += [
+            f"-DCMAKE_C_COMPILER_LAUNCHER={launcher}",
+            f"-DCMAKE_CXX_COMPILER_LAUNCHER={launcher}",
+        ]
     return argv
 
 
@@ -173,9 +182,7 @@ def find_server_binary() -> Path:
     if configured:
         path = Path(configured).expanduser()
         if not path.is_file() or not os.access(path, os.X_OK):
-            raise ServerBinaryNotFound(
-                f"{BINARY_ENV}={configured} is not an executable file"
-            )
+            raise ServerBinaryNotFound(f"{BINARY_ENV}={configured} is not an executable file")
         return path
     path = installed_binary()
     if path.is_file() and os.access(path, os.X_OK):
@@ -263,9 +270,15 @@ class _Builder:
         with self.log_path.open("a") as log_file:
             log_file.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {step}: {argv}\n")
             log_file.flush()
-            with subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True,
-                                  errors="replace") as process:
+            with subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+            ) as process:
                 assert process.stdout is not None
                 for line in process.stdout:
                     log_file.write(line)
@@ -452,18 +465,20 @@ def list_builds() -> list[dict[str, Any]]:
             continue
         binary = root / "bin" / SERVER_TARGET
         record = build_info(number) or {}
-        rows.append({
-            "build_number": number,
-            "state": "built" if binary.is_file() and record else "incomplete",
-            "binary": str(binary) if binary.is_file() else None,
-            "binary_bytes": binary.stat().st_size if binary.is_file() else 0,
-            "commit": record.get("commit"),
-            "built_with": record.get("built_with"),
-            "installed_at": record.get("installed_at"),
-            "compile_seconds": record.get("compile_seconds"),
-            "cpu": record.get("cpu"),
-            "cpu_summary": cpu.summarize(record.get("cpu")) if record else "-",
-        })
+        rows.append(
+            {
+                "build_number": number,
+                "state": "built" if binary.is_file() and record else "incomplete",
+                "binary": str(binary) if binary.is_file() else None,
+                "binary_bytes": binary.stat().st_size if binary.is_file() else 0,
+                "commit": record.get("commit"),
+                "built_with": record.get("built_with"),
+                "installed_at": record.get("installed_at"),
+                "compile_seconds": record.get("compile_seconds"),
+                "cpu": record.get("cpu"),
+                "cpu_summary": cpu.summarize(record.get("cpu")) if record else "-",
+            }
+        )
     return sorted(rows, key=lambda row: -row["build_number"])
 
 
@@ -511,8 +526,9 @@ def published_versions(
     return versions
 
 
-def server_binary_for(build_number: int, *, build: bool = True, log: Logger | None = None,
-                      jobs: int | None = None) -> Path:
+def server_binary_for(
+    build_number: int, *, build: bool = True, log: Logger | None = None, jobs: int | None = None
+) -> Path:
     """The cached binary of one build, built first (with progress on `log`) when missing."""
     if build:
         return build_server(build_number=build_number, log=log, jobs=jobs)

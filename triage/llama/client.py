@@ -244,7 +244,7 @@ def _bare_error_fields(raw: bytes) -> list[Any]:
     found = []
     for line in raw.decode("utf-8", errors="replace").splitlines():
         if line.startswith("error:"):
-            value = line[len("error:"):].strip()
+            value = line[len("error:") :].strip()
             parsed = _json_or_none(value.encode())
             found.append(parsed if parsed is not None else value)
     return found

@@ -25,14 +25,30 @@ from typing import Any
 CPUINFO = Path("/proc/cpuinfo")
 # Instruction-set families worth naming in a one-line summary (cpuinfo spelling).
 NOTABLE = (
-    "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
-    "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16", "asimd", "sve", "sve2",
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+    "asimd",
+    "sve",
+    "sve2",
 )
 _MARCH = re.compile(r"-march=(?!native)([\w.-]+)")
 # Predefined macros that name instruction sets (`__AVX2__`, `__AMX_INT8__`, `__ARM_FEATURE_SVE`).
 _ISA_MACRO = re.compile(
     r"^#define __((?:SSE|SSSE|AVX|FMA|F16C|AMX|BMI|POPCNT|LZCNT|AES|PCLMUL|SHA|GFNI|VAES|"
-    r"VPCLMULQDQ)\w*?)__ |^#define __(ARM_FEATURE_\w+) ", re.M
+    r"VPCLMULQDQ)\w*?)__ |^#define __(ARM_FEATURE_\w+) ",
+    re.M,
 )
 
 
@@ -74,10 +90,20 @@ def native_compiler_options(compiler: str | None = None, timeout: float = 20.0) 
         return {}
     base = [compiler, "-march=native", "-x", "c"]
     try:
-        driver = subprocess.run([*base, "-###", "-c", "/dev/null", "-o", "/dev/null"],
-                                capture_output=True, text=True, timeout=timeout, check=False)
-        macros = subprocess.run([*base, "-E", "-dM", "/dev/null"],
-                                capture_output=True, text=True, timeout=timeout, check=False)
+        driver = subprocess.run(
+            [*base, "-###", "-c", "/dev/null", "-o", "/dev/null"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        macros = subprocess.run(
+            [*base, "-E", "-dM", "/dev/null"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return {}
     if macros.returncode != 0:
@@ -87,8 +113,9 @@ def native_compiler_options(compiler: str | None = None, timeout: float = 20.0) 
     return parsed
 
 
-def host_cpu_features(cpuinfo_text: str | None = None,
-                      native: dict[str, Any] | None = None) -> dict[str, Any]:
+def host_cpu_features(
+    cpuinfo_text: str | None = None, native: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The record stored in a build's stamp: machine, model, cpuinfo flags, -march=native."""
     flags = cpuinfo_flags(cpuinfo_text)
     native = native_compiler_options() if native is None else native
@@ -111,8 +138,9 @@ def summarize(features: dict[str, Any] | None) -> str:
     return f"-march={march}: {notable}"
 
 
-def missing_on_host(built_for: dict[str, Any] | None,
-                    host: dict[str, Any] | None = None) -> list[str]:
+def missing_on_host(
+    built_for: dict[str, Any] | None, host: dict[str, Any] | None = None
+) -> list[str]:
     """cpuinfo flags the build host had that this host lacks (only notable ones: those are
     the instruction sets the CPU backend dispatches on). Empty when either side is unknown."""
     if not built_for or not built_for.get("cpuinfo_flags"):

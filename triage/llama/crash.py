@@ -59,14 +59,19 @@ _UNWIND_FRAME = re.compile(r"^\s*\d+:\s+0x[0-9a-fA-F]+\s+(?P<sym>\S+)\s*$")
 _MANGLED_PLAIN = re.compile(r"^_Z(?P<len>\d+)")
 # Error lines: the logger's level letter after the timestamp ("0.00.414.869 E llama_model_load:
 # error loading model: ...") or the argument parser's "error: invalid argument: --bogus".
-_ERROR_LINE = re.compile(r"^(?:\d+\.\d+\.\d+\.\d+ E (?P<logged>.+)|(?P<plain>error: .+))$",
-                         re.IGNORECASE)
+_ERROR_LINE = re.compile(
+    r"^(?:\d+\.\d+\.\d+\.\d+ E (?P<logged>.+)|(?P<plain>error: .+))$", re.IGNORECASE
+)
 MAX_ERRORS = 5
 # Frames that belong to the crash reporting itself, not to the crash.
-_REPORTER_FRAMES = frozenset({
-    "ggml_print_backtrace", "ggml_print_backtrace_symbols", "ggml_abort",
-    "ggml_uncaught_exception",
-})
+_REPORTER_FRAMES = frozenset(
+    {
+        "ggml_print_backtrace",
+        "ggml_print_backtrace_symbols",
+        "ggml_abort",
+        "ggml_uncaught_exception",
+    }
+)
 # Where in its life the server was, by the last of these lines its log shows.
 _STAGES = (
     ("loading model", "model load"),
@@ -99,7 +104,7 @@ def _demangle(symbol: str) -> str:
     match = _MANGLED_PLAIN.match(symbol)
     if match:
         start = match.end()
-        return symbol[start:start + int(match.group("len"))]
+        return symbol[start : start + int(match.group("len"))]
     if symbol.startswith("_ZN"):
         parts, index = [], 3
         while index < len(symbol) and symbol[index].isdigit():
@@ -107,7 +112,7 @@ def _demangle(symbol: str) -> str:
             assert digits is not None
             length = int(digits.group())
             index += len(digits.group())
-            parts.append(symbol[index:index + length])
+            parts.append(symbol[index : index + length])
             index += length
         if parts:
             return "::".join(parts)
@@ -194,8 +199,9 @@ def parse_cpu_flags(text: str) -> frozenset[str]:
     return frozenset()
 
 
-def host_cpu_flags(cpuinfo: Path | None = None, env: Mapping[str, str] | None = None
-                   ) -> frozenset[str]:
+def host_cpu_flags(
+    cpuinfo: Path | None = None, env: Mapping[str, str] | None = None
+) -> frozenset[str]:
     """This host's CPU flags: `$TRIAGE_CPU_FLAGS` (space or comma separated) when set, else
     /proc/cpuinfo (empty when unreadable, e.g. not Linux)."""
     environ = os.environ if env is None else env
@@ -217,8 +223,11 @@ def host_has_amx(flags: Iterable[str]) -> bool:
 
 def relevant_cpu_flags(flags: Iterable[str]) -> list[str]:
     """The flags that pick CPU kernels in ggml (AMX, AVX-512, AVX2, VNNI, FMA, F16C)."""
-    return sorted(f for f in flags
-                  if f.startswith(("amx", "avx512", "avx_vnni")) or f in ("avx2", "fma", "f16c"))
+    return sorted(
+        f
+        for f in flags
+        if f.startswith(("amx", "avx512", "avx_vnni")) or f in ("avx2", "fma", "f16c")
+    )
 
 
 def _clip(line: str) -> str:
@@ -326,8 +335,11 @@ def _sentence(report: CrashReport) -> str:
         parts.append(f'(first error: "{report.errors[0]}")')
     facts = []
     if report.cpu_features:
-        shown = [f"{name} = {report.cpu_features[name]}"
-                 for name in ("AMX_INT8", "AVX512", "REPACK") if name in report.cpu_features]
+        shown = [
+            f"{name} = {report.cpu_features[name]}"
+            for name in ("AMX_INT8", "AVX512", "REPACK")
+            if name in report.cpu_features
+        ]
         if "REPACK" not in report.cpu_features:
             shown.append("REPACK off")
         facts.append("its system_info reports " + ", ".join(shown))
@@ -345,8 +357,10 @@ def _sentence(report: CrashReport) -> str:
         text += "; " + "; ".join(facts)
     text += "."
     if report.amx_suspected:
-        text += (f" This matches the AMX repacked-weight crash ({AMX_ISSUE}): start the server "
-                 f"with {NO_REPACK_FLAG} to avoid that path.")
+        text += (
+            f" This matches the AMX repacked-weight crash ({AMX_ISSUE}): start the server "
+            f"with {NO_REPACK_FLAG} to avoid that path."
+        )
     return text
 
 
@@ -401,7 +415,7 @@ def read_log(path: Path) -> str:
                 # Cut at line boundaries so no half line is parsed.
                 head = head[: head.rfind(b"\n") + 1]
                 tail = handle.read()
-                tail = tail[tail.find(b"\n") + 1:]
+                tail = tail[tail.find(b"\n") + 1 :]
                 data = head + tail
     except OSError:
         return ""

@@ -54,16 +54,18 @@ TRACE_VERBOSITY = 4
 # Per server log: the first LOG_LIMIT_BYTES, then only the last LOG_KEEP_TAIL_BYTES.
 LOG_LIMIT_BYTES = 16 * 1024 * 1024
 LOG_KEEP_TAIL_BYTES = 256 * 1024
-VERBOSITY_FLAGS = frozenset({"-lv", "--verbosity", "--log-verbosity", "-v", "--verbose",
-                             "--log-verbose"})
+VERBOSITY_FLAGS = frozenset(
+    {"-lv", "--verbosity", "--log-verbosity", "-v", "--verbose", "--log-verbose"}
+)
 
 
 class _ReportedError(RuntimeError):
     """An error that carries the server's CrashReport (None when there is nothing to report,
     e.g. a missing model file) and its log tail."""
 
-    def __init__(self, message: str, *, report: CrashReport | None = None,
-                 log_tail: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, report: CrashReport | None = None, log_tail: str | None = None
+    ) -> None:
         super().__init__(message)
         self.report = report
         if log_tail is None:
@@ -105,9 +107,12 @@ class ServerSpec:
             )
         return [
             str(self.binary),
-            "-m", str(self.model),
-            "--host", host,
-            "--port", str(port),
+            "-m",
+            str(self.model),
+            "--host",
+            host,
+            "--port",
+            str(port),
             *self.args,
         ]
 
@@ -167,8 +172,10 @@ class _LogPump:
                     self._ring.clear()
 
     def _marker(self) -> bytes:
-        return (f"\n# [triage] log limit of {self._limit} bytes reached: {self._dropped} bytes "
-                f"dropped, the last {len(self._ring)} bytes follow\n").encode()
+        return (
+            f"\n# [triage] log limit of {self._limit} bytes reached: {self._dropped} bytes "
+            f"dropped, the last {len(self._ring)} bytes follow\n"
+        ).encode()
 
     def pending(self) -> bytes:
         """Output past the limit not yet in the file (the process still runs)."""
@@ -261,22 +268,30 @@ class RunningServer:
         runs, "startup" before it was healthy, else "mid-request"."""
         code = self.process.poll()
         if phase is None:
-            phase = "hang" if code is None else (
-                "startup" if self.launch_seconds is None else "mid-request")
-        return crash_report(phase, exit_code=code, log_text=self.log_text(),
-                            host_flags=host_cpu_flags(), detail=detail,
-                            log_path=str(self.log_path))
+            phase = (
+                "hang"
+                if code is None
+                else ("startup" if self.launch_seconds is None else "mid-request")
+            )
+        return crash_report(
+            phase,
+            exit_code=code,
+            log_text=self.log_text(),
+            host_flags=host_cpu_flags(),
+            detail=detail,
+            log_path=str(self.log_path),
+        )
 
     def check(self) -> None:
         """Raise ServerCrashed (with its CrashReport) if the server has exited without `stop`."""
         code = self.process.poll()
         if code is not None and not self._stopping:
-            report = self.crash_report("startup" if self.launch_seconds is None
-                                       else "mid-request")
+            report = self.crash_report("startup" if self.launch_seconds is None else "mid-request")
             raise ServerCrashed(
                 f"llama-server (pid {self.pid}, port {self.port}) exited with code {code}; "
                 f"{report.sentence()}\nlog {self.log_path}:\n{self.log_tail(25)}",
-                report=report, log_tail=self.log_tail(25),
+                report=report,
+                log_tail=self.log_tail(25),
             )
 
     def hung(self, detail: str) -> ServerHung:
@@ -288,7 +303,8 @@ class RunningServer:
         return ServerHung(
             f"llama-server (pid {self.pid}, port {self.port}) hung: {detail}; stopped it. "
             f"{report.sentence()}\nlog {self.log_path}:\n{tail}",
-            report=report, log_tail=tail,
+            report=report,
+            log_tail=tail,
         )
 
     def explain(self, error: BaseException) -> ServerCrashed | None:
@@ -305,7 +321,8 @@ class RunningServer:
         except ServerCrashed as crashed:
             return crashed
         if getattr(error, "kind", None) == "timeout" or isinstance(
-                error, (TimeoutError, httpx.TimeoutException)):
+            error, (TimeoutError, httpx.TimeoutException)
+        ):
             return self.hung(f"a request got no complete answer ({error})")
         return None
 
@@ -426,8 +443,11 @@ def _listening_inodes(port: int) -> set[str] | None:
         for line in lines:
             fields = line.split()
             # local_address is ADDR:PORT in hex; state 0A is LISTEN; field 9 the inode.
-            if len(fields) > 9 and fields[3] == "0A" \
-                    and int(fields[1].rsplit(":", 1)[1], 16) == port:
+            if (
+                len(fields) > 9
+                and fields[3] == "0A"
+                and int(fields[1].rsplit(":", 1)[1], 16) == port
+            ):
                 found.add(fields[9])
     return found if readable else None
 
@@ -445,7 +465,7 @@ def _group_socket_inodes(pgid: int) -> set[str]:
             for fd in os.listdir(f"/proc/{entry}/fd"):
                 target = os.readlink(f"/proc/{entry}/fd/{fd}")
                 if target.startswith("socket:["):
-                    inodes.add(target[len("socket:["):-1])
+                    inodes.add(target[len("socket:[") : -1])
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile, or not ours to read
     return inodes
@@ -487,7 +507,8 @@ def _wait_healthy(server: RunningServer, ready_timeout: float) -> None:
                     f"llama-server on port {server.port} not healthy within {ready_timeout:g}s "
                     f"(last /health: {last_status}); {report.sentence()}\n"
                     f"log {server.log_path}:\n{server.log_tail(25)}",
-                    report=report, log_tail=server.log_tail(25),
+                    report=report,
+                    log_tail=server.log_tail(25),
                 )
             time.sleep(HEALTH_POLL_SECONDS)
 
@@ -501,7 +522,8 @@ def _exit_error(server: RunningServer, code: int) -> ServerStartError:
     return ServerStartError(
         f"llama-server exited with code {code} during startup{hint}; {report.sentence()}\n"
         f"argv {redact_args(server.argv)}; log {server.log_path}:\n{tail}",
-        report=report, log_tail=tail,
+        report=report,
+        log_tail=tail,
     )
 
 
@@ -578,8 +600,15 @@ def launch(
     attempts = 1 if port is not None else 3
     for attempt in range(attempts):
         try:
-            server = start(spec, log_dir, ready_timeout, port=port, host=host,
-                           metrics=metrics, verbosity=verbosity)
+            server = start(
+                spec,
+                log_dir,
+                ready_timeout,
+                port=port,
+                host=host,
+                metrics=metrics,
+                verbosity=verbosity,
+            )
             break
         except ServerStartError as exc:
             # A free port can be taken between our probe and the server's bind: retry.

@@ -86,11 +86,16 @@ class AutoDiagnose:
             argv += ["--database", self.database_url]
         argv += [
             "diagnose",
-            "--request", str(request_file),
-            "--response", str(response_file),
-            "--stack", str(self.stack_path),
-            "--incident", incident["slug"],
-            "--json", str(folder / "diagnosis.json"),
+            "--request",
+            str(request_file),
+            "--response",
+            str(response_file),
+            "--stack",
+            str(self.stack_path),
+            "--incident",
+            incident["slug"],
+            "--json",
+            str(folder / "diagnosis.json"),
         ]
         log_file = (folder / "diagnose.log").open("wb")
         process = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT)

@@ -312,9 +312,7 @@ class ProxyApp:
         outcome = results[0]
         if isinstance(outcome, _Disconnected):
             record["client_disconnected"] = True
-        elif isinstance(outcome, BaseException) and not isinstance(
-            outcome, asyncio.CancelledError
-        ):
+        elif isinstance(outcome, BaseException) and not isinstance(outcome, asyncio.CancelledError):
             raise outcome
 
     async def _pump(self, response: httpx.Response, send: Send, record: dict[str, Any]) -> None:

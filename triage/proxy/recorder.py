@@ -492,8 +492,12 @@ class Recorder:
                 return False
             if unreadable:
                 # Kept aside, never silently: once, when the spool they came from is emptied.
-                log.error("spool %s: %d unreadable line(s) moved to %s.bad", self.spool_path,
-                          len(unreadable), self.spool_path)
+                log.error(
+                    "spool %s: %d unreadable line(s) moved to %s.bad",
+                    self.spool_path,
+                    len(unreadable),
+                    self.spool_path,
+                )
                 with open(str(self.spool_path) + ".bad", "a", encoding="utf-8") as bad:
                     bad.writelines(unreadable)
             # Only now: a crash before this line replays keys that are already stored,

@@ -181,13 +181,14 @@ def list_incidents(
             members = family_members(session, filters.family)
             conditions.append(col(Incident.id).in_(sorted(members) or [-1]))
 
-        total = session.exec(
-            select(func.count()).select_from(Incident).where(*conditions)
-        ).one()
+        total = session.exec(select(func.count()).select_from(Incident).where(*conditions)).one()
         pages = max(1, -(-int(total) // page_size))
         page = min(max(1, page), pages)
         statement = sa_select(
-            col(Incident.id), col(Incident.slug), col(Incident.title), col(Incident.status),
+            col(Incident.id),
+            col(Incident.slug),
+            col(Incident.title),
+            col(Incident.status),
             col(Incident.opened_on),
         ).where(*conditions)
         if matches is not None:
@@ -196,24 +197,21 @@ def list_incidents(
             ordered = [rows_all[i] for i in matches if i in rows_all]
             window = ordered[(page - 1) * page_size : page * page_size]
         else:
-            statement = statement.order_by(
-                col(Incident.opened_on).desc(), col(Incident.id).desc()
-            )
+            statement = statement.order_by(col(Incident.opened_on).desc(), col(Incident.id).desc())
             window = list(
                 session.execute(statement.offset((page - 1) * page_size).limit(page_size)).all()
             )
         rows = _rows_with_details(session, window)
     for row, (incident_id, *_rest) in zip(rows, window, strict=True):
         row.match = (matches or {}).get(incident_id, "")
-    return IncidentPage(rows=rows, total=int(total), page=page, pages=pages,
-                        searched=matches is not None)
+    return IncidentPage(
+        rows=rows, total=int(total), page=page, pages=pages, searched=matches is not None
+    )
 
 
 def _rows_with_details(session: Session, window: list[Any]) -> list[IncidentRow]:
     ids = [r[0] for r in window]
-    rows = {
-        r[0]: IncidentRow(slug=r[1], title=r[2], status=r[3], opened=r[4]) for r in window
-    }
+    rows = {r[0]: IncidentRow(slug=r[1], title=r[2], status=r[3], opened=r[4]) for r in window}
     if not ids:
         return []
     for incident_id, kind, key in session.exec(
@@ -396,10 +394,17 @@ def decision_log(store: Store, *, on: date | None = None) -> list[DecisionEntry]
     with store.session(readonly=True) as session:
         results = session.execute(
             sa_select(
-                col(Incident.slug), col(Incident.title), col(Incident.status),
-                col(Decision.kind), col(Decision.decided_at), col(Decision.decided_by),
-                col(Decision.rationale), col(Decision.tradeoff), col(Decision.fix),
-                col(Decision.verified), col(Decision.revisit_on),
+                col(Incident.slug),
+                col(Incident.title),
+                col(Incident.status),
+                col(Decision.kind),
+                col(Decision.decided_at),
+                col(Decision.decided_by),
+                col(Decision.rationale),
+                col(Decision.tradeoff),
+                col(Decision.fix),
+                col(Decision.verified),
+                col(Decision.revisit_on),
                 col(Decision.revisit_triggers),
             )
             .join(Incident, col(Incident.id) == Decision.incident_id)
@@ -408,12 +413,33 @@ def decision_log(store: Store, *, on: date | None = None) -> list[DecisionEntry]
     parked = parked_state(store.url, on)
     entries: list[DecisionEntry] = []
     latest_by_slug: dict[str, DecisionEntry] = {}
-    for (slug, title, status, kind, at, by, rationale, tradeoff, fix, verified, revisit_on,
-         triggers) in results:
+    for (
+        slug,
+        title,
+        status,
+        kind,
+        at,
+        by,
+        rationale,
+        tradeoff,
+        fix,
+        verified,
+        revisit_on,
+        triggers,
+    ) in results:
         entry = DecisionEntry(
-            slug=slug, title=title, incident_status=status, kind=kind, at=at, by=by,
-            rationale=rationale, tradeoff=tradeoff, fix=fix, verified=verified,
-            revisit_on=revisit_on, triggers=list(triggers or []),
+            slug=slug,
+            title=title,
+            incident_status=status,
+            kind=kind,
+            at=at,
+            by=by,
+            rationale=rationale,
+            tradeoff=tradeoff,
+            fix=fix,
+            verified=verified,
+            revisit_on=revisit_on,
+            triggers=list(triggers or []),
         )
         entries.append(entry)
         latest_by_slug[slug] = entry
@@ -435,5 +461,6 @@ def incident_parked_state(store: Store, slug: str, on: date | None = None) -> An
         if incident is None or incident.status != "parked":
             return None
         # One incident's entry, not the whole parked list.
-        return kb_decisions.parked_incident(session, incident, on or today(),
-                                            process_catalogue().triggers)
+        return kb_decisions.parked_incident(
+            session, incident, on or today(), process_catalogue().triggers
+        )

@@ -74,7 +74,14 @@ PG_WEIGHTS = {
 SIGNATURE_CHILDREN = ("symptom", "cause")
 SIGNATURE_INCIDENT_COLUMNS = ("model", "weights", "server_build", "flags", "stack")
 SEARCH_INCIDENT_COLUMNS = (
-    "title", "summary", "impact", "body", "model", "weights", "server_build", "flags"
+    "title",
+    "summary",
+    "impact",
+    "body",
+    "model",
+    "weights",
+    "server_build",
+    "flags",
 )
 
 

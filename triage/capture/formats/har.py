@@ -207,8 +207,10 @@ def _har_entry(
 
 def _sniff(text: str) -> bool:
     value = json_document(text)
-    return isinstance(value, dict) and isinstance(value.get("log"), dict) and (
-        "entries" in value["log"]
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("log"), dict)
+        and ("entries" in value["log"])
     )
 
 

@@ -57,7 +57,7 @@ def _parse(text: str, *, file: str, base_dir: Path | None = None) -> list[Exchan
 
 FORMAT = CaptureFormat(
     id="jsonl",
-    label="JSONL log, one {\"request\":..,\"response\":..} record per line",
+    label='JSONL log, one {"request":..,"response":..} record per line',
     suffixes=(".jsonl", ".ndjson"),
     priority=40,
     sniff=_sniff,

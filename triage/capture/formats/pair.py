@@ -98,7 +98,7 @@ def _sniff(text: str) -> bool:
 
 FORMAT = CaptureFormat(
     id="pair",
-    label="JSON request/response pair ({\"request\":..,\"response\":..} or two files)",
+    label='JSON request/response pair ({"request":..,"response":..} or two files)',
     suffixes=(),
     priority=1000,
     sniff=_sniff,

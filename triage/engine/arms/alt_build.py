@@ -20,7 +20,9 @@ class AltBuild:
             return None
         server = stack.server
         return PlannedArm(
-            self.id, f"alternate binary {stack.alternate_binary}", self.level,
+            self.id,
+            f"alternate binary {stack.alternate_binary}",
+            self.level,
             ("server-build",),
             config=ServerConfig(stack.alternate_binary, server.model, server.args),
         )

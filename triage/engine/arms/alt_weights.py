@@ -13,8 +13,7 @@ from triage.stackfile import ServerConfig, Stack
 
 
 async def confounder(ctx: ObserveContext) -> dict[str, Any]:
-    return await observe.weights_confounder(ctx.base, ctx.server, ctx.request,
-                                            timeout=ctx.timeout)
+    return await observe.weights_confounder(ctx.base, ctx.server, ctx.request, timeout=ctx.timeout)
 
 
 @dataclass(frozen=True)
@@ -28,7 +27,9 @@ class AltWeights:
             return None
         server = stack.server
         return PlannedArm(
-            self.id, f"alternate weights {Path(stack.alternate_model).name}", self.level,
+            self.id,
+            f"alternate weights {Path(stack.alternate_model).name}",
+            self.level,
             ("quantized-weights",),
             config=ServerConfig(server.binary, stack.alternate_model, server.args),
             observe=confounder,

@@ -58,8 +58,11 @@ class NoWarmup:
         if not relaunchable(stack) or any(a in WARMUP_FLAGS for a in server.args):
             return None
         return PlannedArm(
-            self.id, "server started with --no-warmup (no empty warm-up decode)", self.level,
-            ("warmup-decode",), config=server.with_args([*server.args, "--no-warmup"]),
+            self.id,
+            "server started with --no-warmup (no empty warm-up decode)",
+            self.level,
+            ("warmup-decode",),
+            config=server.with_args([*server.args, "--no-warmup"]),
             when="crash",
         )
 
@@ -73,13 +76,18 @@ class OneThread:
     def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
         server = stack.server
         single = _value(server.args, "-t", "--threads") == "1" and _value(
-            server.args, "-tb", "--threads-batch") in (None, "1")
+            server.args, "-tb", "--threads-batch"
+        ) in (None, "1")
         if not relaunchable(stack) or single:
             return None
         args = [*_without(server.args, THREAD_FLAGS), "-t", "1", "-tb", "1"]
         return PlannedArm(
-            self.id, "server with one compute thread (-t 1 -tb 1)", self.level,
-            ("cpu-threads",), config=server.with_args(args), when="crash",
+            self.id,
+            "server with one compute thread (-t 1 -tb 1)",
+            self.level,
+            ("cpu-threads",),
+            config=server.with_args(args),
+            when="crash",
         )
 
 

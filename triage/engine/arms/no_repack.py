@@ -23,8 +23,11 @@ class NoRepack:
         if not relaunchable(stack) or any(a in REPACK_FLAGS for a in server.args):
             return None
         return PlannedArm(
-            self.id, "server started with --no-repack (no repacked CPU weights)", self.level,
-            ("cpu-backend",), config=server.with_args([*server.args, "--no-repack"]),
+            self.id,
+            "server started with --no-repack (no repacked CPU weights)",
+            self.level,
+            ("cpu-backend",),
+            config=server.with_args([*server.args, "--no-repack"]),
             when="crash",
         )
 

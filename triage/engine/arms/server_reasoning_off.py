@@ -21,8 +21,10 @@ class ServerReasoningOff:
             return None
         server = stack.server
         return PlannedArm(
-            self.id, "server started with --reasoning off (the first fix candidate)",
-            self.level, ("reasoning-exhausts-budget",),
+            self.id,
+            "server started with --reasoning off (the first fix candidate)",
+            self.level,
+            ("reasoning-exhausts-budget",),
             config=server.with_args(set_flag(server.args, "--reasoning", "off", "-rea")),
         )
 

@@ -12,8 +12,14 @@ from triage.stackfile import Stack, has_spec_flags, strip_spec_flags
 
 
 async def divergence(ctx: ObserveContext) -> dict[str, Any]:
-    return await observe.spec_divergence(ctx.base, ctx.server, ctx.request, seed=ctx.seed,
-                                         seeds=ctx.divergence_seeds, timeout=ctx.timeout)
+    return await observe.spec_divergence(
+        ctx.base,
+        ctx.server,
+        ctx.request,
+        seed=ctx.seed,
+        seeds=ctx.divergence_seeds,
+        timeout=ctx.timeout,
+    )
 
 
 @dataclass(frozen=True)
@@ -27,8 +33,11 @@ class SpecOff:
         if not relaunchable(stack) or not has_spec_flags(server.args):
             return None
         return PlannedArm(
-            self.id, "speculative-decoding flags stripped from the server args", self.level,
-            ("speculative-decoding",), config=server.with_args(strip_spec_flags(server.args)),
+            self.id,
+            "speculative-decoding flags stripped from the server args",
+            self.level,
+            ("speculative-decoding",),
+            config=server.with_args(strip_spec_flags(server.args)),
             observe=divergence,
         )
 

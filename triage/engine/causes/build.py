@@ -13,7 +13,9 @@ CAUSE = CauseRule(
     mechanism="a regression in the server build (chat parser, sampling, kernels)",
     decided_by="an alternate llama-server binary",
     rule=server_arm_rule(
-        ID, "alt-build", available=lambda obs: obs.has_alt_binary,
+        ID,
+        "alt-build",
+        available=lambda obs: obs.has_alt_binary,
         missing="no alternate llama-server binary",
         hint="add [alternates] binary to stack.toml",
         removes_text="the alternate build removes the failure",

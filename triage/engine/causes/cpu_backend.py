@@ -24,9 +24,16 @@ ARM = "no-repack"
 def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
     base, arm = baseline_of(arms), arms.get(ARM)
     crash = obs.facts.get("startup-crash") or {}
-    gate = arm_gate(ID, arm, base, reproduces(arms), ARM, available=ARM in obs.planned,
-                    missing="the server does not run on a CPU backend that repacks weights",
-                    hint="a stack whose server crashes at startup")
+    gate = arm_gate(
+        ID,
+        arm,
+        base,
+        reproduces(arms),
+        ARM,
+        available=ARM in obs.planned,
+        missing="the server does not run on a CPU backend that repacks weights",
+        hint="a stack whose server crashes at startup",
+    )
     if gate is not None:
         return gate
     assert arm is not None
@@ -40,10 +47,13 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
         if crash.get("amx_lines"):
             where += ", AMX in use"
     return removal_verdict(
-        ID, arm, base,
+        ID,
+        arm,
+        base,
         removes_text="without weight repacking (--no-repack) the server starts and serves",
         unchanged_text="without weight repacking the server still crashes",
-        note=where, supports=("startup-crash",),
+        note=where,
+        supports=("startup-crash",),
     )
 
 

@@ -34,14 +34,27 @@ def _crash(obs: Observations) -> tuple[str, ...]:
 def _rule(cause: str, arm_name: str, missing: str, removes_text: str, unchanged_text: str):  # type: ignore[no-untyped-def]
     def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
         base, arm = baseline_of(arms), arms.get(arm_name)
-        gate = arm_gate(cause, arm, base, reproduces(arms), arm_name,
-                        available=arm_name in obs.planned, missing=missing,
-                        hint="a stack whose server crashes or hangs")
+        gate = arm_gate(
+            cause,
+            arm,
+            base,
+            reproduces(arms),
+            arm_name,
+            available=arm_name in obs.planned,
+            missing=missing,
+            hint="a stack whose server crashes or hangs",
+        )
         if gate is not None:
             return gate
         assert arm is not None
-        return removal_verdict(cause, arm, base, removes_text=removes_text,
-                               unchanged_text=unchanged_text, supports=_crash(obs))
+        return removal_verdict(
+            cause,
+            arm,
+            base,
+            removes_text=removes_text,
+            unchanged_text=unchanged_text,
+            supports=_crash(obs),
+        )
 
     return rule
 
@@ -53,9 +66,13 @@ WARMUP = CauseRule(
     mechanism="the empty warm-up run llama-server does before serving crashes; real "
     "requests do not",
     decided_by="the no-warmup server arm when the server crashes or hangs",
-    rule=_rule("warmup-decode", "no-warmup", "the stack already sets the warm-up flag",
-               "with --no-warmup the server starts and serves the request",
-               "with --no-warmup the server still crashes (at startup or on the request)"),
+    rule=_rule(
+        "warmup-decode",
+        "no-warmup",
+        "the stack already sets the warm-up flag",
+        "with --no-warmup the server starts and serves the request",
+        "with --no-warmup the server still crashes (at startup or on the request)",
+    ),
     retrospective="llama-server crashed in its warm-up decode; it ran with --no-warmup",
     when="crash",
 )
@@ -66,9 +83,13 @@ THREADS = CauseRule(
     title="A multi-threaded CPU kernel (thread race)",
     mechanism="compute threads race in a CPU kernel; one thread does not crash",
     decided_by="the one-thread server arm when the server crashes or hangs",
-    rule=_rule("cpu-threads", "one-thread", "the server already runs one compute thread",
-               "with one compute thread (-t 1 -tb 1) the server starts and serves",
-               "with one compute thread the server still crashes"),
+    rule=_rule(
+        "cpu-threads",
+        "one-thread",
+        "the server already runs one compute thread",
+        "with one compute thread (-t 1 -tb 1) the server starts and serves",
+        "with one compute thread the server still crashes",
+    ),
     retrospective="llama-server crashed with several compute threads; it ran with -t 1",
     when="crash",
 )

@@ -32,31 +32,42 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
         return not_reproduced(ID, base, "baseline (verbose raw text)")
     parse_share = share(base, *PARSE_KINDS)
     if share(base, "server-crash") == 1.0:
-        return Verdict(ID, "rejected", f"all {base.failures} failing baseline replays are "
-                       "server crashes: there was no output to parse",
-                       refutes=["baseline"], deciding_probe="baseline")
+        return Verdict(
+            ID,
+            "rejected",
+            f"all {base.failures} failing baseline replays are "
+            "server crashes: there was no output to parse",
+            refutes=["baseline"],
+            deciding_probe="baseline",
+        )
     if parse_share == 0:
         why = f"all {base.failures} failing baseline replies parsed cleanly"
         if share(base, "length-stop") == 1.0 and base.raw_misplaced == 0:
-            why += ("; they are length stops whose raw text holds no answer or tool call "
-                    "outside the thought: the output was never produced")
+            why += (
+                "; they are length stops whose raw text holds no answer or tool call "
+                "outside the thought: the output was never produced"
+            )
         return Verdict(ID, "rejected", why, refutes=["baseline"], deciding_probe="baseline")
     off = arms.get("thinking-off")
     if removes(off) and share(base, "length-stop") < 0.5:
         assert off is not None
         return Verdict(
-            ID, "confirmed",
+            ID,
+            "confirmed",
             f"{parse_share:.0%} of failing replies show tool-call markup in the wrong field or "
             f"unparsable output, and moving the output out of the thought removes it: "
             f"thinking-off {off.kn()} (p={off.p_value:.2g})",
-            supports=["baseline", "thinking-off"], deciding_probe="thinking-off",
+            supports=["baseline", "thinking-off"],
+            deciding_probe="thinking-off",
         )
     if base.raw_misplaced >= 2 and share(base, "length-stop") < 0.5:
         return Verdict(
-            ID, "confirmed",
+            ID,
+            "confirmed",
             f"in {base.raw_misplaced} failing replies the raw text (verbose) holds the output "
             "that the parsed response lost or misplaced",
-            supports=["baseline"], deciding_probe="baseline",
+            supports=["baseline"],
+            deciding_probe="baseline",
         )
     return suspect(
         ID,

@@ -22,17 +22,25 @@ ARM = "spec-off"
 def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
     if not obs.speculative_enabled:
         return Verdict(
-            ID, "rejected",
+            ID,
+            "rejected",
             "speculative decoding is not enabled in this stack (no --spec-type / -md flags, "
             "no draft tokens in the replies' timings)",
             deciding_probe="stack",
         )
     base, off = baseline_of(arms), arms.get(ARM)
     planned = ARM in obs.planned or not obs.planned
-    gate = arm_gate(ID, off, base, reproduces(arms), ARM, available=planned,
-                    missing="speculative decoding is on, but the server runs at a URL and "
-                    "cannot be relaunched without it",
-                    hint="give [server] binary/model/args instead of url")
+    gate = arm_gate(
+        ID,
+        off,
+        base,
+        reproduces(arms),
+        ARM,
+        available=planned,
+        missing="speculative decoding is on, but the server runs at a URL and "
+        "cannot be relaunched without it",
+        hint="give [server] binary/model/args instead of url",
+    )
     if gate is not None:
         return gate
     assert off is not None
@@ -41,11 +49,12 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
         d = obs.divergence
         divergence = (
             f"; committed streams diverged in {d.get('diverged')}/{d.get('seeds')} fixed seeds"
-            + (f" (first at token {min(d['first_positions'])})" if d.get("first_positions")
-               else "")
+            + (f" (first at token {min(d['first_positions'])})" if d.get("first_positions") else "")
         )
     return removal_verdict(
-        ID, off, base,
+        ID,
+        off,
+        base,
         removes_text="without speculative decoding the failure goes away",
         unchanged_text="the failure rate is unchanged without it",
         note=divergence,

@@ -23,9 +23,16 @@ ARM = "alt-weights"
 
 def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
     base, alt = baseline_of(arms), arms.get(ARM)
-    gate = arm_gate(ID, alt, base, reproduces(arms), ARM,
-                    available=obs.has_alt_weights, missing="no alternate weights",
-                    hint="add [alternates] model to stack.toml")
+    gate = arm_gate(
+        ID,
+        alt,
+        base,
+        reproduces(arms),
+        ARM,
+        available=obs.has_alt_weights,
+        missing="no alternate weights",
+        hint="add [alternates] model to stack.toml",
+    )
     if gate is not None:
         return gate
     assert alt is not None
@@ -38,7 +45,9 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
             supports=[ARM],
         )
     return removal_verdict(
-        ID, alt, base,
+        ID,
+        alt,
+        base,
         removes_text="alternate weights with the same chat template and thinking default "
         "remove the failure",
         unchanged_text="alternate weights leave the failure rate unchanged",

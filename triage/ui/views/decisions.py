@@ -35,11 +35,17 @@ if overdue:
             )
             if entry.tradeoff:
                 st.markdown(f"Tradeoff: {md_escape(entry.tradeoff)}")
-            st.page_link(nav.INCIDENT, label="Open the incident", icon=":material/open_in_new:",
-                         query_params={"slug": entry.slug})
+            st.page_link(
+                nav.INCIDENT,
+                label="Open the incident",
+                icon=":material/open_in_new:",
+                query_params={"slug": entry.slug},
+            )
     if len(overdue) > OVERDUE_CARDS:
-        st.caption(f"...and {len(overdue) - OVERDUE_CARDS} more, marked OVERDUE at the top "
-                   "of the table below.")
+        st.caption(
+            f"...and {len(overdue) - OVERDUE_CARDS} more, marked OVERDUE at the top "
+            "of the table below."
+        )
 else:
     st.success("No parked incident is past its revisit date or trigger.")
 
@@ -61,8 +67,8 @@ else:
                 "Overdue": "OVERDUE" if entry.overdue else "",
                 "Revisit state": entry.state,
                 "At": entry.at,
-                "Decision": entry.kind + ("" if entry.kind != "FIXED" or entry.verified
-                                          else " (unverified)"),
+                "Decision": entry.kind
+                + ("" if entry.kind != "FIXED" or entry.verified else " (unverified)"),
                 "Incident": entry.slug,
                 "Title": entry.title,
                 "By": entry.by,
@@ -92,5 +98,4 @@ else:
         st.pagination(pages, key="decisions_page")
     st.caption("Select a row to open its incident.")
     if event is not None and event.selection.rows:
-        st.switch_page(nav.INCIDENT,
-                       query_params={"slug": ordered[event.selection.rows[0]].slug})
+        st.switch_page(nav.INCIDENT, query_params={"slug": ordered[event.selection.rows[0]].slug})

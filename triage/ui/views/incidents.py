@@ -21,19 +21,27 @@ query = st.text_input(
 status_col, cause_col, cause_status_col, decision_col, family_col = st.columns(5)
 statuses = status_col.multiselect("Status", choices["statuses"], key="incidents_status")
 cause = cause_col.selectbox(
-    "Cause", ["", *choices["causes"]], key="incidents_cause",
+    "Cause",
+    ["", *choices["causes"]],
+    key="incidents_cause",
     format_func=lambda value: value or "any cause",
 )
 cause_status = cause_status_col.selectbox(
-    "Cause status", ["", *choices["cause_statuses"]], key="incidents_cause_status",
+    "Cause status",
+    ["", *choices["cause_statuses"]],
+    key="incidents_cause_status",
     format_func=lambda value: value or "any status",
 )
 decision = decision_col.selectbox(
-    "Decision", ["", *choices["decisions"], "none"], key="incidents_decision",
+    "Decision",
+    ["", *choices["decisions"], "none"],
+    key="incidents_decision",
     format_func=lambda value: {"": "any decision", "none": "no decision yet"}.get(value, value),
 )
 family = family_col.selectbox(
-    "Family", ["", *family_labels], key="incidents_family",
+    "Family",
+    ["", *family_labels],
+    key="incidents_family",
     format_func=lambda value: family_labels.get(value, "any family"),
 )
 filters = data.IncidentFilters(
@@ -73,8 +81,17 @@ table = pd.DataFrame(
         }
         for row in result.rows
     ],
-    columns=["Opened", "Incident", "Title", "Status", "Findings", "Confirmed causes",
-             "Decision", "Revisit on", "Match"],
+    columns=[
+        "Opened",
+        "Incident",
+        "Title",
+        "Status",
+        "Findings",
+        "Confirmed causes",
+        "Decision",
+        "Revisit on",
+        "Match",
+    ],
 )
 if not result.searched:
     table = table.drop(columns=["Match"])

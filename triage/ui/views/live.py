@@ -14,8 +14,12 @@ from triage.stats import wilson
 from triage.ui import data, nav
 from triage.ui.text import md_escape
 
-WINDOWS = {"last hour": timedelta(hours=1), "last 6 hours": timedelta(hours=6),
-           "last 24 hours": timedelta(days=1), "last 7 days": timedelta(days=7)}
+WINDOWS = {
+    "last hour": timedelta(hours=1),
+    "last 6 hours": timedelta(hours=6),
+    "last 24 hours": timedelta(days=1),
+    "last 7 days": timedelta(days=7),
+}
 BUCKETS = 30  # points per series in the chart
 
 st.title("Live")
@@ -32,16 +36,20 @@ with store.session(readonly=True) as session:
     opened = live.live_incidents(session)
 
 if upstream is None:
-    st.info("Nothing recorded yet. Put `triage proxy --upstream URL` in front of a "
-            "llama-server and send traffic through it.")
+    st.info(
+        "Nothing recorded yet. Put `triage proxy --upstream URL` in front of a "
+        "llama-server and send traffic through it."
+    )
 else:
     st.subheader("Upstream")
     cols = st.columns(3)
     cols[0].metric("Model", upstream["model"] or "unknown")
     cols[1].metric("Build", upstream["build"] or "unknown")
     cols[2].metric("Chat template", (upstream["template_sha256"] or "unknown")[:12])
-    st.caption(f"as of the latest exchange, {upstream['recorded_at']:%Y-%m-%d %H:%M:%S} UTC, "
-               f"via {md_escape(upstream['replica'])}")
+    st.caption(
+        f"as of the latest exchange, {upstream['recorded_at']:%Y-%m-%d %H:%M:%S} UTC, "
+        f"via {md_escape(upstream['replica'])}"
+    )
 
 st.subheader("Failure rate over time")
 if points:
@@ -54,8 +62,10 @@ if points:
     )
     chart = frame.pivot_table(index="time", columns="signature", values="rate", aggfunc="max")
     st.line_chart(chart.fillna(0.0), y_label="failure rate", x_label="time (UTC)")
-    st.caption(f"Share of each model's exchanges failing with the signature, per "
-               f"{int(bucket.total_seconds() // 60) or 1}-minute bucket.")
+    st.caption(
+        f"Share of each model's exchanges failing with the signature, per "
+        f"{int(bucket.total_seconds() // 60) or 1}-minute bucket."
+    )
 else:
     st.success(f"No failing exchange in the {choice}.")
 
@@ -92,5 +102,9 @@ for item in opened:
             f"(95% CI {md_escape(rate.get('interval', '?'))}) · opened by "
             f"{md_escape(item['opened_by'])}"
         )
-        st.page_link(nav.INCIDENT, label="Open the incident", icon=":material/open_in_new:",
-                     query_params={"slug": item["slug"]})
+        st.page_link(
+            nav.INCIDENT,
+            label="Open the incident",
+            icon=":material/open_in_new:",
+            query_params={"slug": item["slug"]},
+        )

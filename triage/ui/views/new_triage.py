@@ -42,7 +42,7 @@ if stack_label is not None:
 with st.form("new_triage"):
     st.subheader("Failing exchange")
     exchange_text = st.text_area(
-        "Paste it: a {\"request\", \"response\"} JSON pair, a curl command, an SSE transcript, "
+        'Paste it: a {"request", "response"} JSON pair, a curl command, an SSE transcript, '
         "HAR or JSONL",
         height=200,
         key="triage_exchange_text",
@@ -51,7 +51,10 @@ with st.form("new_triage"):
     format_col, index_col = st.columns(2)
     exchange_format = format_col.selectbox("Format", FORMATS, key="triage_format")
     exchange_number = index_col.number_input(
-        "Exchange number (HAR / JSONL hold several)", min_value=1, value=1, step=1,
+        "Exchange number (HAR / JSONL hold several)",
+        min_value=1,
+        value=1,
+        step=1,
         key="triage_index",
     )
     response_text = st.text_area(
@@ -62,7 +65,11 @@ with st.form("new_triage"):
     st.subheader("Run")
     cap_col, incident_col = st.columns(2)
     max_requests = cap_col.number_input(
-        "Most requests per probe arm", min_value=4, max_value=10_000, value=32, step=4,
+        "Most requests per probe arm",
+        min_value=4,
+        max_value=10_000,
+        value=32,
+        step=4,
         key="triage_max_requests",
     )
     incident_slug = incident_col.text_input(
@@ -92,8 +99,12 @@ if submitted:
             bar.progress(fraction, text=md_escape(message) if message else None)
 
         diagnosis = actions.run_triage(
-            store, exchange, stack, report,
-            max_requests=int(max_requests), incident=incident_slug.strip() or None,
+            store,
+            exchange,
+            stack,
+            report,
+            max_requests=int(max_requests),
+            incident=incident_slug.strip() or None,
         )
     except ValueError as exc:
         st.error(md_escape(str(exc)))
@@ -105,17 +116,29 @@ if submitted:
         slug = str(diagnosis.get("incident") or "")
         if state == "not-reproduced":
             reproduction = diagnosis.get("reproduction") or {}
-            st.warning("Not reproduced: " + md_escape(str(reproduction.get("message") or
-                       "the replays did not show the captured failure")) +
-                       " No cause was moved.")
+            st.warning(
+                "Not reproduced: "
+                + md_escape(
+                    str(
+                        reproduction.get("message")
+                        or "the replays did not show the captured failure"
+                    )
+                )
+                + " No cause was moved."
+            )
         elif state == "partial":
             errors = [str(e) for e in diagnosis.get("errors") or []]
-            st.warning("The run ended partial (some probes failed); its verdicts rest on "
-                       "fewer arms." + (" " + md_escape("; ".join(errors[:3])) if errors
-                                        else ""))
+            st.warning(
+                "The run ended partial (some probes failed); its verdicts rest on "
+                "fewer arms." + (" " + md_escape("; ".join(errors[:3])) if errors else "")
+            )
         if slug and state in ("not-reproduced", "partial"):
-            st.page_link(nav.INCIDENT, label="Open the incident",
-                         icon=":material/open_in_new:", query_params={"slug": slug})
+            st.page_link(
+                nav.INCIDENT,
+                label="Open the incident",
+                icon=":material/open_in_new:",
+                query_params={"slug": slug},
+            )
         elif slug:
             st.switch_page(nav.INCIDENT, query_params={"slug": slug})
         else:

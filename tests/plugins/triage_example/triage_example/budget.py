@@ -80,15 +80,23 @@ class ServerReasoningBudget:
         budget = max(MIN_BUDGET, limit // BUDGET_SHARE)
         args = set_flag(server.args, FLAG, str(budget))
         return PlannedArm(
-            self.id, f"server started with {FLAG} {budget} (a quarter of max_tokens {limit})",
-            self.level, (ID,), config=server.with_args(args),
+            self.id,
+            f"server started with {FLAG} {budget} (a quarter of max_tokens {limit})",
+            self.level,
+            (ID,),
+            config=server.with_args(args),
         )
 
 
 def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
     base, arm = baseline_of(arms), arms.get(ARM)
     gate = arm_gate(
-        ID, arm, base, reproduces(arms), ARM, available=ARM in obs.planned,
+        ID,
+        arm,
+        base,
+        reproduces(arms),
+        ARM,
+        available=ARM in obs.planned,
         missing=f"the stack sets no unbounded {FLAG} of its own",
         hint=f"a stack whose server runs with {FLAG} -1 and a request with max_tokens",
     )
@@ -97,13 +105,17 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
     assert arm is not None
     if base.failures > 0 and share(base, ALL_THOUGHT) == 0.0:
         return Verdict(
-            ID, "rejected",
+            ID,
+            "rejected",
             f"none of the {base.failures} failing baseline replies is all thought "
             f"({ALL_THOUGHT}); an unbounded thought cannot be what fails",
-            refutes=["baseline"], deciding_probe="baseline",
+            refutes=["baseline"],
+            deciding_probe="baseline",
         )
     return removal_verdict(
-        ID, arm, base,
+        ID,
+        arm,
+        base,
         removes_text=f"with a bounded {FLAG} the thought ends and the model answers",
         unchanged_text=f"a bounded {FLAG} leaves the failure rate unchanged",
         note=f"; {share(base, ALL_THOUGHT):.0%} of failing baseline replies are all thought",

@@ -24,12 +24,16 @@ def all_thought_reply(view: View) -> list[Finding]:
             continue
         if len(choice.reasoning) < MIN_THOUGHT_CHARS:
             continue
-        findings.append(Finding(
-            KIND, False, 1.0,
-            f"the reply is all thought: {len(choice.reasoning)} chars of reasoning "
-            f"(>= {MIN_THOUGHT_CHARS}), no content, no tool call",
-            choice.reasoning_path,
-        ))
+        findings.append(
+            Finding(
+                KIND,
+                False,
+                1.0,
+                f"the reply is all thought: {len(choice.reasoning)} chars of reasoning "
+                f"(>= {MIN_THOUGHT_CHARS}), no content, no tool call",
+                choice.reasoning_path,
+            )
+        )
     if findings:
         return findings
     return [Finding(KIND, True, 0.0, "the reply is not a thought without an answer")]

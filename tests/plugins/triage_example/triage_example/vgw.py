@@ -51,8 +51,9 @@ def _fields(line: str, file: str, number: int) -> tuple[str, str, str]:
         raise CaptureError(file, number, "expected `VGW/1 <time> <request id> <event> ...`")
     _, _, request_id, event, rest = parts
     if event not in EVENTS:
-        raise CaptureError(file, number, f"unknown event {event!r} (expected one of "
-                           f"{', '.join(EVENTS)})")
+        raise CaptureError(
+            file, number, f"unknown event {event!r} (expected one of {', '.join(EVENTS)})"
+        )
     return request_id, event, rest
 
 
@@ -64,8 +65,11 @@ def _response(rest: str, file: str, number: int) -> dict[str, Any]:
         elapsed = float(parts[1][:-2])
     except ValueError:
         raise CaptureError(file, number, f"elapsed time {parts[1]!r} is not a number") from None
-    return {"status": int(parts[0]), "elapsed_ms": elapsed,
-            "response": _json(parts[2], file, number, "response body")}
+    return {
+        "status": int(parts[0]),
+        "elapsed_ms": elapsed,
+        "response": _json(parts[2], file, number, "response body"),
+    }
 
 
 def parse_vgw(text: str, *, file: str, base_dir: Path | None = None) -> list[Exchange]:
@@ -85,14 +89,19 @@ def parse_vgw(text: str, *, file: str, base_dir: Path | None = None) -> list[Exc
                 raise CaptureError(file, number, f"more than {MAX_EXCHANGES} exchanges")
             method, _, tail = rest.partition(" ")
             path, _, body = tail.partition(" ")
-            open_[request_id] = {"method": method, "url": path, "line": number,
-                                 "request": _json(body, file, number, "request body"),
-                                 "request_headers": {}}
+            open_[request_id] = {
+                "method": method,
+                "url": path,
+                "line": number,
+                "request": _json(body, file, number, "request body"),
+                "request_headers": {},
+            }
             order.append(request_id)
             continue
         if record is None or "response" in record:
-            raise CaptureError(file, number, f"{event} for request {request_id!r}, which no "
-                               "open REQ line started")
+            raise CaptureError(
+                file, number, f"{event} for request {request_id!r}, which no open REQ line started"
+            )
         if event == "HDR":
             name, sep, value = rest.partition(":")
             if not sep or not name.strip():
@@ -108,8 +117,9 @@ def parse_vgw(text: str, *, file: str, base_dir: Path | None = None) -> list[Exc
         line = record.pop("line")
         if "response" not in record:
             raise CaptureError(file, line, f"request {request_id!r} has no RES line")
-        exchanges.append(exchange_from_record(record, file=file, source_format=FORMAT.id,
-                                              index=index, line=line))
+        exchanges.append(
+            exchange_from_record(record, file=file, source_format=FORMAT.id, index=index, line=line)
+        )
     return exchanges
 
 

@@ -10,6 +10,7 @@ that several incidents can share one graph (family links) without clashes.
 
 from __future__ import annotations
 
+import textwrap
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -38,7 +39,9 @@ EDGE_STYLES = {
     "same-family": "bold",
     "decided": "solid",
     "observed": "solid",
+    "measured": "dotted",
 }
+LABEL_WIDTH = 26  # characters per line of a node label: wrapped, so the text stays large
 
 
 def _prefix(slug: str, local: bool) -> str:
@@ -90,11 +93,7 @@ def add_incident(graph: nx.MultiDiGraph, record: dict[str, Any], *, local_ids: b
     for cause in record.get("causes") or []:
         _add_cause(graph, record, cause, p, incident_node, evidence_ids, evidence_node)
 
-    for arm in arm_summaries(record):
-        probe = f"{p}probe:{arm['arm']}"
-        label = f"{arm['arm']}: {arm.get('failures')}/{arm.get('n')}"
-        graph.add_node(probe, kind="probe", label=label, decision=str(arm.get("decision", "")))
-        graph.add_edge(probe, evidence_node(arm["evidence_id"]), relation="supports")
+    _add_arms(graph, record, p, incident_node, evidence_node)
 
     for index, decision in enumerate(record.get("decisions") or []):
         node = f"{p}decision:{index + 1}"
@@ -147,10 +146,36 @@ def _add_cause(graph: nx.MultiDiGraph, record: dict[str, Any], cause: dict[str, 
             continue
         relation = str(link.get("relation", "context"))
         graph.add_edge(evidence_node(key), node, relation=relation)
-    if cause.get("deciding_probe"):
-        probe = f"{p}probe:{cause['deciding_probe']}"
-        graph.add_node(probe, kind="probe", label=str(cause["deciding_probe"]))
+    deciding = str(cause.get("deciding_probe") or "")
+    arm_names = {arm["evidence_id"]: str(arm["arm"]) for arm in arm_summaries(record)}
+    cited = {arm_names[str(link.get("id"))] for link in cause.get("evidence") or []
+             if str(link.get("id")) in arm_names}
+    if deciding and deciding not in cited:
+        probe = f"{p}probe:{deciding}"
+        if probe not in graph:
+            graph.add_node(probe, kind="probe", label=deciding)
         graph.add_edge(node, probe, relation="tested-by")
+
+
+def _add_arms(graph: nx.MultiDiGraph, record: dict[str, Any], p: str, incident_node: str,
+              evidence_node: Callable[[str], str]) -> None:
+    """Probe-arm nodes, each attached to the causes whose evidence cites it (the arm decides
+    them: `supports` or `refutes`); an arm that decides no cause hangs off the incident."""
+    for arm in arm_summaries(record):
+        probe = f"{p}probe:{arm['arm']}"
+        label = f"{arm['arm']}: {arm.get('failures')}/{arm.get('n')} failed"
+        graph.add_node(probe, kind="probe", label=label, decision=str(arm.get("decision", "")))
+        graph.add_edge(probe, evidence_node(arm["evidence_id"]), relation="supports")
+        decides = [
+            (str(cause.get("id")), str(link.get("relation", "supports")))
+            for cause in record.get("causes") or []
+            for link in cause.get("evidence") or []
+            if str(link.get("id")) == arm["evidence_id"]
+        ]
+        for cause_id, relation in decides:
+            graph.add_edge(probe, f"{p}cause:{cause_id}", relation=relation)
+        if not decides:
+            graph.add_edge(incident_node, probe, relation="measured")
 
 
 def arm_summaries(record: dict[str, Any]) -> list[dict[str, Any]]:
@@ -169,8 +194,13 @@ def _short(text: Any, limit: int = 60) -> str:
 
 
 def _dot_quote(value: str) -> str:
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     return f'"{escaped}"'
+
+
+def _wrap(label: str) -> str:
+    """A node label wrapped to LABEL_WIDTH characters per line (newlines; `\\n` in DOT)."""
+    return "\n".join(textwrap.wrap(label, LABEL_WIDTH, break_long_words=True)) or label
 
 
 def to_dot(graph: nx.MultiDiGraph) -> str:
@@ -178,13 +208,15 @@ def to_dot(graph: nx.MultiDiGraph) -> str:
     lines = [
         "digraph cause_graph {",
         "  rankdir=LR;",
-        '  node [fontname="Helvetica", fontsize=10, style=filled, fillcolor="#ffffff"];',
-        '  edge [fontname="Helvetica", fontsize=8];',
+        "  nodesep=0.25; ranksep=0.6;",
+        '  node [fontname="Helvetica", fontsize=16, style=filled, fillcolor="#ffffff", '
+        "margin=\"0.15,0.08\"];",
+        '  edge [fontname="Helvetica", fontsize=13];',
     ]
     for node, data in sorted(graph.nodes(data=True)):
         kind = str(data.get("kind", ""))
         attrs = {
-            "label": str(data.get("label", node)),
+            "label": _wrap(str(data.get("label", node))),
             "shape": KIND_SHAPES.get(kind, "ellipse"),
         }
         status = str(data.get("status", ""))

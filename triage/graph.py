@@ -24,9 +24,9 @@ STATUS_COLOURS = {
 }
 KIND_SHAPES = {
     "incident": "doubleoctagon",
-    "symptom": "ellipse",
+    "symptom": "box",
     "cause": "box",
-    "probe": "hexagon",
+    "probe": "box",
     "evidence": "note",
     "decision": "component",
 }
@@ -41,7 +41,8 @@ EDGE_STYLES = {
     "observed": "solid",
     "measured": "dotted",
 }
-LABEL_WIDTH = 26  # characters per line of a node label: wrapped, so the text stays large
+LABEL_WIDTH = 22  # characters per line of a node label: wrapped, so the text stays large
+LABELLED_RELATIONS = {"supports", "refutes", "tested-by", "same-family"}
 
 
 def _prefix(slug: str, local: bool) -> str:
@@ -208,10 +209,10 @@ def to_dot(graph: nx.MultiDiGraph) -> str:
     lines = [
         "digraph cause_graph {",
         "  rankdir=LR;",
-        "  nodesep=0.25; ranksep=0.6;",
-        '  node [fontname="Helvetica", fontsize=16, style=filled, fillcolor="#ffffff", '
-        "margin=\"0.15,0.08\"];",
-        '  edge [fontname="Helvetica", fontsize=13];',
+        "  nodesep=0.2; ranksep=0.35;",
+        '  node [fontname="Helvetica", fontsize=18, style="rounded,filled", fillcolor="#ffffff", '
+        "margin=\"0.1,0.05\"];",
+        '  edge [fontname="Helvetica", fontsize=14];',
     ]
     for node, data in sorted(graph.nodes(data=True)):
         kind = str(data.get("kind", ""))
@@ -226,6 +227,8 @@ def to_dot(graph: nx.MultiDiGraph) -> str:
         elif kind == "incident":
             attrs["fillcolor"] = "#2c3e50"
             attrs["fontcolor"] = "#ffffff"
+        elif kind == "probe":
+            attrs["fillcolor"] = "#d6eaf8"
         elif kind == "decision":
             attrs["fillcolor"] = "#f1c40f"
         rendered = ", ".join(f"{k}={_dot_quote(v)}" for k, v in attrs.items())
@@ -235,9 +238,12 @@ def to_dot(graph: nx.MultiDiGraph) -> str:
     ):
         relation = str(data.get("relation", ""))
         style = EDGE_STYLES.get(relation, "solid")
+        # Only the relations a reader must tell apart are written on the edge; the rest
+        # (explains, observed, decided, measured, context) would only widen the graph.
+        label = relation if relation in LABELLED_RELATIONS else ""
         lines.append(
             f"  {_dot_quote(str(source))} -> {_dot_quote(str(target))} "
-            f"[label={_dot_quote(relation)}, style={_dot_quote(style)}];"
+            f"[label={_dot_quote(label)}, style={_dot_quote(style)}];"
         )
     lines.append("}")
     return "\n".join(lines) + "\n"

@@ -132,12 +132,12 @@ def test_graph_attaches_every_arm_to_what_it_decides_one_run_at_a_time(two_runs:
     assert relations[(f"incident:{slug}", "probe:baseline")] == "measured"
     dot = to_dot(without_evidence)
     # This run's numbers only (run 1 had thinking-off at 4/8).
-    assert '"probe:thinking-off" [label="thinking-off: 0/16 failed"' in dot
+    assert '"probe:thinking-off" [label="thinking-off: 0/16\\nfailed"' in dot
     assert "4/8" not in dot
     # Readable at default zoom: left to right, large type, labels wrapped.
-    assert "rankdir=LR;" in dot and "fontsize=16" in dot
+    assert "rankdir=LR;" in dot and "fontsize=18" in dot
     labels = re.findall(r'label="([^"]*)", shape', dot)
-    assert all(len(line) <= 26 for label in labels for line in label.split("\\n"))
+    assert all(len(line) <= 22 for label in labels for line in label.split("\\n"))
 
 
 @pytest.fixture

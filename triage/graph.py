@@ -64,7 +64,7 @@ def add_incident(graph: nx.MultiDiGraph, record: dict[str, Any], *, local_ids: b
     graph.add_node(
         incident_node,
         kind="incident",
-        label=str(record.get("title", slug)),
+        label=_short(record.get("title", slug), 48),
         status=str(record.get("status", "")),
     )
     evidence_ids = {str(e.get("id")) for e in record.get("evidence") or []}
@@ -201,7 +201,9 @@ def _dot_quote(value: str) -> str:
 
 def _wrap(label: str) -> str:
     """A node label wrapped to LABEL_WIDTH characters per line (newlines; `\\n` in DOT)."""
-    return "\n".join(textwrap.wrap(label, LABEL_WIDTH, break_long_words=True)) or label
+    # Whole words only: the lines joined with spaces give the label back.
+    return "\n".join(textwrap.wrap(label, LABEL_WIDTH, break_long_words=False,
+                                   break_on_hyphens=False)) or label
 
 
 def to_dot(graph: nx.MultiDiGraph) -> str:

@@ -176,7 +176,8 @@ def test_reference_incident_diagnosis_and_graph_in_chromium(ui_server: str) -> N
             svg = page.locator('[data-testid="stGraphVizChart"] svg').first
             expect(svg).to_be_visible()
             assert svg.locator("g.node").count() > 10
-            graph_text = svg.text_content() or ""
+            # Labels are wrapped: one <text> per line.
+            graph_text = " ".join(svg.locator("text").all_text_contents())
             assert "Thinking is on by default" in graph_text
             assert "PARKED 2026-06-10" in graph_text
             page.screenshot(path=str(ARTIFACTS / "ui-incident-graph.png"))

@@ -10,6 +10,7 @@ that several incidents can share one graph (family links) without clashes.
 
 from __future__ import annotations
 
+import textwrap
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -23,9 +24,9 @@ STATUS_COLOURS = {
 }
 KIND_SHAPES = {
     "incident": "doubleoctagon",
-    "symptom": "ellipse",
+    "symptom": "box",
     "cause": "box",
-    "probe": "hexagon",
+    "probe": "box",
     "evidence": "note",
     "decision": "component",
 }
@@ -38,7 +39,10 @@ EDGE_STYLES = {
     "same-family": "bold",
     "decided": "solid",
     "observed": "solid",
+    "measured": "dotted",
 }
+LABEL_WIDTH = 22  # characters per line of a node label: wrapped, so the text stays large
+LABELLED_RELATIONS = {"supports", "refutes", "tested-by", "same-family"}
 
 
 def _prefix(slug: str, local: bool) -> str:
@@ -60,7 +64,7 @@ def add_incident(graph: nx.MultiDiGraph, record: dict[str, Any], *, local_ids: b
     graph.add_node(
         incident_node,
         kind="incident",
-        label=str(record.get("title", slug)),
+        label=_short(record.get("title", slug), 48),
         status=str(record.get("status", "")),
     )
     evidence_ids = {str(e.get("id")) for e in record.get("evidence") or []}
@@ -90,11 +94,7 @@ def add_incident(graph: nx.MultiDiGraph, record: dict[str, Any], *, local_ids: b
     for cause in record.get("causes") or []:
         _add_cause(graph, record, cause, p, incident_node, evidence_ids, evidence_node)
 
-    for arm in arm_summaries(record):
-        probe = f"{p}probe:{arm['arm']}"
-        label = f"{arm['arm']}: {arm.get('failures')}/{arm.get('n')}"
-        graph.add_node(probe, kind="probe", label=label, decision=str(arm.get("decision", "")))
-        graph.add_edge(probe, evidence_node(arm["evidence_id"]), relation="supports")
+    _add_arms(graph, record, p, incident_node, evidence_node)
 
     for index, decision in enumerate(record.get("decisions") or []):
         node = f"{p}decision:{index + 1}"
@@ -147,10 +147,36 @@ def _add_cause(graph: nx.MultiDiGraph, record: dict[str, Any], cause: dict[str, 
             continue
         relation = str(link.get("relation", "context"))
         graph.add_edge(evidence_node(key), node, relation=relation)
-    if cause.get("deciding_probe"):
-        probe = f"{p}probe:{cause['deciding_probe']}"
-        graph.add_node(probe, kind="probe", label=str(cause["deciding_probe"]))
+    deciding = str(cause.get("deciding_probe") or "")
+    arm_names = {arm["evidence_id"]: str(arm["arm"]) for arm in arm_summaries(record)}
+    cited = {arm_names[str(link.get("id"))] for link in cause.get("evidence") or []
+             if str(link.get("id")) in arm_names}
+    if deciding and deciding not in cited:
+        probe = f"{p}probe:{deciding}"
+        if probe not in graph:
+            graph.add_node(probe, kind="probe", label=deciding)
         graph.add_edge(node, probe, relation="tested-by")
+
+
+def _add_arms(graph: nx.MultiDiGraph, record: dict[str, Any], p: str, incident_node: str,
+              evidence_node: Callable[[str], str]) -> None:
+    """Probe-arm nodes, each attached to the causes whose evidence cites it (the arm decides
+    them: `supports` or `refutes`); an arm that decides no cause hangs off the incident."""
+    for arm in arm_summaries(record):
+        probe = f"{p}probe:{arm['arm']}"
+        label = f"{arm['arm']}: {arm.get('failures')}/{arm.get('n')} failed"
+        graph.add_node(probe, kind="probe", label=label, decision=str(arm.get("decision", "")))
+        graph.add_edge(probe, evidence_node(arm["evidence_id"]), relation="supports")
+        decides = [
+            (str(cause.get("id")), str(link.get("relation", "supports")))
+            for cause in record.get("causes") or []
+            for link in cause.get("evidence") or []
+            if str(link.get("id")) == arm["evidence_id"]
+        ]
+        for cause_id, relation in decides:
+            graph.add_edge(probe, f"{p}cause:{cause_id}", relation=relation)
+        if not decides:
+            graph.add_edge(incident_node, probe, relation="measured")
 
 
 def arm_summaries(record: dict[str, Any]) -> list[dict[str, Any]]:
@@ -169,8 +195,15 @@ def _short(text: Any, limit: int = 60) -> str:
 
 
 def _dot_quote(value: str) -> str:
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     return f'"{escaped}"'
+
+
+def _wrap(label: str) -> str:
+    """A node label wrapped to LABEL_WIDTH characters per line (newlines; `\\n` in DOT)."""
+    # Whole words only: the lines joined with spaces give the label back.
+    return "\n".join(textwrap.wrap(label, LABEL_WIDTH, break_long_words=False,
+                                   break_on_hyphens=False)) or label
 
 
 def to_dot(graph: nx.MultiDiGraph) -> str:
@@ -178,13 +211,15 @@ def to_dot(graph: nx.MultiDiGraph) -> str:
     lines = [
         "digraph cause_graph {",
         "  rankdir=LR;",
-        '  node [fontname="Helvetica", fontsize=10, style=filled, fillcolor="#ffffff"];',
-        '  edge [fontname="Helvetica", fontsize=8];',
+        "  nodesep=0.2; ranksep=0.35;",
+        '  node [fontname="Helvetica", fontsize=18, style="rounded,filled", fillcolor="#ffffff", '
+        "margin=\"0.1,0.05\"];",
+        '  edge [fontname="Helvetica", fontsize=14];',
     ]
     for node, data in sorted(graph.nodes(data=True)):
         kind = str(data.get("kind", ""))
         attrs = {
-            "label": str(data.get("label", node)),
+            "label": _wrap(str(data.get("label", node))),
             "shape": KIND_SHAPES.get(kind, "ellipse"),
         }
         status = str(data.get("status", ""))
@@ -194,6 +229,8 @@ def to_dot(graph: nx.MultiDiGraph) -> str:
         elif kind == "incident":
             attrs["fillcolor"] = "#2c3e50"
             attrs["fontcolor"] = "#ffffff"
+        elif kind == "probe":
+            attrs["fillcolor"] = "#d6eaf8"
         elif kind == "decision":
             attrs["fillcolor"] = "#f1c40f"
         rendered = ", ".join(f"{k}={_dot_quote(v)}" for k, v in attrs.items())
@@ -203,9 +240,12 @@ def to_dot(graph: nx.MultiDiGraph) -> str:
     ):
         relation = str(data.get("relation", ""))
         style = EDGE_STYLES.get(relation, "solid")
+        # Only the relations a reader must tell apart are written on the edge; the rest
+        # (explains, observed, decided, measured, context) would only widen the graph.
+        label = relation if relation in LABELLED_RELATIONS else ""
         lines.append(
             f"  {_dot_quote(str(source))} -> {_dot_quote(str(target))} "
-            f"[label={_dot_quote(relation)}, style={_dot_quote(style)}];"
+            f"[label={_dot_quote(label)}, style={_dot_quote(style)}];"
         )
     lines.append("}")
     return "\n".join(lines) + "\n"

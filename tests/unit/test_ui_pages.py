@@ -252,12 +252,11 @@ def test_incident_page_probe_arms_table_and_chart(kb_url: str, tmp_path: Path) -
 def test_incident_page_unknown_slug_and_picker(kb_url: str) -> None:
     at = open_page("incident", slug="2099-01-01-nothing")
     assert "No incident '2099-01-01-nothing'" in texts(at, "error")[0]
+    # Without a slug the page opens the most recent incident, not a blank chooser.
     at = open_page("incident")
-    picker = at.selectbox[0]
-    picker.set_value(REFERENCE)
-    at.run()
-    assert at.query_params.get("slug") in (REFERENCE, [REFERENCE])
     assert md_unescape(at.title[0].value).startswith("Gemma 4 on llama-server")
+    assert table(at, "causes_table") is not None
+    assert any("most recent" in c.value for c in at.caption)
 
 
 def test_incident_page_override_and_decision_land_in_history(kb_url: str) -> None:
@@ -519,12 +518,24 @@ def test_retrospective_renders_and_offers_the_markdown(kb_url: str) -> None:
     assert ("incident", f"slug={REFERENCE}") in links
 
 
-def test_retrospective_picker_without_a_slug(kb_url: str) -> None:
+def test_retrospective_without_a_slug_opens_the_most_recent_incident(kb_url: str) -> None:
     at = open_page("retrospective")
-    assert [t.value for t in at.title] == ["Retrospective"]
-    at.selectbox[0].set_value(REFERENCE)
-    at.run()
-    assert at.get("html"), "picking an incident shows its retrospective"
+    [html] = at.get("html")
+    assert "Gemma 4 on llama" in html.proto.body and "2797" in html.proto.body
+    links = [(p.proto.page, p.proto.query_string) for p in at.get("page_link")]
+    assert ("incident", f"slug={REFERENCE}") in links
+
+
+def test_pages_without_a_slug_say_so_on_an_empty_knowledge_base(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRIAGE_DATABASE_URL", f"sqlite:///{tmp_path / 'empty.db'}")
+    try:
+        for page in ("incident", "retrospective"):
+            at = open_page(page)
+            assert any("No incidents" in i for i in texts(at, "info")), page
+    finally:
+        data.forget_stores()
 
 
 def test_new_triage_reads_uploaded_files(

@@ -6,7 +6,9 @@ import streamlit as st
 
 from triage.ui import gate
 
-st.set_page_config(page_title="triage", page_icon=":material/troubleshoot:", layout="wide")
+# An emoji favicon is drawn in the browser (an inline SVG); a ":material/..." page icon is
+# fetched from fonts.gstatic.com on every page, which fails offline.
+st.set_page_config(page_title="triage", page_icon="🔎", layout="wide")
 
 # Authentication first: nothing below runs for a request that is not signed in (triage ui
 # refuses a non-loopback address without it; see triage/ui/auth.py).

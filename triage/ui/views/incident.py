@@ -13,6 +13,7 @@ from kb import decisions as kb_decisions
 from kb.store import StoreError
 from triage.graph import arm_summaries, build_graph, summary, to_dot
 from triage.ui import actions, data, nav
+from triage.ui.runs import ALL_RUNS, IncidentRuns, load_runs, record_for_run, run_verdicts
 from triage.ui.text import markdown_to_html, md_escape, md_link
 
 STATUS_ORDER = ("confirmed", "suspected", "rejected")
@@ -31,26 +32,31 @@ store = data.get_store()
 
 
 def pick_incident() -> str | None:
-    """The incident in the URL (?slug=...), else a picker of recent ones."""
+    """The incident in the URL (?slug=...), else the most recent one (None: there is none)."""
     slug = st.query_params.get("slug")
     if slug:
         return str(slug)
-    st.title("Incident")
-    recent = data.recent_incidents(store)
+    recent = data.recent_incidents(store, limit=1)
     if not recent:
+        st.title("Incident")
         st.info("No incidents in the knowledge base yet.")
         st.page_link(nav.NEW_TRIAGE, label="Start a new triage", icon=":material/add_circle:")
         return None
-    titles = dict(recent)
-    choice = st.selectbox(
-        "Open an incident",
-        ["", *titles],
-        format_func=lambda value: f"{value} -- {titles[value]}" if value else "choose...",
-    )
-    if choice:
-        st.query_params["slug"] = choice
-        st.rerun()
-    return None
+    st.caption("No incident in the address: showing the most recent one.")
+    st.page_link(nav.INCIDENTS, label="All incidents", icon=":material/list:")
+    return recent[0][0]
+
+
+def pick_run(runs: IncidentRuns) -> int | None:
+    """The run the Diagnosis, Probe arms and Cause graph tabs show: the latest by default,
+    or ALL_RUNS; None when the incident has no engine runs (imported from a file)."""
+    if not runs.runs:
+        return None
+    options = [run.id for run in runs.runs] + [ALL_RUNS]
+    return int(st.selectbox(
+        "Engine run shown in Diagnosis, Probe arms and Cause graph", options,
+        format_func=runs.label, key="run_pick",
+    ))
 
 
 def evidence_index(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -92,7 +98,9 @@ def show_evidence(item: dict[str, Any], *, relation: str = "", note: str = "") -
         )
     if payload:
         # st.json renders a JSON tree (text only): numbers, arms and redacted exchanges.
-        st.json(payload, expanded=item.get("kind") != "exchange")
+        # Collapsed: one line per payload, opened on demand (27 open payloads made the
+        # Diagnosis tab 16,000 px tall).
+        st.json(payload, expanded=False)
 
 
 def header(record: dict[str, Any]) -> None:
@@ -149,7 +157,8 @@ def header(record: dict[str, Any]) -> None:
             st.caption(md_escape(", ".join(f"{k}: {v}" for k, v in extra.items())))
 
 
-def diagnosis_tab(record: dict[str, Any]) -> None:
+def diagnosis_tab(record: dict[str, Any], verdicts: dict[str, str] | None = None) -> None:
+    """The findings and causes; `verdicts` (cause -> status) adds what the shown run said."""
     causes = record.get("causes") or []
     evidence = evidence_index(record)
     symptoms = record.get("symptoms") or []
@@ -186,6 +195,7 @@ def diagnosis_tab(record: dict[str, Any]) -> None:
                     "Basis": c.get("basis", ""),
                     "Deciding probe": c.get("deciding_probe", ""),
                     "Evidence": ", ".join(str(link.get("id")) for link in c.get("evidence") or []),
+                    **({"This run": verdicts.get(str(c.get("id")), "-")} if verdicts else {}),
                 }
                 for status in STATUS_ORDER
                 for c in causes
@@ -229,8 +239,13 @@ def diagnosis_tab(record: dict[str, Any]) -> None:
                                   note=str(link.get("note", "")))
 
 
-def arms_tab(record: dict[str, Any]) -> None:
-    arms = arm_summaries(record)
+def arms_tab(record: dict[str, Any], runs: IncidentRuns | None = None,
+             run_id: int | None = None) -> None:
+    """The arms of the chosen run (with a Run column and the latest run charted when all
+    runs are chosen)."""
+    runs = runs or IncidentRuns()
+    every = run_id == ALL_RUNS
+    arms = arm_summaries(record if every else record_for_run(record, runs, run_id))
     if not arms:
         st.info("No probe arms recorded for this incident (the engine records them when it runs).")
         return
@@ -239,6 +254,7 @@ def arms_tab(record: dict[str, Any]) -> None:
         ci = arm.get("ci95") or [None, None]
         rows.append(
             {
+                **({"Run": runs.evidence_run.get(arm["evidence_id"])} if every else {}),
                 "Arm": str(arm.get("arm")),
                 "Variant": str(arm.get("variant", "")),
                 "k/n": f"{arm.get('failures')}/{arm.get('n')}",
@@ -263,6 +279,9 @@ def arms_tab(record: dict[str, Any]) -> None:
             "p-value": st.column_config.NumberColumn(format="%.3g"),
         },
     )
+    if every and runs.latest is not None:
+        table = table[table["Run"] == runs.latest]
+        st.caption(f"The chart shows one run: {runs.label(runs.latest)}.")
     base = alt.Chart(table).encode(y=alt.Y("Arm:N", title=None, sort=None))
     intervals = base.mark_rule(strokeWidth=2).encode(
         x=alt.X("95% low:Q", title="failure rate with its 95% interval",
@@ -278,8 +297,14 @@ def arms_tab(record: dict[str, Any]) -> None:
     st.altair_chart(intervals + points, width="stretch")
 
 
-def graph_tab(record: dict[str, Any]) -> None:
-    graph = build_graph(record)
+def graph_tab(record: dict[str, Any], runs: IncidentRuns | None = None,
+              run_id: int | None = None) -> None:
+    """The cause graph of one run (the latest when all runs are chosen)."""
+    runs = runs or IncidentRuns()
+    if run_id == ALL_RUNS:
+        run_id = runs.latest
+        st.caption(f"The graph shows one run: {runs.label(run_id or 0)}.")
+    graph = build_graph(record_for_run(record, runs, run_id))
     counts = summary(graph)
     with_evidence = st.toggle("Show evidence nodes", value=False, key="graph_evidence")
     if not with_evidence:
@@ -512,14 +537,17 @@ if slug:
         header(record)
         st.page_link(nav.RETROSPECTIVE, label="Retrospective", icon=":material/history_edu:",
                      query_params={"slug": slug})
+        runs = load_runs(store, slug)
+        run_id = pick_run(runs)
         tabs = st.tabs(["Diagnosis", "Probe arms", "Cause graph", "Evidence", "History",
                         "References", "Narrative", "Decide / override"])
         with tabs[0]:
-            diagnosis_tab(record)
+            shown = run_id if run_id != ALL_RUNS else None
+            diagnosis_tab(record_for_run(record, runs, shown), run_verdicts(runs, shown))
         with tabs[1]:
-            arms_tab(record)
+            arms_tab(record, runs, run_id)
         with tabs[2]:
-            graph_tab(record)
+            graph_tab(record, runs, run_id)
         with tabs[3]:
             evidence_tab(record)
         with tabs[4]:

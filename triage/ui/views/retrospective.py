@@ -38,15 +38,14 @@ def retrospective(record: dict[str, Any]) -> tuple[str, str]:
 
 slug = st.query_params.get("slug")
 if not slug:
+    # No incident in the address: the most recent one, not a blank page with a chooser.
+    recent = data.recent_incidents(store, limit=1)
+    slug = recent[0][0] if recent else None
+    if slug:
+        st.caption("No incident in the address: showing the most recent one.")
+if not slug:
     st.title("Retrospective")
-    recent = dict(data.recent_incidents(store))
-    choice = st.selectbox(
-        "Incident", ["", *recent],
-        format_func=lambda value: f"{value} -- {recent[value]}" if value else "choose...",
-    )
-    if choice:
-        st.query_params["slug"] = choice
-        st.rerun()
+    st.info("No incidents in the knowledge base yet.")
 else:
     record = data.load_incident(store, str(slug))
     if record is None:

@@ -1,0 +1,78 @@
+"""Engine runs of an incident for the UI: load them, and narrow a record to one run.
+
+A record (kb.files.load_record) holds the evidence of every run; the Diagnosis, Probe arms
+and Cause graph tabs show one run at a time. Evidence recorded outside any run (the captured
+exchange, imported files) belongs to every run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kb.runlog import RunInfo, evidence_runs, incident_runs
+from kb.store import Store
+
+ALL_RUNS = 0  # the selector's "all runs" choice (run ids start at 1)
+
+
+@dataclass(frozen=True)
+class IncidentRuns:
+    """The runs of one incident (newest first) and which run recorded each evidence key."""
+
+    runs: list[RunInfo] = field(default_factory=list)
+    evidence_run: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def latest(self) -> int | None:
+        return self.runs[0].id if self.runs else None
+
+    def label(self, run_id: int) -> str:
+        if run_id == ALL_RUNS:
+            return f"all {len(self.runs)} runs"
+        for index, run in enumerate(self.runs):
+            if run.id == run_id:
+                latest = " (latest)" if index == 0 else ""
+                return f"run {run.id}{latest} · {run.state} · {run.started_at.replace('T', ' ')}"
+        return f"run {run_id}"
+
+    def run(self, run_id: int | None) -> RunInfo | None:
+        return next((run for run in self.runs if run.id == run_id), None)
+
+
+def load_runs(store: Store, slug: str) -> IncidentRuns:
+    with store.session(readonly=True) as session:
+        return IncidentRuns(incident_runs(session, slug), evidence_runs(session, slug))
+
+
+def record_for_run(record: dict[str, Any], runs: IncidentRuns,
+                   run_id: int | None) -> dict[str, Any]:
+    """A copy of the record with only the evidence of `run_id` (and evidence of no run);
+    cause and finding links to other runs' evidence are dropped. None or ALL_RUNS: as is."""
+    if not run_id:
+        return record
+
+    def keep(key: Any) -> bool:
+        return runs.evidence_run.get(str(key), run_id) == run_id
+
+    narrowed = dict(record)
+    narrowed["evidence"] = [e for e in record.get("evidence") or [] if keep(e.get("id"))]
+    narrowed["causes"] = [
+        {**cause, "evidence": [link for link in cause.get("evidence") or []
+                               if keep(link.get("id"))]}
+        for cause in record.get("causes") or []
+    ]
+    narrowed["symptoms"] = [
+        {**symptom, "evidence": [key for key in symptom.get("evidence") or [] if keep(key)]}
+        for symptom in record.get("symptoms") or []
+    ]
+    return narrowed
+
+
+def run_verdicts(runs: IncidentRuns, run_id: int | None) -> dict[str, str]:
+    """Cause id -> the status that run's diagnosis gave it (empty without a stored result)."""
+    run = runs.run(run_id)
+    if run is None:
+        return {}
+    return {str(c.get("id")): str(c.get("status", ""))
+            for c in run.result.get("causes") or [] if isinstance(c, dict)}

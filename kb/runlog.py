@@ -34,8 +34,10 @@ def incident_runs(session: Session, slug: str, limit: int = MAX_RUNS) -> list[Ru
     if incident is None:
         return []
     rows = session.exec(
-        select(TriageRun).where(TriageRun.incident_id == incident.id)
-        .order_by(col(TriageRun.id).desc()).limit(limit)
+        select(TriageRun)
+        .where(TriageRun.incident_id == incident.id)
+        .order_by(col(TriageRun.id).desc())
+        .limit(limit)
     ).all()
     return [
         RunInfo(
@@ -59,4 +61,4 @@ def evidence_runs(session: Session, slug: str) -> dict[str, int]:
             Evidence.incident_id == incident.id, col(Evidence.run_id).is_not(None)
         )
     ).all()
-    return {str(key): int(run_id) for key, run_id in rows}
+    return {str(key): int(run_id) for key, run_id in rows if run_id is not None}

@@ -72,9 +72,7 @@ def add_incident(graph: nx.MultiDiGraph, record: dict[str, Any], *, local_ids: b
     def evidence_node(key: str) -> str:
         node = f"{p}evidence:{key}"
         if node not in graph:
-            item = next(
-                (e for e in record.get("evidence") or [] if str(e.get("id")) == key), None
-            )
+            item = next((e for e in record.get("evidence") or [] if str(e.get("id")) == key), None)
             graph.add_node(
                 node,
                 kind="evidence",
@@ -120,9 +118,15 @@ def add_incident(graph: nx.MultiDiGraph, record: dict[str, Any], *, local_ids: b
     return incident_node
 
 
-def _add_cause(graph: nx.MultiDiGraph, record: dict[str, Any], cause: dict[str, Any], p: str,
-               incident_node: str, evidence_ids: set[str],
-               evidence_node: Callable[[str], str]) -> None:
+def _add_cause(
+    graph: nx.MultiDiGraph,
+    record: dict[str, Any],
+    cause: dict[str, Any],
+    p: str,
+    incident_node: str,
+    evidence_ids: set[str],
+    evidence_node: Callable[[str], str],
+) -> None:
     """One cause node: what it explains, its evidence links and its deciding probe."""
     node = f"{p}cause:{cause.get('id')}"
     graph.add_node(
@@ -149,8 +153,11 @@ def _add_cause(graph: nx.MultiDiGraph, record: dict[str, Any], cause: dict[str, 
         graph.add_edge(evidence_node(key), node, relation=relation)
     deciding = str(cause.get("deciding_probe") or "")
     arm_names = {arm["evidence_id"]: str(arm["arm"]) for arm in arm_summaries(record)}
-    cited = {arm_names[str(link.get("id"))] for link in cause.get("evidence") or []
-             if str(link.get("id")) in arm_names}
+    cited = {
+        arm_names[str(link.get("id"))]
+        for link in cause.get("evidence") or []
+        if str(link.get("id")) in arm_names
+    }
     if deciding and deciding not in cited:
         probe = f"{p}probe:{deciding}"
         if probe not in graph:
@@ -158,8 +165,13 @@ def _add_cause(graph: nx.MultiDiGraph, record: dict[str, Any], cause: dict[str, 
         graph.add_edge(node, probe, relation="tested-by")
 
 
-def _add_arms(graph: nx.MultiDiGraph, record: dict[str, Any], p: str, incident_node: str,
-              evidence_node: Callable[[str], str]) -> None:
+def _add_arms(
+    graph: nx.MultiDiGraph,
+    record: dict[str, Any],
+    p: str,
+    incident_node: str,
+    evidence_node: Callable[[str], str],
+) -> None:
     """Probe-arm nodes, each attached to the causes whose evidence cites it (the arm decides
     them: `supports` or `refutes`); an arm that decides no cause hangs off the incident."""
     for arm in arm_summaries(record):
@@ -202,8 +214,10 @@ def _dot_quote(value: str) -> str:
 def _wrap(label: str) -> str:
     """A node label wrapped to LABEL_WIDTH characters per line (newlines; `\\n` in DOT)."""
     # Whole words only: the lines joined with spaces give the label back.
-    return "\n".join(textwrap.wrap(label, LABEL_WIDTH, break_long_words=False,
-                                   break_on_hyphens=False)) or label
+    return (
+        "\n".join(textwrap.wrap(label, LABEL_WIDTH, break_long_words=False, break_on_hyphens=False))
+        or label
+    )
 
 
 def to_dot(graph: nx.MultiDiGraph) -> str:
@@ -213,7 +227,7 @@ def to_dot(graph: nx.MultiDiGraph) -> str:
         "  rankdir=LR;",
         "  nodesep=0.2; ranksep=0.35;",
         '  node [fontname="Helvetica", fontsize=18, style="rounded,filled", fillcolor="#ffffff", '
-        "margin=\"0.1,0.05\"];",
+        'margin="0.1,0.05"];',
         '  edge [fontname="Helvetica", fontsize=14];',
     ]
     for node, data in sorted(graph.nodes(data=True)):

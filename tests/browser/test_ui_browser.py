@@ -100,16 +100,20 @@ def ui_server(tmp_path: Path) -> Iterator[str]:
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             if server.poll() is not None:
-                pytest.fail(f"triage ui exited ({server.returncode}): "
-                            + (tmp_path / "ui.log").read_text(errors="replace"))
+                pytest.fail(
+                    f"triage ui exited ({server.returncode}): "
+                    + (tmp_path / "ui.log").read_text(errors="replace")
+                )
             try:
                 if httpx.get(f"{base}/_stcore/health", timeout=2).text.strip() == "ok":
                     break
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                pytest.fail("triage ui did not become healthy: "
-                            + (tmp_path / "ui.log").read_text(errors="replace"))
+                pytest.fail(
+                    "triage ui did not become healthy: "
+                    + (tmp_path / "ui.log").read_text(errors="replace")
+                )
             time.sleep(0.3)
         yield base
     finally:
@@ -166,9 +170,11 @@ def test_reference_incident_diagnosis_and_graph_in_chromium(ui_server: str) -> N
             ):
                 expect(causes.filter(has_text=title).first).to_be_visible()
             # The confirmed cause is open: its numbers are on screen.
-            confirmed = main.locator('[data-testid="stExpander"]').filter(
-                has=page.locator("summary", has_text="Thinking is on by default")
-            ).first
+            confirmed = (
+                main.locator('[data-testid="stExpander"]')
+                .filter(has=page.locator("summary", has_text="Thinking is on by default"))
+                .first
+            )
             expect(confirmed.get_by_text("reasoning_len=2797", exact=False).first).to_be_visible()
             expect(main.get_by_text("PARKED 2026-06-10", exact=False).first).to_be_visible()
 
@@ -187,8 +193,11 @@ def test_reference_incident_diagnosis_and_graph_in_chromium(ui_server: str) -> N
 
             # Markup typed into a cause title shows as text and never runs.
             page.goto(f"{ui_server}/incident?slug={HOSTILE_SLUG}")
-            expect(main.locator('[data-testid="stExpander"] summary').filter(
-                has_text=HOSTILE_TITLE).first).to_be_visible()
+            expect(
+                main.locator('[data-testid="stExpander"] summary')
+                .filter(has_text=HOSTILE_TITLE)
+                .first
+            ).to_be_visible()
             expect(main.locator("h1").first).to_have_text("Incident <img src=x onerror=alert(1)>")
             page.get_by_role("tab", name="Cause graph").click()
             expect(page.locator('[data-testid="stGraphVizChart"] svg').first).to_be_visible()
@@ -243,8 +252,9 @@ def test_new_triage_runs_the_real_engine_and_lands_on_the_incident(
             page.get_by_label("Response body", exact=False).fill(response_path.read_text())
             # The only configured stack is preselected; the page shows what it runs.
             page.get_by_text("What this stack runs").click()
-            expect(page.locator('[data-testid="stCode"]').filter(
-                has_text="[server]").first).to_be_visible()
+            expect(
+                page.locator('[data-testid="stCode"]').filter(has_text="[server]").first
+            ).to_be_visible()
             page.get_by_label("Most requests per probe arm", exact=False).fill("16")
             page.get_by_role("button", name="Run triage").click()
             expect(page.locator('[data-testid="stProgress"]').first).to_be_visible()
@@ -262,13 +272,15 @@ def test_new_triage_runs_the_real_engine_and_lands_on_the_incident(
                 '[data-testid="stAlertContentError"], [data-testid="stException"]'
             )
             if failure.count():
-                page.screenshot(path=str(ARTIFACTS / "ui-new-triage-failure.png"),
-                                full_page=True)
+                page.screenshot(path=str(ARTIFACTS / "ui-new-triage-failure.png"), full_page=True)
                 pytest.fail(f"the triage did not run: {failure.first.inner_text()}")
             main = page.locator('[data-testid="stMain"]')
             expect(main.get_by_text("Confirmed (", exact=False).first).to_be_visible()
-            expect(main.locator('[data-testid="stExpander"] summary').filter(
-                has_text="reasoning").first).to_be_visible()
+            expect(
+                main.locator('[data-testid="stExpander"] summary')
+                .filter(has_text="reasoning")
+                .first
+            ).to_be_visible()
             page.get_by_role("tab", name="Probe arms").click()
             # The arms' rates with their intervals, drawn by Vega-Lite.
             chart = main.locator('[data-testid="stVegaLiteChart"]').first
@@ -281,8 +293,16 @@ def test_new_triage_runs_the_real_engine_and_lands_on_the_incident(
 
 # ---------------------------------------------------------------- every page, no failed request
 PAGES = ("Incidents", "Incident", "New triage", "Decision log", "Retrospective", "Live")
-INCIDENT_TABS = ("Diagnosis", "Probe arms", "Cause graph", "Evidence", "History",
-                 "References", "Narrative", "Decide / override")
+INCIDENT_TABS = (
+    "Diagnosis",
+    "Probe arms",
+    "Cause graph",
+    "Evidence",
+    "History",
+    "References",
+    "Narrative",
+    "Decide / override",
+)
 MAX_DIAGNOSIS_PX = 4000
 # Streamlit's own client, opened at a page path (/incident?slug=...), first looks for its
 # server under that path before trying the root: two same-origin 404s it recovers from.
@@ -294,15 +314,22 @@ class NetworkLog:
 
     def __init__(self, page: Any, base: str) -> None:
         self.problems: list[str] = []
-        page.on("requestfailed", lambda r: self.problems.append(
-            f"failed {r.url}: {r.failure}"))
-        page.on("response", lambda r: r.status >= 400 and self.problems.append(
-            f"HTTP {r.status} {r.url}"))
-        page.on("console", lambda m: m.type == "error" and self.problems.append(
-            f"console: {m.text}"))
-        page.on("request", lambda r: r.url.startswith(("http:", "https:", "ws:", "wss:"))
-                and not r.url.startswith(base) and self.problems.append(
-                    f"external request {r.url}"))
+        page.on("requestfailed", lambda r: self.problems.append(f"failed {r.url}: {r.failure}"))
+        page.on(
+            "response",
+            lambda r: r.status >= 400 and self.problems.append(f"HTTP {r.status} {r.url}"),
+        )
+        page.on(
+            "console", lambda m: m.type == "error" and self.problems.append(f"console: {m.text}")
+        )
+        page.on(
+            "request",
+            lambda r: (
+                r.url.startswith(("http:", "https:", "ws:", "wss:"))
+                and not r.url.startswith(base)
+                and self.problems.append(f"external request {r.url}")
+            ),
+        )
 
     def take(self) -> list[str]:
         problems, self.problems = self.problems, []
@@ -379,7 +406,8 @@ def test_every_page_of_a_diagnosed_drill_incident_without_a_failed_request(
                 else:
                     page.wait_for_timeout(1500)
                     heights[name] = full_screenshot(
-                        page, f"ui-{name.lower().replace(' ', '-')}.png")
+                        page, f"ui-{name.lower().replace(' ', '-')}.png"
+                    )
             assert log.take() == [], "failed or external requests while walking the pages"
 
             # A deep link: only Streamlit's base-path probes may fail, nothing external.
@@ -388,11 +416,20 @@ def test_every_page_of_a_diagnosed_drill_incident_without_a_failed_request(
             page.get_by_role("tab", name="Cause graph").click()
             expect(page.locator('[data-testid="stGraphVizChart"] svg').first).to_be_visible()
             page.wait_for_timeout(1500)
-            unexpected = [p for p in log.take() if not (
-                p.startswith("console: Failed to load resource: the server responded with "
-                             "a status of 404")
-                or (p.startswith("HTTP 404 ") and p.endswith(
-                    tuple(f"/incident/{probe}" for probe in BASE_PATH_PROBES))))]
+            unexpected = [
+                p
+                for p in log.take()
+                if not (
+                    p.startswith(
+                        "console: Failed to load resource: the server responded with "
+                        "a status of 404"
+                    )
+                    or (
+                        p.startswith("HTTP 404 ")
+                        and p.endswith(tuple(f"/incident/{probe}" for probe in BASE_PATH_PROBES))
+                    )
+                )
+            ]
             assert unexpected == []
         finally:
             browser.close()

@@ -201,8 +201,11 @@ def test_incident_page_graph_has_the_right_nodes(kb_url: str) -> None:
     assert f"incident:{REFERENCE}" in nodes
     assert "decision:1" in nodes
     assert {f"{q}/cause:reasoning-exhausts-budget" for q in QWEN} <= nodes  # family
-    assert re.search(r'"cause:reasoning-exhausts-budget" \[label="[^"]*", shape="box", '
-                     r'fillcolor="#c0392b"', dot)  # confirmed: red
+    assert re.search(
+        r'"cause:reasoning-exhausts-budget" \[label="[^"]*", shape="box", '
+        r'fillcolor="#c0392b"',
+        dot,
+    )  # confirmed: red
     assert re.search(r'"cause:quantized-weights" \[[^\]]*fillcolor="#7f8c8d"', dot)  # rejected
     assert re.search(r'"decision:1" \[label="PARKED 2026-06-10"', dot)
     assert any(code.language == "dot" and code.value.strip() == dot.strip() for code in at.code)
@@ -225,9 +228,7 @@ def test_incident_page_history_references_and_evidence(kb_url: str) -> None:
     references = " ".join(texts(at, "markdown"))
     assert "[llama.cpp #23335: draft-mtp deterministic output divergence (Qwen)]" in references
     assert "(https://github.com/ggml-org/llama.cpp/issues/23335)" in references
-    family_links = {
-        (link.proto.page, link.proto.query_string) for link in at.get("page_link")
-    }
+    family_links = {(link.proto.page, link.proto.query_string) for link in at.get("page_link")}
     assert {("incident", f"slug={q}") for q in QWEN} <= family_links
     evidence = table(at, "evidence_table")
     assert "E9" in set(evidence["Id"])
@@ -271,7 +272,9 @@ def test_incident_page_override_and_decision_land_in_history(kb_url: str) -> Non
     history = table(at, "history_table")
     row = history[history["By"] == "alice"].iloc[0]
     assert (row["What"], row["Change"], row["Evidence"]) == (
-        "cause quantized-weights", "rejected -> suspected", "E6"
+        "cause quantized-weights",
+        "rejected -> suspected",
+        "E6",
     )
     causes = table(at, "causes_table")
     assert causes[causes["Cause"] == "quantized-weights"].iloc[0]["Status"] == "suspected"
@@ -303,9 +306,7 @@ def test_incident_page_refuses_incomplete_decisions(kb_url: str) -> None:
     [error] = texts(at, "error")
     assert error.startswith(f"Not recorded: {REFERENCE}: refusing FIXED without evidence")
     history = table(at, "history_table")
-    assert list(history[history["What"] == "decision"]["Change"]) == [
-        "PARKED (revisit 2026-09-10)"
-    ]
+    assert list(history[history["What"] == "decision"]["Change"]) == ["PARKED (revisit 2026-09-10)"]
     # With "record anyway" the fix is kept, labelled unverified.
     at.checkbox(key="decision_force").check()
     submit(at, "Record decision")
@@ -390,16 +391,18 @@ def test_decision_log_marks_a_parked_incident_past_its_date_overdue_first(
         actions.record_decision(
             store,
             "2026-07-01-drill-arms",
-            actions.DecisionInput(kind="PARKED", by="dana", rationale="Drill only.",
-                                  revisit_on=date(2099, 1, 1)),
+            actions.DecisionInput(
+                kind="PARKED", by="dana", rationale="Drill only.", revisit_on=date(2099, 1, 1)
+            ),
         )
     finally:
         store.close()
     monkeypatch.setenv("TRIAGE_TODAY", AFTER_REVISIT)
     at = open_page("decisions")
     [overdue] = texts(at, "error")
-    assert overdue.startswith(f"**OVERDUE** (overdue) · {REFERENCE} -- revisit date 2026-09-10 "
-                              "passed 10 day(s) ago")
+    assert overdue.startswith(
+        f"**OVERDUE** (overdue) · {REFERENCE} -- revisit date 2026-09-10 passed 10 day(s) ago"
+    )
     assert any(s.startswith("Overdue (1)") for s in texts(at, "subheader"))
     rows = table(at, "decisions_table")
     assert list(rows["Incident"]) == [REFERENCE, "2026-07-01-drill-arms"]
@@ -469,8 +472,9 @@ def test_new_triage_runs_the_engine_with_progress_and_lands_on_the_incident(
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
     calls: list[dict[str, Any]] = []
 
-    def fake_run_triage(store: Store, exchange: Any, stack: Any, progress: Any,
-                        **options: Any) -> dict[str, Any]:
+    def fake_run_triage(
+        store: Store, exchange: Any, stack: Any, progress: Any, **options: Any
+    ) -> dict[str, Any]:
         calls.append({"exchange": exchange, "stack": stack, **options})
         progress(0.5, "probe thinking-off: 8/16")
         return {"incident": REFERENCE}
@@ -544,9 +548,11 @@ def test_new_triage_reads_uploaded_files(
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
     seen: list[Any] = []
     monkeypatch.setattr(
-        actions, "run_triage",
-        lambda store, exchange, stack, progress, **options: seen.append(exchange)
-        or {"incident": REFERENCE},
+        actions,
+        "run_triage",
+        lambda store, exchange, stack, progress, **options: (
+            seen.append(exchange) or {"incident": REFERENCE}
+        ),
     )
     configure_stacks(monkeypatch, write_stack(tmp_path, '[server]\nmodel = "m.gguf"\n'))
     at = open_page("new_triage")
@@ -571,8 +577,11 @@ def test_decision_log_marks_a_parked_incident_whose_trigger_fired(
         with store.session() as session:
             incident = require_incident(session, REFERENCE)
             add_evidence(
-                session, incident_id=incident.id, kind="observation",
-                summary="llama-server upgraded", payload={"server_build": "b9999"},
+                session,
+                incident_id=incident.id,
+                kind="observation",
+                summary="llama-server upgraded",
+                payload={"server_build": "b9999"},
                 recorded_at=datetime(2026, 6, 20, tzinfo=timezone.utc),
             )
     finally:

@@ -29,13 +29,23 @@ OTHER = "spec-decoding-divergence"
 
 def arm(name: str, failures: int, n: int, decision: str) -> dict[str, Any]:
     rate = failures / n
-    return ArmSummary(arm=name, variant=name, level="request", n=n, failures=failures,
-                      rate=rate, ci95=[max(0.0, rate - 0.2), min(1.0, rate + 0.2)],
-                      p_value=0.01, p_less=0.005, decision=decision).to_dict()
+    return ArmSummary(
+        arm=name,
+        variant=name,
+        level="request",
+        n=n,
+        failures=failures,
+        rate=rate,
+        ci95=[max(0.0, rate - 0.2), min(1.0, rate + 0.2)],
+        p_value=0.01,
+        p_less=0.005,
+        decision=decision,
+    ).to_dict()
 
 
-def record_run(store: Store, incident_id: int, arms: list[dict[str, Any]],
-               verdicts: list[kb_runs.VerdictRow]) -> int:
+def record_run(
+    store: Store, incident_id: int, arms: list[dict[str, Any]], verdicts: list[kb_runs.VerdictRow]
+) -> int:
     """One run as the recorder writes it: arm evidence with the run id, then the verdicts
     citing the arms by name (translated to their evidence keys)."""
     with store.session() as session:
@@ -43,16 +53,34 @@ def record_run(store: Store, incident_id: int, arms: list[dict[str, Any]],
         keys = {}
         for payload in arms:
             evidence = add_evidence(
-                session, incident_id=incident_id, kind="measurement",
+                session,
+                incident_id=incident_id,
+                kind="measurement",
                 summary=f"arm {payload['arm']}: {payload['failures']}/{payload['n']} failed",
-                payload=payload, source="triage diagnose", run_id=run_id)
+                payload=payload,
+                source="triage diagnose",
+                run_id=run_id,
+            )
             keys[payload["arm"]] = evidence.key
-        rows = [kb_runs.VerdictRow(v.cause, v.status, v.rationale,
-                                   [keys[a] for a in v.supports], [keys[a] for a in v.refutes],
-                                   v.deciding_probe, v.basis) for v in verdicts]
+        rows = [
+            kb_runs.VerdictRow(
+                v.cause,
+                v.status,
+                v.rationale,
+                [keys[a] for a in v.supports],
+                [keys[a] for a in v.refutes],
+                v.deciding_probe,
+                v.basis,
+            )
+            for v in verdicts
+        ]
         kb_runs.apply_verdicts(session, incident_id, run_id, rows, "engine")
-        kb_runs.finish_run(session, run_id, "done", {
-            "incident": "x", "causes": [{"id": v.cause, "status": v.status} for v in verdicts]})
+        kb_runs.finish_run(
+            session,
+            run_id,
+            "done",
+            {"incident": "x", "causes": [{"id": v.cause, "status": v.status} for v in verdicts]},
+        )
     return run_id
 
 
@@ -60,27 +88,50 @@ def record_run(store: Store, incident_id: int, arms: list[dict[str, Any]],
 def two_runs(tmp_path: Path) -> Iterator[tuple[Store, str, int, int]]:
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
     with store.session() as session:
-        incident = kb_runs.new_incident(session, kb_runs.NewIncident(
-            model="drill-gemma", kinds=["empty-content"]))
+        incident = kb_runs.new_incident(
+            session, kb_runs.NewIncident(model="drill-gemma", kinds=["empty-content"])
+        )
         assert incident.id is not None
         incident_id, slug = incident.id, incident.slug
-        kb_runs.ensure_causes(session, incident_id, [
-            kb_runs.CauseSpec(CAUSE, "Reasoning eats the token budget"),
-            kb_runs.CauseSpec(OTHER, "Speculative decoding changes committed tokens"),
-        ], "engine")
-        add_evidence(session, incident_id=incident_id, kind="exchange",
-                     summary="the captured failing exchange", payload={"status": 200})
-    first = record_run(store, incident_id, [arm("baseline", 8, 8, "baseline"),
-                                            arm("thinking-off", 4, 8, "undecided")],
-                       [kb_runs.VerdictRow(CAUSE, "suspected", "not yet", [], [],
-                                           "thinking-off", "measured")])
-    second = record_run(store, incident_id, [arm("baseline", 16, 16, "baseline"),
-                                             arm("thinking-off", 0, 16, "removes"),
-                                             arm("spec-off", 16, 16, "keeps")],
-                        [kb_runs.VerdictRow(CAUSE, "confirmed", "thinking off removes it",
-                                            ["thinking-off"], [], "thinking-off"),
-                         kb_runs.VerdictRow(OTHER, "rejected", "spec off keeps it",
-                                            [], ["spec-off"], "spec-off")])
+        kb_runs.ensure_causes(
+            session,
+            incident_id,
+            [
+                kb_runs.CauseSpec(CAUSE, "Reasoning eats the token budget"),
+                kb_runs.CauseSpec(OTHER, "Speculative decoding changes committed tokens"),
+            ],
+            "engine",
+        )
+        add_evidence(
+            session,
+            incident_id=incident_id,
+            kind="exchange",
+            summary="the captured failing exchange",
+            payload={"status": 200},
+        )
+    first = record_run(
+        store,
+        incident_id,
+        [arm("baseline", 8, 8, "baseline"), arm("thinking-off", 4, 8, "undecided")],
+        [kb_runs.VerdictRow(CAUSE, "suspected", "not yet", [], [], "thinking-off", "measured")],
+    )
+    second = record_run(
+        store,
+        incident_id,
+        [
+            arm("baseline", 16, 16, "baseline"),
+            arm("thinking-off", 0, 16, "removes"),
+            arm("spec-off", 16, 16, "keeps"),
+        ],
+        [
+            kb_runs.VerdictRow(
+                CAUSE, "confirmed", "thinking off removes it", ["thinking-off"], [], "thinking-off"
+            ),
+            kb_runs.VerdictRow(
+                OTHER, "rejected", "spec off keeps it", [], ["spec-off"], "spec-off"
+            ),
+        ],
+    )
     try:
         yield store, slug, first, second
     finally:
@@ -107,8 +158,11 @@ def test_record_for_run_keeps_one_runs_evidence_and_the_shared_exchange(two_runs
     assert runs.latest == second and "latest" in runs.label(second)
     narrowed = record_for_run(record, runs, first)
     summaries = [e["summary"] for e in narrowed["evidence"]]
-    assert summaries == ["the captured failing exchange", "arm baseline: 8/8 failed",
-                         "arm thinking-off: 4/8 failed"]
+    assert summaries == [
+        "the captured failing exchange",
+        "arm baseline: 8/8 failed",
+        "arm thinking-off: 4/8 failed",
+    ]
     cause = next(c for c in narrowed["causes"] if c["id"] == CAUSE)
     assert cause["evidence"] == []  # run 1 cited nothing; run 2's link is not shown here
     assert record_for_run(record, runs, ALL_RUNS) is record
@@ -121,7 +175,8 @@ def test_graph_attaches_every_arm_to_what_it_decides_one_run_at_a_time(two_runs:
         record = load_record(session, slug)
     graph = build_graph(record_for_run(record, load_runs(store, slug), second))
     without_evidence = graph.subgraph(
-        [n for n, d in graph.nodes(data=True) if d.get("kind") != "evidence"])
+        [n for n, d in graph.nodes(data=True) if d.get("kind") != "evidence"]
+    )
     probes = [n for n, d in without_evidence.nodes(data=True) if d.get("kind") == "probe"]
     assert sorted(probes) == ["probe:baseline", "probe:spec-off", "probe:thinking-off"]
     for probe in probes:  # no arm node floats unconnected when evidence nodes are hidden
@@ -171,7 +226,9 @@ def test_incident_page_run_selector(page_url: tuple[str, int, int]) -> None:
     assert list(arms["k/n"]) == ["16/16", "0/16", "16/16"]
     causes = next(df.value for df in at.dataframe if "Deciding probe" in df.value.columns)
     assert dict(zip(causes["Cause"], causes["This run"], strict=True)) == {
-        CAUSE: "confirmed", OTHER: "rejected"}
+        CAUSE: "confirmed",
+        OTHER: "rejected",
+    }
     # Evidence payloads start collapsed.
     assert at.json and all(not j.proto.expanded for j in at.json)
 

@@ -65,8 +65,17 @@ Body {SCRIPT} {IMG} [click](javascript:alert(1))
 """
 
 # Elements whose text Streamlit renders as Markdown.
-MARKDOWN_TYPES = {"markdown", "caption", "title", "header", "subheader", "error", "info",
-                  "success", "warning"}
+MARKDOWN_TYPES = {
+    "markdown",
+    "caption",
+    "title",
+    "header",
+    "subheader",
+    "error",
+    "info",
+    "success",
+    "warning",
+}
 UNESCAPED_TAG = re.compile(r"(?<!\\)<")
 SCRIPT_LINK = re.compile(r"(?<!\\)\]\(\s*javascript", re.IGNORECASE)
 
@@ -171,8 +180,9 @@ def test_decision_log_and_retrospective_show_markup_as_text(hostile_kb: str) -> 
 
     at = run("retrospective", slug=SLUG)
     seen = assert_inert(at)
-    html = next(element.proto.body for element in walk(at.main)
-                if getattr(element, "type", "") == "html")
+    html = next(
+        element.proto.body for element in walk(at.main) if getattr(element, "type", "") == "html"
+    )
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
 
 

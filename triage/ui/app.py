@@ -18,14 +18,24 @@ gate.require_user(gate.settings())
 # switches Streamlit's server into the legacy multipage mode until st.navigation runs.
 PAGES = [
     st.Page("views/incidents.py", title="Incidents", icon=":material/list:", default=True),
-    st.Page("views/incident.py", title="Incident", icon=":material/troubleshoot:",
-            url_path="incident"),
-    st.Page("views/new_triage.py", title="New triage", icon=":material/add_circle:",
-            url_path="new-triage"),
-    st.Page("views/decisions.py", title="Decision log", icon=":material/gavel:",
-            url_path="decisions"),
-    st.Page("views/retrospective.py", title="Retrospective", icon=":material/history_edu:",
-            url_path="retrospective"),
+    st.Page(
+        "views/incident.py", title="Incident", icon=":material/troubleshoot:", url_path="incident"
+    ),
+    st.Page(
+        "views/new_triage.py",
+        title="New triage",
+        icon=":material/add_circle:",
+        url_path="new-triage",
+    ),
+    st.Page(
+        "views/decisions.py", title="Decision log", icon=":material/gavel:", url_path="decisions"
+    ),
+    st.Page(
+        "views/retrospective.py",
+        title="Retrospective",
+        icon=":material/history_edu:",
+        url_path="retrospective",
+    ),
     st.Page("views/live.py", title="Live", icon=":material/monitoring:", url_path="live"),
 ]
 

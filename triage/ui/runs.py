@@ -45,8 +45,9 @@ def load_runs(store: Store, slug: str) -> IncidentRuns:
         return IncidentRuns(incident_runs(session, slug), evidence_runs(session, slug))
 
 
-def record_for_run(record: dict[str, Any], runs: IncidentRuns,
-                   run_id: int | None) -> dict[str, Any]:
+def record_for_run(
+    record: dict[str, Any], runs: IncidentRuns, run_id: int | None
+) -> dict[str, Any]:
     """A copy of the record with only the evidence of `run_id` (and evidence of no run);
     cause and finding links to other runs' evidence are dropped. None or ALL_RUNS: as is."""
     if not run_id:
@@ -58,8 +59,10 @@ def record_for_run(record: dict[str, Any], runs: IncidentRuns,
     narrowed = dict(record)
     narrowed["evidence"] = [e for e in record.get("evidence") or [] if keep(e.get("id"))]
     narrowed["causes"] = [
-        {**cause, "evidence": [link for link in cause.get("evidence") or []
-                               if keep(link.get("id"))]}
+        {
+            **cause,
+            "evidence": [link for link in cause.get("evidence") or [] if keep(link.get("id"))],
+        }
         for cause in record.get("causes") or []
     ]
     narrowed["symptoms"] = [
@@ -74,5 +77,8 @@ def run_verdicts(runs: IncidentRuns, run_id: int | None) -> dict[str, str]:
     run = runs.run(run_id)
     if run is None:
         return {}
-    return {str(c.get("id")): str(c.get("status", ""))
-            for c in run.result.get("causes") or [] if isinstance(c, dict)}
+    return {
+        str(c.get("id")): str(c.get("status", ""))
+        for c in run.result.get("causes") or []
+        if isinstance(c, dict)
+    }

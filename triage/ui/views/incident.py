@@ -53,10 +53,14 @@ def pick_run(runs: IncidentRuns) -> int | None:
     if not runs.runs:
         return None
     options = [run.id for run in runs.runs] + [ALL_RUNS]
-    return int(st.selectbox(
-        "Engine run shown in Diagnosis, Probe arms and Cause graph", options,
-        format_func=runs.label, key="run_pick",
-    ))
+    return int(
+        st.selectbox(
+            "Engine run shown in Diagnosis, Probe arms and Cause graph",
+            options,
+            format_func=runs.label,
+            key="run_pick",
+        )
+    )
 
 
 def evidence_index(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -142,8 +146,12 @@ def header(record: dict[str, Any]) -> None:
         columns = st.columns(4)
         for column, (label, key) in zip(
             columns,
-            [("Model", "model"), ("Weights", "weights"), ("Server build", "server_build"),
-             ("Flags", "flags")],
+            [
+                ("Model", "model"),
+                ("Weights", "weights"),
+                ("Server build", "server_build"),
+                ("Flags", "flags"),
+            ],
             strict=True,
         ):
             value = stack.get(key)
@@ -151,36 +159,42 @@ def header(record: dict[str, Any]) -> None:
                 value = " ".join(str(v) for v in value)
             column.caption(label)
             column.text(str(value or "-"))
-        extra = {k: v for k, v in stack.items()
-                 if k not in {"model", "weights", "server_build", "flags"}}
+        extra = {
+            k: v for k, v in stack.items() if k not in {"model", "weights", "server_build", "flags"}
+        }
         if extra:
             st.caption(md_escape(", ".join(f"{k}: {v}" for k, v in extra.items())))
+
+
+def findings_table(symptoms: list[dict[str, Any]]) -> None:
+    """The incident's findings, one row each (nothing when there are none)."""
+    if not symptoms:
+        return
+    st.subheader("Findings")
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "Id": s.get("id"),
+                    "Kind": s.get("kind", ""),
+                    "Description": s.get("description", ""),
+                    "Observed": json.dumps(s.get("observed") or {}, ensure_ascii=False),
+                    "Evidence": ", ".join(s.get("evidence") or []),
+                }
+                for s in symptoms
+            ]
+        ),
+        hide_index=True,
+        width="stretch",
+        key="findings_table",
+    )
 
 
 def diagnosis_tab(record: dict[str, Any], verdicts: dict[str, str] | None = None) -> None:
     """The findings and causes; `verdicts` (cause -> status) adds what the shown run said."""
     causes = record.get("causes") or []
     evidence = evidence_index(record)
-    symptoms = record.get("symptoms") or []
-    if symptoms:
-        st.subheader("Findings")
-        st.dataframe(
-            pd.DataFrame(
-                [
-                    {
-                        "Id": s.get("id"),
-                        "Kind": s.get("kind", ""),
-                        "Description": s.get("description", ""),
-                        "Observed": json.dumps(s.get("observed") or {}, ensure_ascii=False),
-                        "Evidence": ", ".join(s.get("evidence") or []),
-                    }
-                    for s in symptoms
-                ]
-            ),
-            hide_index=True,
-            width="stretch",
-            key="findings_table",
-        )
+    findings_table(record.get("symptoms") or [])
     st.subheader("Causes")
     if not causes:
         st.info("No candidate causes recorded.")
@@ -235,12 +249,14 @@ def diagnosis_tab(record: dict[str, Any], verdicts: dict[str, str] | None = None
                     if item is None:
                         st.warning(f"evidence {md_escape(link.get('id'))} is missing")
                         continue
-                    show_evidence(item, relation=str(link.get("relation", "")),
-                                  note=str(link.get("note", "")))
+                    show_evidence(
+                        item, relation=str(link.get("relation", "")), note=str(link.get("note", ""))
+                    )
 
 
-def arms_tab(record: dict[str, Any], runs: IncidentRuns | None = None,
-             run_id: int | None = None) -> None:
+def arms_tab(
+    record: dict[str, Any], runs: IncidentRuns | None = None, run_id: int | None = None
+) -> None:
     """The arms of the chosen run (with a Run column and the latest run charted when all
     runs are chosen)."""
     runs = runs or IncidentRuns()
@@ -284,8 +300,9 @@ def arms_tab(record: dict[str, Any], runs: IncidentRuns | None = None,
         st.caption(f"The chart shows one run: {runs.label(runs.latest)}.")
     base = alt.Chart(table).encode(y=alt.Y("Arm:N", title=None, sort=None))
     intervals = base.mark_rule(strokeWidth=2).encode(
-        x=alt.X("95% low:Q", title="failure rate with its 95% interval",
-                scale=alt.Scale(domain=[0, 1])),
+        x=alt.X(
+            "95% low:Q", title="failure rate with its 95% interval", scale=alt.Scale(domain=[0, 1])
+        ),
         x2="95% high:Q",
         color=alt.Color("Decision:N", title="vs baseline"),
     )
@@ -297,8 +314,9 @@ def arms_tab(record: dict[str, Any], runs: IncidentRuns | None = None,
     st.altair_chart(intervals + points, width="stretch")
 
 
-def graph_tab(record: dict[str, Any], runs: IncidentRuns | None = None,
-              run_id: int | None = None) -> None:
+def graph_tab(
+    record: dict[str, Any], runs: IncidentRuns | None = None, run_id: int | None = None
+) -> None:
     """The cause graph of one run (the latest when all runs are chosen)."""
     runs = runs or IncidentRuns()
     if run_id == ALL_RUNS:
@@ -322,7 +340,10 @@ def graph_tab(record: dict[str, Any], runs: IncidentRuns | None = None,
     with st.expander("DOT source"):
         st.code(dot, language="dot")
     st.download_button(
-        "Download DOT", dot, file_name=f"{record['slug']}.dot", mime="text/vnd.graphviz",
+        "Download DOT",
+        dot,
+        file_name=f"{record['slug']}.dot",
+        mime="text/vnd.graphviz",
         key="download_dot",
     )
 
@@ -352,7 +373,9 @@ def evidence_tab(record: dict[str, Any]) -> None:
     ids = [str(e.get("id")) for e in items]
     wanted = st.query_params.get("evidence")
     chosen = st.selectbox(
-        "Show evidence", ids, index=ids.index(wanted) if wanted in ids else 0,
+        "Show evidence",
+        ids,
+        index=ids.index(wanted) if wanted in ids else 0,
         key="evidence_pick",
     )
     show_evidence(evidence_index(record)[chosen])
@@ -412,8 +435,9 @@ def references_tab(record: dict[str, Any]) -> None:
     if references:
         st.subheader("References")
         for reference in references:
-            line = "- " + md_link(reference.get("title") or reference.get("url"),
-                                  reference.get("url"))
+            line = "- " + md_link(
+                reference.get("title") or reference.get("url"), reference.get("url")
+            )
             if reference.get("note"):
                 line += f" -- {md_escape(reference['note'])}"
             st.markdown(line)
@@ -422,10 +446,12 @@ def references_tab(record: dict[str, Any]) -> None:
         st.subheader("Same failure family")
         for link in family:
             note = f" -- {link['note']}" if link.get("note") else ""
-            st.markdown(md_escape(
-                f"{link.get('cause')} here ~ {link.get('other_cause')} in "
-                f"{link.get('incident')}{note}"
-            ))
+            st.markdown(
+                md_escape(
+                    f"{link.get('cause')} here ~ {link.get('other_cause')} in "
+                    f"{link.get('incident')}{note}"
+                )
+            )
             st.page_link(
                 nav.INCIDENT,
                 label=md_escape(f"Open {link.get('incident')}"),
@@ -448,8 +474,9 @@ def decision_form(record: dict[str, Any]) -> None:
     evidence_ids = [str(e.get("id")) for e in record.get("evidence") or []]
     with st.form("decision_form"):
         st.subheader("Record a decision")
-        kind = st.radio("Decision", ["PARKED", "FIXED", "REOPENED"], horizontal=True,
-                        key="decision_kind")
+        kind = st.radio(
+            "Decision", ["PARKED", "FIXED", "REOPENED"], horizontal=True, key="decision_kind"
+        )
         by = st.text_input("Who decides", key="decision_by")
         rationale = st.text_area("Why", key="decision_rationale")
         tradeoff = st.text_area("Tradeoff (what it costs)", key="decision_tradeoff")
@@ -500,10 +527,12 @@ def override_form(record: dict[str, Any]) -> None:
     evidence_ids = [str(e.get("id")) for e in record.get("evidence") or []]
     with st.form("override_form"):
         st.subheader("Override a cause status")
-        cause_key = st.selectbox("Cause", list(titles.keys()),
-                                 format_func=lambda key: titles[key], key="override_cause")
-        to_status = st.radio("New status", list(STATUS_ORDER), horizontal=True,
-                             key="override_status")
+        cause_key = st.selectbox(
+            "Cause", list(titles.keys()), format_func=lambda key: titles[key], key="override_cause"
+        )
+        to_status = st.radio(
+            "New status", list(STATUS_ORDER), horizontal=True, key="override_status"
+        )
         actor = st.text_input("Who", key="override_actor")
         rationale = st.text_area("Why", key="override_rationale")
         evidence_keys = st.multiselect("Evidence", evidence_ids, key="override_evidence")
@@ -512,7 +541,12 @@ def override_form(record: dict[str, Any]) -> None:
         return
     try:
         actions.override_cause_status(
-            store, record["slug"], cause_key, to_status, actor=actor, rationale=rationale,
+            store,
+            record["slug"],
+            cause_key,
+            to_status,
+            actor=actor,
+            rationale=rationale,
             evidence_keys=list(evidence_keys),
         )
     except (actions.ActionError, StoreError) as exc:
@@ -535,12 +569,26 @@ if slug:
         if notice:
             st.success(md_escape(notice))
         header(record)
-        st.page_link(nav.RETROSPECTIVE, label="Retrospective", icon=":material/history_edu:",
-                     query_params={"slug": slug})
+        st.page_link(
+            nav.RETROSPECTIVE,
+            label="Retrospective",
+            icon=":material/history_edu:",
+            query_params={"slug": slug},
+        )
         runs = load_runs(store, slug)
         run_id = pick_run(runs)
-        tabs = st.tabs(["Diagnosis", "Probe arms", "Cause graph", "Evidence", "History",
-                        "References", "Narrative", "Decide / override"])
+        tabs = st.tabs(
+            [
+                "Diagnosis",
+                "Probe arms",
+                "Cause graph",
+                "Evidence",
+                "History",
+                "References",
+                "Narrative",
+                "Decide / override",
+            ]
+        )
         with tabs[0]:
             shown = run_id if run_id != ALL_RUNS else None
             diagnosis_tab(record_for_run(record, runs, shown), run_verdicts(runs, shown))

@@ -30,8 +30,10 @@ def retrospective(record: dict[str, Any]) -> tuple[str, str]:
         # kb.retro's renderer: raw HTML off, links limited to http(s)/mailto/anchors.
         html = renderer().render(markdown) if renderer else markdown_to_html(markdown)
         return markdown, html
-    st.warning("The retrospective generator (kb.retro) is not installed in this build; "
-               "showing the incident's recorded narrative instead.")
+    st.warning(
+        "The retrospective generator (kb.retro) is not installed in this build; "
+        "showing the incident's recorded narrative instead."
+    )
     markdown = f"# {record.get('title', record['slug'])}\n\n{record.get('body', '')}"
     return markdown, markdown_to_html(markdown)
 
@@ -52,12 +54,19 @@ else:
         st.title("Retrospective")
         st.error(md_escape(f"No incident {slug!r} in the knowledge base."))
     else:
-        st.page_link(nav.INCIDENT, label=md_escape(f"Back to {record['slug']}"),
-                     icon=":material/arrow_back:", query_params={"slug": record["slug"]})
+        st.page_link(
+            nav.INCIDENT,
+            label=md_escape(f"Back to {record['slug']}"),
+            icon=":material/arrow_back:",
+            query_params={"slug": record["slug"]},
+        )
         markdown, html = retrospective(record)
         st.download_button(
-            "Download Markdown", markdown, file_name=f"{record['slug']}-retrospective.md",
-            mime="text/markdown", key="download_retro",
+            "Download Markdown",
+            markdown,
+            file_name=f"{record['slug']}-retrospective.md",
+            mime="text/markdown",
+            key="download_retro",
         )
         # markdown-it with raw HTML off escapes any markup in recorded text; st.html then
         # sanitises again (DOMPurify) and never runs scripts.

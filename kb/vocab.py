@@ -100,6 +100,8 @@ RESERVED_CAUSES: tuple[Term, ...] = (
     Term("client-handling", 12, "client drops the thinking flag or mangles tool deltas"),
     Term("conversation-shape", 13, "multi-turn history the template mishandles"),
     Term("model-file", 14, "a broken or mismatched GGUF"),
+    Term("warmup-decode", 15, "only the warm-up decode crashes; --no-warmup removes it"),
+    Term("cpu-threads", 16, "a multi-threaded CPU kernel crashes; one thread removes it"),
 )
 CAUSES: tuple[Term, ...] = CATALOGUE_CAUSES + RESERVED_CAUSES
 

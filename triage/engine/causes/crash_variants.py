@@ -6,7 +6,7 @@ server crashes or hangs (triage/engine/arms/crash_variants.py):
 - cpu-threads: a multi-threaded CPU kernel (a race between compute threads); with one
   thread the server starts and serves.
 
-Plugin numbers (32, 33): kb.vocab reserves no number for them.
+Built-in numbers 15 and 16 (kb.vocab); plugins number from 32.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def _rule(cause: str, arm_name: str, missing: str, removes_text: str, unchanged_
 
 WARMUP = CauseRule(
     id="warmup-decode",
-    number=32,
+    number=15,
     title="The warm-up decode at startup",
     mechanism="the empty warm-up run llama-server does before serving crashes; real "
     "requests do not",
@@ -79,7 +79,7 @@ WARMUP = CauseRule(
 
 THREADS = CauseRule(
     id="cpu-threads",
-    number=33,
+    number=16,
     title="A multi-threaded CPU kernel (thread race)",
     mechanism="compute threads race in a CPU kernel; one thread does not crash",
     decided_by="the one-thread server arm when the server crashes or hangs",

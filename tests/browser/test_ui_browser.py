@@ -413,8 +413,17 @@ def test_every_page_of_a_diagnosed_drill_incident_without_a_failed_request(
             # A deep link: only Streamlit's base-path probes may fail, nothing external.
             page.goto(f"{ui_server}/incident?slug={slug}")
             expect(main.get_by_text(slug).first).to_be_visible()
-            page.get_by_role("tab", name="Cause graph").click()
-            expect(page.locator('[data-testid="stGraphVizChart"] svg').first).to_be_visible()
+            # The tab bar can re-render once the page's script finishes: a click that lands
+            # on the old one is lost, so click until the graph of the shown tab is visible.
+            graph = page.locator('[data-testid="stGraphVizChart"] svg:visible').first
+            for attempt in range(3):
+                page.get_by_role("tab", name="Cause graph").click()
+                try:
+                    expect(graph).to_be_visible(timeout=20_000)
+                    break
+                except AssertionError:
+                    if attempt == 2:
+                        raise
             page.wait_for_timeout(1500)
             unexpected = [
                 p

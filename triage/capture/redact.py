@@ -264,7 +264,8 @@ def redact_json(value: Any, *, _secret_keys: bool = True) -> Any:
     return value
 
 
-def _is_sensitive_header(name: str) -> bool:
+def is_secret_header(name: str) -> bool:
+    """A header that carries a credential: a known name or a secret-looking one."""
     return name.lower() in SENSITIVE_HEADERS or is_secret_name(name)
 
 
@@ -289,9 +290,7 @@ def redact_headers(headers: Iterable[tuple[str, str]] | Mapping[str, str]) -> di
         value = str(raw_value)
         if not name:
             continue
-        value = (
-            _redact_header_value(name, value) if _is_sensitive_header(name) else redact_text(value)
-        )
+        value = _redact_header_value(name, value) if is_secret_header(name) else redact_text(value)
         out[name] = f"{out[name]}, {value}" if name in out else value
     return out
 

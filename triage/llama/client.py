@@ -18,15 +18,13 @@ from typing import Any
 import httpx
 from httpx_sse import EventSource
 
-from triage.capture.redact import SENSITIVE_HEADERS, is_secret_name
+from triage.capture.redact import is_secret_header
 
 DEFAULT_TIMEOUT = 120.0
 CONNECT_TIMEOUT = 10.0
 CHAT_PATH = "/v1/chat/completions"
 
 # Response headers never stored with evidence.
-# One vocabulary of secret headers: the capture layer's (names and name patterns).
-SECRET_HEADERS = SENSITIVE_HEADERS
 
 
 class LlamaClientError(RuntimeError):
@@ -44,11 +42,7 @@ class LlamaClientError(RuntimeError):
 
 def safe_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """Response headers without credentials or cookies."""
-    return {
-        k.lower(): v
-        for k, v in headers.items()
-        if k.lower() not in SECRET_HEADERS and not is_secret_name(k)
-    }
+    return {k.lower(): v for k, v in headers.items() if not is_secret_header(k)}
 
 
 def _json_or_none(raw: bytes) -> Any:

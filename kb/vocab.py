@@ -77,6 +77,11 @@ FINDING_KINDS: tuple[Term, ...] = (
     Term("timeout", 10),
     Term("server-crash", 11, "the server died serving the request (502, connection reset)"),
     Term("server-hang", 12, "the server stopped answering (504 from a proxy, a hung replay)"),
+    Term(
+        "repetition-to-context-end",
+        13,
+        "the reply repeats itself up to the context end, with no max_tokens to stop it",
+    ),
 )
 
 # Causes in today's catalogue (files, JSON schema enums and the engine use these).

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from triage.drills import context as context_drill
 from triage.drills import gemma4
 from triage.drills.compiler import WEIGHT_FORMATS, compile_design
 from triage.drills.host import host_workaround_args, host_workaround_note
@@ -256,6 +257,7 @@ def _finish(
 _BUILDERS: dict[str, Callable[[Path, str], Drill]] = {
     "gemma4-thinking-budget": _thinking_budget,
     "gemma4-toolcall": _toolcall,
+    "context-size": context_drill.build,
 }
 
 

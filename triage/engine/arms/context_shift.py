@@ -1,0 +1,94 @@
+"""The context-shift arms: `context-shift-off` (the server with `--no-context-shift` instead
+of `--context-shift`) and `max-tokens-set` (the request with a max_tokens).
+
+Both are planned only for a request without max_tokens, the one kind of request that can
+run into a context shift at all; `context-shift-off` only when the server's args switch
+context shift on (b11434's default is off: `llama-server --help` says "default: disabled";
+older builds had it on, so an explicit flag is the only thing the stack file proves).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from triage.engine.arms.context_size import per_slot_context
+from triage.probes import PlannedArm, RequestArm, max_tokens_of, relaunchable
+from triage.stackfile import Stack
+
+SHIFT_ON = "--context-shift"
+SHIFT_OFF = "--no-context-shift"
+# max_tokens for a request that had none, when the server's per-slot context is unknown.
+DEFAULT_MAX_TOKENS = 4096
+
+
+def shift_enabled(args: tuple[str, ...] | list[str]) -> bool:
+    """Do these args switch context shift on (the last of the two flags wins)?"""
+    flags = [a for a in args if a in (SHIFT_ON, SHIFT_OFF)]
+    return bool(flags) and flags[-1] == SHIFT_ON
+
+
+def shift_off_args(args: tuple[str, ...] | list[str]) -> list[str]:
+    return [*(a for a in args if a not in (SHIFT_ON, SHIFT_OFF)), SHIFT_OFF]
+
+
+def bounded_max_tokens(args: tuple[str, ...] | list[str]) -> int:
+    """What `max-tokens-set` asks for: the per-slot context (a reply can never use more
+    without a context shift), else DEFAULT_MAX_TOKENS."""
+    return per_slot_context(args) or DEFAULT_MAX_TOKENS
+
+
+def with_max_tokens(request: dict[str, Any], value: int) -> dict[str, Any]:
+    body = copy.deepcopy(request)
+    body["max_tokens"] = value
+    return body
+
+
+@dataclass(frozen=True)
+class ContextShiftOff:
+    id: str = "context-shift-off"
+    level: str = "server"
+    order: int = 57
+
+    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+        server = stack.server
+        if not relaunchable(stack) or max_tokens_of(request) is not None:
+            return None
+        if not shift_enabled(server.args):
+            return None
+        return PlannedArm(
+            self.id,
+            "server with --no-context-shift instead of --context-shift",
+            self.level,
+            ("context-shift",),
+            config=server.with_args(shift_off_args(server.args)),
+        )
+
+
+@dataclass(frozen=True)
+class MaxTokensSet:
+    id: str = "max-tokens-set"
+    level: str = "request"
+    order: int = 45
+
+    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+        args = stack.server.args
+        # With context shift switched off explicitly the context end already bounds the
+        # reply, exactly as this max_tokens would: the arm could not change anything.
+        if max_tokens_of(request) is not None or (SHIFT_OFF in args and not shift_enabled(args)):
+            return None
+        value = bounded_max_tokens(stack.server.args)
+        arm = RequestArm(
+            self.id,
+            f"max_tokens = {value} (the request had none)",
+            lambda body: with_max_tokens(body, value),
+            ("context-shift",),
+            order=self.order,
+        )
+        return arm.plan(stack, request)
+
+
+def register(catalogue: object) -> None:
+    catalogue.arms.add(ContextShiftOff())  # type: ignore[attr-defined]
+    catalogue.arms.add(MaxTokensSet())  # type: ignore[attr-defined]

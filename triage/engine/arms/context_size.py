@@ -1,0 +1,220 @@
+"""context-x4: the same server with four times the context (`-c`, same `-np`), plus the
+`context-fill` observation (per-slot n_ctx vs the tokens the failing request used).
+
+Planned only when it can matter: the server sets its context explicitly and the request
+could reach the per-slot context (no max_tokens, or max_tokens plus a generous bound on
+the prompt's tokens reaches it). On a request that provably fits, a larger context cannot
+change anything and the arm would only cost a launch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from triage.probes import ObserveContext, PlannedArm, max_tokens_of, relaunchable, replay_body
+from triage.stackfile import Stack
+
+ARM = "context-x4"
+FACTS = "context-fill"
+CTX_FLAGS = ("-c", "--ctx-size")
+PARALLEL_FLAGS = ("-np", "--parallel")
+UNIFIED_FLAGS = ("-kvu", "--kv-unified")
+CONTEXT_FACTOR = 4
+# llama-server's auto slot count (-np -1): 4 slots.
+AUTO_SLOTS = 4
+# Chat-template tokens around each message (turn markers, role, newlines): generous.
+TEMPLATE_TOKENS_PER_MESSAGE = 16
+TEMPLATE_TOKENS = 64
+# The server stops a generation when the cache is one token from full; a reply that used
+# this close to n_ctx reached the end of its slot's context.
+CONTEXT_END_SLACK = 2
+# The error type and message llama-server answers a prompt that does not fit with.
+EXCEED_TYPE = "exceed_context_size_error"
+EXCEED_TEXT = "exceeds the available context size"
+
+
+def flag_value(args: tuple[str, ...] | list[str], names: tuple[str, ...]) -> str | None:
+    """The value of the last `-x V` / `--xx=V` among `args` for any of `names`."""
+    found = None
+    for index, arg in enumerate(args):
+        for name in names:
+            if arg == name and index + 1 < len(args):
+                found = args[index + 1]
+            elif name.startswith("--") and arg.startswith(name + "="):
+                found = arg.split("=", 1)[1]
+    return found
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def context_of(args: tuple[str, ...] | list[str]) -> int | None:
+    """The explicit total context (`-c N`, N > 0) of a server's args, else None."""
+    value = _int(flag_value(args, CTX_FLAGS))
+    return value if value is not None and value > 0 else None
+
+
+def per_slot_context(args: tuple[str, ...] | list[str]) -> int | None:
+    """The smallest per-slot context these args can give (None without an explicit -c):
+    `-c / -np` (a unified KV cache lets a slot use more, never less)."""
+    total = context_of(args)
+    if total is None:
+        return None
+    slots = _int(flag_value(args, PARALLEL_FLAGS))
+    if slots is None or slots <= 0:
+        slots = AUTO_SLOTS
+    return max(1, total // slots)
+
+
+def prompt_token_bound(request: dict[str, Any]) -> int:
+    """An upper bound on the prompt's tokens: at most one token per UTF-8 byte of every
+    message and tool definition, plus the chat template's markup."""
+    messages = request.get("messages")
+    count = len(messages) if isinstance(messages, list) else 1
+    body = {k: request.get(k) for k in ("messages", "tools", "functions", "prompt")}
+    size = len(json.dumps(body, ensure_ascii=False).encode("utf-8"))
+    return size + TEMPLATE_TOKENS + TEMPLATE_TOKENS_PER_MESSAGE * count
+
+
+def could_reach_context(args: tuple[str, ...] | list[str], request: dict[str, Any]) -> bool:
+    """Could this request reach the end of its slot's context on a server with `args`?"""
+    slot = per_slot_context(args)
+    if slot is None:
+        return False
+    limit = max_tokens_of(request)
+    return limit is None or prompt_token_bound(request) + limit >= slot
+
+
+def with_context(args: tuple[str, ...] | list[str], total: int) -> list[str]:
+    """`args` with every context flag removed and `-c total` added."""
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        if arg in CTX_FLAGS:
+            skip = True
+            continue
+        if arg.startswith("--ctx-size="):
+            continue
+        out.append(arg)
+    return [*out, "-c", str(total)]
+
+
+def _slot_context(props: Any) -> int | None:
+    if not isinstance(props, dict):
+        return None
+    settings = props.get("default_generation_settings")
+    value = settings.get("n_ctx") if isinstance(settings, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def fill_facts(props: Any, status: int | None, body: Any) -> dict[str, Any]:
+    """What one reply says about the context: per-slot n_ctx, tokens used, whether the
+    reply reached the context end or the prompt was refused as too long. Pure."""
+    n_ctx = _slot_context(props)
+    facts: dict[str, Any] = {"name": FACTS, "n_ctx_slot": n_ctx, "status": status}
+    body = body if isinstance(body, dict) else {}
+    error = body.get("error")
+    if isinstance(error, dict):
+        message = str(error.get("message") or "")[:300]
+        exceeded = error.get("type") == EXCEED_TYPE or EXCEED_TEXT in message
+        prompt = error.get("n_prompt_tokens")
+        facts.update(
+            error=message,
+            exceeded=exceeded,
+            prompt_tokens=prompt if isinstance(prompt, int) else None,
+            n_ctx_slot=error.get("n_ctx") if isinstance(error.get("n_ctx"), int) else n_ctx,
+            reached_context=exceeded,
+        )
+        return facts
+    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    choices = body.get("choices")
+    finish = None
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        finish = choices[0].get("finish_reason")
+    verbose = body.get("__verbose") if isinstance(body.get("__verbose"), dict) else {}
+    used = prompt + completion if isinstance(prompt, int) and isinstance(completion, int) else None
+    reached = None
+    if used is not None and n_ctx is not None:
+        reached = used + CONTEXT_END_SLACK >= n_ctx
+    facts.update(
+        exceeded=False,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        tokens_used=used,
+        finish_reason=finish,
+        truncated=verbose.get("truncated"),
+        reached_context=reached,
+    )
+    return facts
+
+
+def always_fits(facts: dict[str, Any]) -> bool:
+    """The request's prompt plus its max_tokens fit the slot: no reply can reach the end."""
+    prompt, limit, n_ctx = (
+        facts.get("prompt_tokens"),
+        facts.get("max_tokens"),
+        facts.get("n_ctx_slot"),
+    )
+    if isinstance(prompt, int) and isinstance(limit, int) and isinstance(n_ctx, int):
+        return prompt + limit + CONTEXT_END_SLACK < n_ctx
+    return False
+
+
+async def context_fill(ctx: ObserveContext) -> dict[str, Any]:
+    """One replay of the request on the incident's server and on the larger-context one."""
+    from triage.llama.client import LlamaClient, LlamaClientError
+
+    facts: dict[str, Any] = {"name": FACTS, "max_tokens": max_tokens_of(ctx.request)}
+    for label, server in (("incident", ctx.base), ("arm", ctx.server)):
+        client = LlamaClient(server.base_url, timeout=ctx.timeout, api_key=server.api_key)
+        try:
+            props = await client.props()
+            result = await client.chat(replay_body(ctx.request, ctx.seed))
+            seen = fill_facts(props, result.status_code, result.json)
+        except LlamaClientError as exc:
+            seen = {"name": FACTS, "error": str(exc)[:300], "reached_context": None}
+        finally:
+            await client.aclose()
+        if label == "incident":
+            facts.update(seen)
+            facts["always_fits"] = always_fits(facts)
+        else:
+            facts["arm"] = {k: v for k, v in seen.items() if k != "name"}
+    return facts
+
+
+@dataclass(frozen=True)
+class ContextLarger:
+    id: str = ARM
+    level: str = "server"
+    order: int = 55
+
+    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+        server = stack.server
+        total = context_of(server.args)
+        if not relaunchable(stack) or total is None:
+            return None
+        if not could_reach_context(server.args, request):
+            return None
+        return PlannedArm(
+            self.id,
+            f"server with -c {total * CONTEXT_FACTOR} (was {total}), same slots",
+            self.level,
+            ("context-size",),
+            config=server.with_args(with_context(server.args, total * CONTEXT_FACTOR)),
+            observe=context_fill,
+        )
+
+
+def register(catalogue: object) -> None:
+    catalogue.arms.add(ContextLarger())  # type: ignore[attr-defined]

@@ -1,0 +1,106 @@
+"""context-shift: a request without max_tokens on a server with context shift on never
+reaches an end: at the context end the server discards half the context (the prompt
+first) and generation goes on, typically looping, until the client gives up. Decided by
+the `context-shift-off` server arm (`--no-context-shift`); `max-tokens-set` (the request
+with a max_tokens) is supporting evidence only: it bounds any generation, shift or not."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from triage.causes import (
+    ArmOutcome,
+    CauseRule,
+    Observations,
+    Verdict,
+    arm_gate,
+    baseline_of,
+    not_reproduced,
+    removal_verdict,
+    removes,
+    reproduces,
+    share,
+    suspect,
+)
+
+ID = "context-shift"
+OFF = "context-shift-off"
+CAP = "max-tokens-set"
+# What an unbounded generation shows: a loop up to the context end, or no end at all.
+UNBOUNDED_KINDS = ("repetition-to-context-end", "timeout", "server-hang")
+
+
+def _cap_note(cap: ArmOutcome | None) -> str:
+    return f"; with max_tokens set: {cap.kn()}" if cap is not None and cap.ran else ""
+
+
+def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
+    base, off, cap = baseline_of(arms), arms.get(OFF), arms.get(CAP)
+    if not reproduces(arms):
+        return not_reproduced(ID, base, OFF)
+    if base.failures > 0 and share(base, *UNBOUNDED_KINDS) == 0.0:
+        return Verdict(
+            ID,
+            "rejected",
+            f"none of the {base.failures} failing baseline replies ran unbounded: none "
+            "repeats itself up to a context end the client did not set, none timed out",
+            refutes=["baseline"],
+            deciding_probe="baseline",
+        )
+    if OFF not in obs.planned:
+        if removes(cap):
+            assert cap is not None
+            return suspect(
+                ID,
+                f"a max_tokens bound removes the failure ({cap.kn()} vs baseline "
+                f"{base.kn()}), but the server's args do not show context shift on",
+                f"{OFF} (a server started with --context-shift)",
+                supports=[CAP],
+            )
+        return suspect(
+            ID,
+            "not testable with this stack: the server's args do not switch context shift "
+            f"on{_cap_note(cap)}",
+            f"{OFF} (a server started with --context-shift, a request without max_tokens)",
+            basis="untested" if cap is None or not cap.ran else "measured",
+        )
+    gate = arm_gate(
+        ID,
+        off,
+        base,
+        True,
+        OFF,
+        available=True,
+        missing="",
+        hint="a server started with --context-shift",
+    )
+    if gate is not None:
+        return gate
+    assert off is not None
+    return removal_verdict(
+        ID,
+        off,
+        base,
+        removes_text="with --no-context-shift the generation ends and the reply succeeds",
+        unchanged_text="with --no-context-shift the reply fails the same way (the loop is "
+        "the model's own, not the shift's)",
+        note=_cap_note(cap),
+        supports=(CAP,) if removes(cap) else (),
+    )
+
+
+CAUSE = CauseRule(
+    id=ID,
+    number=9,
+    title="Context shift lets a request without max_tokens run away",
+    mechanism="with no max_tokens and context shift on, the server drops the start of the "
+    "context at its end and generation goes on, looping or never ending",
+    decided_by="the context-shift-off server arm (--no-context-shift); max-tokens-set supports it",
+    rule=rule,
+    retrospective="a request without max_tokens ran into llama-server's context shift and "
+    "never came to an end; --no-context-shift (or a max_tokens) bounded it",
+)
+
+
+def register(catalogue: object) -> None:
+    catalogue.causes.add(CAUSE)  # type: ignore[attr-defined]

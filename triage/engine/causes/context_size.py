@@ -1,0 +1,119 @@
+"""context-size: prompt + completion do not fit the per-slot context (`-c / -np`), or the
+prompt itself does not: the reply stops early (finish `length` before max_tokens) or the
+server refuses the request ("exceeds the available context size"). Raising max_tokens
+does nothing; a larger `-c` with the same `-np` removes it. Decided by the `context-x4`
+server arm, with the `context-fill` observation (per-slot n_ctx vs tokens used)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from triage.causes import (
+    ArmOutcome,
+    CauseRule,
+    Observations,
+    Verdict,
+    arm_gate,
+    baseline_of,
+    not_reproduced,
+    removal_verdict,
+    reproduces,
+    share,
+    suspect,
+)
+
+ID = "context-size"
+ARM = "context-x4"
+FACTS = "context-fill"
+# What a reply that ran out of context shows: a length stop, or the server's refusal.
+CONTEXT_KINDS = ("length-stop", "http-error", "repetition-to-context-end")
+
+
+def _fill_note(fill: Mapping[str, Any]) -> str:
+    if fill.get("exceeded"):
+        return (
+            f"; the server refused the prompt ({fill.get('prompt_tokens')} tokens) for a "
+            f"{fill.get('n_ctx_slot')}-token slot context"
+        )
+    if fill.get("tokens_used") is not None and fill.get("n_ctx_slot") is not None:
+        arm = fill.get("arm") or {}
+        larger = f", {arm['n_ctx_slot']} with the larger -c" if arm.get("n_ctx_slot") else ""
+        return (
+            f"; the reply used {fill['tokens_used']} of the slot's {fill['n_ctx_slot']} "
+            f"context tokens{larger}"
+        )
+    return ""
+
+
+def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
+    base, arm = baseline_of(arms), arms.get(ARM)
+    fill = obs.facts.get(FACTS) or {}
+    if not reproduces(arms):
+        return not_reproduced(ID, base, ARM)
+    if base.failures > 0 and share(base, *CONTEXT_KINDS) == 0.0:
+        return Verdict(
+            ID,
+            "rejected",
+            f"none of the {base.failures} failing baseline replies stopped on a limit or was "
+            "refused: a reply cut by the context ends with a length stop or an error",
+            refutes=["baseline"],
+            deciding_probe="baseline",
+        )
+    if fill.get("always_fits"):
+        return Verdict(
+            ID,
+            "rejected",
+            f"the prompt ({fill.get('prompt_tokens')} tokens) plus max_tokens "
+            f"({fill.get('max_tokens')}) fits the slot's {fill.get('n_ctx_slot')}-token "
+            "context: no reply to this request can reach the context end",
+            refutes=[FACTS],
+            deciding_probe=FACTS,
+        )
+    gate = arm_gate(
+        ID,
+        arm,
+        base,
+        True,
+        ARM,
+        available=ARM in obs.planned,
+        missing="the server sets no explicit -c, or the request provably fits its slot",
+        hint="a stack whose server args set -c and a request that can reach it",
+    )
+    if gate is not None:
+        return gate
+    assert arm is not None
+    if fill.get("reached_context") is False and fill.get("finish_reason") == "length":
+        return suspect(
+            ID,
+            f"{ARM} {arm.kn()}, but the observed length stop came before the context end"
+            f"{_fill_note(fill)}",
+            f"{ARM} with more replays",
+        )
+    return removal_verdict(
+        ID,
+        arm,
+        base,
+        removes_text="with four times the context (same slots) the reply completes",
+        unchanged_text="four times the context (same slots) leaves the failure rate unchanged",
+        note=_fill_note(fill),
+        supports=(FACTS,) if fill.get("reached_context") else (),
+    )
+
+
+CAUSE = CauseRule(
+    id=ID,
+    number=8,
+    title="The request does not fit the per-slot context",
+    mechanism="prompt + completion exceed the server's per-slot context (-c / -np): the "
+    "reply stops early or the prompt is refused, whatever max_tokens says",
+    decided_by="the context-x4 server arm (same -np, four times -c) and the context-fill "
+    "observation (per-slot n_ctx vs tokens used)",
+    rule=rule,
+    retrospective="the request did not fit the server's per-slot context (-c divided by "
+    "-np), so the reply was cut at the context end; a larger -c let it finish",
+)
+
+
+def register(catalogue: object) -> None:
+    catalogue.causes.add(CAUSE)  # type: ignore[attr-defined]

@@ -190,7 +190,25 @@ async def context_fill(ctx: ObserveContext) -> dict[str, Any]:
             facts["always_fits"] = always_fits(facts)
         else:
             facts["arm"] = {k: v for k, v in seen.items() if k != "name"}
+    facts["summary"] = fill_summary(facts)
     return facts
+
+
+def _one_fill(facts: dict[str, Any]) -> str:
+    if facts.get("exceeded"):
+        return f"prompt of {facts.get('prompt_tokens')} tokens refused"
+    if facts.get("tokens_used") is None:
+        return f"no token counts ({facts.get('error') or 'no usage in the reply'})"
+    return f"{facts['tokens_used']} tokens used, finish {facts.get('finish_reason')}"
+
+
+def fill_summary(facts: dict[str, Any]) -> str:
+    """One line for the diagnosis: per-slot context vs what the request used."""
+    arm = facts.get("arm") or {}
+    return (
+        f"context fill: slot n_ctx {facts.get('n_ctx_slot')}, {_one_fill(facts)}; with -c "
+        f"x{CONTEXT_FACTOR}: slot n_ctx {arm.get('n_ctx_slot')}, {_one_fill(arm)}"
+    )
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,145 @@
+"""The context-size drill diagnosed on a real llama-server: context-size confirmed (k/n with
+an interval, the larger-context arm removing the failure), no other cause confirmed, for
+both the reply cut at the context end and the prompt the server refuses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kb.store import Store
+from triage.capture import exchange_from_http
+from triage.commands.engine import validate_diagnosis
+from triage.drills import Drill, build_drill
+from triage.engine import DiagnoseOptions, diagnose
+from triage.llama.launcher import running_servers
+from triage.stackfile import load_stack
+from triage.symptoms import classify
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+
+def _diagnose(drill: Drill, folder: Path, request: dict[str, Any], **capture: Any) -> Any:
+    store = Store(f"sqlite:///{folder / 'kb.db'}")
+    return diagnose(
+        store,
+        load_stack(drill.out_dir / "stack.toml"),
+        request,
+        options=DiagnoseOptions(max_requests=16, log_dir=folder / "runs"),
+        **capture,
+    )
+
+
+@pytest.fixture(scope="module")
+def drill(server_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Drill:
+    return build_drill("context-size", tmp_path_factory.mktemp("ctx") / "drill")
+
+
+@pytest.fixture(scope="module")
+def cut_reply(drill: Drill, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The greedy request: every reply stops at the 256-token slot end."""
+    return _diagnose(drill, tmp_path_factory.mktemp("cut"), drill.request("greedy"))
+
+
+@pytest.fixture(scope="module")
+def refused(drill: Drill, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The long prompt, captured as the server's HTTP 400 refusal."""
+    request = drill.request("long-prompt")
+    body = {
+        "error": {
+            "code": 400,
+            "message": "request (577 tokens) exceeds the available context size (256 tokens), "
+            "try increasing it",
+            "type": "exceed_context_size_error",
+            "n_prompt_tokens": 577,
+            "n_ctx": 256,
+        }
+    }
+    exchange = exchange_from_http(request, body, status=400)
+    findings = [
+        {k: getattr(f, k) for k in ("kind", "passed", "score", "reason", "where")}
+        for f in classify(exchange)
+    ]
+    return _diagnose(
+        drill,
+        tmp_path_factory.mktemp("refused"),
+        request,
+        exchange=exchange.to_dict(),
+        findings=findings,
+    )
+
+
+def _causes(diagnosis: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["id"]: c for c in diagnosis["causes"]}
+
+
+def _arms(diagnosis: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {a["name"]: a for a in diagnosis["arms"]}
+
+
+def _observation(diagnosis: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(o for o in diagnosis["observations"] if o["name"] == name)
+
+
+def _assert_confirmed_alone(diagnosis: dict[str, Any], drill: Drill) -> None:
+    validate_diagnosis(diagnosis)
+    causes = _causes(diagnosis)
+    for cause_id, truth in drill.manifest["causes"].items():
+        assert causes[cause_id]["status"] in truth["accept"], (cause_id, causes[cause_id])
+    confirmed = [c for c in causes if causes[c]["status"] == "confirmed"]
+    assert confirmed == ["context-size"]
+    assert running_servers() == []
+
+
+def test_reply_cut_at_the_context_end_confirms_context_size(
+    cut_reply: dict[str, Any], drill: Drill
+) -> None:
+    _assert_confirmed_alone(cut_reply, drill)
+    arms = _arms(cut_reply)
+    baseline, larger = arms["baseline"], arms["context-x4"]
+    assert baseline["failures"] == baseline["n"] >= 4  # deterministic at temperature 0
+    assert larger["decision"] == "removes"
+    assert larger["failures"] == 0 and larger["n"] >= 4 and larger["p_value"] < 0.05
+    assert larger["ci95"][1] < baseline["ci95"][0]
+    # Raising max_tokens does nothing: the context, not the limit, cuts the reply.
+    assert arms["token-limit-x4"]["decision"] == "unchanged"
+    assert _causes(cut_reply)["token-limit"]["status"] == "rejected"
+    rationale = _causes(cut_reply)["context-size"]["rationale"]
+    assert f"0/{larger['n']}" in rationale and "95% CI" in rationale
+
+
+def test_context_fill_observation_shows_the_slot_was_full(cut_reply: dict[str, Any]) -> None:
+    fill = _observation(cut_reply, "context-fill")
+    slot = fill["n_ctx_slot"]
+    assert slot == 256  # -c 1024 over -np 4
+    assert fill["finish_reason"] == "length" and fill["reached_context"] is True
+    assert fill["tokens_used"] >= slot - 2 and fill["completion_tokens"] < fill["max_tokens"]
+    assert fill["arm"]["n_ctx_slot"] == 4 * slot
+    assert fill["arm"]["finish_reason"] == "stop" and fill["arm"]["tokens_used"] < 4 * slot
+    assert (
+        f"used {fill['tokens_used']} of the slot's {slot}"
+        in (_causes(cut_reply)["context-size"]["rationale"])
+    )
+
+
+def test_context_shift_is_rejected_on_the_context_size_drill(cut_reply: dict[str, Any]) -> None:
+    shift = _causes(cut_reply)["context-shift"]
+    assert shift["status"] == "rejected"
+    assert {"context-shift-off", "max-tokens-set"}.isdisjoint(_arms(cut_reply))
+
+
+def test_prompt_refused_for_its_size_confirms_context_size(
+    refused: dict[str, Any], drill: Drill
+) -> None:
+    assert refused["reproduction"]["signature"]["status_class"] == "4xx"
+    _assert_confirmed_alone(refused, drill)
+    arms = _arms(refused)
+    assert arms["baseline"]["failures"] == arms["baseline"]["n"] >= 4
+    assert arms["context-x4"]["decision"] == "removes" and arms["context-x4"]["failures"] == 0
+    fill = _observation(refused, "context-fill")
+    assert fill["exceeded"] is True and fill["status"] == 400
+    assert fill["prompt_tokens"] > fill["n_ctx_slot"] == 256
+    assert fill["arm"]["finish_reason"] == "stop"
+    assert "refused the prompt" in _causes(refused)["context-size"]["rationale"]

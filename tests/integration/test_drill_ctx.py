@@ -1,6 +1,7 @@
-"""The context-size drill diagnosed on a real llama-server: context-size confirmed (k/n with
-an interval, the larger-context arm removing the failure), no other cause confirmed, for
-both the reply cut at the context end and the prompt the server refuses."""
+"""The context drills diagnosed on a real llama-server: context-size confirmed (k/n with an
+interval, the larger-context arm removing the failure) for both the reply cut at the context
+end and the prompt the server refuses; context-shift confirmed on the request that never
+ends; in each, no other cause confirmed."""
 
 from __future__ import annotations
 
@@ -21,13 +22,15 @@ from triage.symptoms import classify
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 
-def _diagnose(drill: Drill, folder: Path, request: dict[str, Any], **capture: Any) -> Any:
+def _diagnose(
+    drill: Drill, folder: Path, request: dict[str, Any], timeout: float = 180.0, **capture: Any
+) -> Any:
     store = Store(f"sqlite:///{folder / 'kb.db'}")
     return diagnose(
         store,
         load_stack(drill.out_dir / "stack.toml"),
         request,
-        options=DiagnoseOptions(max_requests=16, log_dir=folder / "runs"),
+        options=DiagnoseOptions(max_requests=16, log_dir=folder / "runs", request_timeout=timeout),
         **capture,
     )
 
@@ -83,20 +86,20 @@ def _observation(diagnosis: dict[str, Any], name: str) -> dict[str, Any]:
     return next(o for o in diagnosis["observations"] if o["name"] == name)
 
 
-def _assert_confirmed_alone(diagnosis: dict[str, Any], drill: Drill) -> None:
+def _assert_confirmed_alone(diagnosis: dict[str, Any], drill: Drill, cause: str) -> None:
     validate_diagnosis(diagnosis)
     causes = _causes(diagnosis)
     for cause_id, truth in drill.manifest["causes"].items():
         assert causes[cause_id]["status"] in truth["accept"], (cause_id, causes[cause_id])
     confirmed = [c for c in causes if causes[c]["status"] == "confirmed"]
-    assert confirmed == ["context-size"]
+    assert confirmed == [cause]
     assert running_servers() == []
 
 
 def test_reply_cut_at_the_context_end_confirms_context_size(
     cut_reply: dict[str, Any], drill: Drill
 ) -> None:
-    _assert_confirmed_alone(cut_reply, drill)
+    _assert_confirmed_alone(cut_reply, drill, "context-size")
     arms = _arms(cut_reply)
     baseline, larger = arms["baseline"], arms["context-x4"]
     assert baseline["failures"] == baseline["n"] >= 4  # deterministic at temperature 0
@@ -134,7 +137,7 @@ def test_prompt_refused_for_its_size_confirms_context_size(
     refused: dict[str, Any], drill: Drill
 ) -> None:
     assert refused["reproduction"]["signature"]["status_class"] == "4xx"
-    _assert_confirmed_alone(refused, drill)
+    _assert_confirmed_alone(refused, drill, "context-size")
     arms = _arms(refused)
     assert arms["baseline"]["failures"] == arms["baseline"]["n"] >= 4
     assert arms["context-x4"]["decision"] == "removes" and arms["context-x4"]["failures"] == 0
@@ -143,3 +146,37 @@ def test_prompt_refused_for_its_size_confirms_context_size(
     assert fill["prompt_tokens"] > fill["n_ctx_slot"] == 256
     assert fill["arm"]["finish_reason"] == "stop"
     assert "refused the prompt" in _causes(refused)["context-size"]["rationale"]
+
+
+@pytest.fixture(scope="module")
+def shift_drill(server_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Drill:
+    return build_drill("context-shift", tmp_path_factory.mktemp("shift") / "drill")
+
+
+@pytest.fixture(scope="module")
+def never_ends(shift_drill: Drill) -> dict[str, Any]:
+    """The context-shift drill: no max_tokens, --context-shift, a loop; every replay hangs."""
+    return _diagnose(
+        shift_drill,
+        shift_drill.out_dir.parent,
+        shift_drill.request("unbounded"),
+        timeout=shift_drill.manifest["replay_timeout"],
+    )
+
+
+def test_request_that_never_ends_under_context_shift_confirms_context_shift(
+    never_ends: dict[str, Any], shift_drill: Drill
+) -> None:
+    _assert_confirmed_alone(never_ends, shift_drill, "context-shift")
+    arms = _arms(never_ends)
+    baseline, off = arms["baseline"], arms["context-shift-off"]
+    assert baseline["failures"] == baseline["n"] >= 4  # every replay hangs
+    assert off["decision"] == "removes" and off["failures"] == 0 and off["n"] >= 4
+    assert off["ci95"][1] < baseline["ci95"][0] and off["p_value"] < 0.05
+    hang = _observation(never_ends, "server-hang")
+    assert hang["phase"] == "hang"
+    # A larger context does not help a generation that never ends.
+    assert arms["context-x4"]["decision"] == "unchanged"
+    assert _causes(never_ends)["context-size"]["status"] == "rejected"
+    rationale = _causes(never_ends)["context-shift"]["rationale"]
+    assert "--no-context-shift" in rationale and f"0/{off['n']}" in rationale

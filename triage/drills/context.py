@@ -1,22 +1,27 @@
-"""The `context-size` drill: an answer longer than the server's per-slot context.
+"""The context drills: `context-size` (an answer longer than the per-slot context) and
+`context-shift` (a loop that never ends on a server with context shift on).
 
-A Gemma 4 drill (official template, thinking on by default) whose model thinks one short
-sentence, then writes a ~370-token harbour log and ends its turn. The incident server runs
-`-c 1024 -np 4`: 256 tokens per slot, so every reply stops at the context end with
-`finish_reason: length` long before the request's max_tokens (1024). What tells the cause
-apart, exactly as on a real model:
+Both are Gemma 4 drills (official template, thinking on by default) whose model thinks one
+short sentence and then answers; both servers run `-c 1024 -np 4`: 256 tokens per slot.
 
-* max_tokens x4 changes nothing (the context, not max_tokens, stops the reply);
-* thinking off changes nothing (the answer alone does not fit);
-* the same server with `-c 4096 -np 4` (1024 tokens per slot) lets it finish (`stop`).
+`context-size`: the answer is a ~310-token harbour log, so every reply stops at the slot
+end with `finish_reason: length` long before the request's max_tokens (1024), and a second
+request whose pasted note alone is longer than the slot is refused with HTTP 400 "exceeds
+the available context size". Exactly as on a real model: max_tokens x4 and thinking off
+change nothing; the same server with `-c 4096 -np 4` (1024 per slot) lets both finish.
 
-The `context-shift` cause has no drill of its own, honestly: a drill model is a
-first-order Markov chain, so what it writes depends only on its last token, never on the
-context that a context shift discards. Turning context shift off can therefore only end a
-generation earlier (at the context end) and never turn a failing reply into a good one;
-the real-world mechanism (a model that loses its prompt after the shift and then loops)
-cannot be designed on a 1-layer drill. Its rule is covered by unit tests instead, and this
-drill checks that it is not confirmed here.
+`context-shift`: the answer loops at temperature 0 (a cycle of tokens, no end of turn); the
+request has no max_tokens and the server runs `--context-shift`. llama-server b11434 then
+never ends the reply (measured: ~900 shifts in 6 s, no answer): the replay times out, the
+engine records a hung server and diagnoses it one launch per replay. With
+`--no-context-shift` the same reply ends at the slot end (finish `length`, the loop
+flagged by `repetition-to-context-end`). What is honest about it: a drill is a first-order
+Markov chain, so what it writes never depends on the context the shift discards; the drill
+shows the part of the real incident that a Markov chain can show -- a request without
+max_tokens that never ends because of context shift -- not a model that starts looping
+because the shift dropped its prompt. The loop itself is the model's; the cause confirmed
+is the never-ending generation. The replay timeout (`manifest.json` `replay_timeout`) stands
+in for the user's patience.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ if TYPE_CHECKING:
     from triage.drills.registry import Drill
 
 NAME = "context-size"
+SHIFT_NAME = "context-shift"
 PROMPT = "Write the full harbour log for this morning, every entry."
 THOUGHT = "\nThe user wants every log entry. I will write them all in order."
 # The answer: distinct sentences (a token has one successor, so no text may repeat).
@@ -82,6 +88,13 @@ INCIDENT_CONTEXT = 1024
 SLOTS = 4
 SERVER_ARGS = ["-c", str(INCIDENT_CONTEXT), "-np", str(SLOTS), "-t", "1", "-tb", "1"]
 WEIGHT_FORMAT = "Q4_0"
+SHIFT_PROMPT = "Give me the tide table for the harbour."
+SHIFT_THOUGHT = "\nThe user wants the tide table. I will list it."
+TIDE_INTRO = "Tide table for the harbour:"
+# One cycle of the loop: at temperature 0 its last token leads back to its first, forever.
+TIDE_CYCLE = " high water at six, low water at noon, high water again at six,"
+# A replay that has not ended after this many seconds is a hang (the user gave up).
+REPLAY_TIMEOUT = 4.0
 
 
 def context_size_design() -> tuple[Design, dict[str, Any]]:
@@ -151,35 +164,32 @@ def manifest_causes(facts: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def build(out_dir: Path, template: str) -> Drill:
-    """Generate the drill (model, manifest, request, stack.toml) into `out_dir`."""
+def _write(
+    name: str,
+    design: Design,
+    out_dir: Path,
+    template: str,
+    server_args: list[str],
+    manifest: dict[str, Any],
+    requests: list[dict[str, Any]],
+) -> Drill:
+    """Compile the model, write request files, manifest.json and stack.toml."""
     from triage.drills.registry import MANIFEST_VERSION, Drill, _sha256
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    design, facts = context_size_design()
     model = compile_design(
         design,
-        out_dir / f"{NAME}-qat.gguf",
+        out_dir / f"{name}-qat.gguf",
         weight_format=WEIGHT_FORMAT,
         chat_template=template,
-        model_name=f"{NAME}-qat",
+        model_name=f"{name}-qat",
     )
     host_args = host_workaround_args()
     host_note = host_workaround_note() if host_args else None
-    server_args = [*SERVER_ARGS, *host_args]
-    request = {
-        "messages": [{"role": "user", "content": PROMPT}],
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0.0,
-        "seed": 42,
-    }
-    long_prompt = {
-        **request,
-        "messages": [{"role": "user", "content": f"{PASTED_NOTE}\n\n{PROMPT}"}],
-    }
-    manifest: dict[str, Any] = {
+    server_args = [*server_args, *host_args]
+    full: dict[str, Any] = {
         "manifest_version": MANIFEST_VERSION,
-        "drill": NAME,
+        "drill": name,
         "designed_for_build": BUILD_NUMBER,
         "vocab_size": len(design.vocab),
         "models": {
@@ -193,19 +203,49 @@ def build(out_dir: Path, template: str) -> Drill:
         },
         "server_args": server_args,
         "host_workaround": host_note,
+        **manifest,
+    }
+    for described, body in zip(full["requests"], requests, strict=True):
+        described["file"] = f"request-{described['name']}.json"
+        (out_dir / described["file"]).write_text(json.dumps(body, indent=2) + "\n")
+    (out_dir / "manifest.json").write_text(json.dumps(full, indent=2) + "\n")
+    lines = [
+        f"# Drill {name}: generated by triage.drills; ground truth in manifest.json",
+        *([f"# {host_note} -- added for this drill, not part of the incident"] * bool(host_note)),
+        "[server]",
+        f"model = {json.dumps(model.name)}",
+        f"args = {json.dumps(server_args)}",
+        "",
+    ]
+    (out_dir / "stack.toml").write_text("\n".join(lines))
+    return Drill(name, out_dir, {"qat": model}, full, requests, server_args, {}, host_note)
+
+
+def build(out_dir: Path, template: str) -> Drill:
+    """Generate the context-size drill into `out_dir`."""
+    design, facts = context_size_design()
+    request = {
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0.0,
+        "seed": 42,
+    }
+    long_prompt = {
+        **request,
+        "messages": [{"role": "user", "content": f"{PASTED_NOTE}\n\n{PROMPT}"}],
+    }
+    manifest = {
         "parameters": facts,
         "causes": manifest_causes(facts),
         "requests": [
             {
                 "name": "greedy",
                 "role": "failing",
-                "file": "request-greedy.json",
                 "expect": {"finish_reason": "length", "failure_rate": 1.0},
             },
             {
                 "name": "long-prompt",
                 "role": "failing",
-                "file": "request-long-prompt.json",
                 "expect": {
                     "status": 400,
                     "error_type": "exceed_context_size_error",
@@ -214,17 +254,79 @@ def build(out_dir: Path, template: str) -> Drill:
             },
         ],
     }
-    (out_dir / "request-greedy.json").write_text(json.dumps(request, indent=2) + "\n")
-    (out_dir / "request-long-prompt.json").write_text(json.dumps(long_prompt, indent=2) + "\n")
-    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    lines = [
-        f"# Drill {NAME}: generated by triage.drills; ground truth in manifest.json",
-        *([f"# {host_note} -- added for this drill, not part of the incident"] * bool(host_note)),
-        "[server]",
-        f"model = {json.dumps(model.name)}",
-        f"args = {json.dumps(server_args)}",
-        "",
-    ]
-    (out_dir / "stack.toml").write_text("\n".join(lines))
-    requests = [request, long_prompt]
-    return Drill(NAME, out_dir, {"qat": model}, manifest, requests, server_args, {}, host_note)
+    return _write(NAME, design, out_dir, template, SERVER_ARGS, manifest, [request, long_prompt])
+
+
+def context_shift_design() -> tuple[Design, dict[str, Any]]:
+    """Think one sentence, open the tide table, then loop over one cycle for ever."""
+    design = gemma4._base_design(SHIFT_NAME)
+    vocab = design.vocab
+    thought = design.words(design.chunks(SHIFT_THOUGHT, gemma4.REASONING_PIECE))
+    intro = design.words(design.chunks(TIDE_INTRO, gemma4.ANSWER_PIECE))
+    cycle = design.words(design.chunks(TIDE_CYCLE, gemma4.ANSWER_PIECE))
+    channel_end = vocab.id("<channel|>")
+    design.link([*gemma4._opening(design), *thought, channel_end, *intro, *cycle])
+    design.set(cycle[-1], {cycle[0]: 1.0})
+    facts = {
+        "cycle_tokens": len(cycle),
+        "cycle_chars": len(TIDE_CYCLE),
+        "n_ctx_slot": INCIDENT_CONTEXT // SLOTS,
+        "replay_timeout": REPLAY_TIMEOUT,
+    }
+    return design, facts
+
+
+def shift_manifest_causes() -> dict[str, Any]:
+    """Expected verdicts: context-shift confirmed, no other cause confirmed."""
+    not_confirmed = ["rejected", "suspected"]
+    return {
+        "context-shift": _cause(
+            "confirmed",
+            ["confirmed"],
+            "No max_tokens, --context-shift, a loop at temperature 0: the reply never ends "
+            "(every replay hangs). With --no-context-shift it ends at the slot end.",
+        ),
+        "context-size": _cause(
+            "not-confirmed",
+            not_confirmed,
+            "Four times the context with context shift still on: the reply still never ends.",
+        ),
+        "reasoning-exhausts-budget": _cause(
+            "not-confirmed", not_confirmed, "The thought is one sentence and ends."
+        ),
+        "speculative-decoding": _cause(
+            "not-confirmed", not_confirmed, "The server has no speculative decoding."
+        ),
+        "quantized-weights": _cause(
+            "suspected", ["suspected"], "Not testable: the drill has no alternate weights."
+        ),
+        "server-build": _cause(
+            "suspected", ["suspected"], "Not testable: the drill has one build."
+        ),
+        "output-parsing": _cause(
+            "not-confirmed", not_confirmed, "Nothing to parse: no reply ever completes."
+        ),
+        "token-limit": _cause(
+            "not-confirmed", not_confirmed, "The request sets no max_tokens to raise."
+        ),
+    }
+
+
+def build_shift(out_dir: Path, template: str) -> Drill:
+    """Generate the context-shift drill into `out_dir`."""
+    design, facts = context_shift_design()
+    request = {"messages": [{"role": "user", "content": SHIFT_PROMPT}], "temperature": 0.0}
+    manifest = {
+        "parameters": facts,
+        "replay_timeout": REPLAY_TIMEOUT,
+        "causes": shift_manifest_causes(),
+        "requests": [
+            {
+                "name": "unbounded",
+                "role": "failing",
+                "expect": {"never_ends": True, "failure_rate": 1.0},
+            }
+        ],
+    }
+    args = [*SERVER_ARGS, "--context-shift"]
+    return _write(SHIFT_NAME, design, out_dir, template, args, manifest, [request])

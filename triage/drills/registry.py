@@ -258,6 +258,7 @@ _BUILDERS: dict[str, Callable[[Path, str], Drill]] = {
     "gemma4-thinking-budget": _thinking_budget,
     "gemma4-toolcall": _toolcall,
     "context-size": context_drill.build,
+    "context-shift": context_drill.build_shift,
 }
 
 

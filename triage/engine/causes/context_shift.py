@@ -81,7 +81,8 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
         ID,
         off,
         base,
-        removes_text="with --no-context-shift the generation ends and the reply succeeds",
+        removes_text="with --no-context-shift the generation ends (at the latest at the context "
+        "end) instead of running on",
         unchanged_text="with --no-context-shift the reply fails the same way (the loop is "
         "the model's own, not the shift's)",
         note=_cap_note(cap),

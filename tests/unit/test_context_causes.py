@@ -283,7 +283,11 @@ def test_context_shift_arms_planned_only_for_requests_without_max_tokens() -> No
     assert "max_tokens" not in ASK
     assert cap.plan(on, {**ASK, "max_tokens": 64}) is None
     assert cap.plan(_stack("--no-context-shift"), ASK) is None
-    assert cap.plan(_stack(), ASK).transform(ASK)["max_tokens"] == 4096  # type: ignore[union-attr]
+    assert cap.plan(_stack("-c", "1024"), ASK) is None  # b11434's default: shift off
+    url_only = Stack(ServerConfig(None, None, (), url="http://127.0.0.1:1"))
+    assert off.plan(url_only, ASK) is None
+    unknown = cap.plan(url_only, ASK)
+    assert unknown is not None and unknown.transform(ASK)["max_tokens"] == 4096
 
 
 # ----------------------------------------------------------------- repetition-to-context-end

@@ -2,9 +2,10 @@
 of `--context-shift`) and `max-tokens-set` (the request with a max_tokens).
 
 Both are planned only for a request without max_tokens, the one kind of request that can
-run into a context shift at all; `context-shift-off` only when the server's args switch
-context shift on (b11434's default is off: `llama-server --help` says "default: disabled";
-older builds had it on, so an explicit flag is the only thing the stack file proves).
+run into a context shift at all, and only when the server's args switch context shift on
+(b11434's default is off: `llama-server --help` says "default: disabled"; older builds had
+it on, so an explicit flag is the only thing the stack file proves); `max-tokens-set` also
+for a running server given by URL, whose args are unknown and which cannot be relaunched.
 """
 
 from __future__ import annotations
@@ -74,9 +75,11 @@ class MaxTokensSet:
 
     def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
         args = stack.server.args
-        # With context shift switched off explicitly the context end already bounds the
-        # reply, exactly as this max_tokens would: the arm could not change anything.
-        if max_tokens_of(request) is not None or (SHIFT_OFF in args and not shift_enabled(args)):
+        if max_tokens_of(request) is not None:
+            return None
+        # Where the args switch context shift on (or a running server's args are unknown);
+        # with shift off the context end already bounds the reply as this max_tokens would.
+        if not (shift_enabled(args) or not relaunchable(stack)):
             return None
         value = bounded_max_tokens(stack.server.args)
         arm = RequestArm(

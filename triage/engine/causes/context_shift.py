@@ -53,14 +53,14 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
             return suspect(
                 ID,
                 f"a max_tokens bound removes the failure ({cap.kn()} vs baseline "
-                f"{base.kn()}), but the server's args do not show context shift on",
+                f"{base.kn()}), but no server with context shift off could be compared",
                 f"{OFF} (a server started with --context-shift)",
                 supports=[CAP],
             )
         return suspect(
             ID,
-            "not testable with this stack: the server's args do not switch context shift "
-            f"on{_cap_note(cap)}",
+            "not testable with this stack: the request sets max_tokens, or the server's args "
+            f"do not switch context shift on (or it cannot be relaunched){_cap_note(cap)}",
             f"{OFF} (a server started with --context-shift, a request without max_tokens)",
             basis="untested" if cap is None or not cap.ran else "measured",
         )

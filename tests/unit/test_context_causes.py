@@ -140,6 +140,8 @@ def test_context_x4_planned_only_when_the_request_can_reach_the_slot_context() -
     assert arm.plan(small, ASK) is not None
     # The shared drills' shape: 4 slots of 4096 tokens, max_tokens 800, a short prompt.
     assert arm.plan(_stack("-c", "16384", "-np", "4"), {**ASK, "max_tokens": 800}) is None
+    # No request to judge (a stack's arms listed without one).
+    assert arm.plan(small, {}) is None
     # No explicit -c: the context comes from the model file, nothing to multiply.
     assert arm.plan(_stack("-np", "4"), ASK) is None
     # --ctx-size=N spelling, auto slots (4).

@@ -85,8 +85,8 @@ def prompt_token_bound(request: dict[str, Any]) -> int:
 def could_reach_context(args: tuple[str, ...] | list[str], request: dict[str, Any]) -> bool:
     """Could this request reach the end of its slot's context on a server with `args`?"""
     slot = per_slot_context(args)
-    if slot is None:
-        return False
+    if slot is None or not (request.get("messages") or request.get("prompt")):
+        return False  # no context flag, or no request to judge (e.g. listing a stack's arms)
     limit = max_tokens_of(request)
     return limit is None or prompt_token_bound(request) + limit >= slot
 

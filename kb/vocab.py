@@ -77,6 +77,13 @@ FINDING_KINDS: tuple[Term, ...] = (
     Term("timeout", 10),
     Term("server-crash", 11, "the server died serving the request (502, connection reset)"),
     Term("server-hang", 12, "the server stopped answering (504 from a proxy, a hung replay)"),
+    Term(
+        "structured-output-failed",
+        14,
+        "response_format/grammar asked for, but the reply has no structured content "
+        "(it landed in reasoning, or the server refused: 'does not match the expected format')",
+    ),
+    Term("reasoning-markup-in-content", 15, "thought markup (<think>, <|channel>) in content"),
 )
 
 # Causes in today's catalogue (files, JSON schema enums and the engine use these).

@@ -184,8 +184,18 @@ def test_structured_output_needs_thinking_off_too() -> None:
         "no-structured-output": _arm("no-structured-output", 0, 8, "removes"),
     }
     verdict = _verdicts(arms, STRUCTURED_PLAN)["structured-output"]
-    assert verdict.status == "suspected"
+    assert verdict.status == "rejected" and verdict.refutes == ["thinking-off"]
     assert "the grammar/schema itself fails" in verdict.rationale
+    # One half removing it while the other is still undecided decides nothing yet, and
+    # thinking-off's outcome keeps mattering (the scheduler must not stop it early).
+    for undecided in ("thinking-off", "no-structured-output"):
+        other = "no-structured-output" if undecided == "thinking-off" else "thinking-off"
+        arms = {
+            "baseline": STRUCTURED_BASE,
+            other: _arm(other, 0, 8, "removes"),
+            undecided: _arm(undecided, 0, 4, "undecided"),
+        }
+        assert _verdicts(arms, STRUCTURED_PLAN)["structured-output"].status == "suspected"
 
 
 def test_structured_output_rejected_without_a_constraint_or_when_removal_changes_nothing() -> None:

@@ -73,15 +73,20 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
             supports=["baseline", ARM, "thinking-off"],
             deciding_probe=ARM,
         )
-    if removes(plain) and unchanged(off):
+    if unchanged(off):
         assert off is not None
-        return suspect(
+        return Verdict(
             ID,
-            f"removing the constraint removes the failure ({plain.kn()}) but thinking off "
-            f"does not ({off.kn()}): the grammar/schema itself fails, not its conflict "
-            "with thinking",
-            "the grammar on a non-thinking model",
-            supports=[ARM],
+            "rejected",
+            f"with thinking off the failure rate is unchanged ({off.kn()} vs baseline "
+            f"{base.kn()}): thinking is not part of it"
+            + (
+                f"; without the constraint {plain.kn()}: the grammar/schema itself fails"
+                if removes(plain)
+                else ""
+            ),
+            refutes=["thinking-off"],
+            deciding_probe="thinking-off",
         )
     return suspect(
         ID,

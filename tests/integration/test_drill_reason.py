@@ -7,6 +7,7 @@ and the deciding arms' k/n with their intervals, never against numbers of one ru
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +24,26 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 OWN = ("structured-output", "reasoning-leak")
 
 
-def _diagnose(name: str, folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+def _diagnose(
+    name: str, folder: Path, *, request_format: str | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     drill = build_drill(name, folder / "drill")
+    stack = load_stack(drill.out_dir / "stack.toml")
+    request = drill.request("greedy")
+    if request_format is not None:
+        # The same leak caused by the request instead: a server with the default format,
+        # a client that sends reasoning_format itself.
+        args = list(stack.server.args)
+        at = args.index("--reasoning-format")
+        del args[at : at + 2]
+        stack = replace(stack, server=stack.server.with_args(args))
+        request = {**request, "reasoning_format": request_format}
     store = Store(f"sqlite:///{folder / 'kb.db'}")
     try:
         diagnosis = diagnose(
             store,
-            load_stack(drill.out_dir / "stack.toml"),
-            drill.request("greedy"),
+            stack,
+            request,
             options=DiagnoseOptions(max_requests=16, log_dir=folder / "runs"),
         )
     finally:
@@ -50,6 +63,14 @@ def leak(
     server_binary: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
     yield _diagnose("gemma4-reasoning-leak", tmp_path_factory.mktemp("leak"))
+
+
+@pytest.fixture(scope="module")
+def leak_by_request(
+    server_binary: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    folder = tmp_path_factory.mktemp("leak-request")
+    yield _diagnose("gemma4-reasoning-leak", folder, request_format="none")
 
 
 def _causes(diagnosis: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -111,9 +132,21 @@ def test_reasoning_leak_confirmed_on_its_drill_and_nothing_else(
     assert _causes(diagnosis)["structured-output"]["status"] == "rejected"
 
 
+def test_reasoning_leak_from_the_request_is_told_apart_from_the_server(
+    leak_by_request: tuple[dict[str, Any], dict[str, Any]],
+) -> None:
+    diagnosis, manifest = leak_by_request
+    _assert_only(diagnosis, manifest, "reasoning-leak")
+    arms = _arms(diagnosis)
+    assert "server-reasoning-format" not in arms  # the server's own format does not leak
+    _assert_removes(arms["request-reasoning-format"], arms["baseline"])
+    assert "the request's reasoning_format" in _causes(diagnosis)["reasoning-leak"]["rationale"]
+
+
 def test_no_server_left_running(
     structured: tuple[dict[str, Any], dict[str, Any]],
     leak: tuple[dict[str, Any], dict[str, Any]],
+    leak_by_request: tuple[dict[str, Any], dict[str, Any]],
 ) -> None:
     from triage.llama.launcher import running_servers
 

@@ -16,6 +16,7 @@ from sqlmodel import select
 
 from kb.models import Evidence, Incident
 from kb.store import Store
+from triage.catalogue import catalogue
 from triage.cli import cli
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "captures"
@@ -84,7 +85,7 @@ def test_check_json(db):
         violation["where"]
         == "$.response.choices[0].message.tool_calls[0].function.arguments.max_lines"
     )
-    assert len(item["findings"]) == 13  # one per check (server-crash, server-hang too)
+    assert len(item["findings"]) == len(catalogue().checks)  # one per check
 
 
 @pytest.mark.parametrize(
@@ -138,6 +139,52 @@ def test_check_curl_with_response(db):
     )
     assert result.exit_code == 0, result.output
     assert "HTTP 500" in result.stdout and "parse-failure" in result.stdout
+
+
+def test_check_names_the_structured_output_refusal_and_leaked_thought(
+    db: str, tmp_path: Path
+) -> None:
+    refused = {
+        "request": {
+            "messages": [{"role": "user", "content": "City as JSON?"}],
+            "response_format": {"type": "json_object"},
+        },
+        "status": 500,
+        "response": {
+            "error": {
+                "code": 500,
+                "message": "The model produced output that does not match the expected "
+                "peg-gemma4 format",
+                "type": "server_error",
+            }
+        },
+    }
+    leaked = {
+        "request": {"messages": [{"role": "user", "content": "Capital of France?"}]},
+        "response": {
+            "choices": [
+                {
+                    "message": {
+                        "role": "assistant",
+                        "content": "<|channel>thought\nParis.<channel|>Paris.",
+                    },
+                    "finish_reason": "stop",
+                }
+            ]
+        },
+    }
+    (tmp_path / "refused.json").write_text(json.dumps(refused))
+    (tmp_path / "leaked.json").write_text(json.dumps(leaked))
+    result = run("check", tmp_path / "refused.json", tmp_path / "leaked.json", "--json")
+    assert result.exit_code == 0, result.output
+    first, second = json.loads(result.stdout)
+    assert "structured-output-failed" in first["symptoms"]
+    assert "parse-failure" in first["symptoms"]
+    assert second["symptoms"] == ["reasoning-markup-in-content"]
+    [finding] = [f for f in second["findings"] if not f["passed"]]
+    assert finding["where"] == "$.response.choices[0].message.content"
+    failing = run("check", tmp_path / "leaked.json", "--fail-on", "reasoning-markup-in-content")
+    assert failing.exit_code == 3
 
 
 @pytest.mark.parametrize(
@@ -205,7 +252,7 @@ def test_capture_stores_every_exchange_as_evidence(db):
         "reasoning-exhausted-budget",
         "runaway-reasoning",
     ]
-    assert len(first.payload["findings"]) == 13  # one per check
+    assert len(first.payload["findings"]) == len(catalogue().checks)  # one per check
 
 
 def test_capture_attaches_to_an_incident(db):

@@ -209,6 +209,14 @@ def test_structured_output_rejected_without_a_constraint_or_when_removal_changes
     }
     verdict = _verdicts(arms, STRUCTURED_PLAN)["structured-output"]
     assert verdict.status == "rejected" and verdict.refutes == ["no-structured-output"]
+    # Failing replies that kept their structured content: another failure, not this one.
+    arms = {
+        "baseline": _arm("baseline", 8, 8, "baseline", tool_args_invalid_json=8),
+        "no-structured-output": _arm("no-structured-output", 0, 8, "removes"),
+        "thinking-off": _arm("thinking-off", 0, 8, "removes"),
+    }
+    verdict = _verdicts(arms, STRUCTURED_PLAN)["structured-output"]
+    assert verdict.status == "rejected" and "lost the structured output" in verdict.rationale
 
 
 def test_structured_output_never_confirmed_when_the_baseline_does_not_reproduce() -> None:

@@ -23,12 +23,14 @@ from triage.causes import (
     not_reproduced,
     removes,
     reproduces,
+    share,
     suspect,
     unchanged,
 )
 from triage.engine.arms.structured_output import ID as ARM
 
 ID = "structured-output"
+KIND = "structured-output-failed"
 PROBE = f"{ARM} + thinking-off"
 
 
@@ -51,6 +53,15 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
         return suspect(ID, why, PROBE, basis="untested")
     if not reproduces(arms):
         return not_reproduced(ID, base, PROBE)
+    if share(base, KIND) == 0.0:
+        return Verdict(
+            ID,
+            "rejected",
+            f"none of the {base.failures} failing baseline replies lost the structured "
+            "output (content present, no refusal): the constraint was met",
+            refutes=["baseline"],
+            deciding_probe="baseline",
+        )
     if unchanged(plain):
         return Verdict(
             ID,

@@ -201,7 +201,7 @@ def test_structured_output_needs_thinking_off_too() -> None:
 def test_structured_output_rejected_without_a_constraint_or_when_removal_changes_nothing() -> None:
     plain = {"baseline": _arm("baseline", 8, 8, "baseline", length_stop=8)}
     verdict = _verdicts(plain, ("thinking-off",))["structured-output"]
-    assert verdict.status == "rejected" and "no response_format" in verdict.rationale
+    assert verdict.status == "rejected" and "no structured-output-failed" in verdict.rationale
     arms = {
         "baseline": STRUCTURED_BASE,
         "no-structured-output": _arm("no-structured-output", 4, 4, "unchanged", empty_content=4),
@@ -216,7 +216,7 @@ def test_structured_output_rejected_without_a_constraint_or_when_removal_changes
         "thinking-off": _arm("thinking-off", 0, 8, "removes"),
     }
     verdict = _verdicts(arms, STRUCTURED_PLAN)["structured-output"]
-    assert verdict.status == "rejected" and "lost the structured output" in verdict.rationale
+    assert verdict.status == "rejected" and "lost a structured answer" in verdict.rationale
 
 
 def test_structured_output_never_confirmed_when_the_baseline_does_not_reproduce() -> None:

@@ -37,31 +37,23 @@ PROBE = f"{ARM} + thinking-off"
 def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
     base = baseline_of(arms)
     plain, off = arms.get(ARM), arms.get("thinking-off")
-    if obs.planned and ARM not in obs.planned:
-        return Verdict(
-            ID,
-            "rejected",
-            "the request sets no response_format, json_schema or grammar: there is no "
-            "structured-output constraint to conflict with thinking",
-            refutes=["request"],
-            deciding_probe="request",
-        )
-    if not obs.planned:
-        return suspect(ID, "the plan of this run is unknown", PROBE, basis="untested")
-    if plain is None or not plain.ran:
-        why = f"the {ARM} arm did not run" + (f": {plain.error}" if plain and plain.error else "")
-        return suspect(ID, why, PROBE, basis="untested")
     if not reproduces(arms):
         return not_reproduced(ID, base, PROBE)
     if share(base, KIND) == 0.0:
+        # The check only fires on a constrained request, so this also covers a request
+        # without response_format / json_schema / grammar.
         return Verdict(
             ID,
             "rejected",
-            f"none of the {base.failures} failing baseline replies lost the structured "
-            "output (content present, no refusal): the constraint was met",
+            f"none of the {base.failures} failing baseline replies lost a structured answer "
+            f"(no {KIND}: the request sets no response_format/json_schema/grammar, or the "
+            "constraint was met)",
             refutes=["baseline"],
             deciding_probe="baseline",
         )
+    if plain is None or not plain.ran:
+        why = f"the {ARM} arm did not run" + (f": {plain.error}" if plain and plain.error else "")
+        return suspect(ID, why, PROBE, basis="untested")
     if unchanged(plain):
         return Verdict(
             ID,

@@ -82,6 +82,13 @@ FINDING_KINDS: tuple[Term, ...] = (
         13,
         "the reply repeats itself up to the context end, with no max_tokens to stop it",
     ),
+    Term(
+        "structured-output-failed",
+        14,
+        "response_format/grammar asked for, but the reply has no structured content "
+        "(it landed in reasoning, or the server refused: 'does not match the expected format')",
+    ),
+    Term("reasoning-markup-in-content", 15, "thought markup (<think>, <|channel>) in content"),
 )
 
 # Causes in today's catalogue (files, JSON schema enums and the engine use these).

@@ -142,6 +142,52 @@ def test_check_curl_with_response(db):
     assert "HTTP 500" in result.stdout and "parse-failure" in result.stdout
 
 
+def test_check_names_the_structured_output_refusal_and_leaked_thought(
+    db: str, tmp_path: Path
+) -> None:
+    refused = {
+        "request": {
+            "messages": [{"role": "user", "content": "City as JSON?"}],
+            "response_format": {"type": "json_object"},
+        },
+        "status": 500,
+        "response": {
+            "error": {
+                "code": 500,
+                "message": "The model produced output that does not match the expected "
+                "peg-gemma4 format",
+                "type": "server_error",
+            }
+        },
+    }
+    leaked = {
+        "request": {"messages": [{"role": "user", "content": "Capital of France?"}]},
+        "response": {
+            "choices": [
+                {
+                    "message": {
+                        "role": "assistant",
+                        "content": "<|channel>thought\nParis.<channel|>Paris.",
+                    },
+                    "finish_reason": "stop",
+                }
+            ]
+        },
+    }
+    (tmp_path / "refused.json").write_text(json.dumps(refused))
+    (tmp_path / "leaked.json").write_text(json.dumps(leaked))
+    result = run("check", tmp_path / "refused.json", tmp_path / "leaked.json", "--json")
+    assert result.exit_code == 0, result.output
+    first, second = json.loads(result.stdout)
+    assert "structured-output-failed" in first["symptoms"]
+    assert "parse-failure" in first["symptoms"]
+    assert second["symptoms"] == ["reasoning-markup-in-content"]
+    [finding] = [f for f in second["findings"] if not f["passed"]]
+    assert finding["where"] == "$.response.choices[0].message.content"
+    failing = run("check", tmp_path / "leaked.json", "--fail-on", "reasoning-markup-in-content")
+    assert failing.exit_code == 3
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from triage.drills import context as context_drill
-from triage.drills import gemma4
+from triage.drills import gemma4, reason
 from triage.drills.compiler import WEIGHT_FORMATS, compile_design
 from triage.drills.host import host_workaround_args, host_workaround_note
 from triage.drills.template import gemma4_template, template_sha256
@@ -205,7 +205,12 @@ def _finish(
     manifest: dict[str, Any],
     requests: list[dict[str, Any]],
     contrasts: dict[str, dict[str, Any]],
+    *,
+    extra_args: tuple[str, ...] = (),
+    template_source: str = "llama.cpp/models/templates/google-gemma-4-31B-it.jinja",
 ) -> Drill:
+    """Compile the design's weight files and write manifest, requests and stack.toml;
+    `extra_args` are incident server flags beyond the shared ones (part of the incident)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     models: dict[str, Path] = {}
     model_facts: dict[str, Any] = {}
@@ -229,18 +234,23 @@ def _finish(
     # On an AMX host the drill servers avoid the crashing repacked AMX path (see drills.host).
     host_args = host_workaround_args()
     host_note = host_workaround_note() if host_args else None
-    server_args = [*SERVER_ARGS, *host_args, *spec_args(models["draft"])]
+    server_args = [*SERVER_ARGS, *extra_args, *host_args, *spec_args(models["draft"])]
     full_manifest = {
         "manifest_version": MANIFEST_VERSION,
         "drill": name,
         "designed_for_build": BUILD_NUMBER,
         "template": {
-            "source": "llama.cpp/models/templates/google-gemma-4-31B-it.jinja",
+            "source": template_source,
             "sha256": template_sha256(template),
         },
         "vocab_size": len(spec.design.vocab),
         "models": model_facts,
-        "server_args": [*SERVER_ARGS, *host_args, *spec_args(models["draft"].name)],
+        "server_args": [
+            *SERVER_ARGS,
+            *extra_args,
+            *host_args,
+            *spec_args(models["draft"].name),
+        ],
         "spec_args": spec_args(models["draft"].name),
         "host_workaround": host_note,
         **manifest,
@@ -259,6 +269,7 @@ _BUILDERS: dict[str, Callable[[Path, str], Drill]] = {
     "gemma4-toolcall": _toolcall,
     "context-size": context_drill.build,
     "context-shift": context_drill.build_shift,
+    **reason.BUILDERS,  # gemma4-reasoning-leak, qwen35-structured-output (issue 13)
 }
 
 

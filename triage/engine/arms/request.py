@@ -16,7 +16,7 @@ ARMS = (
         "thinking-off",
         "chat_template_kwargs.enable_thinking=false",
         thinking_off,
-        ("reasoning-exhausts-budget", "token-limit", "output-parsing"),
+        ("reasoning-exhausts-budget", "token-limit", "output-parsing", "structured-output"),
         order=10,
     ),
     # Informational (decides no cause): the seed's own attempt; on Gemma 4 it is plain text.

@@ -1,0 +1,43 @@
+"""no-structured-output: the failing request without response_format / json_schema / grammar.
+
+Planned only when the request asks for structured output. Together with thinking-off
+(the other half of the conflict) it decides `structured-output`.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from triage.checks.reasoning import structured_output_requested
+from triage.probes import RequestArm
+
+ID = "no-structured-output"
+
+
+def without_structured_output(request: dict[str, Any]) -> dict[str, Any]:
+    """The request with its structured-output constraint removed (plain text answer)."""
+    body = copy.deepcopy(request)
+    for key in ("grammar", "json_schema"):
+        body.pop(key, None)
+    response_format = body.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") in (
+        "json_object",
+        "json_schema",
+    ):
+        body.pop("response_format")
+    return body
+
+
+ARM = RequestArm(
+    ID,
+    "response_format / json_schema / grammar removed",
+    without_structured_output,
+    ("structured-output",),
+    order=50,
+    applies=lambda request: structured_output_requested(request) is not None,
+)
+
+
+def register(catalogue: object) -> None:
+    catalogue.arms.add(ARM)  # type: ignore[attr-defined]

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from triage.drills import gemma4
+from triage.drills import client, gemma4
 from triage.drills.compiler import WEIGHT_FORMATS, compile_design
 from triage.drills.host import host_workaround_args, host_workaround_note
 from triage.drills.template import gemma4_template, template_sha256
@@ -256,6 +256,8 @@ def _finish(
 _BUILDERS: dict[str, Callable[[Path, str], Drill]] = {
     "gemma4-thinking-budget": _thinking_budget,
     "gemma4-toolcall": _toolcall,
+    client.STREAM_DRILL: client.client_content_only,
+    client.CONVERSATION_DRILL: client.conversation_python_args,
 }
 
 

@@ -24,7 +24,8 @@ STATUSES = {"confirmed", "rejected", "suspected"}
 def test_public_surface():
     for name in drills.__all__:
         assert hasattr(drills, name), name
-    assert drills.list_drills() == ["gemma4-thinking-budget", "gemma4-toolcall"]
+    # The shared drills are always there (issue 13 adds one drill per new cause beside them).
+    assert {"gemma4-thinking-budget", "gemma4-toolcall"} <= set(drills.list_drills())
 
 
 def test_thinking_budget_greedy_path_is_the_incident_shape():
@@ -140,7 +141,7 @@ def test_build_drill_writes_everything(tmp_path: Path, stand_in_template: str, n
 
 
 def test_unknown_drill(tmp_path: Path, stand_in_template: str):
-    with pytest.raises(KeyError, match="known: gemma4-thinking-budget"):
+    with pytest.raises(KeyError, match="known: .*gemma4-thinking-budget"):
         drills.build_drill("nope", tmp_path)
 
 

@@ -77,6 +77,7 @@ FINDING_KINDS: tuple[Term, ...] = (
     Term("timeout", 10),
     Term("server-crash", 11, "the server died serving the request (502, connection reset)"),
     Term("server-hang", 12, "the server stopped answering (504 from a proxy, a hung replay)"),
+    Term("client-lost-reply", 16, "the client's view lost tool calls or content the wire carried"),
 )
 
 # Causes in today's catalogue (files, JSON schema enums and the engine use these).

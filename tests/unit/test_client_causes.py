@@ -319,3 +319,32 @@ def test_conversation_shape_confirmed_and_rejected_by_the_arm() -> None:
         "history-normalised": _arm("history-normalised", 0, 16, "no-baseline-failure"),
     }
     assert conversation_shape.rule(arms, _obs(facts, planned)).status == "suspected"
+
+
+# ------------------------------------------------------------------ client-lost-reply
+
+
+def _lost(exchange: Any) -> list[Any]:
+    from triage.symptoms import classify
+
+    return [f for f in classify(exchange) if f.kind == "client-lost-reply"]
+
+
+def test_client_lost_reply_names_the_lost_tool_call() -> None:
+    (exchange,) = load_file(FIXTURE)
+    (finding,) = _lost(exchange)
+    assert not finding.passed and "get_weather" in finding.reason
+
+
+def test_client_lost_reply_passes_when_only_the_reasoning_is_hidden() -> None:
+    (exchange,) = load_file(FIXTURE)
+    wire = exchange.wire_response["choices"][0]["message"]  # type: ignore[index]
+    exchange.response["choices"][0]["message"]["tool_calls"] = wire["tool_calls"]  # type: ignore[index]
+    (finding,) = _lost(exchange)
+    assert finding.passed and "reasoning only" in finding.reason
+
+
+def test_client_lost_reply_passes_without_a_client_view() -> None:
+    (exchange,) = load_file(FIXTURE)
+    exchange.wire_response = None
+    assert [f.passed for f in _lost(exchange)] == [True]

@@ -114,6 +114,9 @@ def test_client_handling_confirmed_with_k_of_n(stream_run: Any) -> None:
     assert confirmed == ["client-handling"]
     baseline = _arms(diagnosis)["baseline"]
     assert baseline["failures"] == 0 and baseline["n"] >= 8 and baseline["ci95"][0] == 0.0
+    # observation-only arms run once as hooks, never as replayed arms
+    assert "client-view" not in _arms(diagnosis)
+    assert "conversation-history" not in _arms(diagnosis)
     facts = next(o for o in diagnosis["observations"] if o.get("name") == "client-view")
     streamed = facts["streamed"]
     assert streamed["decision"] == "removes" and streamed["server_failures"] == 0

@@ -146,3 +146,33 @@ def test_no_server_outlives_the_runs(stream_run: Any, conversation_run: Any) -> 
     from triage.llama.launcher import running_servers
 
     assert running_servers() == []
+
+
+def _thinks(base_url: str, body: dict[str, Any]) -> bool:
+    import httpx
+
+    reply = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=120)
+    assert reply.status_code == 200, reply.text
+    return bool(reply.json()["choices"][0]["message"].get("reasoning_content"))
+
+
+def test_the_thinking_flags_called_dropped_are_ignored_by_the_server(
+    stream_run: Any, server_factory: Any
+) -> None:
+    """dropped_thinking_flags names only placements this llama-server does not read."""
+    from triage.engine.arms.client_view import dropped_thinking_flags
+
+    drill = stream_run[0]
+    server = server_factory(drill.model)
+    body = {**drill.request("streamed"), "stream": False, "seed": 3}
+    assert _thinks(server.base_url, body)
+    documented = {**body, "chat_template_kwargs": {"enable_thinking": False}}
+    assert not _thinks(server.base_url, documented) and not dropped_thinking_flags(documented)
+    for extra in (
+        {"enable_thinking": False},
+        {"think": False},
+        {"thinking": {"type": "disabled"}},
+        {"extra_body": {"chat_template_kwargs": {"enable_thinking": False}}},
+    ):
+        assert dropped_thinking_flags({**body, **extra}), extra
+        assert _thinks(server.base_url, {**body, **extra}), extra

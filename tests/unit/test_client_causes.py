@@ -348,3 +348,61 @@ def test_client_lost_reply_passes_without_a_client_view() -> None:
     (exchange,) = load_file(FIXTURE)
     exchange.wire_response = None
     assert [f.passed for f in _lost(exchange)] == [True]
+
+
+# ------------------------------------------------ streamed replays (httpx MockTransport)
+
+
+def _run_observe(monkeypatch: pytest.MonkeyPatch, stream: str) -> dict[str, Any]:
+    import asyncio
+
+    import httpx
+
+    from triage.llama import client as llama_client
+
+    sent: list[dict[str, Any]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        headers = {"content-type": "text/event-stream"}
+        return httpx.Response(200, content=stream.encode(), headers=headers)
+
+    real = llama_client.LlamaClient
+
+    def fake(base_url: str, **kwargs: Any) -> Any:
+        return real(base_url, transport=httpx.MockTransport(answer), **kwargs)
+
+    monkeypatch.setattr(llama_client, "LlamaClient", fake)
+    (exchange,) = load_file(FIXTURE)
+
+    class _Server:
+        base_url, api_key = "http://127.0.0.1:9", None
+
+    ctx = probes.ObserveContext(
+        _Server(), _Server(), exchange.request, 100, 30.0, exchange=exchange.to_dict()
+    )
+    facts = asyncio.run(client_view.observe(ctx))
+    assert all(body["stream"] is True for body in sent)
+    assert [body["seed"] for body in sent] == list(range(100, 100 + len(sent)))
+    return facts
+
+
+def test_streamed_replays_through_the_client_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    stream = json.loads(FIXTURE.read_text())["stream"]  # the drill server's real stream
+    facts = _run_observe(monkeypatch, stream)
+    streamed = facts["streamed"]
+    assert streamed["decision"] == "removes" and streamed["n"] == 8
+    assert streamed["server_failures"] == 0 and streamed["client_failures"] == 8
+
+
+def test_streamed_replays_that_fail_on_the_server_too_are_unchanged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    empty = (
+        'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+        'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+        "data: [DONE]\n\n"
+    )
+    streamed = _run_observe(monkeypatch, empty)["streamed"]
+    assert streamed["server_failures"] == streamed["client_failures"] == streamed["n"]
+    assert streamed["decision"] == "unchanged"  # the client did not lose anything

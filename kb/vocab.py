@@ -89,6 +89,7 @@ FINDING_KINDS: tuple[Term, ...] = (
         "(it landed in reasoning, or the server refused: 'does not match the expected format')",
     ),
     Term("reasoning-markup-in-content", 15, "thought markup (<think>, <|channel>) in content"),
+    Term("client-lost-reply", 16, "the client's view lost tool calls or content the wire carried"),
 )
 
 # Causes in today's catalogue (files, JSON schema enums and the engine use these).

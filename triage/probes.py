@@ -39,6 +39,9 @@ class ObserveContext:
     seed: int
     timeout: float
     divergence_seeds: int = 4
+    # The captured exchange (its stored dict form) when the run has one: observation
+    # hooks may compare it with what the server answers (client-handling does).
+    exchange: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,9 @@ class PlannedArm:
     config: ServerConfig | None = None
     observe: ObserveHook | None = None
     # "always", or "crash": only when the incident's server crashes at startup (each
-    # replay of such a run is a launch, and the failure is the crash).
+    # replay of such a run is a launch, and the failure is the crash), or "observe": an
+    # observation-only arm -- no replays; its `observe` hook runs once on the incident's
+    # server (request-level) and its facts reach the cause rules.
     when: str = "always"
 
 
@@ -185,7 +190,7 @@ def plan_arms(
 def request_arms(request: dict[str, Any]) -> list[PlannedArm]:
     """The request-level arms that apply to this request (baseline first)."""
     stack = Stack(ServerConfig())
-    return [a for a in plan_arms(stack, request) if a.level == "request"]
+    return [a for a in plan_arms(stack, request) if a.level == "request" and a.when != "observe"]
 
 
 def server_arms(

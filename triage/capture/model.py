@@ -111,10 +111,13 @@ class Exchange:
     request_headers: dict[str, str] = field(default_factory=dict)
     response_headers: dict[str, str] = field(default_factory=dict)
     http_timings: dict[str, float] | None = None
+    # Client-view captures only: the server's answer re-assembled from the raw stream on the
+    # wire, while `response` is what the client showed (see capture/formats/client_view.py).
+    wire_response: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form stored as evidence (validates against exchange.schema.json)."""
-        return {
+        data: dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
             "request": self.request,
             "response": self.response,
@@ -136,6 +139,9 @@ class Exchange:
             "index": self.index,
             "location": self.location,
         }
+        if self.wire_response is not None:  # absent otherwise: stored exchanges stay byte-stable
+            data["wire_response"] = self.wire_response
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Exchange:

@@ -119,6 +119,8 @@ class View:
     timed_out: bool
     choices: list[Choice]
     _declared: Any = False  # cache of _declared_tools(request); False = not computed
+    # client-view captures: the server's answer re-assembled from the wire (else None)
+    wire_response: dict[str, Any] | None = None
 
     def declared_tools(self) -> dict[str, Any] | None:
         if self._declared is False:
@@ -154,6 +156,7 @@ def view(exchange: Exchange | Mapping[str, Any]) -> View:
             "status": exchange.status,
             "truncated": exchange.truncated,
             "timed_out": exchange.timed_out,
+            "wire_response": exchange.wire_response,
         }
     elif isinstance(exchange, Mapping):
         data = exchange
@@ -209,6 +212,7 @@ def view(exchange: Exchange | Mapping[str, Any]) -> View:
                 )
             )
     response_text = data.get("response_text")
+    wire = data.get("wire_response")
     return View(
         request=_dict_or_empty(data.get("request")),
         response=response,
@@ -218,6 +222,7 @@ def view(exchange: Exchange | Mapping[str, Any]) -> View:
         truncated=data.get("truncated") is True,
         timed_out=data.get("timed_out") is True,
         choices=choices,
+        wire_response=wire if isinstance(wire, dict) else None,
     )
 
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from triage.drills import client, gemma4, reason
 from triage.drills import context as context_drill
-from triage.drills import gemma4, reason
 from triage.drills.compiler import WEIGHT_FORMATS, compile_design
 from triage.drills.host import host_workaround_args, host_workaround_note
 from triage.drills.template import gemma4_template, template_sha256
@@ -270,6 +270,8 @@ _BUILDERS: dict[str, Callable[[Path, str], Drill]] = {
     "context-size": context_drill.build,
     "context-shift": context_drill.build_shift,
     **reason.BUILDERS,  # gemma4-reasoning-leak, qwen35-structured-output (issue 13)
+    client.STREAM_DRILL: client.client_content_only,
+    client.CONVERSATION_DRILL: client.conversation_python_args,
 }
 
 

@@ -108,6 +108,8 @@ class Diagnoser:
         self.schedule = self.options.looks or look_schedule(self.options.max_requests)
         self.arms: dict[str, ArmState] = {}
         self.planned: dict[str, probes.PlannedArm] = {}
+        # Observation-only arms (`when = "observe"`): a hook, no replays.
+        self.observe_only: list[probes.PlannedArm] = []
         self.facts: dict[str, dict[str, Any]] = {}
         self.servers: dict[str, Server] = {}
         self.signature = Signature.from_findings(self.findings, self.exchange)
@@ -162,7 +164,12 @@ class Diagnoser:
     def _plan(self) -> None:
         incident_key = self.stack.server.key()
         crashed = self.crash is not None
+        self.observe_only = []
         for planned in probes.plan_arms(self.stack, self.request):
+            if planned.when == "observe":
+                if planned.observe is not None and not crashed:
+                    self.observe_only.append(planned)
+                continue
             if planned.name != cause_rules.BASELINE and (
                 (planned.when == "crash" and not crashed)
                 or (crashed and planned.level == "request")
@@ -335,6 +342,8 @@ class Diagnoser:
                 timeout=self.options.request_timeout,
             )
         )
+        for planned in self.observe_only:
+            self._observe(planned, base, base)
         if self._base_failed(base):  # it crashed (or hung) on the observation requests
             self._crash_mode_after(base, log_dir)
             return
@@ -479,6 +488,7 @@ class Diagnoser:
             self.options.seed,
             self.options.request_timeout,
             self.options.divergence_seeds,
+            exchange=self.exchange or None,
         )
         facts: dict[str, Any] | None
         try:

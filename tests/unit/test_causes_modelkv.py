@@ -168,17 +168,6 @@ def test_model_file_needs_alternate_weights_and_a_reproduced_failure() -> None:
     assert _verdict("model-file", arms, _weights_obs(["Q4_0", "Q4_0"])).status == "suspected"
 
 
-def test_output_parsing_not_confirmed_from_raw_text_when_another_file_parses() -> None:
-    base = _arm("baseline", 8, 8, "baseline", tool_markup_leaked=8, empty_content=8)
-    base.raw_misplaced = 8
-    off = _arm("thinking-off", 8, 8, "unchanged", tool_markup_leaked=8)
-    arms = {"baseline": base, "thinking-off": off}
-    assert _verdict("output-parsing", arms, Observations()).status == "confirmed"
-    arms["alt-weights"] = _arm("alt-weights", 0, 8, "removes")
-    verdict = _verdict("output-parsing", arms, _weights_obs(["Q4_0", "Q4_0"]))
-    assert verdict.status == "suspected" and "not the parser" in verdict.rationale
-
-
 # --------------------------------------------------------------------------- conversion diff
 
 

@@ -74,19 +74,25 @@ def manifest_causes() -> dict[str, Any]:
         ),
         "speculative-decoding": _cause(
             False,
-            "suspected",
-            ["suspected", "rejected"],
-            "Not testable: the drill server runs without speculative decoding.",
+            "rejected",
+            ["rejected", "suspected"],
+            "The drill server runs without speculative decoding: structurally absent.",
+        ),
+        "kv-cache-quant": _cause(
+            False,
+            "rejected",
+            ["rejected"],
+            "The drill server's KV cache is f16 (no -ctk/-ctv): structurally absent.",
         ),
         "server-build": _cause(
             False, "suspected", ["suspected"], "Not testable: the drill has one build."
         ),
         "output-parsing": _cause(
             False,
-            "not-confirmed",
+            "rejected",
             ["rejected", "suspected"],
-            "The parser gets text without string delimiters; it is not the parser's fault, "
-            "and thinking off does not move the call out of harm's way.",
+            "The server parses what the file makes it generate: with the delimiter dropped "
+            "the reply is a clean stop with an empty answer, and the other conversion parses.",
         ),
         "token-limit": _cause(
             False,

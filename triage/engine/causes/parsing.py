@@ -60,19 +60,6 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
             supports=["baseline", "thinking-off"],
             deciding_probe="thinking-off",
         )
-    alt = arms.get("alt-weights")
-    if removes(alt) and base.raw_misplaced >= 2:
-        # The same binary (the same parser) parses another weights file's replies: what
-        # differs is the file's output (model-file / quantized-weights), not the parser.
-        assert alt is not None
-        return suspect(
-            ID,
-            f"in {base.raw_misplaced} failing replies the raw text holds output the parse "
-            f"lost, but the same server parses another weights file's replies: alt-weights "
-            f"{alt.kn()} (p={alt.p_value:.2g}); the model file's output, not the parser, differs",
-            "an alternate build (another parser) on the incident's weights",
-            supports=["baseline"],
-        )
     if base.raw_misplaced >= 2 and share(base, "length-stop") < 0.5:
         return Verdict(
             ID,

@@ -77,6 +77,7 @@ FINDING_KINDS: tuple[Term, ...] = (
     Term("timeout", 10),
     Term("server-crash", 11, "the server died serving the request (502, connection reset)"),
     Term("server-hang", 12, "the server stopped answering (504 from a proxy, a hung replay)"),
+    Term("mojibake", 17, "UTF-8 read as Latin-1/cp1252, or U+FFFD, in the visible output"),
 )
 
 # Causes in today's catalogue (files, JSON schema enums and the engine use these).

@@ -16,6 +16,7 @@ from sqlmodel import select
 
 from kb.models import Evidence, Incident
 from kb.store import Store
+from kb.vocab import FINDING_KINDS
 from triage.cli import cli
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "captures"
@@ -84,7 +85,8 @@ def test_check_json(db):
         violation["where"]
         == "$.response.choices[0].message.tool_calls[0].function.arguments.max_lines"
     )
-    assert len(item["findings"]) == 13  # one per check (server-crash, server-hang too)
+    # one per built-in check (server-crash, server-hang, mojibake too)
+    assert len(item["findings"]) == len(FINDING_KINDS)
 
 
 @pytest.mark.parametrize(
@@ -205,7 +207,7 @@ def test_capture_stores_every_exchange_as_evidence(db):
         "reasoning-exhausted-budget",
         "runaway-reasoning",
     ]
-    assert len(first.payload["findings"]) == 13  # one per check
+    assert len(first.payload["findings"]) == len(FINDING_KINDS)  # one per check
 
 
 def test_capture_attaches_to_an_incident(db):

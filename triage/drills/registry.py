@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from triage.drills import gemma4, model_file
+from triage.drills import gemma4, kv_cache, model_file
 from triage.drills.compiler import WEIGHT_FORMATS, compile_design
 from triage.drills.host import host_workaround_args, host_workaround_note
 from triage.drills.template import gemma4_template, template_sha256
@@ -257,6 +257,7 @@ _BUILDERS: dict[str, Callable[[Path, str], Drill]] = {
     "gemma4-thinking-budget": _thinking_budget,
     "gemma4-toolcall": _toolcall,
     model_file.NAME: model_file.build,
+    kv_cache.NAME: kv_cache.build,
 }
 
 

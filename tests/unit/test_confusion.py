@@ -66,8 +66,8 @@ def test_diagonal_confirmation_and_accepted_verdicts_are_ok() -> None:
     assert set(_marks(row).values()) == {OK}
     assert exit_code([row]) == 0
     model_file = next(c for c in row.cells if c.cause == "model-file")
-    assert model_file.deciding == "alt-weights 0/8"
-    assert "**confirmed** (alt-weights 0/8)" in render([row], CAUSES)
+    assert model_file.deciding == "alt-weights 0/8 vs 8/8"
+    assert "**confirmed** (alt-weights 0/8 vs 8/8)" in render([row], CAUSES)
 
 
 def test_confirmation_of_an_unlisted_or_unexpected_cause_is_off_diagonal() -> None:
@@ -104,7 +104,7 @@ def test_a_missed_expected_confirmation_is_a_mismatch() -> None:
     assert _marks(row)["kv-cache-quant"] == OK  # not listed, no verdict: not run
     assert exit_code([row]) == 1
     text = render([row], CAUSES)
-    assert "suspected (alt-weights 0/8) MISMATCH" in text and "mismatches: 1" in text
+    assert "suspected (alt-weights 0/8 vs 8/8) MISMATCH" in text and "mismatches: 1" in text
 
 
 def test_a_listed_cause_without_a_verdict_is_missing() -> None:

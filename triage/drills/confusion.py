@@ -88,7 +88,11 @@ def _deciding(cause: dict[str, Any], arms: dict[str, dict[str, Any]]) -> str:
     arm = arms.get(str(cause.get("deciding_probe") or ""))
     if not arm or not arm.get("n"):
         return ""
-    return f"{arm['name']} {arm['failures']}/{arm['n']}"
+    text = f"{arm['name']} {arm['failures']}/{arm['n']}"
+    base = arms.get("baseline")
+    if arm["name"] != "baseline" and base and base.get("n"):
+        text += f" vs {base['failures']}/{base['n']}"
+    return text
 
 
 def evaluate(
@@ -147,7 +151,8 @@ def render(rows: Sequence[Row], causes: Sequence[str]) -> str:
         "",
         f"drills: {len(rows)}; off-diagonal confirmations: {off}; expected-verdict "
         f"mismatches: {bad}; failed diagnoses: {errors}",
-        "(cell: verdict (deciding arm failures/n); unmarked = as the manifest expects, "
+        "(cell: verdict (deciding arm failures/n vs baseline failures/n); unmarked = as "
+        "the manifest expects, "
         f"{OFF_DIAGONAL} = confirmed but not expected, {MISMATCH} = not the manifest's "
         f"verdict, {NOT_RUN} = not decided in this run)",
     ]

@@ -10,7 +10,8 @@ so `call:get_weather{location:<|"|>Paris<|"|>}` reaches the tool-call parser as
 Both files hold the identical chain (the tool-call design of the shared toolcall drill with
 no leak branch: every reply calls get_weather) and the identical chat template; they differ
 in one token type only. The incident's file is `-broken.gguf`, the alternate `-fixed.gguf`.
-No speculative decoding (the incident is about the file), so that cause is untestable here.
+No speculative decoding and an f16 KV cache (the incident is about the file), so those causes
+are structurally absent (rejected).
 """
 
 from __future__ import annotations
@@ -176,7 +177,7 @@ def build(out_dir: Path, template: str) -> Drill:
                 "name": "greedy",
                 "role": "failing",
                 "file": "request-greedy.json",
-                "expect": {"failure_rate": 1.0, "tool_calls": 0},
+                "expect": {"failure_rate": 1.0, "tool_calls": 0, "finding": "empty-content"},
             }
         ],
         "causes": manifest_causes(),

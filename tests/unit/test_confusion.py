@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -152,3 +153,34 @@ def test_every_registered_drill_manifest_is_one_the_table_can_read(tmp_path: Any
         assert confirmed, name  # a drill exists to confirm its cause
         assert set(manifest["causes"]) <= catalogue, name
         confusion.failing_request(manifest)
+
+
+def test_a_drill_that_cannot_be_diagnosed_is_an_error_row_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    def broken(name: str, out: Any) -> Any:
+        raise FileNotFoundError("official Gemma 4 chat template not found")
+
+    monkeypatch.setattr("triage.drills.registry.build_drill", broken)
+    row = confusion.run_drill("gemma4-toolcall", tmp_path, CAUSES, None)
+    assert row.error.startswith("FileNotFoundError: official Gemma 4")
+    assert exit_code([row]) == 1
+
+
+def test_main_prints_the_table_writes_json_and_exits_nonzero_on_off_diagonal(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [
+        evaluate(
+            "d", MANIFEST, _diagnosis(model_file="confirmed", quantized_weights="confirmed"), CAUSES
+        )
+    ]
+    monkeypatch.setattr(confusion, "run", lambda names, cap=None: rows)
+    monkeypatch.setattr(confusion, "catalogue_causes", lambda: CAUSES)
+    out = tmp_path / "rows.json"
+    assert confusion.main(["--drills", "gemma4-toolcall", "--json", str(out)]) == 1
+    assert "| d | " in capsys.readouterr().out
+    saved = json.loads(out.read_text())
+    assert saved[0]["drill"] == "d"
+    marks = {c["cause"]: c["mark"] for c in saved[0]["cells"]}
+    assert marks["quantized-weights"] == OFF_DIAGONAL

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: all sysdeps venv server server-alt test test-unit test-integration bench demo ui lint clean sim
+.PHONY: all sysdeps venv server server-alt test test-unit test-integration bench demo ui lint clean sim confusion
 
 all: test
 
@@ -49,6 +49,13 @@ bench: sysdeps venv server server-alt
 SIM_ARGS ?=
 sim: venv
 	$(BIN)/python -m triage.simulate $(SIM_ARGS)
+
+# Every drill diagnosed on the real llama-server: drill x cause verdicts against the manifests;
+# fails on an off-diagonal confirmation or an expected-verdict mismatch.
+# CONFUSION_ARGS="--drills a,b --max-requests N --json FILE"
+CONFUSION_ARGS ?=
+confusion: venv server
+	$(BIN)/python -m triage.drills.confusion $(CONFUSION_ARGS)
 
 # DEMO_UI=--no-ui skips starting the web UI after the diagnosis.
 DEMO_UI ?= --ui

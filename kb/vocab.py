@@ -90,6 +90,7 @@ FINDING_KINDS: tuple[Term, ...] = (
     ),
     Term("reasoning-markup-in-content", 15, "thought markup (<think>, <|channel>) in content"),
     Term("client-lost-reply", 16, "the client's view lost tool calls or content the wire carried"),
+    Term("mojibake", 17, "UTF-8 read as Latin-1/cp1252, or U+FFFD, in the visible output"),
 )
 
 # Causes in today's catalogue (files, JSON schema enums and the engine use these).

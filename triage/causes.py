@@ -319,6 +319,22 @@ def observations_from(
     """The rules' view of a run: the built-in observations read into their fields, every
     observation (plugins' too) kept in `facts`."""
     template = facts.get("template-render", {})
+    server = getattr(stack, "server", None)
+    if server is not None and "server-config" not in facts:
+        # What the stack says about the incident's server, for rules that need its flags
+        # (only flags, never secrets; not stored as evidence). A bare URL has unknown args.
+        from triage.stackfile import kv_cache_types
+
+        args = tuple(getattr(server, "args", ()) or ())
+        url_only = bool(getattr(server, "url", None)) and getattr(server, "model", None) is None
+        facts = {
+            **facts,
+            "server-config": {
+                "name": "server-config",
+                "args_known": not url_only,
+                "kv_cache": kv_cache_types(args),
+            },
+        }
     confounder = facts.get("weights-confounder", {})
     return Observations(
         thinking_on_by_default=template.get("thinking_on"),

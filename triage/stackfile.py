@@ -196,6 +196,23 @@ def strip_spec_flags(args: tuple[str, ...] | list[str]) -> list[str]:
     return split_spec_flags(args)[0]
 
 
+# KV cache type flags of llama-server (K, V) and the types that are not quantized.
+KV_CACHE_FLAGS = {"k": ("-ctk", "--cache-type-k"), "v": ("-ctv", "--cache-type-v")}
+UNQUANTIZED_KV_TYPES = frozenset({"f16", "f32", "bf16"})
+
+
+def kv_cache_types(args: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """The K and V cache types the args set (llama-server's default for either is f16)."""
+    return {
+        part: (_flag_value(args, *names) or "f16").lower() for part, names in KV_CACHE_FLAGS.items()
+    }
+
+
+def kv_cache_quantized(args: tuple[str, ...] | list[str]) -> bool:
+    """Do the args quantize the K or the V cache (e.g. `-ctk q4_0`, `-ctv q8_0`)?"""
+    return any(t not in UNQUANTIZED_KV_TYPES for t in kv_cache_types(args).values())
+
+
 def set_flag(args: tuple[str, ...] | list[str], flag: str, value: str, *aliases: str) -> list[str]:
     """Replace (or append) `flag value`, removing any alias spellings of it."""
     names = {flag, *aliases}

@@ -85,7 +85,7 @@ def test_check_json(db):
         violation["where"]
         == "$.response.choices[0].message.tool_calls[0].function.arguments.max_lines"
     )
-    # one per check (server-crash, server-hang, repetition-to-context-end too)
+    # one per built-in check (server-crash, server-hang and every issue-13 kind too)
     assert len(item["findings"]) == len(FINDING_KINDS)
 
 

@@ -24,7 +24,9 @@ STATUSES = {"confirmed", "rejected", "suspected"}
 def test_public_surface():
     for name in drills.__all__:
         assert hasattr(drills, name), name
+    # The shared drills, plus the drills each issue-13 cause adds beside them.
     assert {"gemma4-thinking-budget", "gemma4-toolcall"} <= set(drills.list_drills())
+    assert drills.list_drills() == sorted(drills.list_drills())
 
 
 def test_thinking_budget_greedy_path_is_the_incident_shape():

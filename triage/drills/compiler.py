@@ -54,6 +54,30 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {
 }
 
 
+@dataclass(frozen=True)
+class ConstantAttention:
+    """An attention path whose output is the same at every position, stored in the V cache.
+
+    Q and K stay zero, so attention is uniform over the context; every position's V is the
+    same vector, so its mean is that vector whatever the context (the chain stays first
+    order). V holds `outlier` and `small` side by side in one 32-value quantization block;
+    the output projection carries only `small`, into a spare residual dimension whose
+    output row raises `token`'s logit by `delta`. A cache that keeps `small` (f16, q8_0)
+    adds `delta`; q4_0 rounds it to zero next to the outlier (scale outlier/8), so the
+    logit falls back to the designed one. Off (None) the model is byte-identical to before.
+
+    llama.cpp b11434 rotates every 64-wide chunk of V with an orthonormal Walsh-Hadamard
+    matrix before a quantized cache stores it, and rotates the output back (PR 21038); with
+    `small` <= 0.025 x `outlier` q4_0 still rounds the small direction to zero (see
+    triage.drills.kv_cache.cache_roundtrip).
+    """
+
+    token: int
+    delta: float
+    outlier: float = 1.0
+    small: float = 0.02
+
+
 def _round_up(value: int, multiple: int) -> int:
     return max(multiple, math.ceil(value / multiple) * multiple)
 
@@ -96,11 +120,16 @@ def compile_design(
     weight_format: str = "F32",
     chat_template: str | None = None,
     model_name: str | None = None,
+    attention: ConstantAttention | None = None,
 ) -> Path:
     """Write `design` as a GGUF file at `path` and return the path."""
     design.validate()
     fmt = WEIGHT_FORMATS[weight_format]
     logits, dims, fallback_dim = logit_matrix(design)
+    if attention is not None and fallback_dim + 1 >= logits.shape[0]:
+        # The attention path needs one spare residual dimension.
+        spare = np.full((HEAD_DIM, logits.shape[1]), -SUPPRESSED, dtype=np.float64)
+        logits = np.vstack([logits, spare])
     width, vocab_size = logits.shape
     scale = norm_scale(width)
 
@@ -144,12 +173,17 @@ def compile_design(
         writer.add_chat_template(chat_template)
 
     zeros_square = np.zeros((width, width), dtype=np.float32)
+    attn = {name: zeros_square for name in ("attn_q", "attn_k", "attn_v", "attn_output")}
+    if attention is not None:
+        attn["attn_v"], attn["attn_output"] = _constant_attention(attention, width, scale)
+        output[:, width - 1] = 0.0
+        output[attention.token, width - 1] = attention.delta / (scale * attention.small)
     _tensor(writer, "token_embd.weight", embedding, fmt.edge_type)
     _tensor(writer, "output_norm.weight", np.ones(width), Q.F32)
     _tensor(writer, "output.weight", output, fmt.edge_type)
     _tensor(writer, "blk.0.attn_norm.weight", np.ones(width), Q.F32)
-    for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
-        _tensor(writer, f"blk.0.{name}.weight", zeros_square, fmt.matrix_type)
+    for name, matrix in attn.items():
+        _tensor(writer, f"blk.0.{name}.weight", matrix, fmt.matrix_type)
     _tensor(writer, "blk.0.ffn_norm.weight", np.ones(width), Q.F32)
     _tensor(writer, "blk.0.ffn_gate.weight", np.zeros((FFN_WIDTH, width)), fmt.matrix_type)
     _tensor(writer, "blk.0.ffn_up.weight", np.zeros((FFN_WIDTH, width)), fmt.matrix_type)
@@ -160,6 +194,21 @@ def compile_design(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _constant_attention(
+    attention: ConstantAttention, width: int, scale: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(attn_v, attn_output) of a ConstantAttention: numpy row = output, column = input.
+
+    Every normalized input is `scale` on one dimension, so a row of `value / scale` gives V
+    component `value` for every token. The last residual dimension is the spare one."""
+    v = np.zeros((width, width), dtype=np.float32)
+    v[0, :] = attention.outlier / scale
+    v[1, :] = attention.small / scale
+    o = np.zeros((width, width), dtype=np.float32)
+    o[width - 1, 1] = 1.0
+    return v, o
 
 
 def stop_tokens(design: Design) -> set[int]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from triage.drills import client, gemma4, reason
+from triage.drills import client, gemma4, kv_cache, model_file, reason
 from triage.drills import context as context_drill
 from triage.drills.compiler import WEIGHT_FORMATS, compile_design
 from triage.drills.host import host_workaround_args, host_workaround_note
@@ -272,6 +272,8 @@ _BUILDERS: dict[str, Callable[[Path, str], Drill]] = {
     **reason.BUILDERS,  # gemma4-reasoning-leak, qwen35-structured-output (issue 13)
     client.STREAM_DRILL: client.client_content_only,
     client.CONVERSATION_DRILL: client.conversation_python_args,
+    model_file.NAME: model_file.build,
+    kv_cache.NAME: kv_cache.build,
 }
 
 

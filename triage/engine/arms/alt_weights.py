@@ -8,12 +8,22 @@ from pathlib import Path
 from typing import Any
 
 from triage import observe
+from triage.llama.gguf_diff import conversion_differences
 from triage.probes import ObserveContext, PlannedArm, relaunchable
 from triage.stackfile import ServerConfig, Stack
 
 
 async def confounder(ctx: ObserveContext) -> dict[str, Any]:
-    return await observe.weights_confounder(ctx.base, ctx.server, ctx.request, timeout=ctx.timeout)
+    """What else the alternate file changes; plus, for `model-file`, what its conversion
+    changes (tokenizer metadata, template) beside the tensors."""
+    facts = await observe.weights_confounder(ctx.base, ctx.server, ctx.request, timeout=ctx.timeout)
+    try:
+        facts["conversion_differs"] = conversion_differences(
+            Path(str(ctx.base.config.model)), Path(str(ctx.server.config.model))
+        )
+    except Exception as exc:  # noqa: BLE001 - recorded, not fatal
+        facts.setdefault("errors", []).append(f"conversion metadata: {exc}")
+    return facts
 
 
 @dataclass(frozen=True)
@@ -30,7 +40,7 @@ class AltWeights:
             self.id,
             f"alternate weights {Path(stack.alternate_model).name}",
             self.level,
-            ("quantized-weights",),
+            ("quantized-weights", "model-file"),
             config=ServerConfig(server.binary, stack.alternate_model, server.args),
             observe=confounder,
         )

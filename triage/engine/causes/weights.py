@@ -1,4 +1,7 @@
-"""quantized-weights: the weights file (quantization) degrades the output."""
+"""quantized-weights: the weights file (quantization) degrades the output.
+
+When the alternate file has the same quant type, its removing the failure points at the
+conversion (`model-file`), not the quantization: this cause then stays suspected."""
 
 from __future__ import annotations
 
@@ -36,6 +39,21 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
     if gate is not None:
         return gate
     assert alt is not None
+    quants = (obs.facts.get("weights-confounder") or {}).get("quantization")
+    same = (
+        quants[0]
+        if isinstance(quants, list) and len(quants) == 2 and quants[0] == quants[1]
+        else None
+    )
+    if removes(alt) and same:
+        return suspect(
+            ID,
+            f"alternate weights remove the failure ({alt.kn()}), but both files are "
+            f"{same}: what differs is the conversion, not the quantization "
+            "(see model-file)",
+            "alt-weights with another quant type of a known-good conversion",
+            supports=[ARM],
+        )
     if removes(alt) and obs.confounders:
         return suspect(
             ID,

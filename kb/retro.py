@@ -1,11 +1,14 @@
 """Retrospectives generated from an incident record, and their safe HTML rendering.
 
 Input is the record dict of `kb.files.load_record` (the shape of an incident file's front
-matter). Nothing is written that is not in the record, and every statement in the facts
-sections ends with the ids of the evidence it rests on, e.g. `[E6, E7]`, each a link to
-the evidence appendix at the end. Statements about the record itself (that something is
-*not* on record) are set in italics and cite nothing. Recorded text that has no evidence
-ids in the record (the incident's impact) is quoted and labelled as such.
+matter). One page to paste into a postmortem (issue 17): summary, impact, the client's
+error text, a timeline of real changes only, one line per cause with its deciding numbers,
+the decision and its way back, and the fix options with their measured cost. Nothing is
+written that is not in the record, and every claim in the facts sections ends with the ids
+of the evidence it rests on, e.g. `[E6, E7]`, each a link to a one-line entry in the
+evidence list at the end; the evidence itself (every replay) stays in the record. Statements
+about the record itself (that something is *not* on record, or recorded text that cites no
+evidence) are set in italics and cite nothing.
 
 Recorded text is escaped before it goes into the Markdown, so it cannot open links,
 tables or headings; the HTML is rendered by markdown-it-py with raw HTML off, and only
@@ -23,7 +26,7 @@ from typing import Any
 from markdown_it import MarkdownIt
 from mdit_py_plugins.anchors import anchors_plugin
 
-from kb.retrofix import fix_option_lines
+from kb.retrofix import fix_option_lines, p_text
 from kb.retrotext import (
     NO_EVIDENCE,
     _key_sort,
@@ -73,12 +76,11 @@ __all__ = [
 # The facts sections: every line in them cites evidence (tests check it).
 FACT_SECTIONS = (
     "Summary",
+    "Client's error",
     "Timeline",
-    "Symptoms",
-    "Hypotheses",
-    "What was suspected first",
-    "Confirmed, inferred, untested",
+    "Causes",
     "Decision",
+    "Fix options",
     "Same failure family",
 )
 # The generated section in an incident file's body sits between two Markdown link
@@ -107,8 +109,30 @@ def _link_keys(cause: dict[str, Any], relations: Sequence[str] | None = None) ->
 
 
 def _decisive_keys(cause: dict[str, Any]) -> list[str]:
-    """The evidence a cause's rationale rests on: supports/refutes links, else all links."""
-    return _link_keys(cause, ("supports", "refutes")) or _link_keys(cause)
+    """The evidence a cause's rationale rests on: supports/refutes links, else all links,
+    else the evidence of its latest status change that cites any."""
+    return (
+        _link_keys(cause, ("supports", "refutes"))
+        or _link_keys(cause)
+        or next(
+            (
+                [str(k) for k in change["evidence"]]
+                for change in reversed(cause.get("history") or [])
+                if change.get("evidence")
+            ),
+            [],
+        )
+    )
+
+
+def _rationale(cause: dict[str, Any]) -> str:
+    """Why the cause has its status: its rationale, else its latest change's."""
+    if cause.get("rationale"):
+        return str(cause["rationale"])
+    for change in reversed(cause.get("history") or []):
+        if change.get("rationale") and change.get("to") == cause.get("status"):
+            return str(change["rationale"])
+    return f"{cause.get('status')} on the record"
 
 
 def _arms(record: dict[str, Any]) -> list[dict[str, Any]]:
@@ -130,15 +154,22 @@ def _arm_text(arm: dict[str, Any]) -> str:
     ci = arm.get("ci95")
     if isinstance(ci, list) and len(ci) == 2 and all(isinstance(v, (int, float)) for v in ci):
         parts.append(f", 95% interval {ci[0]:.2f}-{ci[1]:.2f}")
-    p_value = arm.get("p_value")
-    if isinstance(p_value, (int, float)) and not isinstance(p_value, bool):
-        parts.append(f", p = {p_value:.2g} vs baseline")
+    parts.append(p_text(arm))
     if arm.get("decision"):
         parts.append(f", {escape(arm['decision'])}")
     return "".join(parts) + "."
 
 
 # --------------------------------------------------------------------------- sections
+
+_REVISIT_ARM = "revisit"  # kb.decisions.REVISIT_ARM: a re-measurement on a later stack
+_STATUS_ORDER = {"confirmed": 0, "rejected": 1, "suspected": 2}
+_EXCERPT = 240  # characters of a client's reply or an evidence summary shown inline
+
+
+def _excerpt(text: Any, limit: int = _EXCERPT) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3].rstrip() + "..."
 
 
 def _summary(record: dict[str, Any]) -> list[str]:
@@ -147,102 +178,167 @@ def _summary(record: dict[str, Any]) -> list[str]:
     symptoms = record.get("symptoms") or []
     if symptoms:
         lines.append(
-            "- **Symptoms:** "
+            "- **Failure:** "
             + " ".join(
                 cited(s.get("description"), s.get("evidence") or [], index) for s in symptoms
             )
         )
-    timeline = sorted(record.get("timeline") or [], key=lambda e: _timestamp(e.get("at")))
-    onset = next(
-        (
-            e
-            for e in timeline
-            if _timestamp(e.get("at")).date().isoformat() >= str(record.get("opened"))
-        ),
-        None,
-    )
-    if onset is not None:
-        lines.append(
-            f"- **Onset ({_when(onset.get('at'))}):** "
-            f"{cited(onset.get('event'), onset.get('evidence') or [], index)}"
-        )
-    groups = (
-        ("Confirmed", "confirmed"),
-        ("Rejected", "rejected"),
-        ("Still suspected", "suspected"),
-    )
+    groups = (("Cause", "confirmed"), ("Ruled out", "rejected"), ("Still open", "suspected"))
     for label, status in groups:
         causes = [c for c in record.get("causes") or [] if c.get("status") == status]
-        if causes:
+        tested = [c for c in causes if _decisive_keys(c)]
+        if tested:
             lines.append(
                 f"- **{label}:** "
-                + " ".join(
-                    f"{escape(c.get('title'))} ({escape(c.get('basis', 'untested'))}). "
-                    f"{cite(_decisive_keys(c))}"
-                    for c in causes
-                )
+                + " ".join(f"{escape(c.get('title'))}. {cite(_decisive_keys(c))}" for c in tested)
             )
+        if len(tested) < len(causes):
+            names = ", ".join(code(c.get("id")) for c in causes if not _decisive_keys(c))
+            lines.append(f"- *{label}, with no evidence on record: {names}.*")
     decisions = record.get("decisions") or []
     if decisions:
         last = decisions[-1]
-        lines.append(
-            f"- **Decision:** {escape(last.get('kind'))} on {_when(last.get('at'))}. "
-            f"{cite(last.get('evidence') or [])}"
-        )
-    if not lines:
-        lines.append("*Nothing is on record yet.*")
+        what = f"{escape(last.get('kind'))} on {_when(last.get('at'))}"
+        if last.get("evidence"):
+            lines.append(f"- **Decision:** {what}. {cite(last['evidence'])}")
+        else:
+            lines.append(f"- *Decision: {what}, citing no evidence.*")
+    return lines or ["*Nothing is on record yet.*"]
+
+
+def _impact(record: dict[str, Any]) -> list[str]:
     impact = str(record.get("impact") or "").strip()
-    if impact:
-        quoted = link_ids(escape(impact), index)
-        label = (
-            "*Impact as recorded:*"
-            if "](#evidence-" in quoted
-            else "*Impact as recorded (the record links no evidence ids to this text):*"
-        )
-        lines += ["", label, "", f"> {quoted}"]
-    return lines
+    if not impact:
+        return ["*No impact is recorded.*"]
+    quoted = link_ids(escape(impact), evidence_index(record))
+    if "](#evidence-" in quoted:
+        return ["*As recorded:*", "", f"> {quoted}"]
+    return ["*As recorded (the record links no evidence to this text):*", "", f"> {quoted}"]
+
+
+def _client_error(record: dict[str, Any]) -> list[str]:
+    """What the client saw: the error text of each captured failing exchange (first three)."""
+    lines = []
+    for item in record.get("evidence") or []:
+        exchange = (item.get("payload") or {}).get("exchange")
+        if item.get("kind") != "exchange" or not isinstance(exchange, dict):
+            continue
+        lines.append(f"- {_error_text(exchange)} {cite([str(item.get('id'))])}")
+        if len(lines) == 3:
+            break
+    return lines or ["*No captured exchange is on record.*"]
+
+
+def _error_text(exchange: dict[str, Any]) -> str:
+    parts = []
+    if exchange.get("status"):
+        parts.append(f"HTTP {escape(exchange['status'])}")
+    response = exchange.get("response")
+    choice: dict[str, Any] = {}
+    if isinstance(response, dict):
+        choices = response.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            choice = choices[0]
+    if choice.get("finish_reason"):
+        parts.append(f"finish\\_reason {code(choice['finish_reason'])}")
+    error = exchange.get("error")
+    if not error and isinstance(response, dict):
+        error = response.get("error")
+    if isinstance(error, dict):
+        error = error.get("message") or error
+    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    content = message.get("content") if isinstance(message, dict) else None
+    if error:
+        text = f"error {code(_excerpt(_value(error)))}"
+    elif isinstance(content, str) and content.strip():
+        text = f"the reply shown ({len(content)} chars) {code(_excerpt(content))}"
+    elif isinstance(content, str) or choice:
+        text = "the reply's content was empty"
+    else:
+        text = f"reply {code(_excerpt(exchange.get('response_text') or ''))}"
+    return (", ".join(parts) + "; " if parts else "") + text + "."
 
 
 TimelineEntry = tuple[datetime, int, int, str]
-"""(when, source rank: recorded / cause change / arm / decision, order, text)."""
-StartGroup = tuple[str, str, str, str, tuple[str, ...]]
-"""(at, to, actor, rationale, evidence keys) of a cause's first status."""
+"""(when, source rank: recorded / capture / cause change / revisit / decision, order, text)."""
 
 
 def _timeline(record: dict[str, Any]) -> list[str]:
+    """Real changes only: recorded events, captures, status moves, revisits, decisions."""
     index = evidence_index(record)
     recorded = list(record.get("timeline") or [])
     entries: list[TimelineEntry] = []
     for position, entry in enumerate(recorded):
         keys = [str(k) for k in entry.get("evidence") or []]
-        entries.append(
-            (
-                _timestamp(entry.get("at")),
-                0,
-                position,
-                f"**{_when(entry.get('at'))}**: {cited(entry.get('event'), keys, index)}",
-            )
-        )
-    order = _add_cause_changes(entries, record, recorded, index)
-    for arm in _arms(record):
-        order += 1
-        if _represented(recorded, arm["_at"], [arm["_id"]]):
+        text = f"**{_when(entry.get('at'))}**: {cited(entry.get('event'), keys, index)}"
+        entries.append((_timestamp(entry.get("at")), 0, position, text))
+    _add_captures(entries, record, recorded)
+    _add_cause_moves(entries, record, recorded)
+    for position, arm in enumerate(_arms(record)):
+        if arm.get("arm") != _REVISIT_ARM or _represented(recorded, arm["_at"], [arm["_id"]]):
             continue
         text = f"**{_when(arm['_at'])}**: {_arm_text(arm)} {cite([arm['_id']])}"
-        entries.append((_timestamp(arm["_at"]), 2, order, text))
-    for decision in record.get("decisions") or []:
-        order += 1
+        entries.append((_timestamp(arm["_at"]), 3, position, text))
+    for position, decision in enumerate(record.get("decisions") or []):
         kind = str(decision.get("kind"))
         if _represented(recorded, decision.get("at"), [], word=kind):
             continue
         by = f" (by {escape(decision['by'])})" if decision.get("by") else ""
-        text = (
-            f"**{_when(decision.get('at'))}**: Decision {escape(kind)}{by}. "
-            f"{cite(decision.get('evidence') or [])}"
-        )
-        entries.append((_timestamp(decision.get("at")), 3, order, text))
+        keys = decision.get("evidence") or []
+        when = _when(decision.get("at"))
+        text = f"**{when}**: Decision {escape(kind)}{by}. {cite(keys)}"
+        if not keys:
+            text = f"*{when}: Decision {escape(kind)}{by}, citing no evidence.*"
+        entries.append((_timestamp(decision.get("at")), 4, position, text))
     entries.sort(key=lambda e: (e[0], e[1], e[2]))
     return [f"- {text}" for *_, text in entries] or ["*No timeline is on record.*"]
+
+
+def _add_captures(
+    entries: list[TimelineEntry], record: dict[str, Any], recorded: list[dict[str, Any]]
+) -> None:
+    """One line per captured source file: when its first exchange was recorded."""
+    by_source: dict[str, list[dict[str, Any]]] = {}
+    for item in record.get("evidence") or []:
+        if item.get("kind") == "exchange":
+            by_source.setdefault(str(item.get("source") or "a capture"), []).append(item)
+    for position, (source, items) in enumerate(by_source.items()):
+        keys = [str(i.get("id")) for i in items]
+        first = min(items, key=lambda i: _timestamp(i.get("recorded_at")))
+        if _represented(recorded, first.get("recorded_at"), keys):
+            continue
+        count = "a failing exchange" if len(items) == 1 else f"{len(items)} exchanges"
+        text = f"**{_when(first.get('recorded_at'))}**: Captured {count} from {code(source)}."
+        entries.append((_timestamp(first.get("recorded_at")), 1, position, f"{text} {cite(keys)}"))
+
+
+def _add_cause_moves(
+    entries: list[TimelineEntry], record: dict[str, Any], recorded: list[dict[str, Any]]
+) -> None:
+    """The causes' status changes, one line per moment and actor. A status recorded again
+    (a rerun confirming a confirmed cause) is no change, and a candidate opened with no
+    evidence (the engine's catalogue list) is no finding."""
+    moments: dict[tuple[datetime, str], list[tuple[str, list[str]]]] = {}
+    latest: dict[tuple[datetime, str], datetime] = {}
+    for cause in record.get("causes") or []:
+        for change in cause.get("history") or []:
+            keys = [str(k) for k in change.get("evidence") or []]
+            if change.get("from") == change.get("to") or (not change.get("from") and not keys):
+                continue
+            if _represented(recorded, change.get("at"), keys):
+                continue
+            moved = f"{escape(change.get('from'))} -\\> " if change.get("from") else ""
+            minute = _timestamp(change.get("at")).replace(second=0, microsecond=0)
+            moment = (minute, str(change.get("actor")))
+            moments.setdefault(moment, []).append(
+                (f"{code(cause.get('id'))} {moved}{escape(change.get('to'))}", keys)
+            )
+            latest[moment] = max(latest.get(moment, minute), _timestamp(change.get("at")))
+    for position, ((minute, actor), moves) in enumerate(moments.items()):
+        keys = [k for _, move_keys in moves for k in move_keys]
+        text = f"**{_when(minute)}**: {escape(actor)}: {'; '.join(m for m, _ in moves)}."
+        moment = (minute, actor)
+        entries.append((latest[moment], 2, position, f"{text} {cite(keys)}"))
 
 
 def _represented(
@@ -262,200 +358,26 @@ def _represented(
     return False
 
 
-def _add_cause_changes(
-    entries: list[TimelineEntry],
-    record: dict[str, Any],
-    recorded: list[dict[str, Any]],
-    index: dict[str, str],
-) -> int:
-    """Add the causes' status changes the recorded timeline does not tell; how many changes
-    were seen (the order the later entries continue from)."""
-    order = 0
-    # Real changes only: a status recorded again (a rerun confirming a confirmed cause) is
-    # not a change, and causes that start together for one reason (the engine's candidate
-    # list) share one line.
-    starts: dict[StartGroup, list[dict[str, Any]]] = {}
-    for cause in record.get("causes") or []:
-        for change in cause.get("history") or []:
-            keys = [str(k) for k in change.get("evidence") or []]
-            order += 1
-            if change.get("from") == change.get("to") or _represented(
-                recorded, change.get("at"), keys
-            ):
-                continue
-            if not change.get("from"):
-                group = (
-                    str(change.get("at")),
-                    str(change.get("to")),
-                    str(change.get("actor")),
-                    str(change.get("rationale")),
-                    tuple(keys),
-                )
-                starts.setdefault(group, []).append(cause)
-                if len(starts[group]) > 1:
-                    continue
-            moved = f"{escape(change.get('from'))} -\\> " if change.get("from") else ""
-            text = (
-                f"**{_when(change.get('at'))}**: {escape(cause.get('title'))} "
-                f"({code(cause.get('id'))}) {moved}{escape(change.get('to'))} "
-                f"by {escape(change.get('actor'))}: {cited(change.get('rationale'), keys, index)}"
-            )
-            entries.append((_timestamp(change.get("at")), 1, order, text))
-    _merge_shared_starts(entries, starts, index)
-    return order
-
-
-def _merge_shared_starts(
-    entries: list[TimelineEntry],
-    starts: dict[StartGroup, list[dict[str, Any]]],
-    index: dict[str, str],
-) -> None:
-    """Causes that started together for one reason: the first one's line names them all."""
-    for (at, to, actor, rationale, shared_keys), causes in starts.items():
-        if len(causes) < 2:
-            continue
-        first = next(i for i, e in enumerate(entries) if code(causes[0].get("id")) in e[3])
-        names = ", ".join(f"{escape(c.get('title'))} ({code(c.get('id'))})" for c in causes)
-        entries[first] = (
-            *entries[first][:3],
-            (
-                f"**{_when(at)}**: {names} {escape(to)} by {escape(actor)}: "
-                f"{cited(rationale, list(shared_keys), index)}"
-            ),
-        )
-
-
-def _symptoms(record: dict[str, Any]) -> list[str]:
+def _causes(record: dict[str, Any]) -> list[str]:
+    """One line per cause: status, basis, and the rationale with its deciding numbers."""
     index = evidence_index(record)
-    lines = []
-    for symptom in record.get("symptoms") or []:
-        keys = [str(k) for k in symptom.get("evidence") or []]
-        kind = f" ({escape(symptom['kind'])})" if symptom.get("kind") else ""
-        description = cited(symptom.get("description"), keys, index)
-        text = f"- **{escape(symptom.get('id'))}**{kind}: {description}"
-        observed = symptom.get("observed") or {}
-        if observed:
-            values = "; ".join(f"{escape(k)} {code(_value(v))}" for k, v in observed.items())
-            text += f" Observed: {values}. {cite(keys)}"
-        lines.append(text)
-    return lines or ["*No symptoms are on record.*"]
-
-
-def _hypotheses(record: dict[str, Any]) -> list[str]:
-    index = evidence_index(record)
-    causes = record.get("causes") or []
-    if not causes:
-        return ["*No hypotheses are on record.*"]
-    lines = [
-        "| Hypothesis | Status | Basis | Moved by | Evidence |",
-        "|---|---|---|---|---|",
-    ]
-    for cause in causes:
-        moves = []
-        for change in cause.get("history") or []:
-            moves.append(
-                f"{escape(change.get('to'))} {_when(change.get('at'))} "
-                f"{cite(change.get('evidence') or [])}"
-            )
-        by_relation: dict[str, list[str]] = {}
-        for link in cause.get("evidence") or []:
-            by_relation.setdefault(str(link.get("relation")), []).append(str(link.get("id")))
-        evidence = "; ".join(f"{escape(rel)} {cite(keys)}" for rel, keys in by_relation.items())
-        lines.append(
-            f"| {escape(cause.get('title'))} ({escape(cause.get('id'))}) "
-            f"| **{escape(cause.get('status'))}** | {escape(cause.get('basis', 'untested'))} "
-            f"| {'; '.join(moves) or NO_EVIDENCE} | {evidence or NO_EVIDENCE} |"
-        )
-    lines.append("")
-    for cause in causes:
-        rationale = cause.get("rationale")
-        if not rationale:
-            continue
-        lines.append(
-            f"- **{escape(cause.get('title'))}** ({escape(cause.get('status'))}, "
-            f"{escape(cause.get('basis', 'untested'))}): "
-            f"{cited(rationale, _link_keys(cause), index)}"
-        )
-        for link in cause.get("evidence") or []:
-            if link.get("note"):
-                lines.append(
-                    f"  - {escape(link.get('relation'))}: "
-                    f"{cited(str(link['note']).rstrip('.') + '.', [str(link.get('id'))])}"
-                )
-    return lines
-
-
-def _first_suspicion(record: dict[str, Any]) -> list[str]:
-    index = evidence_index(record)
-    candidates = []
-    for position, cause in enumerate(record.get("causes") or []):
-        if cause.get("status") != "rejected":
-            continue
-        history = cause.get("history") or []
-        if not history:
-            continue
-        first = next((h for h in history if h.get("to") == "suspected"), history[0])
-        candidates.append((_timestamp(first.get("at")), position, cause, first))
-    if not candidates:
-        return ["*No suspected cause has been rejected on the record.*"]
-    _, _, cause, first = min(candidates, key=lambda c: (c[0], c[1]))
-    lines = [
-        f"The first suspect that was later rejected: **{escape(cause.get('title'))}** "
-        f"({code(cause.get('id'))}), suspected on {_when(first.get('at'))} by "
-        f"{escape(first.get('actor'))}: "
-        f"{cited(first.get('rationale'), first.get('evidence') or [], index)}",
-        "",
-    ]
-    rejection = next(
-        (h for h in reversed(cause.get("history") or []) if h.get("to") == "rejected"), None
+    causes = sorted(
+        record.get("causes") or [], key=lambda c: _STATUS_ORDER.get(str(c.get("status")), 3)
     )
-    if rejection is not None:
-        lines.append(
-            f"Rejected on {_when(rejection.get('at'))} by {escape(rejection.get('actor'))}: "
-            f"{cited(rejection.get('rationale'), rejection.get('evidence') or [], index)}"
-        )
-    refuting = _link_keys(cause, ("refutes",))
-    evidence = _evidence(record)
-    for key in refuting:
-        item = evidence.get(key)
-        if item is not None:
-            lines += ["", f"- {cited(item.get('summary'), [key])}"]
-    return lines
-
-
-def _labelled(record: dict[str, Any]) -> list[str]:
-    groups: list[tuple[str, list[dict[str, Any]]]] = [
-        ("Confirmed (measured)", []),
-        ("Rejected (measured)", []),
-        ("Measured, not decided", []),
-        ("Only inferred (no deciding measurement on record)", []),
-        ("Untested", []),
-    ]
-    for cause in record.get("causes") or []:
-        basis, status = cause.get("basis", "untested"), cause.get("status")
-        if basis == "measured" and status == "confirmed":
-            groups[0][1].append(cause)
-        elif basis == "measured" and status == "rejected":
-            groups[1][1].append(cause)
-        elif basis == "measured":
-            groups[2][1].append(cause)
-        elif basis == "inferred":
-            groups[3][1].append(cause)
-        else:
-            groups[4][1].append(cause)
     lines = []
-    for label, causes in groups:
-        for cause in causes:
+    for cause in causes:
+        head = (
+            f"{escape(cause.get('title'))} ({code(cause.get('id'))}), "
+            f"{escape(cause.get('status'))}, {escape(cause.get('basis', 'untested'))}"
+        )
+        keys = _decisive_keys(cause)
+        if not keys:  # a statement about the record, in italics: nothing to cite
             probe = cause.get("deciding_probe")
-            status = escape(cause.get("status"))
-            pending = ""
-            if probe and basis_pending(cause):
-                pending = f"; deciding probe not run on record: {code(probe)}"
-            lines.append(
-                f"- **{label}:** {escape(cause.get('title'))} (status {status}{pending}). "
-                f"{cite(_decisive_keys(cause))}"
-            )
-    return lines or ["*No hypotheses are on record.*"]
+            pending = f"; deciding probe not run: {code(probe)}" if probe else ""
+            lines.append(f"- *{head}: no evidence on record{pending}.*")
+            continue
+        lines.append(f"- **{head}**: {cited(_rationale(cause), _link_keys(cause) or keys, index)}")
+    return lines or ["*No causes are on record.*"]
 
 
 def basis_pending(cause: dict[str, Any]) -> bool:
@@ -486,15 +408,25 @@ def _decisions(record: dict[str, Any]) -> list[str]:
     for decision in record.get("decisions") or []:
         keys = [str(k) for k in decision.get("evidence") or []]
         by = f" by {escape(decision['by'])}" if decision.get("by") else ""
-        lines.append(
-            f"- **{escape(decision.get('kind'))}** on {_when(decision.get('at'))}{by}: "
-            f"{cited(decision.get('rationale'), keys, index, narrow=True)}"
-        )
+        head = f"{escape(decision.get('kind'))} on {_when(decision.get('at'))}{by}"
+        parts = [("", decision.get("rationale"))]
         if decision.get("tradeoff"):
-            lines.append(f"  - Tradeoff: {cited(decision['tradeoff'], keys, index, narrow=True)}")
+            parts.append(("Tradeoff", decision["tradeoff"]))
         if decision.get("fix"):
             label = "verified" if decision.get("verified") else "not verified"
-            lines.append(f"  - Fix ({label}): {cited(decision['fix'], keys, index, narrow=True)}")
+            parts.append((f"Fix ({label})", decision["fix"]))
+        if keys:
+            for label, text in parts:
+                prefix = f"- **{head}**: " if not label else f"  - {label}: "
+                lines.append(prefix + cited(text, keys, index, narrow=True))
+        else:
+            # Nothing on record backs it: the decision's own words, as recorded, uncited.
+            lines.append(f"- *{head}; the decision cites no evidence.*")
+            lines += [
+                f"  - *{label or 'Why'}, as recorded: {link_ids(escape(text), index).rstrip('.')}.*"
+                for label, text in parts
+                if text
+            ]
         plan = []
         if decision.get("revisit_on"):
             plan.append(f"revisit on {_when(decision['revisit_on'])}")
@@ -543,25 +475,22 @@ def _references(record: dict[str, Any]) -> list[str]:
 
 
 def _appendix(record: dict[str, Any], body: str, level: int) -> list[str]:
+    """One short entry per cited id (its anchor, kind, time and summary); the evidence
+    itself, every replay included, stays in the record (`triage incidents show`, export)."""
     evidence = _evidence(record)
     used = {m.group(1).replace("\\", "") for m in _CITE_RE.finditer(body)}
     hashes = "#" * level
     lines: list[str] = []
     for key in sorted(used, key=_key_sort):
         item = evidence.get(key)
-        lines.append(f"{hashes} Evidence {escape(key)}")
-        lines.append("")
+        lines += [f"{hashes} Evidence {escape(key)}", ""]
         if item is None:
-            lines.append("*This id is not in the record's evidence.*")
-            lines.append("")
+            lines += ["*This id is not in the record's evidence.*", ""]
             continue
-        meta = [escape(item.get("kind")), f"recorded {_when(item.get('recorded_at'))}"]
+        meta = [escape(item.get("kind")), _when(item.get("recorded_at"))]
         if item.get("source"):
-            meta.append(f"source: {escape(item['source'])}")
-        lines.append(f"*{', '.join(meta)}*")
-        lines.append("")
-        lines.append(escape(item.get("summary")))
-        lines.append("")
+            meta.append(escape(_excerpt(item["source"], 80)))
+        lines += [f"*{', '.join(meta)}:* {escape(_excerpt(item.get('summary')))}", ""]
     return lines or ["*No evidence is cited.*", ""]
 
 
@@ -569,34 +498,35 @@ def _appendix(record: dict[str, Any], body: str, level: int) -> list[str]:
 
 
 def retro_markdown(record: dict[str, Any], *, level: int = 1) -> str:
-    """The retrospective of one incident record as Markdown (title at heading `level`)."""
+    """The retrospective of one incident record as Markdown (title at heading `level`): one
+    page to paste into a postmortem, every claim cited, the evidence linked not inlined."""
     top, sub = "#" * level, "#" * (level + 1)
+    slug = record.get("slug")
     header = [
-        f"{top} Retrospective: {escape(record.get('title', record.get('slug', 'incident')))}",
+        f"{top} Retrospective: {escape(record.get('title', slug or 'incident'))}",
         "",
-        f"*Incident {code(record.get('slug'))}, opened {escape(record.get('opened'))}, "
-        f"status {escape(record.get('status'))}. Generated from the incident record: every "
-        "statement cites the evidence it rests on (appendix at the end); nothing else is "
-        "added.*",
+        f"*Incident {code(slug)}, opened {escape(record.get('opened'))}, status "
+        f"{escape(record.get('status'))}. Generated from the incident record: every claim "
+        "cites its evidence (listed at the end); the full evidence, every replay included, "
+        f"is in the record ({code(f'triage incidents show {slug}')}, {code('triage export')}).*",
         "",
     ]
     arms = _arms(record)
     sections = [
         ("Summary", _summary(record)),
+        ("Impact", _impact(record)),
+        ("Client's error", _client_error(record)),
         ("Timeline", _timeline(record)),
-        ("Symptoms", _symptoms(record)),
-        ("Hypotheses", _hypotheses(record)),
-        ("What was suspected first", _first_suspicion(record)),
-        ("Confirmed, inferred, untested", _labelled(record)),
+        ("Causes", _causes(record)),
         ("Decision", _decisions(record)),
         # Only for diagnosed incidents (arm measurements on record); every line cites.
         *([("Fix options", fix_option_lines(arms, escape, cite))] if arms else []),
-        ("Same failure family", _family(record)),
-        ("References", _references(record)),
+        *([("Same failure family", _family(record))] if record.get("family") else []),
+        *([("References", _references(record))] if record.get("references") else []),
     ]
     body_lines: list[str] = []
     for title, lines in sections:
-        body_lines += [f"{sub} {title}", "", *lines, ""]
+        body_lines += [f"{sub} {escape(title)}", "", *lines, ""]
     body = "\n".join(body_lines)
     appendix = [f"{sub} Evidence", "", *_appendix(record, body, level + 2)]
     text = "\n".join(header) + "\n" + body + "\n" + "\n".join(appendix)

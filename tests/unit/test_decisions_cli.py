@@ -209,7 +209,7 @@ def test_retro_markdown_html_and_errors(triage, tmp_path: Path) -> None:  # type
     markdown = triage("retro", REFERENCE)
     assert markdown.exit_code == 0
     assert markdown.output.startswith("# Retrospective: Gemma 4 on llama-server")
-    assert "## What was suspected first" in markdown.output
+    assert "## Causes" in markdown.output
     out = tmp_path / "retro" / "r.html"
     html = triage("retro", REFERENCE, "--html", "--out", str(out))
     assert html.exit_code == 0 and html.output.strip() == f"wrote {out}"

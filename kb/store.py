@@ -546,3 +546,17 @@ def attach_evidence(
             held[digest] = new_key
         results.append((key, row.key, False))
     return results
+
+
+def evidence_payloads(session: Session, slug: str, keys: list[str]) -> dict[str, dict[str, Any]]:
+    """Evidence key -> payload for these keys of one incident (unknown keys are left out);
+    e.g. the arm measurements behind a printed diagnosis."""
+    incident = get_incident(session, slug)
+    if incident is None or not keys:
+        return {}
+    rows = session.exec(
+        select(Evidence.key, Evidence.payload).where(
+            Evidence.incident_id == incident.id, col(Evidence.key).in_(keys)
+        )
+    ).all()
+    return {key: dict(payload or {}) for key, payload in rows}

@@ -20,7 +20,7 @@ from kb.store import Store
 pytestmark = pytest.mark.integration
 
 LIMIT = 8 * 1024
-CITATION = re.compile(r"\\\[(?:\[[^\]]+\]\(#evidence-[\w-]+\)(?:, )?)+\\\]\.?$")
+CITATION = re.compile(r"\\\[(?:\[[^\]]+\]\(#[\w-]+\)(?:, )?)+\\\]\.?$")
 ITALIC_STATEMENT = re.compile(r"^(- )?\*[^*].*\*$")
 
 
@@ -108,4 +108,5 @@ def test_retro_html_links_every_citation(parked: dict[str, Any]) -> None:
     ids = set(re.findall(r' id="([^"]+)"', html))
     hrefs = set(re.findall(r'href="#([^"]+)"', html))
     assert hrefs and hrefs <= ids
-    assert len(html.encode("utf-8")) < 2 * LIMIT
+    # The page Markdown renders to, tags, anchors and style included (8.1 KB measured).
+    assert len(html.encode("utf-8")) < 1.5 * LIMIT

@@ -102,7 +102,7 @@ def test_timeline_has_real_changes_only() -> None:
     # confirmed cause again are no changes: one line, the real move, cited.
     assert timeline == [
         "- **2026-07-01 10:00 UTC**: engine: `speculative-decoding` suspected -\\> confirmed. "
-        "\\[[E2](#evidence-e2)\\]"
+        "\\[[E2](#e2)\\]"
     ]
 
 
@@ -126,7 +126,7 @@ def test_fix_options_show_removal_and_speed_side_by_side_with_citations() -> Non
     assert line.startswith("- **spec-off** (spec-off variant): removes the failure, ")
     assert "0/16 failed vs 6/16 failed, p = 0.018 vs baseline" in line
     assert "decode speed 1437 -> 1000 tok/s (-30%)" in line
-    cited = re.findall(r"\[(E\d+)\]\(#evidence-e\d+\)", line)
+    cited = re.findall(r"\[(E\d+)\]\(#e\d+\)", line)
     assert cited == ["E2", "E1"]
 
 

@@ -49,6 +49,16 @@ def test_progress_lines_carry_elapsed_time_and_an_eta(capsys: pytest.CaptureFixt
     assert "[#####...............] 1/4" in lines[5]
 
 
+def test_a_known_good_search_is_named_in_the_eta(capsys: pytest.CaptureFixture[str]) -> None:
+    clock = FakeClock()
+    show = ProgressPrinter(clock)
+    show(ProgressEvent("plan", "2 request arms, 0 server arms, known-good search over ['model']"))
+    clock.now += 6
+    show(ProgressEvent("probe", "look 1/2", 1, 2))
+    line = capsys.readouterr().err.splitlines()[1]
+    assert line.endswith("(0:06 elapsed, at most ~0:06 left + the known-good search)")
+
+
 def test_progress_without_a_plan_shows_elapsed_only(capsys: pytest.CaptureFixture[str]) -> None:
     clock = FakeClock()
     show = ProgressPrinter(clock)

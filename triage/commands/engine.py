@@ -55,6 +55,7 @@ class ProgressPrinter:
         self.started: float | None = None
         self.server_arms: int | None = None
         self.server_arms_started = 0
+        self.known_good = False
         self.look_seconds = 0.0
         self.looks = 0
         self.last_look: float | None = None
@@ -69,13 +70,17 @@ class ProgressPrinter:
             filled = int(20 * event.done / event.total)
             bar = "[" + "#" * filled + "." * (20 - filled) + f"] {event.done}/{event.total} "
         timing = f"  ({_clock(now - self.started)} elapsed"
-        timing += f", at most ~{_clock(eta)} left)" if eta is not None else ")"
+        if eta is not None:
+            extra = " + the known-good search" if self.known_good else ""
+            timing += f", at most ~{_clock(eta)} left{extra}"
+        timing += ")"
         click.echo(f"  {event.stage:7} {bar}{event.message}{timing}", err=True)
 
     def _track(self, event: Any, now: float) -> float | None:
         if event.stage == "plan":
             match = _PLAN.search(str(event.message))
             self.server_arms = int(match.group(2)) if match else None
+            self.known_good = "known-good" in str(event.message)  # arms planned later
             self.last_look = now  # the first look is timed from the plan
         elif event.stage == "launch" and str(event.message).startswith("starting server for"):
             self.server_arms_started += 1

@@ -148,3 +148,36 @@ def test_fix_options_without_speed_and_without_arms() -> None:
     ]
     record["evidence"] = []
     assert "## Fix options" not in retro_markdown(record)
+
+
+def _with_exchange(exchange: dict[str, Any]) -> dict[str, Any]:
+    record = _diagnosed()
+    record["evidence"].insert(
+        0,
+        {
+            "id": "E9",
+            "kind": "exchange",
+            "summary": "failing exchange",
+            "source": "capture.json",
+            "recorded_at": AT,
+            "payload": {"exchange": exchange},
+        },
+    )
+    return record
+
+
+def test_the_clients_error_text_is_quoted_and_cited() -> None:
+    error = {
+        "status": 500,
+        "response": {"error": {"code": 500, "message": "Failed to parse input at pos 12"}},
+    }
+    (line,) = _section(retro_markdown(_with_exchange(error)), "Client's error")
+    assert line == "- HTTP 500; error `Failed to parse input at pos 12`. \\[[E9](#e9)\\]"
+    empty = {"response": {"choices": [{"finish_reason": "length", "message": {"content": ""}}]}}
+    (line,) = _section(retro_markdown(_with_exchange(empty)), "Client's error")
+    assert line == "- finish\\_reason `length`; the reply's content was empty. \\[[E9](#e9)\\]"
+    long_reply = {"response": {"choices": [{"message": {"content": "word " * 100}}]}}
+    (line,) = _section(retro_markdown(_with_exchange(long_reply)), "Client's error")
+    assert "(500 chars)" in line and "...`." in line and len(line) < 300
+    timeline = _section(retro_markdown(_with_exchange(error)), "Timeline")
+    assert timeline[0].startswith("- **2026-07-01 10:00 UTC**: Captured a failing exchange from ")

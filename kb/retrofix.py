@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["fix_options", "fix_option_lines"]
+__all__ = ["fix_options", "fix_option_lines", "p_text"]
 
 
 def _number(value: Any) -> float | None:
@@ -35,6 +35,16 @@ def fix_options(arms: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[s
         else:
             latest.pop(name, None)  # a later run no longer removes it
     return list(latest.values())
+
+
+def p_text(arm: dict[str, Any]) -> str:
+    """ ", one-sided p = 0.019 vs baseline": the p-value the arm's decision uses (the
+    one-sided `p_less`); older records carry only the two-sided `p_value`."""
+    one_sided = _number(arm.get("p_less"))
+    if one_sided is not None:
+        return f", one-sided p = {one_sided:.2g} vs baseline"
+    p_value = _number(arm.get("p_value"))
+    return f", p = {p_value:.2g} vs baseline" if p_value is not None else ""
 
 
 def _rate(arm: dict[str, Any] | None) -> str:
@@ -66,12 +76,10 @@ def fix_option_lines(
     lines = []
     for arm, baseline in fix_options(arms):
         variant = f" ({escape(arm['variant'])})" if arm.get("variant") else ""
-        p_value = _number(arm.get("p_value"))
-        p_text = f", p = {p_value:.2g}" if p_value is not None else ""
         keys = [arm["_id"]] + ([baseline["_id"]] if baseline else [])
         lines.append(
             f"- **{escape(arm.get('arm'))}**{variant}: removes the failure, "
-            f"{_rate(arm)} vs {_rate(baseline)} at baseline{p_text}; "
+            f"{_rate(arm)} vs {_rate(baseline)}{p_text(arm)}; "
             f"{_speed(arm, baseline)}. {cite(keys)}"
         )
     return lines or ["*No probe arm on record removed the failure.*"]

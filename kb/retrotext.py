@@ -42,8 +42,9 @@ def code(text: Any) -> str:
 
 
 def evidence_anchor(key: str) -> str:
-    """The anchor of an evidence entry (GitHub's slug of the heading `Evidence <key>`)."""
-    return slugify(f"Evidence {key}")
+    """The anchor of an evidence entry (GitHub's slug of its heading, the id itself:
+    `E6` -> `e6`; short, since a page cites dozens)."""
+    return slugify(str(key))
 
 
 def slugify(text: str) -> str:

@@ -7,6 +7,8 @@ Alembic, never by `metadata.create_all`, so SQLite and PostgreSQL follow the sam
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -19,7 +21,7 @@ from sqlalchemy import event, func
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import StaticPool
-from sqlmodel import Session, create_engine, select
+from sqlmodel import Session, col, create_engine, select
 
 from kb.models import (
     CAUSE_STATUSES,
@@ -449,3 +451,112 @@ def add_evidence_many(
     session.add_all(rows)
     session.flush()
     return rows
+
+
+# --------------------------------------------------------------------------- captures
+
+CONTENT_HASH = "content_sha256"
+"""Payload key of a captured exchange's content hash (`exchange_content_hash`)."""
+# Where an exchange came from, not what it says: the same exchange captured from another
+# file, format or position is the same content.
+_PROVENANCE = frozenset({"source_file", "source_format", "index", "location", "sha256"})
+
+
+def exchange_content_hash(exchange: dict[str, Any]) -> str:
+    """SHA-256 of a (redacted) exchange dict without its provenance fields."""
+    content = {k: v for k, v in exchange.items() if k not in _PROVENANCE}
+    text = json.dumps(content, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _scope(incident_id: int | None) -> Any:
+    if incident_id is None:
+        return Evidence.incident_id.is_(None)  # type: ignore[union-attr]
+    return Evidence.incident_id == incident_id
+
+
+def _content_hash_of(row: Evidence) -> str | None:
+    digest = (row.payload or {}).get(CONTENT_HASH)
+    if isinstance(digest, str):
+        return digest
+    exchange = (row.payload or {}).get("exchange")
+    return exchange_content_hash(exchange) if isinstance(exchange, dict) else None
+
+
+def exchange_hashes(session: Session, incident_id: int | None) -> dict[str, str]:
+    """Content hash -> evidence key of the captured exchanges of one incident (or of the
+    captures attached to none), read once so a large capture checks each exchange in
+    memory; rows stored before hashes were recorded are hashed here."""
+    hashed = col(Evidence.payload)[CONTENT_HASH].as_string()
+    scope = (_scope(incident_id), Evidence.kind == "exchange")
+    found: dict[str, str] = {}
+    for key, digest in session.exec(
+        select(Evidence.key, hashed).where(*scope, hashed.is_not(None))
+    ).all():
+        found.setdefault(str(digest), key)
+    for row in session.exec(select(Evidence).where(*scope, hashed.is_(None))):
+        legacy = _content_hash_of(row)
+        if legacy is not None:
+            found.setdefault(legacy, row.key)
+    return found
+
+
+def orphan_evidence(session: Session) -> list[Evidence]:
+    """Evidence attached to no incident (captures stored without `--incident`), oldest
+    first."""
+    return list(
+        session.exec(
+            select(Evidence)
+            .where(_scope(None))
+            .order_by(col(Evidence.recorded_at), col(Evidence.id))
+        ).all()
+    )
+
+
+def attach_evidence(
+    session: Session, keys: list[str], incident_id: int
+) -> list[tuple[str, str, bool]]:
+    """Attach orphan evidence `keys` to an incident, renumbered in its key space, in the
+    caller's transaction. Returns (orphan key, key on the incident, already there): an
+    exchange whose content the incident already holds is not added twice, the orphan copy
+    is removed. An unknown key raises StoreError naming it (nothing is attached)."""
+    rows = {row.key: row for row in orphan_evidence(session)}
+    held = exchange_hashes(session, incident_id)
+    unknown = [key for key in keys if key not in rows]
+    if unknown:
+        raise StoreError(
+            f"no evidence attached to no incident with id(s) {', '.join(unknown)} "
+            "(see `triage capture --orphans`)"
+        )
+    results = []
+    for key in dict.fromkeys(keys):
+        row = rows[key]
+        digest = _content_hash_of(row) if row.kind == "exchange" else None
+        if digest is not None and digest in held:
+            session.delete(row)
+            session.flush()
+            results.append((key, held[digest], True))
+            continue
+        new_key = next_evidence_key(session, incident_id)  # before the row moves (autoflush)
+        row.incident_id = incident_id
+        row.key = new_key
+        session.add(row)
+        session.flush()
+        if digest is not None:
+            held[digest] = new_key
+        results.append((key, row.key, False))
+    return results
+
+
+def evidence_payloads(session: Session, slug: str, keys: list[str]) -> dict[str, dict[str, Any]]:
+    """Evidence key -> payload for these keys of one incident (unknown keys are left out);
+    e.g. the arm measurements behind a printed diagnosis."""
+    incident = get_incident(session, slug)
+    if incident is None or not keys:
+        return {}
+    rows = session.exec(
+        select(Evidence.key, Evidence.payload).where(
+            Evidence.incident_id == incident.id, col(Evidence.key).in_(keys)
+        )
+    ).all()
+    return {key: dict(payload or {}) for key, payload in rows}

@@ -304,9 +304,17 @@ INCIDENT_TABS = (
     "Decide / override",
 )
 MAX_DIAGNOSIS_PX = 4000
-# Streamlit's own client, opened at a page path (/incident?slug=...), first looks for its
-# server under that path before trying the root: two same-origin 404s it recovers from.
+# The one documented exception, on a deep link only. Streamlit 1.67's client does not know
+# its server's base path: opened at /incident?slug=..., it takes the candidates from the
+# URL (frontend `getPossibleBaseUris`: the page path, then its parent, i.e. /incident and
+# /) and probes /incident/_stcore/health and /incident/_stcore/host-config before it
+# connects at the root. Those two same-origin 404s (and Chromium's console line for each)
+# come from Streamlit's bundled index.html, which only an embedding page can avoid by
+# setting `window.__streamlit.BACKEND_BASE_URL` before the bundle runs; `streamlit run`
+# offers no option for it. Pages reached by the sidebar (no page path on first load) make
+# none, and anything else failing on the deep link still fails the test.
 BASE_PATH_PROBES = ("_stcore/health", "_stcore/host-config")
+CONSOLE_404 = "console: Failed to load resource: the server responded with a status of 404"
 
 
 class NetworkLog:
@@ -390,6 +398,7 @@ def test_every_page_of_a_diagnosed_drill_incident_without_a_failed_request(
             page.goto(f"{ui_server}/")
             expect(page.locator('[data-testid="stDataFrame"]').first).to_be_visible()
             nav = page.locator('[data-testid="stSidebarNav"]')
+            assert log.take() == [], "failed or external requests on the first page"
             for name in PAGES:
                 nav.get_by_role("link", name=name, exact=True).click()
                 expect(main.locator("h1, [data-testid='stHeading']").first).to_be_visible()
@@ -400,6 +409,7 @@ def test_every_page_of_a_diagnosed_drill_incident_without_a_failed_request(
                         page.get_by_role("tab", name=tab).click()
                         file = "ui-incident-" + tab.split()[0].lower() + ".png"
                         heights[tab] = full_screenshot(page, file)
+                        assert log.take() == [], f"failed or external requests: {name}/{tab}"
                 elif name == "Retrospective":
                     expect(main.get_by_text(slug).first).to_be_visible()
                     heights[name] = full_screenshot(page, "ui-retrospective.png")
@@ -408,7 +418,7 @@ def test_every_page_of_a_diagnosed_drill_incident_without_a_failed_request(
                     heights[name] = full_screenshot(
                         page, f"ui-{name.lower().replace(' ', '-')}.png"
                     )
-            assert log.take() == [], "failed or external requests while walking the pages"
+                assert log.take() == [], f"failed or external requests on page {name}"
 
             # A deep link: only Streamlit's base-path probes may fail, nothing external.
             page.goto(f"{ui_server}/incident?slug={slug}")
@@ -425,21 +435,14 @@ def test_every_page_of_a_diagnosed_drill_incident_without_a_failed_request(
                     if attempt == 2:
                         raise
             page.wait_for_timeout(1500)
-            unexpected = [
-                p
-                for p in log.take()
-                if not (
-                    p.startswith(
-                        "console: Failed to load resource: the server responded with "
-                        "a status of 404"
-                    )
-                    or (
-                        p.startswith("HTTP 404 ")
-                        and p.endswith(tuple(f"/incident/{probe}" for probe in BASE_PATH_PROBES))
-                    )
-                )
-            ]
-            assert unexpected == []
+            probes = tuple(f"{ui_server}/incident/{probe}" for probe in BASE_PATH_PROBES)
+            problems = log.take()
+            probed = [p for p in problems if p.startswith("HTTP 404 ") and p.endswith(probes)]
+            consoled = [p for p in problems if p.startswith(CONSOLE_404)]
+            unexpected = [p for p in problems if p not in probed and p not in consoled]
+            assert unexpected == [], "failed or external requests on the deep link"
+            # One console line per probe that 404'd, no more (a 404 elsewhere shows both).
+            assert len(consoled) <= len(probed), problems
         finally:
             browser.close()
     assert heights["Diagnosis"] < MAX_DIAGNOSIS_PX, heights

@@ -404,3 +404,89 @@ def test_canary_secret_never_reaches_the_database_output_logs_or_exports(tmp_pat
     # the exported incident does carry the captured exchange, redacted
     assert any(b"[REDACTED:hmac:" in text for text in texts)
     shutil.rmtree(exported)
+
+
+# ---------------------------------------------------------------------------- dedupe, orphans
+
+
+def run_on(url: str, *args: str) -> Result:
+    return CliRunner().invoke(cli, ["--database", url, *map(str, args)], catch_exceptions=False)
+
+
+def test_capturing_the_same_file_twice_adds_nothing_and_says_so(db_url, tmp_path):
+    har = FIXTURES / "agent-session.har"
+    first = run_on(db_url, "capture", har)
+    assert first.exit_code == 0, first.output
+    stored = len(evidence_rows(db_url))
+    assert stored > 1 and "stored 0" not in first.stdout
+    again = run_on(db_url, "capture", har)
+    assert again.exit_code == 0, again.output
+    assert "stored 0 exchange(s)" in again.stdout
+    assert f"{stored} exchange(s) not stored again: same content as E1" in again.stdout
+    assert "(already stored)" in again.stdout
+    # The same content under another name (a copy) is the same exchange too.
+    copy = tmp_path / "copy-of-session.har"
+    shutil.copy(har, copy)
+    renamed = run_on(db_url, "capture", copy, "--json")
+    assert all(item["duplicate"] for item in json.loads(renamed.stdout))
+    assert len(evidence_rows(db_url)) == stored
+
+
+def test_dedupe_is_per_incident_and_within_one_capture(db_url):
+    add_incident(db_url)
+    sse = FIXTURES / "stream-peg-error.sse"
+    both = run_on(db_url, "capture", "--incident", SLUG, sse, sse)  # the same file twice
+    assert both.exit_code == 0, both.output
+    assert "stored 1 exchange(s) on incident" in both.stdout
+    assert "1 exchange(s) not stored again: same content as E1" in both.stdout
+    orphan = run_on(db_url, "capture", sse)  # no incident: its own key space
+    assert "stored 1 exchange(s)\n" in orphan.stdout
+    assert "triage capture --orphans" in orphan.stdout
+    assert [r.incident_id is None for r in evidence_rows(db_url)] == [False, True]
+
+
+def test_orphans_are_listed_and_attached_renumbered(db_url):
+    add_incident(db_url)
+    sse = FIXTURES / "stream-peg-error.sse"
+    assert run_on(db_url, "capture", "--incident", SLUG, sse).exit_code == 0  # E1 there
+    run_on(db_url, "capture", FIXTURES / "tool-args-invalid-json.json")  # orphan E1
+    run_on(db_url, "capture", FIXTURES / "tool-args-schema-violation.json")  # orphan E2
+    run_on(db_url, "capture", sse)  # orphan E3: same content as the incident's E1
+
+    listed = run_on(db_url, "capture", "--orphans")
+    assert listed.exit_code == 0, listed.output
+    lines = listed.stdout.splitlines()
+    assert lines[0].startswith("E1 ") and "tool-args-invalid-json.json" in lines[0]
+    assert "3 piece(s) of evidence attached to no incident" in listed.stdout
+    orphans = json.loads(run_on(db_url, "capture", "--orphans", "--json").stdout)
+    assert [o["evidence"] for o in orphans] == ["E1", "E2", "E3"]
+    assert all(o["kind"] == "exchange" and o["summary"] for o in orphans)
+
+    # An unknown id refuses the whole attach; nothing moves.
+    bad = run_on(db_url, "capture", "--attach", "E2", "--attach", "E99", "--incident", SLUG)
+    assert bad.exit_code == 1 and "E99" in bad.stderr
+    assert sum(r.incident_id is None for r in evidence_rows(db_url)) == 3
+
+    one = run_on(db_url, "capture", "--attach", "E2", "--incident", SLUG)
+    assert one.exit_code == 0, one.output
+    assert "E2 -> E2\nattached 1 piece(s) of evidence" in one.stdout
+
+    rest = json.loads(
+        run_on(db_url, "capture", "--attach", "all", "--incident", SLUG, "--json").stdout
+    )
+    assert [(r["orphan"], r["evidence"], r["duplicate"]) for r in rest] == [
+        ("E1", "E3", False),
+        ("E3", "E1", True),  # the incident already holds this exchange
+    ]
+    assert run_on(db_url, "capture", "--orphans").stdout == "no evidence without an incident\n"
+    rows = evidence_rows(db_url)
+    assert len(rows) == 3 and all(r.incident_id is not None for r in rows)
+    assert sorted(r.key for r in rows) == ["E1", "E2", "E3"]
+    shown = run_on(db_url, "incidents", "show", SLUG, "--json")
+    assert shown.exit_code == 0 and "tool-args-invalid-json.json" in shown.stdout
+
+
+def test_orphan_options_usage_errors(db):
+    assert run("capture", "--attach", "E1").exit_code == 2  # needs --incident
+    assert run("capture", "--orphans", FIXTURES / "exchanges.jsonl").exit_code == 2
+    assert run("capture").exit_code == 2

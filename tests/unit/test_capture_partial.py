@@ -23,10 +23,15 @@ RECORD = {
 
 
 def jsonl(good: int, bad_lines: dict[int, str]) -> str:
-    """`good` records with the given (1-based) line numbers replaced by bad text."""
+    """`good` records with the given (1-based) line numbers replaced by bad text; each
+    record asks something else (`triage capture` stores equal exchanges once)."""
     total = good + len(bad_lines)
-    lines = [bad_lines.get(n, json.dumps(RECORD)) for n in range(1, total + 1)]
+    lines = [bad_lines.get(n, json.dumps(_numbered(n))) for n in range(1, total + 1)]
     return "\n".join(lines) + "\n"
+
+
+def _numbered(n: int) -> dict[str, object]:
+    return {**RECORD, "request": {"messages": [{"role": "user", "content": f"hi {n}"}]}}
 
 
 def test_every_bad_jsonl_line_is_named():

@@ -85,3 +85,31 @@ def test_incidents_new_refuses_a_bad_title(db: str, title: str, message: str) ->
     result = run("incidents", "new", title)
     assert result.exit_code == 1 and f"Error: {message}" in result.stderr
     assert "no incidents" in run("incidents", "list").stdout
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_the_readme_decide_example_is_accepted_as_written(db: str, tmp_path: Path) -> None:
+    """The README's `triage decide ... --revisit-on ...` line, expanded by bash as a user's
+    shell would (its revisit date is relative to today), is accepted today."""
+    import subprocess
+
+    line = next(
+        text.split("triage ", 1)[1]
+        for text in README.read_text("utf-8").splitlines()
+        if text.startswith("triage decide SLUG --parked")
+    )
+    expanded = subprocess.run(
+        ["bash", "-c", f"set -- {line}; printf '%s\\0' \"$@\""],
+        capture_output=True,
+        check=True,
+        text=True,
+    ).stdout.split("\0")[:-1]
+    slug = run("incidents", "new", "README example", "--json")
+    assert slug.exit_code == 0, slug.output
+    argv = [json.loads(slug.stdout)["slug"] if a == "SLUG" else a for a in expanded]
+    assert "--revisit-on" in argv and argv[argv.index("--revisit-on") + 1] != ""
+    decided = run(*argv)
+    assert decided.exit_code == 0, decided.output
+    assert "PARKED" in decided.stdout

@@ -209,12 +209,12 @@ def test_retro_markdown_html_and_errors(triage, tmp_path: Path) -> None:  # type
     markdown = triage("retro", REFERENCE)
     assert markdown.exit_code == 0
     assert markdown.output.startswith("# Retrospective: Gemma 4 on llama-server")
-    assert "## What was suspected first" in markdown.output
+    assert "## Causes" in markdown.output
     out = tmp_path / "retro" / "r.html"
     html = triage("retro", REFERENCE, "--html", "--out", str(out))
     assert html.exit_code == 0 and html.output.strip() == f"wrote {out}"
     page = out.read_text("utf-8")
-    assert page.startswith("<!DOCTYPE html>") and '<h3 id="evidence-e9">' in page
+    assert page.startswith("<!DOCTYPE html>") and '<h3 id="e9">' in page
     missing = triage("retro", "2026-01-01-nope")
     assert missing.exit_code == 1 and "no incident with slug" in missing.output
     assert "Traceback" not in missing.output

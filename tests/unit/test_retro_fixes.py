@@ -98,13 +98,23 @@ def _section(markdown: str, title: str) -> list[str]:
 
 def test_timeline_has_real_changes_only() -> None:
     timeline = _section(retro_markdown(_diagnosed()), "Timeline")
-    changes = [line for line in timeline if "by engine" in line]
-    assert len(changes) == 2, changes  # one line for the planned pair, one real move
-    assert "`speculative-decoding`) suspected -\\> confirmed" in changes[1]
-    assert "confirmed -\\> confirmed" not in "\n".join(timeline)
-    assert (
-        "Speculative decoding (`speculative-decoding`), Token limit (`token-limit`) "
-        "suspected by engine" in changes[0]
+    # The catalogue's candidates (opened with no evidence) and the rerun that confirmed a
+    # confirmed cause again are no changes: one line, the real move, cited.
+    assert timeline == [
+        "- **2026-07-01 10:00 UTC**: engine: `speculative-decoding` suspected -\\> confirmed. "
+        "\\[[E2](#e2)\\]"
+    ]
+
+
+def test_causes_are_one_line_each_and_uncited_ones_are_marked() -> None:
+    causes = _section(retro_markdown(_diagnosed()), "Causes")
+    assert len(causes) == 2
+    assert causes[0].startswith(
+        "- **Speculative decoding (`speculative-decoding`), confirmed, measured**: "
+        "spec-off removes it \\[[E2]"
+    )
+    assert causes[1] == (
+        "- *Token limit (`token-limit`), suspected, untested: no evidence on record.*"
     )
 
 
@@ -114,10 +124,17 @@ def test_fix_options_show_removal_and_speed_side_by_side_with_citations() -> Non
     assert len(options) == 1
     (line,) = options
     assert line.startswith("- **spec-off** (spec-off variant): removes the failure, ")
-    assert "0/16 failed vs 6/16 failed at baseline, p = 0.018" in line
+    assert "0/16 failed vs 6/16 failed, p = 0.018 vs baseline" in line
     assert "decode speed 1437 -> 1000 tok/s (-30%)" in line
-    cited = re.findall(r"\[(E\d+)\]\(#evidence-e\d+\)", line)
+    cited = re.findall(r"\[(E\d+)\]\(#e\d+\)", line)
     assert cited == ["E2", "E1"]
+
+
+def test_fix_options_print_the_one_sided_p_the_decision_uses() -> None:
+    record = _diagnosed()
+    record["evidence"][1]["payload"]["p_less"] = 0.00885
+    (line,) = _section(retro_markdown(record), "Fix options")
+    assert "one-sided p = 0.0089 vs baseline" in line and "0.018" not in line
 
 
 def test_fix_options_without_speed_and_without_arms() -> None:
@@ -131,3 +148,36 @@ def test_fix_options_without_speed_and_without_arms() -> None:
     ]
     record["evidence"] = []
     assert "## Fix options" not in retro_markdown(record)
+
+
+def _with_exchange(exchange: dict[str, Any]) -> dict[str, Any]:
+    record = _diagnosed()
+    record["evidence"].insert(
+        0,
+        {
+            "id": "E9",
+            "kind": "exchange",
+            "summary": "failing exchange",
+            "source": "capture.json",
+            "recorded_at": AT,
+            "payload": {"exchange": exchange},
+        },
+    )
+    return record
+
+
+def test_the_clients_error_text_is_quoted_and_cited() -> None:
+    error = {
+        "status": 500,
+        "response": {"error": {"code": 500, "message": "Failed to parse input at pos 12"}},
+    }
+    (line,) = _section(retro_markdown(_with_exchange(error)), "Client's error")
+    assert line == "- HTTP 500; error `Failed to parse input at pos 12`. \\[[E9](#e9)\\]"
+    empty = {"response": {"choices": [{"finish_reason": "length", "message": {"content": ""}}]}}
+    (line,) = _section(retro_markdown(_with_exchange(empty)), "Client's error")
+    assert line == "- finish\\_reason `length`; the reply's content was empty. \\[[E9](#e9)\\]"
+    long_reply = {"response": {"choices": [{"message": {"content": "word " * 100}}]}}
+    (line,) = _section(retro_markdown(_with_exchange(long_reply)), "Client's error")
+    assert "(500 chars)" in line and "...`." in line and len(line) < 300
+    timeline = _section(retro_markdown(_with_exchange(error)), "Timeline")
+    assert timeline[0].startswith("- **2026-07-01 10:00 UTC**: Captured a failing exchange from ")

@@ -329,3 +329,31 @@ def test_search_command(reference_store: Store) -> None:
         assert "no incident matches" in result.output
     result = runner.invoke(cli, [*base, "empty", "--status", "bogus"])
     assert result.exit_code == 2
+
+
+def test_search_scores_read_as_relevance_not_raw_numbers(reference_store: Store) -> None:
+    import json
+    import re
+
+    from click.testing import CliRunner
+
+    from triage.cli import cli
+    from triage.commands.search import relevance, relevance_text
+
+    runner = CliRunner()
+    base = ["--database", reference_store.url, "search", "empty"]
+    result = runner.invoke(cli, base)
+    assert result.exit_code == 0, result.output
+    ranked = [line for line in result.output.splitlines() if re.match(r"\s*\d+\. ", line)]
+    assert len(ranked) >= 2
+    assert "relevance 100%" in ranked[0]
+    assert all(re.search(r"relevance (\d+%|<1%)  \(matched in ", line) for line in ranked)
+    assert not re.search(r"\de-\d", result.output)  # no 1.1e-05
+    data = json.loads(runner.invoke(cli, [*base, "--json"]).output)
+    shares = [hit["relevance"] for hit in data["hits"]]
+    assert shares[0] == 1.0 and shares == sorted(shares, reverse=True)
+    assert all(0 < share <= 1 for share in shares)
+    assert relevance_text(relevance(1.1e-05, 0.5)) == "relevance <1%"
+    assert relevance_text(relevance(0.19, 0.5)) == "relevance 38%"
+    assert relevance_text(relevance(0.498, 0.5)) == "relevance 99%"
+    assert relevance_text(relevance(0.0, 0.0)) == "relevance -"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -10,7 +12,18 @@ from typing import Any, NoReturn
 import click
 from sqlalchemy.exc import SQLAlchemyError
 
-from kb.store import Store, StoreError, add_evidence, get_incident, redact_url
+from kb.store import (
+    CONTENT_HASH,
+    Store,
+    StoreError,
+    add_evidence,
+    attach_evidence,
+    exchange_content_hash,
+    exchange_hashes,
+    get_incident,
+    orphan_evidence,
+    redact_url,
+)
 from triage.capture import (
     CaptureError,
     Exchange,
@@ -369,6 +382,19 @@ def check_command(
 @click.command("capture")
 @_options
 @click.option("--incident", "incident_slug", help="Attach the evidence to this incident.")
+@click.option(
+    "--orphans",
+    is_flag=True,
+    help="List the evidence stored without --incident (no FILE needed), oldest first.",
+)
+@click.option(
+    "--attach",
+    "attach_keys",
+    multiple=True,
+    metavar="ID|all",
+    help="Attach this orphan evidence (an id from --orphans, or all) to --incident; "
+    "repeatable. No FILE needed.",
+)
 @click.pass_context
 def capture_command(
     ctx: click.Context,
@@ -380,62 +406,183 @@ def capture_command(
     skip_bad: bool,
     pick: int | None,
     incident_slug: str | None,
+    orphans: bool,
+    attach_keys: tuple[str, ...],
 ) -> None:
     """Store captured exchanges (redacted, with their findings) as evidence.
 
     Accepts the same inputs as `triage check`. All files go in one transaction: on any
     error nothing is stored and the message names the file and the line or JSON path.
+    An exchange whose content is already stored (on the incident, or among the captures
+    attached to none) is not stored again; the output names the evidence it matches.
+    Captures stored without --incident are listed by `--orphans` and attached later with
+    `--attach ID|all --incident SLUG`.
     """
+    if orphans or attach_keys:
+        if files:
+            raise click.UsageError("--orphans and --attach take no FILE")
+        if orphans:
+            _list_orphans(ctx, as_json)
+        else:
+            _attach(ctx, attach_keys, incident_slug, as_json)
+        return
+    if not files:
+        raise click.UsageError("give a FILE to capture (or --orphans, --attach)")
     items = _classify_all(_gather(files, fmt, request, response, skip_bad, pick))
-    url = (ctx.obj or {}).get("database")
+    keys, duplicates = _store_items(ctx, items, incident_slug)
+    if as_json:
+        out = []
+        for n, item in enumerate(items):
+            data = item.to_dict()
+            data["evidence"] = keys[n]
+            data["duplicate"] = n in duplicates
+            data["incident"] = incident_slug
+            out.append(data)
+        click.echo(json.dumps(out, indent=2, ensure_ascii=False))
+        return
+    _print_human(
+        items, {n: k + (" (already stored)" if n in duplicates else "") for n, k in keys.items()}
+    )
+    target = f" on incident {incident_slug}" if incident_slug else ""
+    click.echo(f"stored {len(items) - len(duplicates)} exchange(s){target}")
+    if duplicates:
+        same = ", ".join(sorted({keys[n] for n in duplicates}, key=_key_number))
+        click.echo(f"{len(duplicates)} exchange(s) not stored again: same content as {same}")
+    if not incident_slug and len(duplicates) < len(items):
+        click.echo(
+            "not attached to an incident: list with `triage capture --orphans`, attach with "
+            "`triage capture --attach ID|all --incident SLUG`"
+        )
+
+
+def _key_number(key: str) -> tuple[int, str]:
+    digits = "".join(ch for ch in key if ch.isdigit())
+    return (int(digits) if digits else -1, key)
+
+
+def _store_items(
+    ctx: click.Context, items: list[Classified], incident_slug: str | None
+) -> tuple[dict[int, str], set[int]]:
+    """Store each exchange unless its content is already there: (keys by position, the
+    positions that were duplicates)."""
     keys: dict[int, str] = {}
+    duplicates: set[int] = set()
+    with _store_session(ctx) as session:
+        incident_id = _incident_id(session, incident_slug)
+        held = exchange_hashes(session, incident_id)
+        for n, item in enumerate(items):
+            ex = item.exchange
+            exchange = ex.to_dict()
+            digest = exchange_content_hash(exchange)
+            if digest in held:
+                keys[n] = held[digest]
+                duplicates.add(n)
+                continue
+            kinds = ", ".join(item.symptoms) or "no symptoms"
+            evidence = add_evidence(
+                session,
+                incident_id=incident_id,
+                kind="exchange",
+                summary=f"captured {ex.source_format} exchange {item.label()}: {kinds}",
+                payload={
+                    "exchange": exchange,
+                    "findings": [f.to_dict() for f in item.findings],
+                    "symptoms": item.symptoms,
+                    CONTENT_HASH: digest,
+                },
+                source=f"{ex.source_format}:{ex.source_file}"
+                + (f":{ex.location}" if ex.location else ""),
+            )
+            keys[n] = held[digest] = evidence.key
+    return keys, duplicates
+
+
+def _incident_id(session: Any, slug: str | None) -> int | None:
+    if not slug:
+        return None
+    incident = get_incident(session, slug)
+    if incident is None:
+        raise StoreError(f"no incident with slug {slug!r}")
+    return incident.id
+
+
+@contextmanager
+def _store_session(ctx: click.Context, readonly: bool = False) -> Iterator[Any]:
+    """One transaction on the knowledge base; store and database errors become `Error:`."""
+    url = (ctx.obj or {}).get("database")
     try:
         store = Store(url)
     except SQLAlchemyError as exc:
         _fail(f"cannot open the knowledge base: {exc.__class__.__name__}")
     try:
-        with store.session() as session:
-            incident_id = None
-            if incident_slug:
-                incident = get_incident(session, incident_slug)
-                if incident is None:
-                    raise StoreError(f"no incident with slug {incident_slug!r}")
-                incident_id = incident.id
-            for n, item in enumerate(items):
-                ex = item.exchange
-                kinds = ", ".join(item.symptoms) or "no symptoms"
-                evidence = add_evidence(
-                    session,
-                    incident_id=incident_id,
-                    kind="exchange",
-                    summary=f"captured {ex.source_format} exchange {item.label()}: {kinds}",
-                    payload={
-                        "exchange": ex.to_dict(),
-                        "findings": [f.to_dict() for f in item.findings],
-                        "symptoms": item.symptoms,
-                    },
-                    source=f"{ex.source_format}:{ex.source_file}"
-                    + (f":{ex.location}" if ex.location else ""),
-                )
-                keys[n] = evidence.key
+        with store.session(readonly=readonly) as session:
+            yield session
     except StoreError as exc:
         _fail(str(exc))
     except SQLAlchemyError as exc:
         _fail(f"database error on {redact_url(store.url)}: {exc.__class__.__name__}")
     finally:
         store.close()
+
+
+def _list_orphans(ctx: click.Context, as_json: bool) -> None:
+    with _store_session(ctx, readonly=True) as session:
+        rows = [
+            {
+                "evidence": row.key,
+                "kind": row.kind,
+                "recorded_at": row.recorded_at.isoformat(),
+                "source": row.source,
+                "summary": row.summary,
+            }
+            for row in orphan_evidence(session)
+        ]
     if as_json:
-        out = []
-        for n, item in enumerate(items):
-            data = item.to_dict()
-            data["evidence"] = keys[n]
-            data["incident"] = incident_slug
-            out.append(data)
-        click.echo(json.dumps(out, indent=2, ensure_ascii=False))
-    else:
-        _print_human(items, keys)
-        target = f" on incident {incident_slug}" if incident_slug else ""
-        click.echo(f"stored {len(items)} exchange(s){target}")
+        click.echo(json.dumps(rows, indent=2, ensure_ascii=False))
+        return
+    if not rows:
+        click.echo("no evidence without an incident")
+        return
+    for row in rows:
+        click.echo(f"{row['evidence']:<6} {row['recorded_at'][:16]}  {row['summary']}")
+    click.echo(
+        f"{len(rows)} piece(s) of evidence attached to no incident; attach with "
+        "`triage capture --attach ID|all --incident SLUG`"
+    )
+
+
+def _attach(
+    ctx: click.Context, keys: tuple[str, ...], incident_slug: str | None, as_json: bool
+) -> None:
+    if not incident_slug:
+        raise click.UsageError("--attach needs --incident SLUG")
+    with _store_session(ctx) as session:
+        incident_id = _incident_id(session, incident_slug)
+        assert incident_id is not None
+        wanted = list(keys)
+        if "all" in wanted:
+            wanted = [row.key for row in orphan_evidence(session)]
+        results = attach_evidence(session, wanted, incident_id)
+    if as_json:
+        click.echo(
+            json.dumps(
+                [
+                    {"orphan": old, "evidence": new, "duplicate": dup, "incident": incident_slug}
+                    for old, new, dup in results
+                ],
+                indent=2,
+            )
+        )
+        return
+    for old, new, dup in results:
+        if dup:
+            click.echo(
+                f"{old} -> {new}: {incident_slug} already holds this exchange; orphan removed"
+            )
+        else:
+            click.echo(f"{old} -> {new}")
+    added = sum(1 for *_, dup in results if not dup)
+    click.echo(f"attached {added} piece(s) of evidence to {incident_slug}")
 
 
 def register(group: click.Group) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,15 +21,144 @@ def validate_diagnosis(diagnosis: dict[str, Any]) -> None:
     validate(diagnosis)
 
 
-def _progress_printer() -> Any:
-    def show(event: Any) -> None:
+_PLAN = re.compile(r"(\d+) request arms?, (\d+) server arms?")
+# The observations a diagnosis prints, as sentences (the rest stay in --json / the record).
+_PRINTED_OBSERVATIONS = (
+    "template-render",
+    "spec-divergence",
+    "weights-confounder",
+    "known-good-search",
+)
+TOK_S_NOTE = (
+    "tok/s: the arm's mean decode speed (llama-server's predicted tokens per second over "
+    "its replies), on this machine at its load then -- what a fix would cost or gain; "
+    "server arms run on their own server (spec-off has no draft model to run), so compare "
+    "each with the baseline, not with one another."
+)
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(max(0, round(seconds)), 60)
+    return f"{minutes}:{secs:02d}"
+
+
+class ProgressPrinter:
+    """Progress lines on stderr with the elapsed time and, once a look has been timed, an
+    ETA as a bound: the remaining looks of the running arms at the mean look time so far,
+    plus each server arm still to run up to the cap (arms usually decide sooner, so the
+    run usually ends well before it). `clock` is injectable for tests."""
+
+    def __init__(self, clock: Any = None) -> None:
+        import time
+
+        self.clock = clock or time.monotonic
+        self.started: float | None = None
+        self.server_arms: int | None = None
+        self.server_arms_started = 0
+        self.known_good = False
+        self.look_seconds = 0.0
+        self.looks = 0
+        self.last_look: float | None = None
+
+    def __call__(self, event: Any) -> None:
+        now = self.clock()
+        if self.started is None:
+            self.started = now
+        eta = self._track(event, now)
         bar = ""
         if event.total:
             filled = int(20 * event.done / event.total)
             bar = "[" + "#" * filled + "." * (20 - filled) + f"] {event.done}/{event.total} "
-        click.echo(f"  {event.stage:7} {bar}{event.message}", err=True)
+        timing = f"  ({_clock(now - self.started)} elapsed"
+        if eta is not None:
+            extra = " + the known-good search" if self.known_good else ""
+            timing += f", at most ~{_clock(eta)} left{extra}"
+        timing += ")"
+        click.echo(f"  {event.stage:7} {bar}{event.message}{timing}", err=True)
 
-    return show
+    def _track(self, event: Any, now: float) -> float | None:
+        if event.stage == "plan":
+            match = _PLAN.search(str(event.message))
+            self.server_arms = int(match.group(2)) if match else None
+            self.known_good = "known-good" in str(event.message)  # arms planned later
+            self.last_look = now  # the first look is timed from the plan
+        elif event.stage == "launch" and str(event.message).startswith("starting server for"):
+            self.server_arms_started += 1
+            self.last_look = None
+        if event.stage != "probe" or not event.total:
+            if event.stage == "launch":
+                self.last_look = now
+            return None
+        if self.last_look is not None:
+            self.look_seconds += now - self.last_look
+            self.looks += 1
+        self.last_look = now
+        if not self.looks or self.server_arms is None:
+            return None
+        per_look = self.look_seconds / self.looks
+        remaining_arms = max(0, self.server_arms - self.server_arms_started)
+        looks_left = int(event.total) - int(event.done) + remaining_arms * int(event.total)
+        return per_look * looks_left
+
+
+def _progress_printer() -> Any:
+    return ProgressPrinter()
+
+
+def with_one_sided_p(store: Store, diagnosis: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the diagnosis for printing, each arm with the one-sided p (`p_less`) its
+    decision used, read from the arm's stored measurement (the diagnosis JSON keeps the
+    two-sided `p_value` only)."""
+    from kb.store import evidence_payloads
+
+    arms = [dict(arm) for arm in diagnosis.get("arms", [])]
+    keys = [str(arm["evidence"]) for arm in arms if arm.get("evidence")]
+    try:
+        with store.session(readonly=True) as session:
+            payloads = evidence_payloads(session, str(diagnosis.get("incident")), keys)
+    except Exception:  # noqa: BLE001 -- printing falls back to the two-sided p, labelled
+        payloads = {}
+    for arm in arms:
+        payload = payloads.get(str(arm.get("evidence")), {})
+        if arm.get("p_less") is None and payload.get("p_less") is not None:
+            arm["p_less"] = payload["p_less"]
+    return {**diagnosis, "arms": arms}
+
+
+def _p_text(arm: dict[str, Any]) -> str:
+    """The one-sided p the arm's decision uses ("the arm fails less"); older diagnoses
+    carry only the two-sided one, printed as such."""
+    if arm.get("p_less") is not None:
+        return f"  p={arm['p_less']:.2g}"
+    if arm.get("p_value") is not None:
+        return f"  p(two-sided)={arm['p_value']:.2g}"
+    return ""
+
+
+def observation_sentence(obs: dict[str, Any]) -> str:
+    """One observation as a sentence for people, with the evidence id it was stored as."""
+    from triage.observe import observation_summary
+
+    name = str(obs.get("name"))
+    facts = {k: v for k, v in obs.items() if k not in ("name", "prompt_tail", "evidence")}
+    if name in _PRINTED_OBSERVATIONS or facts.get("error"):
+        text = observation_summary(name, facts)
+    else:
+        parts = [f"{k.replace('_', ' ')} {_plain(v)}" for k, v in facts.items()]
+        text = f"{name}: " + ("; ".join(parts) or "recorded")
+    text = text[:1].upper() + text[1:]
+    evidence = f" [{obs['evidence']}]" if obs.get("evidence") else ""
+    return text.rstrip(".") + "." + evidence
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_plain(v) for v in value) or "none"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_plain(v)}" for k, v in value.items()) or "none"
+    return str(value)
 
 
 def format_diagnosis(diagnosis: dict[str, Any]) -> str:
@@ -45,23 +175,7 @@ def format_diagnosis(diagnosis: dict[str, Any]) -> str:
         lines.append("Findings in the failing exchange:")
         lines += [f"  - {f['kind']}: {f['reason']}" for f in failed]
         lines.append("")
-    lines.append("Probe arms (failures k/n, rate, 95% Wilson interval, p vs baseline):")
-    for arm in diagnosis.get("arms", []):
-        rate = "-" if arm["rate"] is None else f"{arm['rate']:.2f}"
-        p = "" if arm.get("p_value") is None else f"  p={arm['p_value']:.3g}"
-        lo, hi = arm["ci95"]
-        extra = ""
-        if arm.get("speed_tok_s"):
-            extra += f"  {arm['speed_tok_s']} tok/s"
-        if arm.get("draft_acceptance") is not None:
-            extra += f"  draft acceptance {arm['draft_acceptance']:.0%}"
-        if arm.get("error"):
-            extra += f"  ERROR: {arm['error']}"
-        lines.append(
-            f"  {arm['name']:<24} {arm['failures']:>3}/{arm['n']:<3} rate {rate}  "
-            f"[{lo:.2f}, {hi:.2f}]{p}  {arm['decision']}{extra}"
-        )
-    lines.append("")
+    lines += _arm_lines(diagnosis.get("arms", []))
     for status in ("confirmed", "rejected", "suspected"):
         group = [c for c in diagnosis.get("causes", []) if c["status"] == status]
         if not group:
@@ -71,19 +185,13 @@ def format_diagnosis(diagnosis: dict[str, Any]) -> str:
             ev = ", ".join(cause.get("evidence") or []) or "-"
             lines.append(f"  {cause['id']}: {cause['rationale']} [evidence: {ev}]")
         lines.append("")
-    for obs in diagnosis.get("observations", []):
-        if obs.get("name") in (
-            "spec-divergence",
-            "weights-confounder",
-            "template-render",
-            "known-good-search",
-        ):
-            lines.append(
-                f"observation {obs['name']}: "
-                + json.dumps(
-                    {k: v for k, v in obs.items() if k not in ("name", "prompt_tail")}, default=str
-                )
-            )
+    observed = [
+        o for o in diagnosis.get("observations", []) if o.get("name") in _PRINTED_OBSERVATIONS
+    ]
+    if observed:
+        lines.append("Observations:")
+        lines += [f"  - {observation_sentence(obs)}" for obs in observed]
+        lines.append("")
     cost = diagnosis.get("cost") or {}
     if cost:
         lines.append(
@@ -92,6 +200,32 @@ def format_diagnosis(diagnosis: dict[str, Any]) -> str:
             f"{cost.get('launch_seconds')} s launches"
         )
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _arm_lines(arms: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "Probe arms (failures k/n, rate, 95% Wilson interval, one-sided p that the arm fails "
+        "less than the baseline, decision, decode tok/s):"
+    ]
+    speeds = False
+    for arm in arms:
+        rate = "-" if arm["rate"] is None else f"{arm['rate']:.2f}"
+        lo, hi = arm["ci95"]
+        extra = ""
+        if arm.get("speed_tok_s"):
+            speeds = True
+            extra += f"  {arm['speed_tok_s']:.0f} tok/s"
+        if arm.get("draft_acceptance") is not None:
+            extra += f"  draft acceptance {arm['draft_acceptance']:.0%}"
+        if arm.get("error"):
+            extra += f"  ERROR: {arm['error']}"
+        lines.append(
+            f"  {arm['name']:<24} {arm['failures']:>3}/{arm['n']:<3} rate {rate}  "
+            f"[{lo:.2f}, {hi:.2f}]{_p_text(arm)}  {arm['decision']}{extra}"
+        )
+    if speeds:
+        lines.append("  " + TOK_S_NOTE)
+    return [*lines, ""]
 
 
 def _load_exchange(
@@ -231,7 +365,8 @@ def diagnose_command(
             json_out.parent.mkdir(parents=True, exist_ok=True)
             json_out.write_text(text, "utf-8")
     if json_out is None or str(json_out) != "-":
-        click.echo(format_diagnosis(diagnosis))
+        with open_store(ctx) as store:
+            click.echo(format_diagnosis(with_one_sided_p(store, diagnosis)))
     _exit_for_state(diagnosis)
 
 
@@ -300,6 +435,7 @@ def show_command(ctx: click.Context, slug: str, as_json: bool) -> None:
     with open_store(ctx) as store:
         diagnosis = latest_diagnosis(store, slug)
         exists, state = latest_run_state(store, slug)
+        printable = with_one_sided_p(store, diagnosis) if diagnosis is not None else None
     if not exists:
         raise click.ClickException(f"no incident {slug!r} (see `triage incidents list`)")
     if diagnosis is None:
@@ -312,7 +448,7 @@ def show_command(ctx: click.Context, slug: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(diagnosis, indent=2, sort_keys=True, default=str))
     else:
-        click.echo(format_diagnosis(diagnosis))
+        click.echo(format_diagnosis(printable or diagnosis))
     if diagnosis.get("state") == "not-reproduced":
         sys.exit(1)
 
@@ -336,7 +472,8 @@ def demo_command(ctx: click.Context, work_dir: Path | None, ui: bool, max_reques
     diagnosis = run_demo(
         database, work_dir, max_requests=max_requests, progress=_progress_printer()
     )
-    click.echo(format_diagnosis(diagnosis))
+    with open_store(ctx) as store:
+        click.echo(format_diagnosis(with_one_sided_p(store, diagnosis)))
     if ui:
         from triage.commands.ui import start_ui
 

@@ -3,6 +3,7 @@ with the same signature; `--link` records them as the same failure family)."""
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -66,9 +67,30 @@ def search_command(
         with store.session(readonly=True) as session:
             hits = search(session, text, status=statuses or None, cause=cause, limit=limit)
     if as_json:
-        echo_json({"query": text, "hits": [hit.to_dict() for hit in hits]})
+        shown = [
+            {**hit.to_dict(), "relevance": relevance(hit.score, hits[0].score)} for hit in hits
+        ]
+        echo_json({"query": text, "hits": shown})
         return
     _print_hits(text, hits)
+
+
+def relevance(score: float, best: float) -> float | None:
+    """A hit's score as a share of the best hit's (1.0 for the best): raw scores are
+    engine-specific (SQLite bm25, PostgreSQL ts_rank) and mean nothing on their own."""
+    if best <= 0:
+        return None
+    return round(max(0.0, score) / best, 6)
+
+
+def relevance_text(share: float | None) -> str:
+    """`relevance 100%`, `relevance 38%`, `relevance <1%` (of the best hit)."""
+    if share is None:
+        return "relevance -"
+    percent = math.floor(share * 100)  # rounded down: only a tie with the best reads 100%
+    if share > 0 and percent == 0:
+        return "relevance <1%"
+    return f"relevance {percent}%"
 
 
 def _print_hits(text: str, hits: list[SearchHit]) -> None:
@@ -77,10 +99,15 @@ def _print_hits(text: str, hits: list[SearchHit]) -> None:
         return
     if hits[0].partial:
         click.echo(f"no incident has every word of {text!r}; incidents with some of them:")
+    else:
+        click.echo(
+            f"{len(hits)} incident(s); relevance is each one's score as a share of the best's"
+        )
     for rank, hit in enumerate(hits, 1):
+        share = relevance_text(relevance(hit.score, hits[0].score))
         click.echo(
             f"{rank:>2}. {click.style(hit.slug, bold=True)}  [{hit.status}]  "
-            f"score {hit.score:.3g}  (matched in {hit.field})"
+            f"{share}  (matched in {hit.field})"
         )
         click.echo(f"    {hit.title}")
         if hit.snippet and hit.field != "title":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import tempfile
+import shutil
 from pathlib import Path
 
 import click
@@ -126,14 +126,28 @@ def which_command(as_json: bool) -> None:
             )
 
 
-@click.command("drill")
+class _DrillCommand(click.Command):
+    """`triage drill`: its help lists the drill names (read when help is shown, so drills
+    added to the registry appear without touching this command)."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from triage.drills import list_drills
+
+        with formatter.section("Drills"):
+            formatter.write_text(", ".join(list_drills()))
+        super().format_epilog(ctx, formatter)
+
+
+@click.command("drill", cls=_DrillCommand)
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Keep the generated drill (models, manifest, stack.toml) in this folder.",
+    help="Write the drill (models, manifest, stack.toml, logs, failing request/response "
+    "pairs) to this folder and keep it (default: drills/NAME in the data directory, "
+    "replaced on each run).",
 )
 @click.option(
     "--repeat",
@@ -142,7 +156,12 @@ def which_command(as_json: bool) -> None:
     help="Send each unseeded scripted request N times (seeds 1..N).",
 )
 def drill_command(name: str, as_json: bool, out: Path | None, repeat: int) -> None:
-    """Generate drill NAME, run it on a real llama-server, print what came back."""
+    """Generate drill NAME, run it on a real llama-server, print what came back.
+
+    Every failing reply is saved with the request that produced it in the drill's folder,
+    with the `triage diagnose` command that diagnoses it (printed as is).
+    """
+    from kb.store import data_dir
     from triage.drills import TemplateNotFound, build_drill, list_drills
     from triage.drills.run import format_summary, run_drill
 
@@ -150,13 +169,16 @@ def drill_command(name: str, as_json: bool, out: Path | None, repeat: int) -> No
         raise click.BadParameter(
             f"unknown drill {name!r}; known: {', '.join(list_drills())}", param_hint="NAME"
         )
-    with tempfile.TemporaryDirectory(prefix="triage-drill-") as tmp:
-        folder = out or Path(tmp) / name
-        try:
-            drill = build_drill(name, folder)
-            report = run_drill(drill, log_dir=folder / "logs", repeat=repeat)
-        except (BuildError, ServerStartError, TemplateNotFound, LlamaClientError) as exc:
-            raise click.ClickException(str(exc)) from exc
+    folder = (out or data_dir() / "drills" / name).resolve()
+    if out is None and folder.is_dir():
+        shutil.rmtree(folder)  # the default folder holds the last run only
+    if not as_json:  # the JSON names it ("out_dir")
+        click.echo(f"drill files: {folder}")
+    try:
+        drill = build_drill(name, folder)
+        report = run_drill(drill, log_dir=folder / "logs", repeat=repeat)
+    except (BuildError, ServerStartError, TemplateNotFound, LlamaClientError) as exc:
+        raise click.ClickException(str(exc)) from exc
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
@@ -167,8 +189,12 @@ def drill_command(name: str, as_json: bool, out: Path | None, repeat: int) -> No
     )
     for summary in report["results"]:
         click.echo(format_summary(summary))
-    if out:
-        click.echo(f"drill files: {out}")
+    click.echo(f"drill files: {folder}")
+    if not report["failing"]:
+        click.echo("no reply failed: nothing to diagnose (more samples: --repeat N)")
+    for pair in report["failing"]:
+        click.echo(f"{pair['name']} failed ({', '.join(pair['kinds'])}); diagnose it with:")
+        click.echo(f"  {pair['diagnose']}")
 
 
 def register(group: click.Group) -> None:

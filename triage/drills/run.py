@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +58,7 @@ def _slots(args: list[str]) -> int:
 
 async def _send_all(
     base_url: str, bodies: list[tuple[str, dict[str, Any]]], timeout: float, slots: int
-) -> list[dict[str, Any]]:
+) -> list[ChatResult]:
     # No more requests in flight than the server has slots: the client deadline then
     # measures serving time, not time spent queued behind other requests.
     gate = asyncio.Semaphore(slots)
@@ -66,8 +68,52 @@ async def _send_all(
             async with gate:
                 return await client.chat(body)
 
-        results = await asyncio.gather(*(send(body) for _, body in bodies))
-    return [summarize(name, result) for (name, _), result in zip(bodies, results, strict=True)]
+        return list(await asyncio.gather(*(send(body) for _, body in bodies)))
+
+
+def _file_stem(name: str) -> str:
+    """`sampled#2` -> `sampled-2`: a request name as part of a file name."""
+    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in name)
+
+
+def save_failing_pairs(
+    out_dir: Path, bodies: list[tuple[str, dict[str, Any]]], results: list[ChatResult]
+) -> list[dict[str, Any]]:
+    """Write the request body sent and the raw response of every reply that fails (as
+    `triage diagnose` classifies replies) as `failing-NAME.request.json` /
+    `failing-NAME.response.json`; what was written, with the command that diagnoses it."""
+    from triage.engine import classify_reply
+
+    stack = out_dir / "stack.toml"
+    saved = []
+    for (name, body), result in zip(bodies, results, strict=True):
+        failed, kinds = classify_reply(body, result.status_code, result.json, result.elapsed)
+        if not failed:
+            continue
+        request_path = out_dir / f"failing-{_file_stem(name)}.request.json"
+        response_path = out_dir / f"failing-{_file_stem(name)}.response.json"
+        request_path.write_text(json.dumps(body, indent=2) + "\n", "utf-8")
+        response_path.write_bytes(result.raw)
+        command = [
+            "triage",
+            "diagnose",
+            "--request",
+            str(request_path),
+            "--response",
+            str(response_path),
+            "--stack",
+            str(stack),
+        ]
+        saved.append(
+            {
+                "name": name,
+                "kinds": kinds,
+                "request": str(request_path),
+                "response": str(response_path),
+                "diagnose": shlex.join(command),
+            }
+        )
+    return saved
 
 
 def run_drill(
@@ -80,7 +126,8 @@ def run_drill(
     timeout: float = 120.0,
 ) -> dict[str, Any]:
     """Start the drill's incident server, send its scripted requests (unseeded ones `repeat`
-    times with seeds 1..repeat) and its contrasts, and return the summaries."""
+    times with seeds 1..repeat) and its contrasts, save each failing request/response pair
+    in the drill's folder, and return the summaries."""
     binary = binary or find_server_binary()
     bodies: list[tuple[str, dict[str, Any]]] = []
     for described, body in zip(drill.manifest["requests"], drill.requests, strict=True):
@@ -94,7 +141,7 @@ def run_drill(
     spec = ServerSpec(binary, drill.model, list(drill.server_args))
     with launch(spec, log_dir) as server:
         try:
-            summaries = asyncio.run(
+            results = asyncio.run(
                 _send_all(server.base_url, bodies, timeout, _slots(drill.server_args))
             )
         except LlamaClientError as exc:
@@ -118,7 +165,11 @@ def run_drill(
             "launch_seconds": launch_seconds,
             "log": str(log_path),
         },
-        "results": summaries,
+        "results": [
+            summarize(name, result) for (name, _), result in zip(bodies, results, strict=True)
+        ],
+        "out_dir": str(drill.out_dir),
+        "failing": save_failing_pairs(drill.out_dir, bodies, results),
     }
 
 

@@ -106,37 +106,40 @@ def litellm_binary() -> tuple[Path | None, str]:
     return (binary, "") if binary.exists() else (None, "LiteLLM installed no `litellm` script")
 
 
-async def _one(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> float | None:
-    """Seconds to the last byte, or None for a failed request (counted, not timed)."""
+async def _one(
+    client: httpx.AsyncClient, url: str, headers: dict[str, str], name: str = ""
+) -> float | None:
+    """Seconds to the last byte, or None for a failed request (counted, not timed); a
+    failure is printed with the target's name (`direct` is llama-server itself)."""
     started = time.perf_counter()
     try:
         async with client.stream("POST", url, json=BODY, headers=headers) as response:
             async for _ in response.aiter_raw():
                 pass
     except httpx.HTTPError as exc:
-        print(f"{url}: {type(exc).__name__}")
+        print(f"{name or url}: {type(exc).__name__}: {exc}")
         return None
     if response.status_code != 200:
-        print(f"{url}: HTTP {response.status_code}")
+        print(f"{name or url}: HTTP {response.status_code}")
         return None
     return time.perf_counter() - started
 
 
 async def _load(
-    base: str, concurrency: int, total: int, headers: dict[str, str]
+    base: str, concurrency: int, total: int, headers: dict[str, str], name: str = ""
 ) -> list[float | None]:
     url = f"{base}/v1/chat/completions"
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(limits=limits, timeout=300) as client:
         for _ in range(WARMUP):
-            await _one(client, url, headers)
+            await _one(client, url, headers, name)
         queue = list(range(total))
         times: list[float | None] = []
 
         async def worker() -> None:
             while queue:
                 queue.pop()
-                times.append(await _one(client, url, headers))
+                times.append(await _one(client, url, headers, name))
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return times
@@ -243,7 +246,7 @@ def test_added_latency_vs_direct_and_litellm(upstream: str, tmp_path: Path) -> N
         results: dict[tuple[str, int], tuple[float, float, int]] = {}
         for load in LOADS:
             for name, (base, headers) in targets.items():
-                times = asyncio.run(_load(base, load, REQUESTS[load], headers))
+                times = asyncio.run(_load(base, load, REQUESTS[load], headers, name))
                 results[(name, load)] = _percentiles(times)
     finally:
         for process in processes:
@@ -271,8 +274,9 @@ def _print_table(
     )
     print("|---|---|---|---|---|")
     for load in LOADS:
-        d50, d99, _ = results[("direct", load)]
-        cells = [f"{load}", f"{REQUESTS[load]}", f"{d50:.1f} / {d99:.1f}"]
+        d50, d99, direct_failed = results[("direct", load)]
+        errors = f" ({direct_failed} failed)" if direct_failed else ""
+        cells = [f"{load}", f"{REQUESTS[load]}", f"{d50:.1f} / {d99:.1f}{errors}"]
         for name in ("triage proxy", "LiteLLM"):
             if (name, load) in results:
                 p50, p99, failed = results[(name, load)]

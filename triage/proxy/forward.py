@@ -129,15 +129,27 @@ class ProxyApp:
         self.identity: dict[str, str] = {"model": "", "build": "", "template_sha256": ""}
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
+        self._fresh: httpx.AsyncClient | None = None
         self._refresher: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
     async def startup(self) -> None:
         config = self.config
+        self._client = self._new_client(config.max_connections)
+        # A retry after a dead pooled connection goes on a connection of its own: the pool
+        # may hold more connections the upstream closed at the same moment.
+        self._fresh = self._new_client(0)
+        if self.recorder is not None and hasattr(self.recorder, "start"):
+            self.recorder.start()
+        await self.refresh_identity()
+        if config.identity_refresh_seconds > 0:
+            self._refresher = asyncio.create_task(self._refresh_loop())
+
+    def _new_client(self, keepalive: int) -> httpx.AsyncClient:
+        config = self.config
         limits = httpx.Limits(
-            max_connections=config.max_connections,
-            max_keepalive_connections=config.max_connections,
+            max_connections=config.max_connections, max_keepalive_connections=keepalive
         )
         timeout = httpx.Timeout(
             connect=config.connect_timeout,
@@ -145,25 +157,22 @@ class ProxyApp:
             write=config.read_timeout,
             pool=config.read_timeout,
         )
-        self._client = httpx.AsyncClient(
+        client = httpx.AsyncClient(
             limits=limits, timeout=timeout, transport=self._transport, follow_redirects=False
         )
         # Only what the client sent goes upstream: no httpx default User-Agent, Accept or
         # Accept-Encoding (a compressed reply would not be what the client asked for).
         for name in ("user-agent", "accept", "accept-encoding"):
-            self._client.headers.pop(name, None)
-        if self.recorder is not None and hasattr(self.recorder, "start"):
-            self.recorder.start()
-        await self.refresh_identity()
-        if config.identity_refresh_seconds > 0:
-            self._refresher = asyncio.create_task(self._refresh_loop())
+            client.headers.pop(name, None)
+        return client
 
     async def shutdown(self) -> None:
         if self._refresher is not None:
             self._refresher.cancel()
             await asyncio.gather(self._refresher, return_exceptions=True)
-        if self._client is not None:
-            await self._client.aclose()
+        for client in (self._client, self._fresh):
+            if client is not None:
+                await client.aclose()
         if self.recorder is not None and hasattr(self.recorder, "stop"):
             await asyncio.to_thread(self.recorder.stop)
 
@@ -280,21 +289,23 @@ class ProxyApp:
     async def _send(
         self, method: str, url: str, headers: list[tuple[bytes, bytes]], body: bytes
     ) -> httpx.Response:
-        """Send upstream; once more if a pooled keep-alive connection turned out closed.
+        """Send upstream; once more, on a new connection, if a pooled keep-alive connection
+        turned out closed.
 
         llama-server (cpp-httplib) closes keep-alive connections after a number of requests
-        or seconds idle; a request that meets such a connection gets no response byte at all
-        (RemoteProtocolError / ReadError / WriteError before the status line), so the
-        upstream never saw it and sending it again on a fresh connection is safe."""
-        assert self._client is not None
-        for attempt in (1, 2):
-            request = self._client.build_request(method, url, headers=headers, content=body)
-            try:
-                return await self._client.send(request, stream=True)
-            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
+        or seconds idle, and under load closes reused ones unanswered; a request that meets
+        such a connection gets no response byte at all (RemoteProtocolError / ReadError /
+        WriteError before the status line), so the upstream never saw it and sending it again
+        is safe. The second attempt never takes a pooled connection: others in the pool may
+        be just as dead, and a client must get the upstream's answer, not a 502."""
+        assert self._client is not None and self._fresh is not None
+        request = self._client.build_request(method, url, headers=headers, content=body)
+        try:
+            return await self._client.send(request, stream=True)
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+            pass
+        request = self._fresh.build_request(method, url, headers=headers, content=body)
+        return await self._fresh.send(request, stream=True)
 
     async def _stream(
         self, response: httpx.Response, receive: Receive, send: Send, record: dict[str, Any]

@@ -244,6 +244,7 @@ def test_added_latency_vs_direct_and_litellm(upstream: str, tmp_path: Path) -> N
             except RuntimeError as exc:
                 note = f"LiteLLM did not start: {exc}"
         results: dict[tuple[str, int], tuple[float, float, int]] = {}
+        loadavg_before = os.getloadavg()
         for load in LOADS:
             for name, (base, headers) in targets.items():
                 times = asyncio.run(_load(base, load, REQUESTS[load], headers, name))
@@ -251,7 +252,7 @@ def test_added_latency_vs_direct_and_litellm(upstream: str, tmp_path: Path) -> N
     finally:
         for process in processes:
             _stop(process)
-    _print_table(results, targets, note)
+    _print_table(results, targets, note, (loadavg_before, os.getloadavg()))
     for name in ("proxy.log", "litellm.log"):
         if (tmp_path / name).exists() and any(r[2] for r in results.values()):
             print(f"--- last lines of {name}")
@@ -260,13 +261,20 @@ def test_added_latency_vs_direct_and_litellm(upstream: str, tmp_path: Path) -> N
 
 
 def _print_table(
-    results: dict[tuple[str, int], tuple[float, float, int]], targets: dict[str, Any], note: str
+    results: dict[tuple[str, int], tuple[float, float, int]],
+    targets: dict[str, Any],
+    note: str,
+    loadavg: tuple[tuple[float, ...], tuple[float, ...]],
 ) -> None:
+    """The table, headed by the machine and its load (1/5/15-min load averages before and
+    after the run: on a shared machine the numbers mean little without it)."""
+    before, after = (" / ".join(f"{v:.2f}" for v in values) for values in loadavg)
     print()
     print(
         f"machine: {platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, "
         f"Python {platform.python_version()}; streamed chat completions of {MAX_TOKENS} "
-        f"tokens, llama-server b11434 `{' '.join(SERVER_ARGS)}`"
+        f"tokens, llama-server b11434 `{' '.join(SERVER_ARGS)}`; load average "
+        f"{before} before, {after} after"
     )
     print(
         "| clients | requests | direct p50 / p99 ms | triage proxy added p50 / p99 ms "

@@ -313,7 +313,11 @@ class ProxyApp:
             return await self._client.request(method, target, headers=pairs, **options)
         except aiohttp.ClientConnectorError:
             raise
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+        except (
+            aiohttp.ServerDisconnectedError,  # closed before the status line
+            aiohttp.ClientOSError,  # reset while the request was written
+            aiohttp.ClientConnectionResetError,  # written to a transport already closing
+        ):
             pass
         return await self._fresh.request(method, target, headers=pairs, **options)
 

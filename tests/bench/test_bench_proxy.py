@@ -145,6 +145,42 @@ async def _load(
     return times
 
 
+def _cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) used so far by a process and all its descendants, from
+    /proc: unlike latency, barely moved by other jobs on a shared machine."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}  # pid -> (parent pid, seconds)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            text = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)
+    family, total = {pid}, 0.0
+    for _ in range(4):  # children, grandchildren, ...
+        family |= {child for child, (parent, _) in stats.items() if parent in family}
+    for member in family:
+        total += stats.get(member, (0, 0.0))[1]
+    return total
+
+
+def _settled_cpu_seconds(pid: int, timeout: float = 30.0) -> float:
+    """`_cpu_seconds` once the process has gone idle (its background recording of the load
+    done), polled every 0.5 s for at most `timeout` s."""
+    deadline = time.monotonic() + timeout
+    used = _cpu_seconds(pid)
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = _cpu_seconds(pid)
+        if now - used < 0.02:
+            return now
+        used = now
+    return used
+
+
 def _percentiles(times: list[float | None]) -> tuple[float, float, int]:
     """p50 and p99 in ms of the requests that succeeded, and how many failed."""
     ok = [t for t in times if t is not None]
@@ -228,12 +264,14 @@ def _start_litellm(
 def test_added_latency_vs_direct_and_litellm(upstream: str, tmp_path: Path) -> None:
     targets: dict[str, tuple[str, dict[str, str]]] = {"direct": (upstream, {})}
     processes = []
+    pids: dict[str, int] = {}
     note = ""
     try:
         proxy, proxy_url = _start_triage_proxy(upstream, tmp_path)
         processes.append(proxy)
         _wait_ready(f"{proxy_url}/health", proxy)
         targets["triage proxy"] = (proxy_url, {})
+        pids["triage proxy"] = proxy.pid
         binary, note = litellm_binary()
         if binary is not None:
             litellm, litellm_url = _start_litellm(binary, upstream, tmp_path)
@@ -241,18 +279,27 @@ def test_added_latency_vs_direct_and_litellm(upstream: str, tmp_path: Path) -> N
             try:
                 _wait_ready(f"{litellm_url}/health/liveliness", litellm)
                 targets["LiteLLM"] = (litellm_url, {"authorization": f"Bearer {MASTER_KEY}"})
+                pids["LiteLLM"] = litellm.pid
             except RuntimeError as exc:
                 note = f"LiteLLM did not start: {exc}"
         results: dict[tuple[str, int], tuple[float, float, int]] = {}
+        cpu: dict[tuple[str, int], float] = {}  # ms of CPU per request
         loadavg_before = os.getloadavg()
         for load in LOADS:
             for name, (base, headers) in targets.items():
+                before = _cpu_seconds(pids[name]) if name in pids else 0.0
                 times = asyncio.run(_load(base, load, REQUESTS[load], headers, name))
                 results[(name, load)] = _percentiles(times)
+                if name in pids:
+                    used = _settled_cpu_seconds(pids[name]) - before
+                    cpu[(name, load)] = used * 1000 / (REQUESTS[load] + WARMUP)
     finally:
         for process in processes:
             _stop(process)
     _print_table(results, targets, note, (loadavg_before, os.getloadavg()))
+    print("CPU per request (the process and its children, ms; recording included):")
+    for (name, load), value in sorted(cpu.items()):
+        print(f"  {name} at {load} clients: {value:.2f}")
     for name in ("proxy.log", "litellm.log"):
         if (tmp_path / name).exists() and any(r[2] for r in results.values()):
             print(f"--- last lines of {name}")

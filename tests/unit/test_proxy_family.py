@@ -172,3 +172,50 @@ def test_an_incident_the_proxy_opened_is_not_a_family_match_for_another_model(
     incidents, signatures, _ = _state(db_url)
     assert len(incidents) == 2 and len(signatures) == 2
     assert all(not s.opened_by.startswith("matched:") for s in signatures)
+
+
+def test_the_most_similar_matching_incident_gets_the_evidence(db_url: str) -> None:
+    """Two open Gemma incidents with the failure: the one on the live build is the match; an
+    incident lacking one of the signature's kinds is none."""
+    ids = _seed(
+        db_url,
+        [
+            {
+                "slug": "2026-06-01-gemma-empty-on-b11434",
+                "title": "Gemma empty on the current build",
+                "model": GEMMA,
+                "server_build": "b11434",
+                "symptoms": [("empty-content", "empty"), ("tool-markup-leaked", "markup")],
+            },
+            {
+                "slug": "2026-06-02-gemma-empty-on-b9589",
+                "title": "Gemma empty on the old build",
+                "model": GEMMA,
+                "server_build": "b9589",
+                "symptoms": [("empty-content", "empty"), ("tool-markup-leaked", "markup")],
+            },
+            {
+                "slug": "2026-06-03-gemma-empty-only",
+                "title": "Gemma empty, no markup",
+                "model": GEMMA,
+                "server_build": "b11434",
+                "symptoms": [("empty-content", "empty")],
+            },
+        ],
+    )
+    store = Store(db_url, migrate=False)
+    try:
+        with store.session(readonly=True) as session:
+            both = ["empty-content", "tool-markup-leaked"]
+            found = live.family_match(
+                session, model=GEMMA, kinds=both, upstream={"build": "b11434-abc"}
+            )
+            older = live.family_match(session, model=GEMMA, kinds=both, upstream={"build": "b9589"})
+            unknown = live.family_match(
+                session, model="model.gguf", kinds=both, upstream={"build": "b11434"}
+            )
+    finally:
+        store.close()
+    assert found is not None and found.id == ids["2026-06-01-gemma-empty-on-b11434"]
+    assert older is not None and older.id == ids["2026-06-02-gemma-empty-on-b9589"]
+    assert unknown is None  # no model family known: nothing to match on

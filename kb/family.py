@@ -61,7 +61,7 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Field, Session, SQLModel, col, select
 
-from kb import vocab
+from kb import flags, vocab
 from kb.models import Cause, FamilyLink, Incident, Symptom
 from kb.store import StoreError, require_incident
 
@@ -145,8 +145,6 @@ _MODEL_KEYS = ("model", "weights", "model_path", "model_name")
 _BUILD_KEYS = vocab.BUILD_KEYS
 _SPEC_KEYS = ("speculative", "spec", "speculative_decoding")
 _THINKING_KEYS = ("thinking_default", "thinking", "enable_thinking")
-# Server flags that turn speculative decoding on (`--spec-type none` does not).
-_SPEC_FLAGS = ("--spec-type", "-md", "--model-draft", "--draft-model", "-hfd", "--hf-repo-draft")
 _ON = {"on", "true", "yes", "1", "enabled", "enable"}
 _OFF = {"off", "false", "no", "0", "none", "disabled", "disable"}
 _UNKNOWN = {"", "not", "unknown", "n", "na", "unrecorded", "null"}
@@ -326,7 +324,8 @@ def stack_fingerprint(stack: Mapping[str, Any]) -> dict[str, str]:
     spec = next((_switch(stack.get(key)) for key in _SPEC_KEYS if key in stack), "")
     if not spec and args:  # no flags recorded is unknown, not "off"
         spec_type = _flag_value(args, "--spec-type")
-        on = any(arg in _SPEC_FLAGS[1:] or arg.startswith(("--model-draft=",)) for arg in args)
+        # A draft model turns it on; so does a --spec-type other than none.
+        on = any(arg.split("=", 1)[0] in flags.DRAFT_MODEL_FLAGS for arg in args)
         if spec_type is not None and spec_type.strip().lower() not in _OFF:
             on = True
         spec = "on" if on else "off"

@@ -341,6 +341,113 @@ def open_incident(
     return live, True
 
 
+# Statuses of an incident still being worked on: live failures of the same family add
+# evidence to it instead of opening another.
+MATCHABLE_STATUSES = ("open", "parked", "reopened")
+# `opened_by` of a signature row that attached to an incident opened by other means.
+MATCHED_PREFIX = "matched:"
+MAX_MATCH_CANDIDATES = 200
+
+
+def family_match(
+    session: Session, *, model: str, kinds: Iterable[str], upstream: dict[str, Any]
+) -> Incident | None:
+    """The open or parked incident, opened by other means than the proxy (a capture, a
+    diagnosis, by hand), that a live failure is the same failure as -- kb.family's matching:
+
+    - the incident's symptoms include every failing kind of the live signature;
+    - its model family (from its stack: model, weights) is the live model's, both known;
+    - its status is open, parked or reopened, and no proxy opened it;
+
+    among those, the most similar by `kb.family.similarity` (kinds, build, ...), then the
+    newest. A different build does not prevent a match: a parked incident waits for
+    exactly that evidence (its "failures in new captures" trigger)."""
+    from kb import family  # kb.family -> kb.store; imported here to keep kb.live light
+
+    wanted = sorted({kind for kind in kinds if kind})
+    query = family.signature(
+        wanted, [], {"model": model, "server_build": str(upstream.get("build") or "")}
+    )
+    if not wanted or not query.model_family:
+        return None
+    statement = select(Incident).where(col(Incident.status).in_(MATCHABLE_STATUSES))
+    for kind in wanted:
+        having = select(Symptom.incident_id).where(Symptom.kind == kind)
+        statement = statement.where(col(Incident.id).in_(having))
+    proxy_opened = select(LiveSignature.incident_id).where(
+        ~col(LiveSignature.opened_by).startswith(MATCHED_PREFIX)
+    )
+    statement = statement.where(col(Incident.id).not_in(proxy_opened))
+    statement = statement.order_by(col(Incident.id).desc()).limit(MAX_MATCH_CANDIDATES)
+    best: tuple[float, int, Incident] | None = None
+    for incident in session.exec(statement).all():
+        assert incident.id is not None
+        past = family.incident_signature(session, incident.slug)
+        if past.model_family != query.model_family:
+            continue
+        ranked = (family.similarity(query, past), incident.id, incident)
+        if best is None or ranked[:2] > best[:2]:
+            best = ranked
+    return best[2] if best is not None else None
+
+
+def open_or_attach(
+    session: Session,
+    *,
+    model: str,
+    signature: str,
+    kinds: Iterable[str],
+    title: str,
+    summary: str,
+    upstream: dict[str, Any],
+    detection: dict[str, Any],
+    examples: Sequence[dict[str, Any]],
+    opened_by: str,
+    today: date | None = None,
+) -> tuple[LiveSignature, str]:
+    """The incident for a live failure signature that just alarmed: the one already tracking
+    it (`existing`, examples not added), else an open or parked incident of the same family
+    opened by other means (`attached`: the signature, its examples and a timeline entry
+    are added to it), else a new one (`opened`, see `open_incident`)."""
+    kinds = sorted(set(kinds))
+    lock_signature(session, model, signature)
+    existing = find_signature(session, model, signature)
+    if existing is not None:
+        return existing, "existing"
+    incident = family_match(session, model=model, kinds=kinds, upstream=upstream)
+    if incident is None:
+        row, opened_now = open_incident(
+            session,
+            model=model,
+            signature=signature,
+            kinds=kinds,
+            title=title,
+            summary=summary,
+            upstream=upstream,
+            detection=detection,
+            examples=examples,
+            opened_by=opened_by,
+            today=today,
+        )
+        return row, "opened" if opened_now else "existing"
+    assert incident.id is not None
+    row = LiveSignature(
+        key=signature_key(model, signature),
+        model=model[:300],
+        signature=signature,
+        incident_id=incident.id,
+        opened_by=(MATCHED_PREFIX + opened_by)[:100],
+        detection=detection,
+    )
+    session.add(row)
+    event = f"live failure matched by {opened_by}: {summary}"
+    incident.timeline = [*(incident.timeline or []), {"at": utcnow().isoformat(), "event": event}]
+    session.add(incident)
+    session.flush()
+    add_examples(session, row, examples)
+    return row, "attached"
+
+
 def add_examples(
     session: Session, live: LiveSignature, examples: Sequence[dict[str, Any]]
 ) -> list[str]:

@@ -20,47 +20,10 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-# Flags that switch speculative decoding on or configure it: `spec-off` strips them.
-# Value-taking flags (flag, value) vs switches; both the long and the short spellings.
-SPEC_VALUE_FLAGS = {
-    "--spec-type",
-    "--spec-draft-model",
-    "-md",
-    "--model-draft",
-    "--spec-draft-n-max",
-    "--spec-draft-n-min",
-    "--draft",
-    "--draft-n",
-    "--draft-max",
-    "--draft-min",
-    "--draft-n-min",
-    "--spec-draft-p-min",
-    "--draft-p-min",
-    "--spec-draft-p-split",
-    "--draft-p-split",
-    "--spec-draft-ngl",
-    "-ngld",
-    "--gpu-layers-draft",
-    "--n-gpu-layers-draft",
-    "--spec-draft-device",
-    "-devd",
-    "--device-draft",
-    "--spec-draft-threads",
-    "-td",
-    "--threads-draft",
-    "--spec-draft-threads-batch",
-    "-tbd",
-    "--threads-batch-draft",
-    "--spec-draft-type-k",
-    "-ctkd",
-    "--cache-type-k-draft",
-    "--spec-draft-type-v",
-    "-ctvd",
-    "--cache-type-v-draft",
-    "--spec-draft-sampling",
-    "--spec-synth-len",
-    "--spec-synth-rates",
-}
+from kb.flags import DRAFT_MODEL_FLAGS, SPEC_PREFIXES, SPEC_SWITCH_FLAGS, SPEC_VALUE_FLAGS
+
+# Flags that switch speculative decoding on or configure it: `spec-off` strips them. The
+# vocabulary lives in kb.flags (kb.family reads it too); the names stay importable from here.
 # Flags whose value is a file: relative values resolve against the stack file's folder.
 PATH_VALUE_FLAGS = {
     "-md",
@@ -73,8 +36,6 @@ PATH_VALUE_FLAGS = {
     "--grammar-file",
     "--slot-save-path",
 }
-SPEC_SWITCH_FLAGS = {"--spec-default", "--spec-draft-backend-sampling"}
-SPEC_PREFIXES = ("--spec-",)
 
 
 # `binary = "b9589"`: a build number, resolved to the build cache.
@@ -136,10 +97,7 @@ def has_spec_flags(args: tuple[str, ...] | list[str]) -> bool:
     if split_spec_flags(args)[1]:
         # `--spec-type none` alone does not switch speculative decoding on.
         spec_type = _flag_value(args, "--spec-type")
-        return not (
-            spec_type == "none"
-            and not _flag_value(args, "-md", "--model-draft", "--spec-draft-model")
-        )
+        return not (spec_type == "none" and not _flag_value(args, *sorted(DRAFT_MODEL_FLAGS)))
     return False
 
 

@@ -106,40 +106,79 @@ def litellm_binary() -> tuple[Path | None, str]:
     return (binary, "") if binary.exists() else (None, "LiteLLM installed no `litellm` script")
 
 
-async def _one(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> float | None:
-    """Seconds to the last byte, or None for a failed request (counted, not timed)."""
+async def _one(
+    client: httpx.AsyncClient, url: str, headers: dict[str, str], name: str = ""
+) -> float | None:
+    """Seconds to the last byte, or None for a failed request (counted, not timed); a
+    failure is printed with the target's name (`direct` is llama-server itself)."""
     started = time.perf_counter()
     try:
         async with client.stream("POST", url, json=BODY, headers=headers) as response:
             async for _ in response.aiter_raw():
                 pass
     except httpx.HTTPError as exc:
-        print(f"{url}: {type(exc).__name__}")
+        print(f"{name or url}: {type(exc).__name__}: {exc}")
         return None
     if response.status_code != 200:
-        print(f"{url}: HTTP {response.status_code}")
+        print(f"{name or url}: HTTP {response.status_code}")
         return None
     return time.perf_counter() - started
 
 
 async def _load(
-    base: str, concurrency: int, total: int, headers: dict[str, str]
+    base: str, concurrency: int, total: int, headers: dict[str, str], name: str = ""
 ) -> list[float | None]:
     url = f"{base}/v1/chat/completions"
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(limits=limits, timeout=300) as client:
         for _ in range(WARMUP):
-            await _one(client, url, headers)
+            await _one(client, url, headers, name)
         queue = list(range(total))
         times: list[float | None] = []
 
         async def worker() -> None:
             while queue:
                 queue.pop()
-                times.append(await _one(client, url, headers))
+                times.append(await _one(client, url, headers, name))
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return times
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) used so far by a process and all its descendants, from
+    /proc: unlike latency, barely moved by other jobs on a shared machine."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}  # pid -> (parent pid, seconds)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            text = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)
+    family, total = {pid}, 0.0
+    for _ in range(4):  # children, grandchildren, ...
+        family |= {child for child, (parent, _) in stats.items() if parent in family}
+    for member in family:
+        total += stats.get(member, (0, 0.0))[1]
+    return total
+
+
+def _settled_cpu_seconds(pid: int, timeout: float = 30.0) -> float:
+    """`_cpu_seconds` once the process has gone idle (its background recording of the load
+    done), polled every 0.5 s for at most `timeout` s."""
+    deadline = time.monotonic() + timeout
+    used = _cpu_seconds(pid)
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = _cpu_seconds(pid)
+        if now - used < 0.02:
+            return now
+        used = now
+    return used
 
 
 def _percentiles(times: list[float | None]) -> tuple[float, float, int]:
@@ -225,12 +264,14 @@ def _start_litellm(
 def test_added_latency_vs_direct_and_litellm(upstream: str, tmp_path: Path) -> None:
     targets: dict[str, tuple[str, dict[str, str]]] = {"direct": (upstream, {})}
     processes = []
+    pids: dict[str, int] = {}
     note = ""
     try:
         proxy, proxy_url = _start_triage_proxy(upstream, tmp_path)
         processes.append(proxy)
         _wait_ready(f"{proxy_url}/health", proxy)
         targets["triage proxy"] = (proxy_url, {})
+        pids["triage proxy"] = proxy.pid
         binary, note = litellm_binary()
         if binary is not None:
             litellm, litellm_url = _start_litellm(binary, upstream, tmp_path)
@@ -238,17 +279,27 @@ def test_added_latency_vs_direct_and_litellm(upstream: str, tmp_path: Path) -> N
             try:
                 _wait_ready(f"{litellm_url}/health/liveliness", litellm)
                 targets["LiteLLM"] = (litellm_url, {"authorization": f"Bearer {MASTER_KEY}"})
+                pids["LiteLLM"] = litellm.pid
             except RuntimeError as exc:
                 note = f"LiteLLM did not start: {exc}"
         results: dict[tuple[str, int], tuple[float, float, int]] = {}
+        cpu: dict[tuple[str, int], float] = {}  # ms of CPU per request
+        loadavg_before = os.getloadavg()
         for load in LOADS:
             for name, (base, headers) in targets.items():
-                times = asyncio.run(_load(base, load, REQUESTS[load], headers))
+                before = _cpu_seconds(pids[name]) if name in pids else 0.0
+                times = asyncio.run(_load(base, load, REQUESTS[load], headers, name))
                 results[(name, load)] = _percentiles(times)
+                if name in pids:
+                    used = _settled_cpu_seconds(pids[name]) - before
+                    cpu[(name, load)] = used * 1000 / (REQUESTS[load] + WARMUP)
     finally:
         for process in processes:
             _stop(process)
-    _print_table(results, targets, note)
+    _print_table(results, targets, note, (loadavg_before, os.getloadavg()))
+    print("CPU per request (the process and its children, ms; recording included):")
+    for (name, load), value in sorted(cpu.items()):
+        print(f"  {name} at {load} clients: {value:.2f}")
     for name in ("proxy.log", "litellm.log"):
         if (tmp_path / name).exists() and any(r[2] for r in results.values()):
             print(f"--- last lines of {name}")
@@ -257,13 +308,20 @@ def test_added_latency_vs_direct_and_litellm(upstream: str, tmp_path: Path) -> N
 
 
 def _print_table(
-    results: dict[tuple[str, int], tuple[float, float, int]], targets: dict[str, Any], note: str
+    results: dict[tuple[str, int], tuple[float, float, int]],
+    targets: dict[str, Any],
+    note: str,
+    loadavg: tuple[tuple[float, ...], tuple[float, ...]],
 ) -> None:
+    """The table, headed by the machine and its load (1/5/15-min load averages before and
+    after the run: on a shared machine the numbers mean little without it)."""
+    before, after = (" / ".join(f"{v:.2f}" for v in values) for values in loadavg)
     print()
     print(
         f"machine: {platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, "
         f"Python {platform.python_version()}; streamed chat completions of {MAX_TOKENS} "
-        f"tokens, llama-server b11434 `{' '.join(SERVER_ARGS)}`"
+        f"tokens, llama-server b11434 `{' '.join(SERVER_ARGS)}`; load average "
+        f"{before} before, {after} after"
     )
     print(
         "| clients | requests | direct p50 / p99 ms | triage proxy added p50 / p99 ms "
@@ -271,8 +329,9 @@ def _print_table(
     )
     print("|---|---|---|---|---|")
     for load in LOADS:
-        d50, d99, _ = results[("direct", load)]
-        cells = [f"{load}", f"{REQUESTS[load]}", f"{d50:.1f} / {d99:.1f}"]
+        d50, d99, direct_failed = results[("direct", load)]
+        errors = f" ({direct_failed} failed)" if direct_failed else ""
+        cells = [f"{load}", f"{REQUESTS[load]}", f"{d50:.1f} / {d99:.1f}{errors}"]
         for name in ("triage proxy", "LiteLLM"):
             if (name, load) in results:
                 p50, p99, failed = results[(name, load)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -279,3 +280,91 @@ def _server_metric(base_url: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise AssertionError(f"llama-server /metrics has no {name}")
+
+
+# --------------------------------------------------------------------------- auto-diagnose
+
+
+def test_auto_diagnose_runs_triage_against_the_given_stack_not_the_upstream(
+    drill_server: RunningServer, toolcall_drill: Drill, tmp_path: Path
+) -> None:
+    """The proxy in front of the real drill server opens an incident for the drill's
+    intermittent failure and starts `triage diagnose` on it against --stack (a server of its
+    own, launched from the stack), and the run is recorded in that incident."""
+    from kb.models import TriageRun
+    from triage.proxy.diagnose import AutoDiagnose, check_stack
+
+    stack = toolcall_drill.out_dir / "auto-diagnose-stack.toml"  # relative model paths
+    stack.write_text(
+        (toolcall_drill.out_dir / "stack.toml").read_text() + "\n[probes]\nmax_requests = 12\n"
+    )
+    check_stack(stack, drill_server.base_url, allow_upstream=False)  # not the upstream
+    db_url = f"sqlite:///{tmp_path / 'kb.db'}"
+    hook = AutoDiagnose(stack, tmp_path / "runs", database_url=db_url)
+    recorder = Recorder(
+        db_url, spool_path=tmp_path / "spool.jsonl", flush_seconds=0.05, on_incident=hook
+    )
+    app = ProxyApp(ProxyConfig(drill_server.base_url), recorder=recorder)
+    body = toolcall_drill.request("sampled")
+    try:
+        with serving(app) as server:
+            with ThreadPoolExecutor(4) as pool:
+                replies = list(
+                    pool.map(
+                        lambda seed: httpx.post(
+                            f"{server.url}/v1/chat/completions",
+                            json={**body, "seed": seed},
+                            timeout=300,
+                        ),
+                        range(100, 130),
+                    )
+                )
+            recorder.flush(len(replies))
+        assert all(r.status_code == 200 for r in replies)
+        assert len(recorder.opened) == 1 and len(hook.started) == 1
+        hook.started[0].wait(900)
+    finally:
+        hook.stop()
+    slug = recorder.opened[0]["slug"]
+    folder = tmp_path / "runs" / slug
+    log_text = (folder / "diagnose.log").read_text(errors="replace")
+    store = Store(db_url, migrate=False)
+    try:
+        with store.session(readonly=True) as session:
+            incident = session.exec(select(Incident).where(Incident.slug == slug)).one()
+            runs = session.exec(select(TriageRun).where(TriageRun.incident_id == incident.id)).all()
+    finally:
+        store.close()
+    assert len(runs) == 1, log_text
+    assert runs[0].finished_at is not None and runs[0].state in ("done", "partial"), log_text
+    plan = json.dumps(runs[0].plan)
+    assert drill_server.base_url not in plan and f":{drill_server.port}" not in plan
+    assert toolcall_drill.models["qat"].name in plan  # the stack's own server
+    diagnosis = json.loads((folder / "diagnosis.json").read_text())
+    assert runs[0].result["incident"] == slug and diagnosis["run_id"] == runs[0].id
+    assert diagnosis["stack"] == runs[0].result["stack"]
+
+
+def test_auto_diagnose_never_replays_against_the_upstream_without_a_stack(
+    drill_server: RunningServer, tmp_path: Path
+) -> None:
+    """`triage proxy --auto-diagnose` in front of the real server: refused at startup
+    without --stack, and with a stack whose server is the upstream itself (unless
+    --diagnose-upstream): no proxy runs, nothing is replayed against production."""
+    import subprocess
+    import sys
+
+    production = tmp_path / "production.toml"
+    production.write_text(f'[server]\nurl = "{drill_server.base_url}"\n')
+    env = {**os.environ, "TRIAGE_DATABASE_URL": f"sqlite:///{tmp_path / 'kb.db'}"}
+    base = [sys.executable, "-m", "triage.cli", "proxy", "--upstream", drill_server.base_url]
+    base += ["--listen", "127.0.0.1:0", "--auto-diagnose"]
+    for extra, message in (
+        ([], "--auto-diagnose needs --stack"),
+        (["--stack", str(production)], "would replay against production"),
+    ):
+        done = subprocess.run(
+            base + extra, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
+        )
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert not (tmp_path / "kb.db").exists()  # no proxy started, nothing recorded

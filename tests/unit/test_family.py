@@ -10,6 +10,7 @@ import pytest
 from kb_rows import QWEN, REFERENCE, add_incident, add_reference_incidents
 from sqlmodel import select
 
+from kb import flags
 from kb.family import (
     FINDING_KINDS,
     IncidentSignature,
@@ -87,6 +88,12 @@ def test_server_build(stack: dict[str, Any], expected: str) -> None:
         ({"args": ["--spec-type", "draft-mtp", "-md", "d.gguf"]}, "on", ""),
         ({"args": ["--spec-type=none", "-c", "8192"]}, "off", ""),
         ({"flags": ["-md", "draft.gguf"]}, "on", ""),
+        # Every spelling of a draft model llama-server accepts (kb.flags, shared with
+        # triage.stackfile): the current long names were read as "off" before.
+        ({"args": ["--spec-draft-model", "draft.gguf"]}, "on", ""),
+        ({"args": ["--spec-draft-model=draft.gguf"]}, "on", ""),
+        ({"args": ["-hfrd", "org/draft-GGUF"]}, "on", ""),
+        ({"args": ["--spec-type", "none", "--spec-draft-n-max", "8"]}, "off", ""),
         ({"args": "-c 8192 --reasoning off"}, "off", "off"),
         ({"args": ["--reasoning", "on"]}, "off", "on"),
         ({"args": ["--reasoning-budget", "0"]}, "off", "off"),
@@ -101,6 +108,18 @@ def test_server_build(stack: dict[str, Any], expected: str) -> None:
 def test_spec_and_thinking(stack: dict[str, Any], spec: str, thinking: str) -> None:
     fingerprint = stack_fingerprint(stack)
     assert (fingerprint["spec"], fingerprint["thinking"]) == (spec, thinking)
+
+
+def test_family_and_the_spec_off_arm_read_one_flag_vocabulary() -> None:
+    """What kb.family calls speculative decoding is what the spec-off arm strips."""
+    from triage import stackfile
+
+    assert stackfile.SPEC_VALUE_FLAGS is flags.SPEC_VALUE_FLAGS
+    for flag in sorted(flags.DRAFT_MODEL_FLAGS):
+        args = ["-c", "8192", flag, "draft.gguf"]
+        assert stack_fingerprint({"args": args})["spec"] == "on", flag
+        assert stackfile.has_spec_flags(args), flag
+        assert stackfile.strip_spec_flags(args) == ["-c", "8192"], flag
 
 
 def test_finding_kinds_match_the_symptom_checks() -> None:

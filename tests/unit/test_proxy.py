@@ -10,7 +10,9 @@ import json
 import re
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -474,7 +476,8 @@ class _OneRequestPerConnection:
     and closes the connection, unanswered, when a second request arrives on it -- the race
     a pooled connection meets when llama-server (cpp-httplib) ends keep-alive."""
 
-    def __init__(self) -> None:
+    def __init__(self, answer_delay: float = 0.0) -> None:
+        self.answer_delay = answer_delay
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(16)
@@ -512,6 +515,7 @@ class _OneRequestPerConnection:
                 if number == 2:
                     self.dropped += 1
                     return  # closed without a response byte
+                time.sleep(self.answer_delay)
                 body = json.dumps(chat_reply("A complete answer from a fresh connection."))
                 conn.sendall(
                     b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
@@ -539,6 +543,28 @@ def test_a_pooled_connection_the_upstream_closed_is_retried_not_a_502(
         server.close()
     assert statuses == [200] * 4
     assert server.dropped >= 1  # the race did happen, and the proxy sent the request again
+
+
+def test_a_retry_never_meets_a_second_closed_pooled_connection(
+    make_proxy: ProxyFactory,
+) -> None:
+    """With several idle pooled connections that the upstream has all closed (llama-server
+    ending keep-alive on a burst of them), the retry must not take the next dead one from the
+    pool: each client gets the upstream's answer, never a 502 nor a dropped connection."""
+    server = _OneRequestPerConnection(answer_delay=0.3)
+    try:
+        proxy = make_proxy(f"http://127.0.0.1:{server.port}")
+        url = f"{proxy.url}/v1/chat/completions"
+        with ThreadPoolExecutor(4) as pool:  # four connections open at once, then pooled
+            first = list(pool.map(lambda _: httpx.post(url, json=chat("ok"), timeout=30), range(4)))
+        with httpx.Client(timeout=30) as client:
+            later = [client.post(url, json=chat("ok")) for _ in range(4)]
+    finally:
+        server.close()
+    assert [r.status_code for r in first + later] == [200] * 8
+    direct = json.dumps(chat_reply("A complete answer from a fresh connection.")).encode()
+    assert all(r.content == direct for r in first + later)
+    assert server.dropped >= 2  # dead pooled connections were met, and none reached a client
 
 
 def test_a_full_spool_drops_and_counts_instead_of_filling_the_disk(

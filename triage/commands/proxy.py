@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from triage.proxy import ProxyApp
     from triage.proxy.diagnose import AutoDiagnose
 
+SWITCH_INTERVAL_SECONDS = 0.0005
+
 # In the order `triage proxy --help` lists them.
 _OPTIONS = (
     click.option(
@@ -150,10 +152,16 @@ def _auto_diagnose_hook(
 
 def _serve(app: ProxyApp, host: str, port: int, hook: AutoDiagnose | None) -> None:
     """Serve until Ctrl-C; the auto-diagnose hook is stopped however the server ends."""
+    import sys
+
     import uvicorn
 
     from triage.proxy.server import uvicorn_config
 
+    # The recording writer is a thread of this process: when it holds the interpreter lock
+    # (classifying, compressing), the event loop waits for it up to the switch interval
+    # (5 ms by default), a delay every forwarded chunk would feel. 0.5 ms bounds that wait.
+    sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
     try:
         uvicorn.Server(uvicorn_config(app, host, port, log_level="info")).run()
     except KeyboardInterrupt:

@@ -1,7 +1,8 @@
 """The forwarding half of the proxy: a raw ASGI app in front of llama-server.
 
-`/v1/*`, `/props` and `/health` go to the upstream through one shared `httpx.AsyncClient`
-pool, byte for byte: the request body as received, the response body as sent (raw bytes,
+`/v1/*`, `/props` and `/health` go to the upstream through one shared `aiohttp` connection
+pool (its C HTTP parser costs a fraction of a pure-Python client per streamed chunk), byte
+for byte: the request body as received, the response body as sent (raw bytes,
 no decoding), status and headers intact except the hop-by-hop ones. Responses are streamed
 through chunk by chunk as they arrive (SSE included); nothing is buffered before the client
 gets it. A client that disconnects cancels the upstream request (its connection is closed,
@@ -27,7 +28,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import httpx
+import aiohttp
+import yarl
 
 from triage.proxy.metrics import ProxyMetrics
 
@@ -39,21 +41,26 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 # RFC 9110 7.6.1 hop-by-hop fields, plus what the proxy recomputes (host, content-length of
-# the request: httpx sets both from what it sends).
+# the request: the client library sets both from what it sends). Bytes, lower case: compared
+# with the raw header names as they come (no decoding per header on the hot path).
 HOP_BY_HOP = frozenset(
     {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
     }
 )
-REQUEST_DROP = HOP_BY_HOP | {"host", "content-length"}
+REQUEST_DROP = HOP_BY_HOP | {b"host", b"content-length"}
+# Headers aiohttp would add on its own: only what the client sent goes upstream (no default
+# User-Agent or Accept, no Accept-Encoding: a compressed reply is not what the client asked
+# for; no Content-Type guessed for a body sent without one).
+SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 FORWARDED_EXACT = frozenset({"/props", "/health"})
 DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_RECORD_BYTES = 4 * 1024 * 1024
@@ -121,62 +128,72 @@ class ProxyApp:
         *,
         recorder: Any | None = None,
         metrics: ProxyMetrics | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: Any | None = None,
     ) -> None:
+        """`transport`: an aiohttp connector to reach the upstream with (default: TCP)."""
         self.config = config
         self.recorder = recorder
         self.metrics = metrics or ProxyMetrics()
         self.identity: dict[str, str] = {"model": "", "build": "", "template_sha256": ""}
         self._transport = transport
-        self._client: httpx.AsyncClient | None = None
+        self._client: aiohttp.ClientSession | None = None
+        self._fresh: aiohttp.ClientSession | None = None
         self._refresher: asyncio.Task[None] | None = None
+        self._timeout = aiohttp.ClientTimeout(
+            total=None,
+            connect=config.connect_timeout,
+            sock_connect=config.connect_timeout,
+            sock_read=config.read_timeout,
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
     async def startup(self) -> None:
         config = self.config
-        limits = httpx.Limits(
-            max_connections=config.max_connections,
-            max_keepalive_connections=config.max_connections,
+        connector = self._transport or aiohttp.TCPConnector(
+            limit=config.max_connections, limit_per_host=0, ttl_dns_cache=300
         )
-        timeout = httpx.Timeout(
-            connect=config.connect_timeout,
-            read=config.read_timeout,
-            write=config.read_timeout,
-            pool=config.read_timeout,
+        self._client = self._new_session(connector)
+        # A retry after a dead pooled connection goes on a connection of its own: the pool
+        # may hold more connections the upstream closed at the same moment.
+        self._fresh = self._new_session(
+            aiohttp.TCPConnector(limit=config.max_connections, force_close=True)
         )
-        self._client = httpx.AsyncClient(
-            limits=limits, timeout=timeout, transport=self._transport, follow_redirects=False
-        )
-        # Only what the client sent goes upstream: no httpx default User-Agent, Accept or
-        # Accept-Encoding (a compressed reply would not be what the client asked for).
-        for name in ("user-agent", "accept", "accept-encoding"):
-            self._client.headers.pop(name, None)
         if self.recorder is not None and hasattr(self.recorder, "start"):
             self.recorder.start()
         await self.refresh_identity()
         if config.identity_refresh_seconds > 0:
             self._refresher = asyncio.create_task(self._refresh_loop())
 
+    def _new_session(self, connector: aiohttp.BaseConnector) -> aiohttp.ClientSession:
+        # Bytes through as received: no decompression, no cookies kept between clients.
+        return aiohttp.ClientSession(
+            connector=connector,
+            timeout=self._timeout,
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=SKIP_AUTO_HEADERS,
+        )
+
     async def shutdown(self) -> None:
         if self._refresher is not None:
             self._refresher.cancel()
             await asyncio.gather(self._refresher, return_exceptions=True)
-        if self._client is not None:
-            await self._client.aclose()
+        for client in (self._client, self._fresh):
+            if client is not None:
+                await client.close()
         if self.recorder is not None and hasattr(self.recorder, "stop"):
             await asyncio.to_thread(self.recorder.stop)
 
     async def refresh_identity(self) -> None:
         """Read model, build and template hash from the upstream's /props (kept on failure)."""
         assert self._client is not None
+        timeout = aiohttp.ClientTimeout(total=self.config.connect_timeout)
         try:
-            reply = await self._client.get(
-                f"{self.config.upstream}/props", timeout=self.config.connect_timeout
-            )
-            if reply.status_code == 200:
-                self.identity = identity_from_props(reply.json())
-        except (httpx.HTTPError, ValueError) as exc:
+            async with self._client.get(f"{self.config.upstream}/props", timeout=timeout) as reply:
+                if reply.status == 200:
+                    self.identity = identity_from_props(json.loads(await reply.read()))
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
             log.warning("cannot read upstream /props: %s", type(exc).__name__)
 
     async def _refresh_loop(self) -> None:
@@ -235,69 +252,81 @@ class ProxyApp:
         url = self.config.upstream + raw_path.decode("latin-1")
         if query:
             url += "?" + query.decode("latin-1")
-        headers = [
-            (k, v) for k, v in scope["headers"] if k.decode("latin-1").lower() not in REQUEST_DROP
-        ]
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in REQUEST_DROP]
         record = _record_start(scope, body, headers, wall)
         try:
             response = await self._send(scope["method"], url, headers, body)
-        except httpx.TimeoutException:
+        except asyncio.TimeoutError:
             await self._upstream_failed(send, record, 504, "upstream timed out", started, True)
             return
-        except httpx.HTTPError as exc:
+        except aiohttp.ClientError as exc:
             detail = f"upstream unreachable ({type(exc).__name__})"
             await self._upstream_failed(send, record, 502, detail, started, False)
             return
         ttfb = time.perf_counter() - started
         self.metrics.first_byte.labels(path).observe(ttfb)
-        record["status"] = response.status_code
-        record["response_headers"] = list(response.headers.raw)
+        raw_headers = list(response.raw_headers)
+        record["status"] = response.status
+        record["response_headers"] = raw_headers
         record["ttfb_ms"] = ttfb * 1000
         record["identity"] = dict(self.identity)
         try:
             await send(
                 {
                     "type": "http.response.start",
-                    "status": response.status_code,
-                    "headers": [
-                        (k, v)
-                        for k, v in response.headers.raw
-                        if k.decode("latin-1").lower() not in HOP_BY_HOP
-                    ],
+                    "status": response.status,
+                    "headers": [(k, v) for k, v in raw_headers if k.lower() not in HOP_BY_HOP],
                 }
             )
             await self._stream(response, receive, send, record)
         finally:
-            await response.aclose()
+            if response.content.at_eof():
+                response.release()  # the connection goes back to the pool
+            else:
+                response.close()  # a client that left: llama-server stops and frees the slot
         elapsed = time.perf_counter() - started
         record["elapsed_ms"] = elapsed * 1000
-        stream = b"text/event-stream" in response.headers.get("content-type", "").encode()
+        stream = "text/event-stream" in response.headers.get("content-type", "")
         record["stream"] = stream
-        self.metrics.requests.labels(path, f"{response.status_code // 100}xx").inc()
+        self.metrics.requests.labels(path, f"{response.status // 100}xx").inc()
         self.metrics.latency.labels(path, "true" if stream else "false").observe(elapsed)
         self._submit(record)
 
     async def _send(
         self, method: str, url: str, headers: list[tuple[bytes, bytes]], body: bytes
-    ) -> httpx.Response:
-        """Send upstream; once more if a pooled keep-alive connection turned out closed.
+    ) -> aiohttp.ClientResponse:
+        """Send upstream; once more, on a new connection, if a pooled keep-alive connection
+        turned out closed.
 
         llama-server (cpp-httplib) closes keep-alive connections after a number of requests
-        or seconds idle; a request that meets such a connection gets no response byte at all
-        (RemoteProtocolError / ReadError / WriteError before the status line), so the
-        upstream never saw it and sending it again on a fresh connection is safe."""
-        assert self._client is not None
-        for attempt in (1, 2):
-            request = self._client.build_request(method, url, headers=headers, content=body)
-            try:
-                return await self._client.send(request, stream=True)
-            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
+        or seconds idle, and closes the connection after each streamed reply although its
+        headers say keep-alive; a request that meets such a connection gets no response
+        byte at all (ServerDisconnectedError / a reset before the status line), so the
+        upstream never saw it and sending it again is safe. The second attempt never takes
+        a pooled connection: others in the pool may be just as dead, and a client must get
+        the upstream's answer, not a 502. A refused connection is not retried."""
+        assert self._client is not None and self._fresh is not None
+        target = yarl.URL(url, encoded=True)  # the path and query exactly as the client sent
+        pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
+        options: dict[str, Any] = {"allow_redirects": False, "data": body or None}
+        try:
+            return await self._client.request(method, target, headers=pairs, **options)
+        except aiohttp.ClientConnectorError:
+            raise
+        except (
+            aiohttp.ServerDisconnectedError,  # closed before the status line
+            aiohttp.ClientOSError,  # reset while the request was written
+            aiohttp.ClientConnectionResetError,  # written to a transport already closing
+        ):
+            pass
+        return await self._fresh.request(method, target, headers=pairs, **options)
 
     async def _stream(
-        self, response: httpx.Response, receive: Receive, send: Send, record: dict[str, Any]
+        self,
+        response: aiohttp.ClientResponse,
+        receive: Receive,
+        send: Send,
+        record: dict[str, Any],
     ) -> None:
         """Pump the upstream body to the client; stop (closing upstream) if the client leaves."""
         pump = asyncio.create_task(self._pump(response, send, record))
@@ -315,12 +344,14 @@ class ProxyApp:
         elif isinstance(outcome, BaseException) and not isinstance(outcome, asyncio.CancelledError):
             raise outcome
 
-    async def _pump(self, response: httpx.Response, send: Send, record: dict[str, Any]) -> None:
+    async def _pump(
+        self, response: aiohttp.ClientResponse, send: Send, record: dict[str, Any]
+    ) -> None:
         chunks: list[bytes] = record["response_chunks"]
         kept = 0
         cap = self.config.max_record_bytes
         try:
-            async for chunk in response.aiter_raw():
+            async for chunk in response.content.iter_any():
                 if not chunk:
                     continue
                 try:
@@ -332,11 +363,11 @@ class ProxyApp:
                     kept += min(len(chunk), cap - kept)
                     if kept >= cap:
                         record["body_truncated"] = True
-        except httpx.TimeoutException:
+        except asyncio.TimeoutError:
             # The upstream went quiet mid-response: the status is already sent; end the
             # body so the client sees a truncated reply, and record the timeout.
             record["timed_out"] = True
-        except httpx.HTTPError as exc:
+        except aiohttp.ClientError as exc:
             record["transport_error"] = f"upstream closed mid-response ({type(exc).__name__})"
             record["upstream_truncated"] = True
         try:

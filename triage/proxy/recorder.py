@@ -575,7 +575,7 @@ class Recorder:
             f"{(upstream.get('template_sha256') or '?')[:12]}"
         )
         title = f"Live: {', '.join(kinds)} from {model or 'unknown model'} ({k}/{n} failing)"
-        sig_row, opened_now = live.open_incident(
+        sig_row, outcome = live.open_or_attach(
             session,
             model=model,
             signature=signature,
@@ -587,8 +587,13 @@ class Recorder:
             examples=[*first, *examples],
             opened_by=self.replica,
         )
-        if not opened_now:
+        if outcome == "existing":  # a replica opened or attached it first
             live.add_examples(session, sig_row, examples)
+            return None
+        if outcome == "attached":  # an open or parked incident of the same family
+            log.info(
+                "%s of %s: evidence added to incident %s", signature, model, sig_row.incident_id
+            )
             return None
         incident = session.get(Incident, sig_row.incident_id)
         return {

@@ -88,19 +88,23 @@ if cells:
 else:
     st.caption("No failures recorded in the window.")
 
-st.subheader("Incidents opened by the proxy")
+st.subheader("Incidents opened or matched by the proxy")
 if not opened:
     st.caption("None yet: a signature opens one when the sequential test finds it new or rising.")
 for item in opened:
     rate = item["detection"].get("rate", {})
+    by = str(item["opened_by"])
+    if by.startswith(live.MATCHED_PREFIX):  # an incident opened by other means
+        how = f"same failure family: evidence added by {by.removeprefix(live.MATCHED_PREFIX)}"
+    else:
+        how = f"opened by {by}"
     with st.container(border=True):
         st.markdown(
             f"**{md_escape(item['title'])}**  \n"
             f"{md_escape(item['slug'])} · {md_escape(item['status'])} · signature "
             f"{md_escape(item['signature'])} · at detection "
             f"{rate.get('failures', '?')}/{rate.get('n', '?')} "
-            f"(95% CI {md_escape(rate.get('interval', '?'))}) · opened by "
-            f"{md_escape(item['opened_by'])}"
+            f"(95% CI {md_escape(rate.get('interval', '?'))}) · {md_escape(how)}"
         )
         st.page_link(
             nav.INCIDENT,

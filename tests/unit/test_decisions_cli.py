@@ -164,6 +164,20 @@ def test_parked_decision_with_date_and_triggers(triage, db_url: str) -> None:  #
     assert listed.output.strip() == "no parked incidents are due as of 2026-11-30"
 
 
+def test_revisit_on_relative_to_the_clock(triage, db_url: str) -> None:  # type: ignore[no-untyped-def]
+    result = triage(
+        "decide", REFERENCE, "--parked", "--why", "later", "--revisit-on", "+12w", "--json",
+        today="2026-09-20",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["revisit_on"] == "2026-12-13"  # 84 days after the clock
+    assert _record(db_url)["decisions"][-1]["revisit_on"] == "2026-12-13"
+    for bad in ("+0d", "+99999d", "+3x", "+d"):
+        refused = triage("decide", REFERENCE, "--parked", "--why", "x", "--revisit-on", bad)
+        assert refused.exit_code == 2, bad
+        assert "Traceback" not in refused.output
+
+
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [

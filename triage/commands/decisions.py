@@ -7,7 +7,7 @@ The clock is `TRIAGE_TODAY` (YYYY-MM-DD) when set, so tests and drills can move 
 from __future__ import annotations
 
 import os
-from datetime import date, datetime, timezone
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -61,13 +61,26 @@ def register(group: click.Group) -> None:
 # --------------------------------------------------------------------------- decide
 
 
+_RELATIVE_UNITS = {"d": 1, "w": 7}
+_MAX_RELATIVE_DAYS = 3660  # ten years: a revisit further out is a typo, not a plan
+
+
 def _parse_date(_ctx: click.Context, _param: click.Parameter, value: str | None) -> date | None:
+    """YYYY-MM-DD, or a date relative to today (UTC): `+90d`, `+12w`."""
     if value is None:
         return None
+    text = value.strip()
+    if text.startswith("+") and text[-1:].lower() in _RELATIVE_UNITS and text[1:-1].isdigit():
+        days = int(text[1:-1]) * _RELATIVE_UNITS[text[-1].lower()]
+        if 0 < days <= _MAX_RELATIVE_DAYS:
+            return today() + timedelta(days=days)
+        raise click.BadParameter(f"{value!r}: a relative date is +1d .. +{_MAX_RELATIVE_DAYS}d")
     try:
-        return date.fromisoformat(value)
+        return date.fromisoformat(text)
     except ValueError:
-        raise click.BadParameter(f"{value!r} is not a date (YYYY-MM-DD)") from None
+        raise click.BadParameter(
+            f"{value!r} is not a date (YYYY-MM-DD, or relative to today: +90d, +12w)"
+        ) from None
 
 
 @click.command("decide")
@@ -77,7 +90,10 @@ def _parse_date(_ctx: click.Context, _param: click.Parameter, value: str | None)
 @click.option("--reopened", "kind", flag_value="REOPENED", help="A fixed failure came back.")
 @click.option("--why", default="", help="The rationale.")
 @click.option(
-    "--revisit-on", callback=_parse_date, default=None, help="PARKED: revisit date (YYYY-MM-DD)."
+    "--revisit-on",
+    callback=_parse_date,
+    default=None,
+    help="PARKED: revisit date (YYYY-MM-DD, or +90d / +12w from today).",
 )
 @click.option(
     "--when",

@@ -96,6 +96,10 @@ IMPLIED_CAUSES = {
     "reasoning-exhausted-budget": "reasoning-exhausts-budget",
     "parse-failure": "output-parsing",
     "tool-markup-leaked": "output-parsing",
+    # Issue 13: findings that name their mechanism (markup of the thought in content is the
+    # leak; a client view that lost what the wire carried is the client's handling).
+    "reasoning-markup-in-content": "reasoning-leak",
+    "client-lost-reply": "client-handling",
 }
 
 # Relative weights, integers so that SQL sums them exactly and cheaply (only the final

@@ -128,6 +128,18 @@ def test_finding_kinds_match_the_symptom_checks() -> None:
     assert FINDING_KINDS == symptoms.KINDS  # the catalogue's built-in checks, in number order
 
 
+def test_findings_that_name_a_mechanism_imply_a_registered_cause() -> None:
+    from kb.family import IMPLIED_CAUSES
+    from kb.vocab import CAUSE_NUMBERS, KIND_NUMBERS
+
+    for kind, cause in IMPLIED_CAUSES.items():
+        assert kind in KIND_NUMBERS and cause in CAUSE_NUMBERS, (kind, cause)
+    leak = Signature(kinds=frozenset({"reasoning-markup-in-content", "empty-content"}))
+    assert leak.compared_causes() == {"reasoning-leak"}
+    lost = Signature(kinds=frozenset({"client-lost-reply"}), causes=frozenset({"token-limit"}))
+    assert lost.compared_causes() == {"token-limit"}  # a confirmed cause wins over implied
+
+
 def test_similarity_is_a_weighted_jaccard_over_what_the_query_knows() -> None:
     a = signature({"empty-content", "length-stop"}, {"token-limit"}, {"model": "qwen3.gguf"})
     assert similarity(a, a) == 1.0

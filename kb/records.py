@@ -216,6 +216,9 @@ class DiagnosisArm:
     speed_tok_s: float | None = None
     draft_acceptance: float | None = None
     evidence: str | None = None
+    # One-sided p (the arm fails less than the baseline): the one the decision uses;
+    # `p_value` is the two-sided Fisher p kept for older readers.
+    p_less: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -233,6 +236,7 @@ class DiagnosisArm:
             "speed_tok_s": self.speed_tok_s,
             "draft_acceptance": self.draft_acceptance,
             "evidence": self.evidence,
+            "p_less": self.p_less,
         }
 
     @classmethod
@@ -252,6 +256,7 @@ class DiagnosisArm:
             speed_tok_s=summary.speed_tok_s,
             draft_acceptance=summary.draft_acceptance,
             evidence=evidence,
+            p_less=summary.p_less,
         )
 
     @classmethod

@@ -49,6 +49,20 @@ def test_an_arm_summary_round_trips_and_reads_old_payloads() -> None:
     assert "2/8 failed" in old.evidence_summary()
 
 
+def test_a_diagnosis_arm_carries_the_one_sided_p_its_decision_used() -> None:
+    from kb.records import DiagnosisArm
+
+    summary = ArmSummary(
+        "thinking-off", "off", "request", 8, 0, 0.0, [0.0, 0.32], 1.6e-4, 7.8e-5, "removes"
+    )
+    row = DiagnosisArm.from_summary(summary, "E4").to_dict()
+    assert row["p_less"] == 7.8e-05 and row["p_value"] == 1.6e-04
+    assert DiagnosisArm.from_dict(row).p_less == 7.8e-05
+    old = dict(row)
+    del old["p_less"]  # a diagnosis stored before the field existed
+    assert DiagnosisArm.from_dict(old).p_less is None
+
+
 def test_a_diagnosis_round_trips_and_is_validated_where_it_is_built() -> None:
     stored = {
         "schema_version": 1,

@@ -501,6 +501,12 @@ def exchange_hashes(session: Session, incident_id: int | None) -> dict[str, str]
     return found
 
 
+def count_orphan_evidence(session: Session) -> int:
+    """How many evidence rows are attached to no incident (one COUNT, no rows loaded)."""
+    statement = select(func.count()).select_from(Evidence).where(_scope(None))
+    return int(session.exec(statement).one())
+
+
 def orphan_evidence(session: Session) -> list[Evidence]:
     """Evidence attached to no incident (captures stored without `--incident`), oldest
     first."""

@@ -460,6 +460,10 @@ def test_orphans_are_listed_and_attached_renumbered(db_url):
     assert "3 piece(s) of evidence attached to no incident" in listed.stdout
     orphans = json.loads(run_on(db_url, "capture", "--orphans", "--json").stdout)
     assert [o["evidence"] for o in orphans] == ["E1", "E2", "E3"]
+    # `incidents list` points at them (on stderr: the listing stays one incident per line)
+    listing = run_on(db_url, "incidents", "list")
+    assert "3 captured exchange(s) attached to no incident" in listing.stderr
+    assert "triage capture --orphans" in listing.stderr and "attached" not in listing.stdout
     assert all(o["kind"] == "exchange" and o["summary"] for o in orphans)
 
     # An unknown id refuses the whole attach; nothing moves.
@@ -479,6 +483,7 @@ def test_orphans_are_listed_and_attached_renumbered(db_url):
         ("E3", "E1", True),  # the incident already holds this exchange
     ]
     assert run_on(db_url, "capture", "--orphans").stdout == "no evidence without an incident\n"
+    assert "attached to no incident" not in run_on(db_url, "incidents", "list").stderr
     rows = evidence_rows(db_url)
     assert len(rows) == 3 and all(r.incident_id is not None for r in rows)
     assert sorted(r.key for r in rows) == ["E1", "E2", "E3"]

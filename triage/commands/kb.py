@@ -11,7 +11,7 @@ import click
 from kb.files import export_incidents, import_paths, list_records, load_record
 from kb.models import CAUSE_STATUSES, INCIDENT_STATUSES
 from kb.sidecar import sidecar_paths
-from kb.store import StoreError, open_incident
+from kb.store import StoreError, count_orphan_evidence, open_incident
 from triage.commands import echo_json, open_store
 
 
@@ -91,15 +91,22 @@ def list_command(
     """List incidents, oldest first."""
     with open_store(ctx) as store, store.session(readonly=True) as session:
         rows = list_records(session, status=status, cause=cause, cause_status=cause_status)
+        orphans = 0 if as_json else count_orphan_evidence(session)
     if as_json:
         echo_json(rows)
         return
     if not rows:
         click.echo("no incidents")
-        return
     for row in rows:
         decision = f" [{row['decision']}]" if row["decision"] else ""
         click.echo(f"{row['slug']}  {row['status']}{decision}  {row['title']}")
+    if orphans:
+        # On stderr: the listing itself stays one incident per line for scripts.
+        click.echo(
+            f"{orphans} captured exchange(s) attached to no incident: "
+            "`triage capture --orphans` lists them, `--attach ID|all --incident SLUG` files them",
+            err=True,
+        )
 
 
 def _cause_line(cause: dict[str, Any]) -> str:

@@ -113,6 +113,26 @@ def _tensor(writer: gguf.GGUFWriter, name: str, array: np.ndarray, kind: Q) -> N
         writer.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
 
 
+def _write_tokenizer(writer: gguf.GGUFWriter, design: Design, chat_template: str | None) -> None:
+    """The SPM tokenizer of the design's vocabulary, its special ids and the chat template."""
+    tokens = design.vocab.tokens
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list([token.text for token in tokens])
+    writer.add_token_scores([float(token.score) for token in tokens])
+    writer.add_token_types([int(token.kind) for token in tokens])
+    writer.add_bos_token_id(design.vocab.id("<bos>"))
+    writer.add_eos_token_id(design.vocab.id("<eos>"))
+    writer.add_unk_token_id(design.vocab.id("<unk>"))
+    writer.add_pad_token_id(design.vocab.id("<pad>"))
+    # The Gemma 4 template writes {{ bos_token }} itself; a second BOS from the tokenizer
+    # would only add a warning.
+    writer.add_add_bos_token(False)
+    writer.add_add_eos_token(False)
+    writer.add_add_space_prefix(False)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+
+
 def compile_design(
     design: Design,
     path: Path,
@@ -155,22 +175,7 @@ def compile_design(
     if fmt.matrix_type not in (Q.F32, Q.F16):
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
-    tokens = design.vocab.tokens
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list([token.text for token in tokens])
-    writer.add_token_scores([float(token.score) for token in tokens])
-    writer.add_token_types([int(token.kind) for token in tokens])
-    writer.add_bos_token_id(design.vocab.id("<bos>"))
-    writer.add_eos_token_id(design.vocab.id("<eos>"))
-    writer.add_unk_token_id(design.vocab.id("<unk>"))
-    writer.add_pad_token_id(design.vocab.id("<pad>"))
-    # The Gemma 4 template writes {{ bos_token }} itself; a second BOS from the tokenizer
-    # would only add a warning.
-    writer.add_add_bos_token(False)
-    writer.add_add_eos_token(False)
-    writer.add_add_space_prefix(False)
-    if chat_template is not None:
-        writer.add_chat_template(chat_template)
+    _write_tokenizer(writer, design, chat_template)
 
     zeros_square = np.zeros((width, width), dtype=np.float32)
     attn = {name: zeros_square for name in ("attn_q", "attn_k", "attn_v", "attn_output")}

@@ -140,6 +140,25 @@ def manifest_causes() -> dict[str, Any]:
     }
 
 
+def _parameters(attention: ConstantAttention) -> dict[str, Any]:
+    """The designed numbers: how much of the small V component each cache type keeps, the
+    resulting tool-call logit against the mojibake answer's, and the failure rate at T=0."""
+    v = np.zeros(64)
+    v[0], v[1] = attention.outlier, attention.small
+    kept = {c: float(cache_roundtrip(v, c)[1] / attention.small) for c in ("f16", "q8_0", "q4_0")}
+    call_logit = {c: math.log(P_CALL) + DELTA * k for c, k in kept.items()}
+    answer_logit = math.log(1.0 - P_CALL)
+    return {
+        "p_call": P_CALL,
+        "delta": DELTA,
+        "v_block": [attention.outlier, attention.small],
+        "small_component_kept": kept,
+        "tool_call_logit": call_logit,
+        "mojibake_answer_logit": answer_logit,
+        "failure_rate": {"temperature_0": {c: float(call_logit[c] < answer_logit) for c in kept}},
+    }
+
+
 def build(out_dir: Path, template: str) -> Drill:
     """Write the model, manifest, request and stack.toml into `out_dir`."""
     from triage.drills.registry import MANIFEST_VERSION, SERVER_ARGS, Drill, _sha256, _toml_value
@@ -164,11 +183,6 @@ def build(out_dir: Path, template: str) -> Drill:
         "temperature": 0.0,
         "seed": 42,
     }
-    v = np.zeros(64)
-    v[0], v[1] = attention.outlier, attention.small
-    kept = {c: float(cache_roundtrip(v, c)[1] / attention.small) for c in ("f16", "q8_0", "q4_0")}
-    call_logit = {c: math.log(P_CALL) + DELTA * k for c, k in kept.items()}
-    answer_logit = math.log(1.0 - P_CALL)
     manifest: dict[str, Any] = {
         "manifest_version": MANIFEST_VERSION,
         "drill": NAME,
@@ -188,17 +202,7 @@ def build(out_dir: Path, template: str) -> Drill:
         },
         "server_args": server_args,
         "host_workaround": host_workaround_note() if host_args else None,
-        "parameters": {
-            "p_call": P_CALL,
-            "delta": DELTA,
-            "v_block": [attention.outlier, attention.small],
-            "small_component_kept": kept,
-            "tool_call_logit": call_logit,
-            "mojibake_answer_logit": answer_logit,
-            "failure_rate": {
-                "temperature_0": {c: float(call_logit[c] < answer_logit) for c in kept}
-            },
-        },
+        "parameters": _parameters(attention),
         "requests": [
             {
                 "name": "greedy",

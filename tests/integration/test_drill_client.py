@@ -11,8 +11,6 @@ arm must confirm conversation-shape, and nothing else may be confirmed.
 
 from __future__ import annotations
 
-import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +20,8 @@ from kb.store import Store
 from triage.capture import load_file
 from triage.commands.engine import validate_diagnosis
 from triage.drills import build_drill
-from triage.drills.client import CONVERSATION_DRILL, STREAM_DRILL, client_view_capture
+from triage.drills.client import CONVERSATION_DRILL, STREAM_DRILL, record_capture
 from triage.engine import DiagnoseOptions, diagnose
-from triage.engine.servers import open_server
-from triage.llama.client import LlamaClient
 from triage.stackfile import load_stack
 from triage.symptoms import classify
 
@@ -40,32 +36,11 @@ def _arms(diagnosis: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {a["name"]: a for a in diagnosis["arms"]}
 
 
-async def _stream(base_url: str, request: dict[str, Any]) -> str:
-    client = LlamaClient(base_url, timeout=120)
-    try:
-        result = await client.chat_stream({**request, "seed": 7})
-    finally:
-        await client.aclose()
-    assert result.ok and result.tool_calls, result
-    return result.raw.decode()
-
-
-def _record_capture(drill: Any, tmp: Path) -> Path:
-    """The drill server's real streamed answer + a content-only client's view of it."""
-    stack = load_stack(drill.out_dir / "stack.toml")
-    request = drill.request("streamed")
-    with open_server(stack.server, tmp / "record-logs", 60.0) as server:
-        stream = asyncio.run(_stream(server.base_url, request))
-    path = tmp / "client-view.json"
-    path.write_text(json.dumps(client_view_capture(request, stream)))
-    return path
-
-
 @pytest.fixture(scope="module")
 def stream_run(server_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     tmp = tmp_path_factory.mktemp("client-drill")
     drill = build_drill(STREAM_DRILL, tmp / "drill")
-    (exchange,) = load_file(_record_capture(drill, tmp))
+    (exchange,) = load_file(record_capture(drill, tmp))
     keys = ("kind", "passed", "score", "reason", "where")
     findings = [{k: f.to_dict().get(k) for k in keys} for f in classify(exchange)]
     diagnosis = diagnose(

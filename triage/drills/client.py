@@ -72,6 +72,36 @@ def client_view_capture(request: dict[str, Any], stream: str) -> dict[str, Any]:
     return {"request": request, "stream": stream, "client_view": {"content": "".join(content)}}
 
 
+def record_capture(drill: Any, folder: Path, timeout: float = 120.0) -> Path:
+    """Record the client-view capture of the `client-content-only` drill: the drill
+    server's real streamed answer to its `streamed` request (seed 7) and a content-only
+    client's view of it, written to `folder/client-view.json`. The server is stopped on
+    return, also on failure."""
+    import asyncio
+
+    from triage.engine.servers import open_server
+    from triage.llama.client import LlamaClient
+    from triage.stackfile import load_stack
+
+    async def stream(base_url: str, request: dict[str, Any]) -> str:
+        client = LlamaClient(base_url, timeout=timeout)
+        try:
+            result = await client.chat_stream({**request, "seed": 7})
+        finally:
+            await client.aclose()
+        if not (result.ok and result.tool_calls):
+            raise RuntimeError(f"{STREAM_DRILL}: the drill server streamed no tool call")
+        return result.raw.decode()
+
+    stack = load_stack(drill.out_dir / "stack.toml")
+    request = drill.request("streamed")
+    with open_server(stack.server, folder / "record-logs", 60.0) as server:
+        raw = asyncio.run(stream(server.base_url, request))
+    path = folder / "client-view.json"
+    path.write_text(json.dumps(client_view_capture(request, raw)))
+    return path
+
+
 def client_content_only(out_dir: Path, template: str) -> Any:
     from triage.drills.registry import _finish
 

@@ -177,6 +177,23 @@ def catalogue_causes() -> list[str]:
     return [str(c.id) for c in sorted(catalogue().causes, key=lambda c: int(c.number))]
 
 
+def _recorded_capture(drill: Any, work: Path) -> dict[str, Any] | None:
+    """For a drill whose failure is in a capture (see registry.CAPTURE_RECORDERS): the
+    recorded exchange's request, the exchange and its findings, as `triage diagnose FILE`
+    would pass them; None for a drill diagnosed from its request alone."""
+    from triage.capture import load_file
+    from triage.drills.registry import CAPTURE_RECORDERS
+    from triage.symptoms import classify
+
+    recorder = CAPTURE_RECORDERS.get(drill.name)
+    if recorder is None:
+        return None
+    (exchange,) = load_file(recorder(drill, work))
+    keys = ("kind", "passed", "score", "reason", "where")
+    findings = [{k: f.to_dict().get(k) for k in keys} for f in classify(exchange)]
+    return {"request": exchange.request, "exchange": exchange.to_dict(), "findings": findings}
+
+
 def run_drill(name: str, work: Path, causes: Sequence[str], max_requests: int | None) -> Row:
     """Build drill `name` in `work`, diagnose its failing request, return its row."""
     import time
@@ -190,13 +207,21 @@ def run_drill(name: str, work: Path, causes: Sequence[str], max_requests: int | 
     try:
         drill = build_drill(name, work / "drill")
         request, cap = failing_request(drill.manifest)
+        body, capture = drill.request(request), _recorded_capture(drill, work)
+        # A drill whose replies never end (context shift) names the replay timeout it needs.
+        timeout = float(drill.manifest.get("replay_timeout") or DiagnoseOptions.request_timeout)
         store = Store(f"sqlite:///{work / 'kb.db'}")
         try:
             diagnosis = diagnose(
                 store,
                 load_stack(drill.out_dir / "stack.toml"),
-                drill.request(request),
-                options=DiagnoseOptions(max_requests=max_requests or cap, log_dir=work / "runs"),
+                capture["request"] if capture else body,
+                options=DiagnoseOptions(
+                    max_requests=max_requests or cap,
+                    log_dir=work / "runs",
+                    request_timeout=timeout,
+                ),
+                **({k: capture[k] for k in ("exchange", "findings")} if capture else {}),
             )
         finally:
             store.close()

@@ -277,6 +277,13 @@ _BUILDERS: dict[str, Callable[[Path, str], Drill]] = {
 }
 
 
+# Drills whose failure is in a capture, not only in a request (the client's view of a
+# stream): name -> recorder(drill, folder) -> the capture file, recorded on the real server.
+CAPTURE_RECORDERS: dict[str, Callable[[Drill, Path], Path]] = {
+    client.STREAM_DRILL: client.record_capture,
+}
+
+
 def list_drills() -> list[str]:
     """Names of the shared drills."""
     return sorted(_BUILDERS)

@@ -85,14 +85,17 @@ class Interval:
         return [round(self.low, 4), round(self.high, 4)]
 
 
+@functools.lru_cache(maxsize=4096)
 def wilson(k: int, n: int, confidence: float = 0.95) -> Interval:
-    """Wilson score interval for k failures in n trials (n = 0: the whole [0, 1])."""
+    """Wilson score interval for k failures in n trials (n = 0: the whole [0, 1]). Cached:
+    the engine asks for the same few (k, n) at every look, and scipy's is slow (~0.1 ms)."""
     if n <= 0:
         return Interval(0.0, 1.0)
     ci = binomtest(k, n).proportion_ci(confidence_level=confidence, method="wilson")
     return Interval(float(ci.low), float(ci.high))
 
 
+@functools.lru_cache(maxsize=4096)
 def fisher_less(k1: int, n1: int, k0: int, n0: int) -> float:
     """One-sided Fisher exact p that the arm (k1/n1) fails less often than baseline (k0/n0)."""
     if n0 <= 0 or n1 <= 0:
@@ -101,6 +104,7 @@ def fisher_less(k1: int, n1: int, k0: int, n0: int) -> float:
     return float(fisher_exact(table, alternative="less").pvalue)
 
 
+@functools.lru_cache(maxsize=4096)
 def fisher_two_sided(k1: int, n1: int, k0: int, n0: int) -> float:
     """Two-sided Fisher exact p of arm vs baseline (reported next to every arm)."""
     if n0 <= 0 or n1 <= 0:

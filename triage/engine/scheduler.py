@@ -144,6 +144,14 @@ class Scheduler:
     ) -> None:
         """Bring `names` (besides the baseline) to a decision; `arms` holds every arm of the
         run (the baseline included), so verdicts and mootness see all of them."""
+        try:
+            await self._run(arms, names, replayer)
+        finally:
+            await _close(replayer)
+
+    async def _run(
+        self, arms: dict[str, ArmState], names: Sequence[str], replayer: Replayer
+    ) -> None:
         baseline = arms[BASELINE]
         active = [
             n for n in names if n != BASELINE and arms[n].decision in OPEN and not arms[n].error
@@ -156,6 +164,8 @@ class Scheduler:
             results = await asyncio.gather(
                 *[self._top_up(replayer, s, target) for s in states], return_exceptions=True
             )
+            # One store write per look: every reply of the look, whichever arm errored.
+            self._record([r for r in results if isinstance(r, list)])
             for state, result in zip(states, results, strict=True):
                 if isinstance(result, ArmFailed):
                     self._mark_failed(arms, state.group, result)
@@ -175,17 +185,26 @@ class Scheduler:
         """Top up the baseline alone (the reproduction gate looks at it first)."""
         baseline = arms[BASELINE]
         try:
-            await self._top_up(replayer, baseline, target)
+            self._record([await self._top_up(replayer, baseline, target)])
         except ArmFailed as failure:
             self._mark_failed(arms, baseline.group, failure)
+        finally:
+            await _close(replayer)
 
-    async def _top_up(self, replayer: Replayer, arm: ArmState, target: int) -> None:
-        todo = [i for i in range(target) if not arm.has(i)]
+    async def _top_up(self, replayer: Replayer, arm: ArmState, target: int) -> list[Any]:
+        """Replay the arm up to `target` replies; the new replies (recorded by the caller)."""
+        have = {r.index for r in arm.replies}
+        todo = [i for i in range(target) if i not in have]
         if not todo or arm.error:
-            return
+            return []
         replies = list(await replayer.replay(arm.name, todo))
         arm.replies.extend(replies)
-        self.on_replies(replies)
+        return replies
+
+    def _record(self, batches: list[list[Any]]) -> None:
+        replies = [reply for batch in batches for reply in batch]
+        if replies:
+            self.on_replies(replies)
 
     def _decide_look(self, arms: dict[str, ArmState], active: list[str], look: int) -> list[str]:
         baseline = arms[BASELINE]
@@ -260,3 +279,10 @@ class Scheduler:
                 arm.log_tail = failure.log_tail
                 arm.decision = "errored"
                 arm.stopped = "server crashed"
+
+
+async def _close(replayer: Replayer) -> None:
+    """Close the replayer's connection pools, when it keeps any (`aclose`)."""
+    close = getattr(replayer, "aclose", None)
+    if close is not None:
+        await close()

@@ -111,6 +111,23 @@ def evaluate(
 ) -> Cell:
     """Apply the design to given replay outcomes (rows: triages, columns: seed index)."""
     triages = base.shape[0]
+    verdict, stopped_at = stops(design, base, arm)
+    requests = 2 * stopped_at
+    counts = {v: int(np.sum(verdict == v)) for v in VERDICTS}
+    return Cell(
+        design,
+        base_rate,
+        effect,
+        triages,
+        counts,
+        float(requests.mean()),
+        float(np.percentile(requests, 95)),
+    )
+
+
+def stops(design: Design, base: np.ndarray, arm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per triage (row): the arm's verdict and the replays at which it stopped."""
+    triages = base.shape[0]
     k0_all = np.cumsum(base, axis=1)
     k1_all = np.cumsum(arm, axis=1)
     both_all = np.cumsum(base & arm, axis=1)
@@ -127,17 +144,7 @@ def evaluate(
         verdict[idx[done]] = decided[done]
         stopped_at[idx[done]] = n
         open_[idx[done]] = False
-    requests = 2 * stopped_at
-    counts = {v: int(np.sum(verdict == v)) for v in VERDICTS}
-    return Cell(
-        design,
-        base_rate,
-        effect,
-        triages,
-        counts,
-        float(requests.mean()),
-        float(np.percentile(requests, 95)),
-    )
+    return verdict, stopped_at
 
 
 def _decide(design: Design, n: int, k0: np.ndarray, k1: np.ndarray, both: np.ndarray) -> np.ndarray:
@@ -277,6 +284,92 @@ def wald_bound(
     return float(2 * max(needed, 0.0) / info)
 
 
+# -- whole triages: one baseline shared by every arm -------------------------------------------
+TRIAGE_ARMS = ("removed", "none", "none", "none", "none")  # one cause and four bystanders
+
+
+@dataclass(frozen=True)
+class TriageCell:
+    """Whole triages at one baseline rate: the baseline replayed once for all arms (up to
+    the last arm still running, as the engine's scheduler does), each arm stopped at its own
+    verdict; against the fixed design with a shared baseline, (arms + 1) x N requests."""
+
+    design: Design
+    base_rate: float
+    arms: tuple[str, ...]
+    triages: int
+    mean_requests: float
+    p95_requests: float
+    baseline_share: float  # of the sequential requests, the baseline's
+    correct: float  # every arm's verdict right (removed: removes; none: unchanged)
+
+
+def simulate_triages(
+    design: Design,
+    base_rate: float,
+    arms: Sequence[str] = TRIAGE_ARMS,
+    *,
+    triages: int,
+    rng: np.random.Generator,
+    coupling: float = 0.0,
+) -> TriageCell:
+    """`triages` simulated triages of several arms against one shared baseline."""
+    cap = design.looks[-1]
+    base = rng.random((triages, cap)) < base_rate
+    arm_n, baseline_n, right = [], np.zeros(triages, dtype=int), np.ones(triages, dtype=bool)
+    for effect in arms:
+        arm_rate = base_rate * EFFECTS[effect]
+        arm = rng.random((triages, cap)) < arm_rate
+        if coupling > 0:
+            ratio = arm_rate / base_rate if base_rate else 0.0
+            coupled = base & (rng.random((triages, cap)) < ratio)
+            arm = np.where(rng.random((triages, cap)) < coupling, coupled, arm)
+        verdict, stopped_at = stops(design, base, arm)
+        arm_n.append(stopped_at)
+        baseline_n = np.maximum(baseline_n, stopped_at)
+        want = {"removed": "removes", "none": "unchanged"}.get(effect)
+        if want is not None:
+            right &= verdict == want
+    requests = baseline_n + np.sum(arm_n, axis=0)
+    return TriageCell(
+        design,
+        base_rate,
+        tuple(arms),
+        triages,
+        float(requests.mean()),
+        float(np.percentile(requests, 95)),
+        float(baseline_n.sum() / requests.sum()),
+        float(right.mean()),
+    )
+
+
+def format_triages(cells: Sequence[Cell], triage_cells: Sequence[TriageCell]) -> str:
+    """Markdown: whole triages with a shared baseline vs the fixed design with a shared
+    baseline at the N matched per arm in `cells` ((arms + 1) x N)."""
+    fixed = _fixed_costs(cells)
+    lines = []
+    for design in dict.fromkeys(t.design for t in triage_cells):
+        arms = next(t.arms for t in triage_cells if t.design == design)
+        lines += [
+            f"whole triages, rule {design.rule}, looks at {_looks(design.looks)}, arms "
+            f"{', '.join(arms)}, one shared baseline:",
+            "",
+            "| base rate | all verdicts right | mean req | p95 req | baseline share | "
+            "fixed (arms+1) x N | mean / fixed |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for cell in (t for t in triage_cells if t.design == design):
+            n_fixed = fixed.get((design, cell.base_rate))
+            total = (len(cell.arms) + 1) * n_fixed if n_fixed else None
+            lines.append(
+                f"| {cell.base_rate:g} | {_pct(cell.correct)} | {cell.mean_requests:.1f} | "
+                f"{cell.p95_requests:.0f} | {_pct(cell.baseline_share)} | {total or '-'} | "
+                f"{f'{cell.mean_requests / total:.2f}' if total else '-'} |"
+            )
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
 # -- the table -------------------------------------------------------------------------------
 def run(
     designs: Sequence[Design],
@@ -413,6 +506,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     cells = run(DESIGNS, triages=args.triages, seed=args.seed, coupling=args.coupling)
     print(format_table(cells))
+    engine = DESIGNS[-1]
+    triage_cells = [
+        simulate_triages(
+            engine,
+            base_rate,
+            triages=args.triages,
+            rng=np.random.default_rng([args.seed, i, 99]),
+            coupling=args.coupling,
+        )
+        for i, base_rate in enumerate(BASE_RATES)
+    ]
+    print(format_triages([c for c in cells if c.design == engine], triage_cells))
     print(
         f"\n{args.triages} simulated triages per cell, seed {args.seed}, "
         f"coupling {args.coupling:g}, "

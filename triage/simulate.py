@@ -68,6 +68,7 @@ class Cell:
     counts: dict[str, int]  # verdict -> triages
     mean_requests: float
     p95_requests: float
+    coupling: float = 0.0  # the chance a seed drives both replies of its pair
 
     @property
     def arm_rate(self) -> float:
@@ -103,13 +104,20 @@ def simulate_cell(
     if coupling > 0:
         coupled = base & (rng.random((triages, cap)) < (arm_rate / base_rate if base_rate else 0))
         arm = np.where(rng.random((triages, cap)) < coupling, coupled, arm)
-    return evaluate(design, base_rate, effect, base, arm)
+    return evaluate(design, base_rate, effect, base, arm, coupling=coupling)
 
 
 def evaluate(
-    design: Design, base_rate: float, effect: str, base: np.ndarray, arm: np.ndarray
+    design: Design,
+    base_rate: float,
+    effect: str,
+    base: np.ndarray,
+    arm: np.ndarray,
+    *,
+    coupling: float = 0.0,
 ) -> Cell:
-    """Apply the design to given replay outcomes (rows: triages, columns: seed index)."""
+    """Apply the design to given replay outcomes (rows: triages, columns: seed index);
+    `coupling` is recorded for the fixed design the cell is compared with."""
     triages = base.shape[0]
     verdict, stopped_at = stops(design, base, arm)
     requests = 2 * stopped_at
@@ -122,6 +130,7 @@ def evaluate(
         counts,
         float(requests.mean()),
         float(np.percentile(requests, 95)),
+        coupling,
     )
 
 
@@ -199,26 +208,62 @@ def _tail(n: int, statistic: np.ndarray, base_rate: float, arm_rate: float) -> n
     return np.cumsum(mass[::-1])[::-1]
 
 
+def _paired_tail(n: int, base_rate: float, arm_rate: float, coupling: float) -> np.ndarray:
+    """P(statistic >= t) for n pairs whose seed drives both replies with chance `coupling`
+    (then the arm fails only on a seed the baseline fails on, at its own rate), otherwise
+    independent replies. The statistic is `_unchanged_statistic`'s, summed pair by pair."""
+    ratio = Fraction(stats.EFFECT_RATIO).limit_denominator(100)
+    num, den = ratio.numerator, ratio.denominator
+    a, p = arm_rate, base_rate
+    share = a / p if p else 0.0
+    joint = {  # (baseline failed, arm failed) -> probability of the pair
+        (1, 1): coupling * p * share + (1 - coupling) * p * a,
+        (1, 0): coupling * p * (1 - share) + (1 - coupling) * p * (1 - a),
+        (0, 1): (1 - coupling) * (1 - p) * a,
+        (0, 0): coupling * (1 - p) + (1 - coupling) * (1 - p) * (1 - a),
+    }
+    pair = np.zeros(num + den + 1)
+    for (b, f), q in joint.items():
+        pair[den * f - num * b + num] += q  # den*k1 - num*k0 + num*n, one pair's share
+    mass, power = np.array([1.0]), pair
+    while n:  # n-fold convolution by squaring
+        if n & 1:
+            mass = np.convolve(mass, power)
+        power, n = np.convolve(power, power), n >> 1
+    return np.cumsum(mass[::-1])[::-1]
+
+
 def unchanged_threshold(
-    n: int, base_rate: float, alpha: float = stats.ALPHA, effect_ratio: float = stats.EFFECT_RATIO
+    n: int,
+    base_rate: float,
+    alpha: float = stats.ALPHA,
+    effect_ratio: float = stats.EFFECT_RATIO,
+    coupling: float = 0.0,
 ) -> int:
     """Critical value of the fixed design's one-shot "unchanged" test: the smallest t with
     P(statistic >= t) <= alpha when the arm cuts the rate exactly effect_ratio-fold (a smaller
     cut only lowers the tail). Calibrated at the true baseline rate, which a real test does
     not know: generous to the fixed design, so the comparison does not flatter the sequential
-    rule."""
-    statistic = _unchanged_statistic(n, effect_ratio)
-    tail = _tail(n, statistic, base_rate, effect_ratio * base_rate)
+    rule. With `coupling` the null is calibrated at that coupling, as generous."""
+    if coupling > 0:
+        tail = _paired_tail(n, base_rate, effect_ratio * base_rate, coupling)
+    else:
+        statistic = _unchanged_statistic(n, effect_ratio)
+        tail = _tail(n, statistic, base_rate, effect_ratio * base_rate)
     return int(np.flatnonzero(tail <= alpha)[0]) if np.any(tail <= alpha) else len(tail)
 
 
 def fixed_unchanged_power(
-    n: int, base_rate: float, arm_rate: float, alpha: float = stats.ALPHA
+    n: int, base_rate: float, arm_rate: float, alpha: float = stats.ALPHA, coupling: float = 0.0
 ) -> float:
-    """Exact P(the fixed design says "unchanged") for n baseline and n arm replays."""
-    statistic = _unchanged_statistic(n, stats.EFFECT_RATIO)
-    tail = _tail(n, statistic, base_rate, arm_rate)
-    threshold = unchanged_threshold(n, base_rate, alpha)
+    """Exact P(the fixed design says "unchanged") for n baseline and n arm replays, paired
+    seeds driving both replies with chance `coupling` (a paired one-shot test: it gains from
+    concordant failures as the sequential bet does)."""
+    if coupling > 0:
+        tail = _paired_tail(n, base_rate, arm_rate, coupling)
+    else:
+        tail = _tail(n, _unchanged_statistic(n, stats.EFFECT_RATIO), base_rate, arm_rate)
+    threshold = unchanged_threshold(n, base_rate, alpha, coupling=coupling)
     return float(tail[threshold]) if threshold < len(tail) else 0.0
 
 
@@ -228,6 +273,7 @@ def matched_fixed_n(
     alpha: float = stats.ALPHA,
     limit: int = MAX_FIXED_N,
     unchanged_power: float = 0.0,
+    coupling: float = 0.0,
 ) -> int | None:
     """Smallest N whose fixed design says "removes" with at least `power` when the arm removes
     the failure and "unchanged" with at least `unchanged_power` when it has no effect (None:
@@ -237,7 +283,7 @@ def matched_fixed_n(
     def enough(n: int) -> bool:
         return fixed_power(n, base_rate, 0.0, alpha) >= power and (
             unchanged_power <= 0
-            or fixed_unchanged_power(n, base_rate, base_rate, alpha) >= unchanged_power
+            or fixed_unchanged_power(n, base_rate, base_rate, alpha, coupling) >= unchanged_power
         )
 
     n, step = 2, 1
@@ -432,7 +478,10 @@ def format_table(cells: Sequence[Cell]) -> str:
 
 def _bound(cell: Cell) -> float | None:
     """Wald's lower bound for any rule with this cell's error rates (None: halved arms, where
-    neither verdict is the right one)."""
+    neither verdict is the right one, and seed-coupled pairs: the bound's information per
+    pair assumes independent replies)."""
+    if cell.coupling > 0:
+        return None
     if cell.effect == "removed":
         return wald_bound(cell.base_rate, 0.0, 1.0, cell.share_interval("removes").low)
     if cell.effect == "none":
@@ -467,7 +516,7 @@ def _fixed_costs(cells: Sequence[Cell]) -> dict[tuple[Design, float], int]:
         none = by_key.get((design, base_rate, "none"))
         unchanged = none.share_interval("unchanged").low if none else 0.0
         n_fixed = (
-            matched_fixed_n(base_rate, power, unchanged_power=unchanged)
+            matched_fixed_n(base_rate, power, unchanged_power=unchanged, coupling=cell.coupling)
             if max(power, unchanged) > stats.ALPHA
             else None
         )

@@ -194,3 +194,19 @@ def test_whole_triages_are_seeded_and_cost_more_with_rarer_failures() -> None:
     # requests (1 / (arms + 1)), at most as much as all arms together.
     for cell in runs:
         assert 1 / 6 <= cell.baseline_share <= 0.5
+
+
+def test_the_paired_fixed_test_reduces_to_the_independent_one_and_gains_from_coupling() -> None:
+    # Coupling 1e-12 is independent replies: the paired computation gives the same numbers.
+    for n, rate in ((12, 0.35), (30, 0.2)):
+        assert sim.fixed_unchanged_power(n, rate, rate, coupling=1e-12) == pytest.approx(
+            sim.fixed_unchanged_power(n, rate, rate), abs=1e-9
+        )
+        assert sim.unchanged_threshold(n, rate, coupling=1e-12) == sim.unchanged_threshold(n, rate)
+    # With seeds driving both replies the one-shot test needs fewer pairs too: the comparison
+    # with the sequential rule under coupling is against this paired fixed design.
+    independent = sim.matched_fixed_n(0.35, 0.0, unchanged_power=0.95)
+    coupled = sim.matched_fixed_n(0.35, 0.0, unchanged_power=0.95, coupling=1.0)
+    assert independent is not None and coupled is not None and coupled < independent
+    # Its false rejections stay at most alpha at the fourfold cut it is calibrated on.
+    assert sim.fixed_unchanged_power(coupled, 0.35, 0.25 * 0.35, coupling=1.0) <= 0.05

@@ -335,6 +335,22 @@ def evalue_decisions(
 
 
 @functools.lru_cache(maxsize=1)
+def min_deciding_failures(alpha: float = ALPHA, effect_ratio: float = EFFECT_RATIO) -> int:
+    """The fewest failing seed pairs on which the e-value rule reaches any verdict: 3 with the
+    default bets ("unchanged" from three seeds failing on both sides or in the arm only;
+    "removes" needs five baseline failures the arm fixed). With fewer, no arm can be decided,
+    so the scheduler does not call an arm moot before the baseline has failed that often."""
+    k = 1
+    while not (
+        unchanged_evalue(0, 0, k, effect_ratio) >= 1.0 / alpha
+        or unchanged_evalue(k, 0, 0, effect_ratio) >= 1.0 / alpha
+        or (k >= MIN_REMOVES_FAILURES and removes_evalue(0, k) >= 1.0 / alpha)
+    ):
+        k += 1
+    return k
+
+
+@functools.lru_cache(maxsize=1)
 def _no_repro_n() -> int:
     """Replays without a baseline failure after which it counts as not reproducing."""
     n = 1

@@ -331,3 +331,27 @@ def test_arms_on_one_server_share_its_pool_and_its_slots(
     assert server.slots == 3
     assert sorted(r.seed for r in arms["a"].replies) == list(range(1000, 1008))
     assert not any(r.failed for arm in arms.values() for r in arm.replies)
+
+
+def _judge_unchanged(outcomes: dict[str, ArmOutcome]) -> dict[str, str]:
+    """Cause c is rejected once arm u leaves the failure unchanged, whatever arm x shows."""
+    return {"c": "rejected" if outcomes["u"].decision == "unchanged" else "suspected"}
+
+
+def test_an_arm_is_moot_once_the_baseline_has_the_failures_any_verdict_needs() -> None:
+    # Baseline fails on seeds 0, 1, 2 only, u fails on the same seeds: "unchanged" at the
+    # first look (three concordant failures, stats.min_deciding_failures()), and x -- which
+    # cannot move c any more -- stops there too, instead of waiting for a fourth failure.
+    class _Seeds(FakeReplayer):
+        async def replay(self, arm: str, indices: Sequence[int]) -> list[Reply]:
+            replies = await super().replay(arm, indices)
+            for reply in replies:
+                reply.failed = arm in ("baseline", "u") and reply.index < 3
+                reply.kinds = ["length-stop"] if reply.failed else []
+            return replies
+
+    arms = _arms(("u", "g1", ("c",)), ("x", "g1", ("c",)))
+    _run(arms, _Seeds({"baseline": 0.0, "u": 0.0, "x": 0.0}), judge=_judge_unchanged)
+    assert arms["u"].decision == "unchanged" and arms["u"].n == 4
+    assert arms["x"].n == 4 and "c stays rejected" in arms["x"].stopped
+    assert arms["baseline"].n == 4

@@ -220,3 +220,20 @@ def test_e_value_rule_without_pairs_assumes_the_least_informative_pairing() -> N
     assert compare(10, 40, 8, 40, paired=(10, 2)).decision == "unchanged"
     with pytest.raises(ValueError, match="as many baseline replies"):
         compare(8, 16, 0, 8, rule="e-value")
+
+
+def test_no_verdict_from_fewer_failing_pairs_than_min_deciding_failures() -> None:
+    from triage.stats import evalue_decisions, min_deciding_failures
+
+    fewest = min_deciding_failures()
+    assert fewest == 3
+    # Every split of fewer failing pairs into arm-only / baseline-only / both, at every look.
+    for n in range(4, 65, 4):
+        for arm_only in range(fewest):
+            for base_only in range(fewest - arm_only):
+                for both in range(fewest - arm_only - base_only):
+                    decision = evalue_decisions(
+                        [base_only + both], [n], [arm_only], [base_only], [both]
+                    )[0]
+                    assert decision not in ("removes", "unchanged"), (n, arm_only, base_only)
+    assert compare(fewest, 4, fewest, 4, paired=(fewest, 0)).decision == "unchanged"

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from triage.causes import BASELINE, ArmOutcome
-from triage.stats import MIN_PAIRED_FAILURES, compare
+from triage.stats import compare, min_deciding_failures
 
 __all__ = [
     "ArmFailed",
@@ -238,11 +238,12 @@ class Scheduler:
         An arm that decides no cause is informational: never moot. Otherwise the judge is
         asked what every cause the arm decides would be if the arm removed the failure, left
         it unchanged or stayed undecided; when all three agree, the arm is moot. Only once
-        the baseline has enough failures to stand on (MIN_PAIRED_FAILURES)."""
+        the baseline has as many failures as the rule needs to decide any arm
+        (stats.min_deciding_failures: 3)."""
         arm = arms[name]
         if self.judge is None or not arm.decides:
             return None
-        if arms[BASELINE].failures < MIN_PAIRED_FAILURES:
+        if arms[BASELINE].failures < min_deciding_failures():
             return None
         outcomes = {n: a.outcome() for n, a in arms.items()}
         current = outcomes[name]

@@ -164,8 +164,6 @@ class Scheduler:
             results = await asyncio.gather(
                 *[self._top_up(replayer, s, target) for s in states], return_exceptions=True
             )
-            # One store write per look: every reply of the look, whichever arm errored.
-            self._record([r for r in results if isinstance(r, list)])
             for state, result in zip(states, results, strict=True):
                 if isinstance(result, ArmFailed):
                     self._mark_failed(arms, state.group, result)
@@ -185,26 +183,23 @@ class Scheduler:
         """Top up the baseline alone (the reproduction gate looks at it first)."""
         baseline = arms[BASELINE]
         try:
-            self._record([await self._top_up(replayer, baseline, target)])
+            await self._top_up(replayer, baseline, target)
         except ArmFailed as failure:
             self._mark_failed(arms, baseline.group, failure)
         finally:
             await _close(replayer)
 
-    async def _top_up(self, replayer: Replayer, arm: ArmState, target: int) -> list[Any]:
-        """Replay the arm up to `target` replies; the new replies (recorded by the caller)."""
+    async def _top_up(self, replayer: Replayer, arm: ArmState, target: int) -> None:
+        """Replay the arm up to `target` replies, stored as soon as they are in (one write
+        per arm and look: an interrupted run keeps every arm's finished replies; batching a
+        look's arms into one write saved nothing measurable)."""
         have = {r.index for r in arm.replies}
         todo = [i for i in range(target) if i not in have]
         if not todo or arm.error:
-            return []
+            return
         replies = list(await replayer.replay(arm.name, todo))
         arm.replies.extend(replies)
-        return replies
-
-    def _record(self, batches: list[list[Any]]) -> None:
-        replies = [reply for batch in batches for reply in batch]
-        if replies:
-            self.on_replies(replies)
+        self.on_replies(replies)
 
     def _decide_look(self, arms: dict[str, ArmState], active: list[str], look: int) -> list[str]:
         baseline = arms[BASELINE]

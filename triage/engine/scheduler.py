@@ -278,7 +278,10 @@ class Scheduler:
 
 
 async def _close(replayer: Replayer) -> None:
-    """Close the replayer's connection pools, when it keeps any (`aclose`)."""
+    """Close the replayer's connection pools, when it keeps any (`aclose`), in a task of its
+    own: httpx closes connections under a shielded cancel scope, which can swallow the
+    cancellation a Ctrl-C sends the run's task -- the run would then go on instead of being
+    interrupted. A cancelled run stops waiting here at once; asyncio.run finishes the close."""
     close = getattr(replayer, "aclose", None)
     if close is not None:
-        await close()
+        await asyncio.shield(asyncio.ensure_future(close()))

@@ -68,6 +68,7 @@ class Cell:
     counts: dict[str, int]  # verdict -> triages
     mean_requests: float
     p95_requests: float
+    coupling: float = 0.0  # the chance a seed drives both replies of its pair
 
     @property
     def arm_rate(self) -> float:
@@ -103,13 +104,38 @@ def simulate_cell(
     if coupling > 0:
         coupled = base & (rng.random((triages, cap)) < (arm_rate / base_rate if base_rate else 0))
         arm = np.where(rng.random((triages, cap)) < coupling, coupled, arm)
-    return evaluate(design, base_rate, effect, base, arm)
+    return evaluate(design, base_rate, effect, base, arm, coupling=coupling)
 
 
 def evaluate(
-    design: Design, base_rate: float, effect: str, base: np.ndarray, arm: np.ndarray
+    design: Design,
+    base_rate: float,
+    effect: str,
+    base: np.ndarray,
+    arm: np.ndarray,
+    *,
+    coupling: float = 0.0,
 ) -> Cell:
-    """Apply the design to given replay outcomes (rows: triages, columns: seed index)."""
+    """Apply the design to given replay outcomes (rows: triages, columns: seed index);
+    `coupling` is recorded for the fixed design the cell is compared with."""
+    triages = base.shape[0]
+    verdict, stopped_at = stops(design, base, arm)
+    requests = 2 * stopped_at
+    counts = {v: int(np.sum(verdict == v)) for v in VERDICTS}
+    return Cell(
+        design,
+        base_rate,
+        effect,
+        triages,
+        counts,
+        float(requests.mean()),
+        float(np.percentile(requests, 95)),
+        coupling,
+    )
+
+
+def stops(design: Design, base: np.ndarray, arm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per triage (row): the arm's verdict and the replays at which it stopped."""
     triages = base.shape[0]
     k0_all = np.cumsum(base, axis=1)
     k1_all = np.cumsum(arm, axis=1)
@@ -127,17 +153,7 @@ def evaluate(
         verdict[idx[done]] = decided[done]
         stopped_at[idx[done]] = n
         open_[idx[done]] = False
-    requests = 2 * stopped_at
-    counts = {v: int(np.sum(verdict == v)) for v in VERDICTS}
-    return Cell(
-        design,
-        base_rate,
-        effect,
-        triages,
-        counts,
-        float(requests.mean()),
-        float(np.percentile(requests, 95)),
-    )
+    return verdict, stopped_at
 
 
 def _decide(design: Design, n: int, k0: np.ndarray, k1: np.ndarray, both: np.ndarray) -> np.ndarray:
@@ -192,26 +208,62 @@ def _tail(n: int, statistic: np.ndarray, base_rate: float, arm_rate: float) -> n
     return np.cumsum(mass[::-1])[::-1]
 
 
+def _paired_tail(n: int, base_rate: float, arm_rate: float, coupling: float) -> np.ndarray:
+    """P(statistic >= t) for n pairs whose seed drives both replies with chance `coupling`
+    (then the arm fails only on a seed the baseline fails on, at its own rate), otherwise
+    independent replies. The statistic is `_unchanged_statistic`'s, summed pair by pair."""
+    ratio = Fraction(stats.EFFECT_RATIO).limit_denominator(100)
+    num, den = ratio.numerator, ratio.denominator
+    a, p = arm_rate, base_rate
+    share = a / p if p else 0.0
+    joint = {  # (baseline failed, arm failed) -> probability of the pair
+        (1, 1): coupling * p * share + (1 - coupling) * p * a,
+        (1, 0): coupling * p * (1 - share) + (1 - coupling) * p * (1 - a),
+        (0, 1): (1 - coupling) * (1 - p) * a,
+        (0, 0): coupling * (1 - p) + (1 - coupling) * (1 - p) * (1 - a),
+    }
+    pair = np.zeros(num + den + 1)
+    for (b, f), q in joint.items():
+        pair[den * f - num * b + num] += q  # den*k1 - num*k0 + num*n, one pair's share
+    mass, power = np.array([1.0]), pair
+    while n:  # n-fold convolution by squaring
+        if n & 1:
+            mass = np.convolve(mass, power)
+        power, n = np.convolve(power, power), n >> 1
+    return np.cumsum(mass[::-1])[::-1]
+
+
 def unchanged_threshold(
-    n: int, base_rate: float, alpha: float = stats.ALPHA, effect_ratio: float = stats.EFFECT_RATIO
+    n: int,
+    base_rate: float,
+    alpha: float = stats.ALPHA,
+    effect_ratio: float = stats.EFFECT_RATIO,
+    coupling: float = 0.0,
 ) -> int:
     """Critical value of the fixed design's one-shot "unchanged" test: the smallest t with
     P(statistic >= t) <= alpha when the arm cuts the rate exactly effect_ratio-fold (a smaller
     cut only lowers the tail). Calibrated at the true baseline rate, which a real test does
     not know: generous to the fixed design, so the comparison does not flatter the sequential
-    rule."""
-    statistic = _unchanged_statistic(n, effect_ratio)
-    tail = _tail(n, statistic, base_rate, effect_ratio * base_rate)
+    rule. With `coupling` the null is calibrated at that coupling, as generous."""
+    if coupling > 0:
+        tail = _paired_tail(n, base_rate, effect_ratio * base_rate, coupling)
+    else:
+        statistic = _unchanged_statistic(n, effect_ratio)
+        tail = _tail(n, statistic, base_rate, effect_ratio * base_rate)
     return int(np.flatnonzero(tail <= alpha)[0]) if np.any(tail <= alpha) else len(tail)
 
 
 def fixed_unchanged_power(
-    n: int, base_rate: float, arm_rate: float, alpha: float = stats.ALPHA
+    n: int, base_rate: float, arm_rate: float, alpha: float = stats.ALPHA, coupling: float = 0.0
 ) -> float:
-    """Exact P(the fixed design says "unchanged") for n baseline and n arm replays."""
-    statistic = _unchanged_statistic(n, stats.EFFECT_RATIO)
-    tail = _tail(n, statistic, base_rate, arm_rate)
-    threshold = unchanged_threshold(n, base_rate, alpha)
+    """Exact P(the fixed design says "unchanged") for n baseline and n arm replays, paired
+    seeds driving both replies with chance `coupling` (a paired one-shot test: it gains from
+    concordant failures as the sequential bet does)."""
+    if coupling > 0:
+        tail = _paired_tail(n, base_rate, arm_rate, coupling)
+    else:
+        tail = _tail(n, _unchanged_statistic(n, stats.EFFECT_RATIO), base_rate, arm_rate)
+    threshold = unchanged_threshold(n, base_rate, alpha, coupling=coupling)
     return float(tail[threshold]) if threshold < len(tail) else 0.0
 
 
@@ -221,6 +273,7 @@ def matched_fixed_n(
     alpha: float = stats.ALPHA,
     limit: int = MAX_FIXED_N,
     unchanged_power: float = 0.0,
+    coupling: float = 0.0,
 ) -> int | None:
     """Smallest N whose fixed design says "removes" with at least `power` when the arm removes
     the failure and "unchanged" with at least `unchanged_power` when it has no effect (None:
@@ -230,7 +283,7 @@ def matched_fixed_n(
     def enough(n: int) -> bool:
         return fixed_power(n, base_rate, 0.0, alpha) >= power and (
             unchanged_power <= 0
-            or fixed_unchanged_power(n, base_rate, base_rate, alpha) >= unchanged_power
+            or fixed_unchanged_power(n, base_rate, base_rate, alpha, coupling) >= unchanged_power
         )
 
     n, step = 2, 1
@@ -275,6 +328,92 @@ def wald_bound(
     if beta > 0:
         needed += beta * np.log(beta / (1 - alpha))
     return float(2 * max(needed, 0.0) / info)
+
+
+# -- whole triages: one baseline shared by every arm -------------------------------------------
+TRIAGE_ARMS = ("removed", "none", "none", "none", "none")  # one cause and four bystanders
+
+
+@dataclass(frozen=True)
+class TriageCell:
+    """Whole triages at one baseline rate: the baseline replayed once for all arms (up to
+    the last arm still running, as the engine's scheduler does), each arm stopped at its own
+    verdict; against the fixed design with a shared baseline, (arms + 1) x N requests."""
+
+    design: Design
+    base_rate: float
+    arms: tuple[str, ...]
+    triages: int
+    mean_requests: float
+    p95_requests: float
+    baseline_share: float  # of the sequential requests, the baseline's
+    correct: float  # every arm's verdict right (removed: removes; none: unchanged)
+
+
+def simulate_triages(
+    design: Design,
+    base_rate: float,
+    arms: Sequence[str] = TRIAGE_ARMS,
+    *,
+    triages: int,
+    rng: np.random.Generator,
+    coupling: float = 0.0,
+) -> TriageCell:
+    """`triages` simulated triages of several arms against one shared baseline."""
+    cap = design.looks[-1]
+    base = rng.random((triages, cap)) < base_rate
+    arm_n, baseline_n, right = [], np.zeros(triages, dtype=int), np.ones(triages, dtype=bool)
+    for effect in arms:
+        arm_rate = base_rate * EFFECTS[effect]
+        arm = rng.random((triages, cap)) < arm_rate
+        if coupling > 0:
+            ratio = arm_rate / base_rate if base_rate else 0.0
+            coupled = base & (rng.random((triages, cap)) < ratio)
+            arm = np.where(rng.random((triages, cap)) < coupling, coupled, arm)
+        verdict, stopped_at = stops(design, base, arm)
+        arm_n.append(stopped_at)
+        baseline_n = np.maximum(baseline_n, stopped_at)
+        want = {"removed": "removes", "none": "unchanged"}.get(effect)
+        if want is not None:
+            right &= verdict == want
+    requests = baseline_n + np.sum(arm_n, axis=0)
+    return TriageCell(
+        design,
+        base_rate,
+        tuple(arms),
+        triages,
+        float(requests.mean()),
+        float(np.percentile(requests, 95)),
+        float(baseline_n.sum() / requests.sum()),
+        float(right.mean()),
+    )
+
+
+def format_triages(cells: Sequence[Cell], triage_cells: Sequence[TriageCell]) -> str:
+    """Markdown: whole triages with a shared baseline vs the fixed design with a shared
+    baseline at the N matched per arm in `cells` ((arms + 1) x N)."""
+    fixed = _fixed_costs(cells)
+    lines = []
+    for design in dict.fromkeys(t.design for t in triage_cells):
+        arms = next(t.arms for t in triage_cells if t.design == design)
+        lines += [
+            f"whole triages, rule {design.rule}, looks at {_looks(design.looks)}, arms "
+            f"{', '.join(arms)}, one shared baseline:",
+            "",
+            "| base rate | all verdicts right | mean req | p95 req | baseline share | "
+            "fixed (arms+1) x N | mean / fixed |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for cell in (t for t in triage_cells if t.design == design):
+            n_fixed = fixed.get((design, cell.base_rate))
+            total = (len(cell.arms) + 1) * n_fixed if n_fixed else None
+            lines.append(
+                f"| {cell.base_rate:g} | {_pct(cell.correct)} | {cell.mean_requests:.1f} | "
+                f"{cell.p95_requests:.0f} | {_pct(cell.baseline_share)} | {total or '-'} | "
+                f"{f'{cell.mean_requests / total:.2f}' if total else '-'} |"
+            )
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
 
 
 # -- the table -------------------------------------------------------------------------------
@@ -339,7 +478,10 @@ def format_table(cells: Sequence[Cell]) -> str:
 
 def _bound(cell: Cell) -> float | None:
     """Wald's lower bound for any rule with this cell's error rates (None: halved arms, where
-    neither verdict is the right one)."""
+    neither verdict is the right one, and seed-coupled pairs: the bound's information per
+    pair assumes independent replies)."""
+    if cell.coupling > 0:
+        return None
     if cell.effect == "removed":
         return wald_bound(cell.base_rate, 0.0, 1.0, cell.share_interval("removes").low)
     if cell.effect == "none":
@@ -374,7 +516,7 @@ def _fixed_costs(cells: Sequence[Cell]) -> dict[tuple[Design, float], int]:
         none = by_key.get((design, base_rate, "none"))
         unchanged = none.share_interval("unchanged").low if none else 0.0
         n_fixed = (
-            matched_fixed_n(base_rate, power, unchanged_power=unchanged)
+            matched_fixed_n(base_rate, power, unchanged_power=unchanged, coupling=cell.coupling)
             if max(power, unchanged) > stats.ALPHA
             else None
         )
@@ -413,6 +555,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     cells = run(DESIGNS, triages=args.triages, seed=args.seed, coupling=args.coupling)
     print(format_table(cells))
+    engine = DESIGNS[-1]
+    triage_cells = [
+        simulate_triages(
+            engine,
+            base_rate,
+            triages=args.triages,
+            rng=np.random.default_rng([args.seed, i, 99]),
+            coupling=args.coupling,
+        )
+        for i, base_rate in enumerate(BASE_RATES)
+    ]
+    print(format_triages([c for c in cells if c.design == engine], triage_cells))
     print(
         f"\n{args.triages} simulated triages per cell, seed {args.seed}, "
         f"coupling {args.coupling:g}, "

@@ -111,9 +111,11 @@ def test_toolcall_drill_intermittent_failure_verdicts(server_binary: Path, tmp_p
     validate_diagnosis(diagnosis)
     _assert_matches_manifest(diagnosis, drill.manifest)
     arms = _arms(diagnosis)
-    # Intermittent: the baseline fails sometimes, never always, and it took many samples.
+    # Intermittent: the baseline fails sometimes, never always, and it took more samples
+    # than the two looks (8) a deterministic failure takes (issue 15: three failing pairs now
+    # decide "unchanged", so 12 can be enough; it was 16 or more with the earlier bet).
     assert 0 < arms["baseline"]["failures"] < arms["baseline"]["n"]
-    assert arms["baseline"]["n"] >= 16
+    assert arms["baseline"]["n"] > 8
     _no_leaked_servers()
 
 

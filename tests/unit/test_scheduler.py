@@ -229,3 +229,131 @@ def test_gate_passes_the_captured_failure(findings, exchange) -> None:  # type: 
     ok = Reply("baseline", 1, 2, False, [], "stop", 10, 0, 200, 0.0, {})
     assert gate_message(signature, _baseline(ok, _reply(["length-stop"]))) is None
     assert gate_message(signature, _baseline(ok, ok)) is None  # nothing failed yet
+
+
+class _PooledReplayer(FakeReplayer):
+    """A replayer that keeps connection pools: the scheduler must close them."""
+
+    def __init__(self, rates: dict[str, float], **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(rates, **kwargs)
+        self.closed = 0
+
+    async def aclose(self) -> None:
+        self.closed += 1
+
+
+def test_replies_are_stored_as_each_arm_finishes_and_pools_closed_even_on_a_crash() -> None:
+    arms = _arms(("fix", "g1", ("c",)), ("same", "g1", ("c",)), ("boom", "g2", ("d",)))
+    writes: list[list[str]] = []
+    replayer = _PooledReplayer(
+        {"baseline": 1.0, "fix": 0.0, "same": 1.0, "boom": 0.0}, crash={"boom": 4}
+    )
+    scheduler = Scheduler(
+        look_schedule(64),
+        64,
+        on_replies=lambda replies: writes.append(sorted({r.arm for r in replies})),
+    )
+    asyncio.run(scheduler.run(arms, ["fix", "same", "boom"], replayer))
+    # One write per arm and look, as soon as its replies are in (an interrupted run keeps
+    # them); boom's server dies at its second top-up and the others' replies still land.
+    assert sorted(map(tuple, writes)) == sorted(
+        [("baseline",), ("fix",), ("same",), ("boom",), ("baseline",), ("fix",)]
+    )
+    assert arms["boom"].decision == "errored" and arms["fix"].decision == "removes"
+    assert replayer.closed == 1
+    # The reproduction gate's baseline look closes its pools too.
+    gate = _arms()
+    asyncio.run(scheduler.baseline_look(gate, 4, replayer))
+    assert gate["baseline"].n == 4 and replayer.closed == 2
+
+
+class _CountingClient:
+    """A LlamaClient double: /props says 3 slots; counts clients, requests in flight, closes."""
+
+    made: list[_CountingClient] = []
+
+    def __init__(self, url: str, timeout: float = 0.0, api_key: str | None = None) -> None:
+        self.in_flight = self.peak = self.chats = 0
+        self.closed = False
+        _CountingClient.made.append(self)
+
+    async def props(self) -> dict[str, int]:
+        return {"total_slots": 3}
+
+    async def chat(self, body: dict) -> object:  # type: ignore[type-arg]
+        from triage.llama.client import ChatResult
+
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        self.chats += 1
+        await asyncio.sleep(0.001)
+        self.in_flight -= 1
+        payload = {
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": f"seed {body['seed']} ok"},
+                }
+            ],
+            "timings": {"prompt_ms": 1.0, "predicted_ms": 2.0},
+        }
+        return ChatResult(200, payload, b"{}", 0.001)
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def test_arms_on_one_server_share_its_pool_and_its_slots(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import triage.llama.client as client_mod
+    from triage.engine.replayer import ArmRoute, LlamaReplayer
+    from triage.engine.servers import Server
+    from triage.stackfile import ServerConfig
+
+    class _Alive:
+        def alive(self) -> bool:
+            return True
+
+    monkeypatch.setattr(client_mod, "LlamaClient", _CountingClient)
+    _CountingClient.made = []
+    # A launched server whose slots nobody observed yet (a server-level arm's own server).
+    server = Server("k", ServerConfig(model="m.gguf"), "http://127.0.0.1:1", 1, 0.0, _Alive())
+    replayer = LlamaReplayer({"messages": [{"role": "user", "content": "hi"}]}, 1000, 5.0)
+    for arm in ("baseline", "a", "b"):
+        replayer.routes[arm] = ArmRoute(server, lambda body: body)
+    arms = _arms(("a", "k", ("c",)), ("b", "k", ("c",)))
+    asyncio.run(Scheduler([8], 8).run(arms, ["a", "b"], replayer))
+    # One client (one keep-alive pool) for the three arms, 24 replays through it, never more
+    # than the server's 3 slots in flight, closed when the run ended.
+    assert len(_CountingClient.made) == 1
+    client = _CountingClient.made[0]
+    assert client.chats == 24 and client.peak == 3 and client.closed
+    assert server.slots == 3
+    assert sorted(r.seed for r in arms["a"].replies) == list(range(1000, 1008))
+    assert not any(r.failed for arm in arms.values() for r in arm.replies)
+
+
+def _judge_unchanged(outcomes: dict[str, ArmOutcome]) -> dict[str, str]:
+    """Cause c is rejected once arm u leaves the failure unchanged, whatever arm x shows."""
+    return {"c": "rejected" if outcomes["u"].decision == "unchanged" else "suspected"}
+
+
+def test_an_arm_is_moot_once_the_baseline_has_the_failures_any_verdict_needs() -> None:
+    # Baseline fails on seeds 0, 1, 2 only, u fails on the same seeds: "unchanged" at the
+    # first look (three concordant failures, stats.min_deciding_failures()), and x -- which
+    # cannot move c any more -- stops there too, instead of waiting for a fourth failure.
+    class _Seeds(FakeReplayer):
+        async def replay(self, arm: str, indices: Sequence[int]) -> list[Reply]:
+            replies = await super().replay(arm, indices)
+            for reply in replies:
+                reply.failed = arm in ("baseline", "u") and reply.index < 3
+                reply.kinds = ["length-stop"] if reply.failed else []
+            return replies
+
+    arms = _arms(("u", "g1", ("c",)), ("x", "g1", ("c",)))
+    _run(arms, _Seeds({"baseline": 0.0, "u": 0.0, "x": 0.0}), judge=_judge_unchanged)
+    assert arms["u"].decision == "unchanged" and arms["u"].n == 4
+    assert arms["x"].n == 4 and "c stays rejected" in arms["x"].stopped
+    assert arms["baseline"].n == 4

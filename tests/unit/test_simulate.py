@@ -169,3 +169,44 @@ def test_the_simulator_decides_exactly_as_compare_does_for_the_engine() -> None:
             for a, b, c in zip(k0[rows], k1[rows], both[rows], strict=True)
         ]
         assert list(simulated) == engine
+
+
+def test_a_shared_baseline_runs_until_the_last_arm_stops() -> None:
+    # Deterministic failure: the removing arm stops at 8, the four bystanders at 4; the
+    # baseline is replayed once for all of them, up to 8: 8 + 8 + 4 x 4 = 32 requests.
+    cell = sim.simulate_triages(ENGINE, 1.0, triages=50, rng=np.random.default_rng(1))
+    assert cell.mean_requests == 32 and cell.p95_requests == 32
+    assert cell.correct == 1.0 and cell.baseline_share == 0.25
+    # Against the fixed design that shares its baseline too: (5 arms + 1) x N, N = 4 here.
+    cells = sim.run([ENGINE], base_rates=(1.0,), triages=200)
+    table = sim.format_triages(cells, [cell])
+    assert "| 1 | 100.0% | 32.0 | 32 | 25.0% | 24 | 1.33 |" in table
+
+
+def test_whole_triages_are_seeded_and_cost_more_with_rarer_failures() -> None:
+    runs = [
+        sim.simulate_triages(ENGINE, rate, triages=400, rng=np.random.default_rng(7))
+        for rate in (0.6, 0.6, 0.2)
+    ]
+    assert runs[0] == runs[1]
+    assert runs[2].mean_requests > runs[0].mean_requests
+    # The baseline runs as long as the slowest arm: at least an average arm's share of the
+    # requests (1 / (arms + 1)), at most as much as all arms together.
+    for cell in runs:
+        assert 1 / 6 <= cell.baseline_share <= 0.5
+
+
+def test_the_paired_fixed_test_reduces_to_the_independent_one_and_gains_from_coupling() -> None:
+    # Coupling 1e-12 is independent replies: the paired computation gives the same numbers.
+    for n, rate in ((12, 0.35), (30, 0.2)):
+        assert sim.fixed_unchanged_power(n, rate, rate, coupling=1e-12) == pytest.approx(
+            sim.fixed_unchanged_power(n, rate, rate), abs=1e-9
+        )
+        assert sim.unchanged_threshold(n, rate, coupling=1e-12) == sim.unchanged_threshold(n, rate)
+    # With seeds driving both replies the one-shot test needs fewer pairs too: the comparison
+    # with the sequential rule under coupling is against this paired fixed design.
+    independent = sim.matched_fixed_n(0.35, 0.0, unchanged_power=0.95)
+    coupled = sim.matched_fixed_n(0.35, 0.0, unchanged_power=0.95, coupling=1.0)
+    assert independent is not None and coupled is not None and coupled < independent
+    # Its false rejections stay at most alpha at the fourfold cut it is calibrated on.
+    assert sim.fixed_unchanged_power(coupled, 0.35, 0.25 * 0.35, coupling=1.0) <= 0.05

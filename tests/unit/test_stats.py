@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from triage.stats import (
@@ -64,6 +64,8 @@ def test_baseline_that_does_not_fail_blocks_any_verdict() -> None:
     assert baseline_reproduces(3, 30)
 
 
+# No deadline: a loaded CI machine makes scipy's first calls slow; speed is not under test.
+@settings(deadline=None)
 @given(st.integers(0, 64), st.integers(1, 64), st.integers(0, 64), st.integers(1, 64))
 def test_removes_only_when_the_arm_fails_less(k0: int, n0: int, k1: int, n1: int) -> None:
     k0, k1 = min(k0, n0), min(k1, n1)
@@ -79,8 +81,12 @@ def test_paired_replays_decide_unchanged_sooner_and_only_with_enough_failures() 
     # 4/16 vs 4/16 unpaired is undecided; the same seeds failing in both arms says more.
     assert compare(4, 16, 4, 16).decision == "undecided"
     assert compare(4, 16, 4, 16, paired=(4, 0)).decision == "unchanged"
-    # Too few baseline failures to claim anything from the pairs.
-    assert compare(3, 16, 3, 16, paired=(3, 0)).decision == "undecided"
+    # Three seeds failing on both sides and none on one side only are enough (issue 15: the
+    # bolder bet of the mixture pays 3.6x per such seed); two are too few.
+    assert compare(3, 16, 3, 16, paired=(3, 0)).decision == "unchanged"
+    assert compare(2, 16, 2, 16, paired=(2, 0)).decision == "undecided"
+    # One baseline-only failure among them costs the bold bet nearly all it won.
+    assert compare(4, 16, 3, 16, paired=(4, 1)).decision == "undecided"
     # An arm that fixes most of the baseline's failing seeds is not "unchanged".
     assert compare(8, 16, 3, 16, paired=(8, 6)).decision == "undecided"
 
@@ -135,6 +141,7 @@ def test_no_reproduction_needs_sixteen_clean_baseline_replays() -> None:
     assert compare(0, 16, 0, 16, paired=(0, 0)).decision == "no-baseline-failure"
 
 
+@settings(deadline=None)
 @given(st.integers(1, 64), st.data())
 def test_e_value_rule_never_removes_from_fewer_than_five_fixed_failures(n: int, data) -> None:
     k0 = data.draw(st.integers(0, n))
@@ -147,9 +154,12 @@ def test_e_value_rule_never_removes_from_fewer_than_five_fixed_failures(n: int, 
         assert k1 > 0 and n >= 4
 
 
-def _exact_crossing(p: float, arm_rate: float, n: int, evalue, alpha: float = 0.05) -> float:
+def _exact_crossing(
+    p: float, arm_rate: float, n: int, evalue, alpha: float = 0.05, coupled: bool = False
+) -> float:
     """P(the bet on (arm-only, baseline-only, both) counts ever reaches 1/alpha within n
-    independent pairs), by dynamic programming over the counts."""
+    independent pairs), by dynamic programming over the counts. `coupled`: inside a pair
+    the arm fails only on a seed the baseline fails on (same marginal rates)."""
     size = n + 1
     mass = np.zeros((size, size, size))
     mass[0, 0, 0] = 1.0
@@ -162,6 +172,8 @@ def _exact_crossing(p: float, arm_rate: float, n: int, evalue, alpha: float = 0.
         (0, 0, 1): p * arm_rate,
         (0, 0, 0): (1 - p) * (1 - arm_rate),
     }
+    if coupled:  # both fail with the arm's rate, the baseline alone with the difference
+        probs = {(0, 1, 0): p - arm_rate, (0, 0, 1): arm_rate, (0, 0, 0): 1 - p}
     for _ in range(n):
         new = np.zeros_like(mass)
         for (da, db, dc), q in probs.items():
@@ -182,10 +194,21 @@ def test_removes_bet_crosses_with_probability_at_most_alpha_under_no_effect(p: f
         assert crossing > 0.005  # the bound is used, not wasted
 
 
+@pytest.mark.parametrize("coupled", [False, True])
 @pytest.mark.parametrize("p", [1.0, 0.6, 0.2, 0.05])
-def test_unchanged_bet_crosses_with_probability_at_most_alpha_at_a_fourfold_cut(p: float) -> None:
-    # The hardest case for "unchanged": the arm cuts the rate exactly fourfold.
-    crossing = _exact_crossing(p, EFFECT_RATIO * p, 64, lambda a, b, c: unchanged_evalue(a, b, c))
+def test_unchanged_bet_crosses_with_probability_at_most_alpha_at_a_fourfold_cut(
+    p: float, coupled: bool
+) -> None:
+    # The hardest case for "unchanged": the arm cuts the rate exactly fourfold -- with
+    # independent replies and with the arm failing only on seeds the baseline fails on (the
+    # concordant failures the bolder bet pays most for).
+    crossing = _exact_crossing(
+        p,
+        EFFECT_RATIO * p,
+        64,
+        lambda a, b, c: unchanged_evalue(a, b, c),
+        coupled=coupled,
+    )
     assert crossing <= 0.05
 
 
@@ -197,3 +220,20 @@ def test_e_value_rule_without_pairs_assumes_the_least_informative_pairing() -> N
     assert compare(10, 40, 8, 40, paired=(10, 2)).decision == "unchanged"
     with pytest.raises(ValueError, match="as many baseline replies"):
         compare(8, 16, 0, 8, rule="e-value")
+
+
+def test_no_verdict_from_fewer_failing_pairs_than_min_deciding_failures() -> None:
+    from triage.stats import evalue_decisions, min_deciding_failures
+
+    fewest = min_deciding_failures()
+    assert fewest == 3
+    # Every split of fewer failing pairs into arm-only / baseline-only / both, at every look.
+    for n in range(4, 65, 4):
+        for arm_only in range(fewest):
+            for base_only in range(fewest - arm_only):
+                for both in range(fewest - arm_only - base_only):
+                    decision = evalue_decisions(
+                        [base_only + both], [n], [arm_only], [base_only], [both]
+                    )[0]
+                    assert decision not in ("removes", "unchanged"), (n, arm_only, base_only)
+    assert compare(fewest, 4, fewest, 4, paired=(fewest, 0)).decision == "unchanged"

@@ -92,40 +92,92 @@ class ArmRoute:
 
 
 @dataclass
+class _Pool:
+    """One keep-alive connection pool and one slot semaphore per server, for one event loop
+    (httpx connections belong to the loop that opened them; each asyncio.run is a new one)."""
+
+    loop: asyncio.AbstractEventLoop
+    client: Any  # LlamaClient
+    slots: asyncio.Semaphore
+
+
+@dataclass
 class LlamaReplayer:
-    """Replays `request` (through each arm's transform) on each arm's server."""
+    """Replays `request` (through each arm's transform) on each arm's server.
+
+    Every arm on one server shares that server's connection pool (kept alive across looks and
+    arms until `aclose`) and one semaphore sized to its slots, so at most `slots` requests
+    are in flight per server whatever the number of arms. A launched server whose slots are
+    not known yet (only the incident's server is observed) is asked once (`/props`)."""
 
     request: dict[str, Any]
     seed: int
     timeout: float
     concurrency: int | None = None
     routes: dict[str, ArmRoute] = field(default_factory=dict)
+    pools: dict[str, _Pool] = field(default_factory=dict, repr=False)
+    # Per arm: the arm's request (transform applied once; replies differ only in the seed).
+    bodies: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
 
     async def replay(self, arm: str, indices: Sequence[int]) -> list[Reply]:
-        from triage.llama.client import LlamaClient
-
         route = self.routes[arm]
         server = route.server
         if not server.alive():
             raise ArmFailed(server.death_message(), server.log_tail())
-        slots = self.concurrency or max(1, min(server.slots, 4))
-        sem = asyncio.Semaphore(slots)
-        client = LlamaClient(server.base_url, timeout=self.timeout, api_key=server.api_key)
-        try:
-            tasks = []
-            for index in indices:
-                seed = self.seed + index
-                body = probes.replay_body(route.transform(self.request), seed)
-                tasks.append(score_one(client, arm, body, index, seed, sem))
-            replies = list(await asyncio.gather(*tasks))
-        finally:
-            await client.aclose()
-        replies = crashed_replies(server, replies)
+        pool = await self._pool(server)
+        body = self.bodies.get(arm)
+        if body is None:
+            body = self.bodies[arm] = route.transform(self.request)
+        tasks = [
+            score_one(
+                pool.client,
+                arm,
+                probes.replay_body(body, self.seed + index),
+                index,
+                self.seed + index,
+                pool.slots,
+            )
+            for index in indices
+        ]
+        replies = crashed_replies(server, list(await asyncio.gather(*tasks)))
         if server.failure is not None and arm != BASELINE:
             # The shared server crashed (or hung) under another arm's variant: a crash is
             # not this arm's measurement of the captured failure, so the arm errors.
             raise ArmFailed(server.death_message(), server.log_tail())
         return replies
+
+    async def _pool(self, server: Server) -> _Pool:
+        from triage.llama.client import LlamaClient
+
+        loop = asyncio.get_running_loop()
+        pool = self.pools.get(server.base_url)
+        if pool is not None and pool.loop is loop:
+            return pool
+        client = LlamaClient(server.base_url, timeout=self.timeout, api_key=server.api_key)
+        if self.concurrency is None and server.slots <= 1 and server.handle is not None:
+            server.slots = await _server_slots(client, server.slots)
+        slots = self.concurrency or max(1, min(server.slots, 4))
+        pool = self.pools[server.base_url] = _Pool(loop, client, asyncio.Semaphore(slots))
+        return pool
+
+    async def aclose(self) -> None:
+        """Close the connection pools opened in the running event loop (the scheduler calls
+        this when a run ends); pools of a finished loop are dropped."""
+        loop = asyncio.get_running_loop()
+        pools, self.pools = self.pools, {}
+        for pool in pools.values():
+            if pool.loop is loop:
+                await pool.client.aclose()
+
+
+async def _server_slots(client: Any, default: int) -> int:
+    """The server's slot count from /props (`total_slots`), else `default`."""
+    try:
+        props = await client.props()
+    except Exception:  # noqa: BLE001 - a server without /props keeps one slot at a time
+        return default
+    slots = props.get("total_slots") if isinstance(props, dict) else None
+    return slots if isinstance(slots, int) and slots > 0 else default
 
 
 def crashed_replies(server: Server, replies: list[Reply]) -> list[Reply]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from triage.causes import BASELINE, ArmOutcome
-from triage.stats import MIN_PAIRED_FAILURES, compare
+from triage.stats import compare, min_deciding_failures
 
 __all__ = [
     "ArmFailed",
@@ -144,6 +144,14 @@ class Scheduler:
     ) -> None:
         """Bring `names` (besides the baseline) to a decision; `arms` holds every arm of the
         run (the baseline included), so verdicts and mootness see all of them."""
+        try:
+            await self._run(arms, names, replayer)
+        finally:
+            await _close(replayer)
+
+    async def _run(
+        self, arms: dict[str, ArmState], names: Sequence[str], replayer: Replayer
+    ) -> None:
         baseline = arms[BASELINE]
         active = [
             n for n in names if n != BASELINE and arms[n].decision in OPEN and not arms[n].error
@@ -178,9 +186,15 @@ class Scheduler:
             await self._top_up(replayer, baseline, target)
         except ArmFailed as failure:
             self._mark_failed(arms, baseline.group, failure)
+        finally:
+            await _close(replayer)
 
     async def _top_up(self, replayer: Replayer, arm: ArmState, target: int) -> None:
-        todo = [i for i in range(target) if not arm.has(i)]
+        """Replay the arm up to `target` replies, stored as soon as they are in (one write
+        per arm and look: an interrupted run keeps every arm's finished replies; batching a
+        look's arms into one write saved nothing measurable)."""
+        have = {r.index for r in arm.replies}
+        todo = [i for i in range(target) if i not in have]
         if not todo or arm.error:
             return
         replies = list(await replayer.replay(arm.name, todo))
@@ -219,11 +233,12 @@ class Scheduler:
         An arm that decides no cause is informational: never moot. Otherwise the judge is
         asked what every cause the arm decides would be if the arm removed the failure, left
         it unchanged or stayed undecided; when all three agree, the arm is moot. Only once
-        the baseline has enough failures to stand on (MIN_PAIRED_FAILURES)."""
+        the baseline has as many failures as the rule needs to decide any arm
+        (stats.min_deciding_failures: 3)."""
         arm = arms[name]
         if self.judge is None or not arm.decides:
             return None
-        if arms[BASELINE].failures < MIN_PAIRED_FAILURES:
+        if arms[BASELINE].failures < min_deciding_failures():
             return None
         outcomes = {n: a.outcome() for n, a in arms.items()}
         current = outcomes[name]
@@ -260,3 +275,13 @@ class Scheduler:
                 arm.log_tail = failure.log_tail
                 arm.decision = "errored"
                 arm.stopped = "server crashed"
+
+
+async def _close(replayer: Replayer) -> None:
+    """Close the replayer's connection pools, when it keeps any (`aclose`), in a task of its
+    own: httpx closes connections under a shielded cancel scope, which can swallow the
+    cancellation a Ctrl-C sends the run's task -- the run would then go on instead of being
+    interrupted. A cancelled run stops waiting here at once; asyncio.run finishes the close."""
+    close = getattr(replayer, "aclose", None)
+    if close is not None:
+        await asyncio.shield(asyncio.ensure_future(close()))

@@ -420,7 +420,16 @@ def test_every_page_of_a_diagnosed_drill_incident_without_a_failed_request(
                     )
                 assert log.take() == [], f"failed or external requests on page {name}"
 
-            # A deep link: only Streamlit's base-path probes may fail, nothing external.
+            # The shareable deep link (/?incident=SLUG) opens the incident with no failed
+            # request at all: the client loads at the root and switches page itself.
+            page.goto(f"{ui_server}/?incident={slug}")
+            expect(main.get_by_text(slug).first).to_be_visible()
+            expect(page.get_by_role("tab", name="Cause graph")).to_be_visible()
+            assert "/incident" in page.url and f"slug={slug}" in page.url, page.url
+            page.wait_for_timeout(1500)
+            assert log.take() == [], "failed or external requests on the shared deep link"
+
+            # A page path opened directly: only Streamlit's base-path probes may fail.
             page.goto(f"{ui_server}/incident?slug={slug}")
             expect(main.get_by_text(slug).first).to_be_visible()
             # The tab bar can re-render once the page's script finishes: a click that lands

@@ -9,6 +9,12 @@ import streamlit as st
 
 from triage.ui import data, nav
 
+# The shareable deep link: /?incident=SLUG opens that incident. Loaded at the root, the
+# Streamlit client finds its server at once; a page path (/incident?slug=...) opened
+# directly makes it probe /incident/_stcore/* first (two same-origin 404s, see README).
+if shared := st.query_params.get("incident"):
+    st.switch_page(nav.INCIDENT, query_params={"slug": str(shared)})
+
 st.title("Incidents")
 store = data.get_store()
 choices = data.filter_choices()

@@ -31,10 +31,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from triage.drills import gemma4
-from triage.drills.compiler import WEIGHT_FORMATS, compile_design
+from triage.drills.compiler import compile_design
 from triage.drills.host import host_workaround_args, host_workaround_note
 from triage.drills.language import Design
-from triage.llama.build import BUILD_NUMBER
 
 if TYPE_CHECKING:
     from triage.drills.registry import Drill
@@ -174,7 +173,7 @@ def _write(
     requests: list[dict[str, Any]],
 ) -> Drill:
     """Compile the model, write request files, manifest.json and stack.toml."""
-    from triage.drills.registry import MANIFEST_VERSION, Drill, _sha256
+    from triage.drills.registry import Drill, manifest_head, weight_facts
 
     out_dir.mkdir(parents=True, exist_ok=True)
     model = compile_design(
@@ -188,16 +187,11 @@ def _write(
     host_note = host_workaround_note() if host_args else None
     server_args = [*server_args, *host_args]
     full: dict[str, Any] = {
-        "manifest_version": MANIFEST_VERSION,
-        "drill": name,
-        "designed_for_build": BUILD_NUMBER,
+        **manifest_head(name),
         "vocab_size": len(design.vocab),
         "models": {
             "qat": {
-                "file": model.name,
-                "format": WEIGHT_FORMAT,
-                "file_type": WEIGHT_FORMATS[WEIGHT_FORMAT].file_type.name,
-                "sha256": _sha256(model),
+                **weight_facts(model, WEIGHT_FORMAT),
                 "bytes": model.stat().st_size,
             }
         },

@@ -67,6 +67,19 @@ WEATHER_TOOL = {
     },
 }
 
+
+def weather_request() -> dict[str, Any]:
+    """The weather question with its tool, greedy (seed 42): the drills built on the toolcall
+    chain ask it."""
+    return {
+        "messages": [{"role": "user", "content": WEATHER_PROMPT}],
+        "tools": [WEATHER_TOOL],
+        "max_tokens": 256,
+        "temperature": 0.0,
+        "seed": 42,
+    }
+
+
 CAUSE_IDS = (
     "reasoning-exhausts-budget",
     "speculative-decoding",

@@ -33,11 +33,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from triage.drills import gemma4
-from triage.drills.compiler import WEIGHT_FORMATS, ConstantAttention, compile_design
+from triage.drills.compiler import ConstantAttention, compile_design
 from triage.drills.host import host_workaround_args, host_workaround_note
 from triage.drills.language import Design, Vocabulary
-from triage.drills.template import template_sha256
-from triage.llama.build import BUILD_NUMBER
 
 if TYPE_CHECKING:
     from triage.drills.registry import Drill
@@ -161,7 +159,7 @@ def _parameters(attention: ConstantAttention) -> dict[str, Any]:
 
 def build(out_dir: Path, template: str) -> Drill:
     """Write the model, manifest, request and stack.toml into `out_dir`."""
-    from triage.drills.registry import MANIFEST_VERSION, SERVER_ARGS, Drill, _sha256, _toml_value
+    from triage.drills.registry import SERVER_ARGS, Drill, _toml_value, manifest_head, weight_facts
 
     out_dir.mkdir(parents=True, exist_ok=True)
     chain, call = design()
@@ -176,30 +174,11 @@ def build(out_dir: Path, template: str) -> Drill:
     )
     host_args = host_workaround_args()
     server_args = [*SERVER_ARGS, *host_args, *KV_ARGS]
-    body = {
-        "messages": [{"role": "user", "content": gemma4.WEATHER_PROMPT}],
-        "tools": [gemma4.WEATHER_TOOL],
-        "max_tokens": 256,
-        "temperature": 0.0,
-        "seed": 42,
-    }
+    body = gemma4.weather_request()
     manifest: dict[str, Any] = {
-        "manifest_version": MANIFEST_VERSION,
-        "drill": NAME,
-        "designed_for_build": BUILD_NUMBER,
-        "template": {
-            "source": "llama.cpp/models/templates/google-gemma-4-31B-it.jinja",
-            "sha256": template_sha256(template),
-        },
+        **manifest_head(NAME, template),
         "vocab_size": len(chain.vocab),
-        "models": {
-            "qat": {
-                "file": model.name,
-                "format": WEIGHTS,
-                "file_type": WEIGHT_FORMATS[WEIGHTS].file_type.name,
-                "sha256": _sha256(model),
-            }
-        },
+        "models": {"qat": weight_facts(model, WEIGHTS)},
         "server_args": server_args,
         "host_workaround": host_workaround_note() if host_args else None,
         "parameters": _parameters(attention),

@@ -22,11 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from triage.drills import gemma4
-from triage.drills.compiler import WEIGHT_FORMATS, compile_design
+from triage.drills.compiler import compile_design
 from triage.drills.host import host_workaround_args, host_workaround_note
 from triage.drills.language import Design, Token, TokenKind
-from triage.drills.template import template_sha256
-from triage.llama.build import BUILD_NUMBER
 
 if TYPE_CHECKING:
     from triage.drills.registry import Drill
@@ -126,7 +124,7 @@ def _write_stack(drill: Drill, alternate: Path) -> Path:
 def build(out_dir: Path, template: str) -> Drill:
     """Write the two conversions, manifest, request and stack.toml into `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    from triage.drills.registry import MANIFEST_VERSION, SERVER_ARGS, Drill, _sha256
+    from triage.drills.registry import SERVER_ARGS, Drill, manifest_head, weight_facts
 
     # The toolcall chain; at temperature 0 the thought always closes and the call follows.
     fixed = gemma4.toolcall_design().design
@@ -144,30 +142,15 @@ def build(out_dir: Path, template: str) -> Drill:
         )
         models[label] = path
         facts[label] = {
-            "file": path.name,
-            "format": QUANT,
-            "file_type": WEIGHT_FORMATS[QUANT].file_type.name,
+            **weight_facts(path, QUANT),
             "token_type": {BROKEN_TOKEN: int(design.vocab.tokens[token].kind)},
-            "sha256": _sha256(path),
         }
     models["qat"] = models["broken"]
     host_args = host_workaround_args()
     server_args = [*SERVER_ARGS, *host_args]
-    body = {
-        "messages": [{"role": "user", "content": gemma4.WEATHER_PROMPT}],
-        "tools": [gemma4.WEATHER_TOOL],
-        "max_tokens": 256,
-        "temperature": 0.0,
-        "seed": 42,
-    }
+    body = gemma4.weather_request()
     manifest: dict[str, Any] = {
-        "manifest_version": MANIFEST_VERSION,
-        "drill": NAME,
-        "designed_for_build": BUILD_NUMBER,
-        "template": {
-            "source": "llama.cpp/models/templates/google-gemma-4-31B-it.jinja",
-            "sha256": template_sha256(template),
-        },
+        **manifest_head(NAME, template),
         "models": facts,
         "server_args": server_args,
         "host_workaround": host_workaround_note() if host_args else None,

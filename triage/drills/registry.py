@@ -62,6 +62,33 @@ class Drill:
         return str(self.manifest["causes"][cause_id]["expected"])
 
 
+GEMMA4_TEMPLATE_SOURCE = "llama.cpp/models/templates/google-gemma-4-31B-it.jinja"
+
+
+def manifest_head(
+    name: str, template: str | None = None, template_source: str = GEMMA4_TEMPLATE_SOURCE
+) -> dict[str, Any]:
+    """The fields every drill manifest starts with (the template's when it embeds one)."""
+    head: dict[str, Any] = {
+        "manifest_version": MANIFEST_VERSION,
+        "drill": name,
+        "designed_for_build": BUILD_NUMBER,
+    }
+    if template is not None:
+        head["template"] = {"source": template_source, "sha256": template_sha256(template)}
+    return head
+
+
+def weight_facts(path: Path, fmt: str) -> dict[str, Any]:
+    """What a manifest says about one weight file: name, format, GGUF file type, sha256."""
+    return {
+        "file": path.name,
+        "format": fmt,
+        "file_type": WEIGHT_FORMATS[fmt].file_type.name,
+        "sha256": _sha256(path),
+    }
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
@@ -207,7 +234,7 @@ def _finish(
     contrasts: dict[str, dict[str, Any]],
     *,
     extra_args: tuple[str, ...] = (),
-    template_source: str = "llama.cpp/models/templates/google-gemma-4-31B-it.jinja",
+    template_source: str = GEMMA4_TEMPLATE_SOURCE,
 ) -> Drill:
     """Compile the design's weight files and write manifest, requests and stack.toml;
     `extra_args` are incident server flags beyond the shared ones (part of the incident)."""
@@ -224,25 +251,13 @@ def _finish(
             model_name=f"{name}-{label}",
         )
         models[label] = path
-        model_facts[label] = {
-            "file": path.name,
-            "format": fmt,
-            "file_type": WEIGHT_FORMATS[fmt].file_type.name,
-            "sha256": _sha256(path),
-            "bytes": path.stat().st_size,
-        }
+        model_facts[label] = {**weight_facts(path, fmt), "bytes": path.stat().st_size}
     # On an AMX host the drill servers avoid the crashing repacked AMX path (see drills.host).
     host_args = host_workaround_args()
     host_note = host_workaround_note() if host_args else None
     server_args = [*SERVER_ARGS, *extra_args, *host_args, *spec_args(models["draft"])]
     full_manifest = {
-        "manifest_version": MANIFEST_VERSION,
-        "drill": name,
-        "designed_for_build": BUILD_NUMBER,
-        "template": {
-            "source": template_source,
-            "sha256": template_sha256(template),
-        },
+        **manifest_head(name, template, template_source),
         "vocab_size": len(spec.design.vocab),
         "models": model_facts,
         "server_args": [

@@ -318,7 +318,7 @@ def _add_cause_moves(
     """The causes' status changes, one line per moment and actor. A status recorded again
     (a rerun confirming a confirmed cause) is no change, and a candidate opened with no
     evidence (the engine's catalogue list) is no finding."""
-    moments: dict[tuple[datetime, str], list[tuple[str, list[str]]]] = {}
+    moments: dict[tuple[datetime, str], list[tuple[str, str, list[str]]]] = {}
     latest: dict[tuple[datetime, str], datetime] = {}
     for cause in record.get("causes") or []:
         for change in cause.get("history") or []:
@@ -331,12 +331,18 @@ def _add_cause_moves(
             minute = _timestamp(change.get("at")).replace(second=0, microsecond=0)
             moment = (minute, str(change.get("actor")))
             moments.setdefault(moment, []).append(
-                (f"{code(cause.get('id'))} {moved}{escape(change.get('to'))}", keys)
+                (code(cause.get("id")), f"{moved}{escape(change.get('to'))}", keys)
             )
             latest[moment] = max(latest.get(moment, minute), _timestamp(change.get("at")))
     for position, ((minute, actor), moves) in enumerate(moments.items()):
-        keys = [k for _, move_keys in moves for k in move_keys]
-        text = f"**{_when(minute)}**: {escape(actor)}: {'; '.join(m for m, _ in moves)}."
+        keys = [k for *_, move_keys in moves for k in move_keys]
+        # Causes that made the same move are one clause: "`a`, `b` suspected -> rejected".
+        by_move: dict[str, list[str]] = {}
+        for cause_id, move, _ in moves:
+            by_move.setdefault(move, []).append(cause_id)
+        ordered = sorted(by_move.items(), key=lambda item: not item[0].endswith("confirmed"))
+        clauses = [f"{', '.join(ids)} {move}" for move, ids in ordered]
+        text = f"**{_when(minute)}**: {escape(actor)}: {'; '.join(clauses)}."
         moment = (minute, actor)
         entries.append((latest[moment], 2, position, f"{text} {cite(keys)}"))
 
@@ -364,7 +370,7 @@ def _causes(record: dict[str, Any]) -> list[str]:
     causes = sorted(
         record.get("causes") or [], key=lambda c: _STATUS_ORDER.get(str(c.get("status")), 3)
     )
-    lines = []
+    lines, unevidenced = [], []
     for cause in causes:
         head = (
             f"{escape(cause.get('title'))} ({code(cause.get('id'))}), "
@@ -374,9 +380,23 @@ def _causes(record: dict[str, Any]) -> list[str]:
         if not keys:  # a statement about the record, in italics: nothing to cite
             probe = cause.get("deciding_probe")
             pending = f"; deciding probe not run: {code(probe)}" if probe else ""
-            lines.append(f"- *{head}: no evidence on record{pending}.*")
+            unevidenced.append((cause, f"- *{head}: no evidence on record{pending}.*"))
             continue
         lines.append(f"- **{head}**: {cited(_rationale(cause), _link_keys(cause) or keys, index)}")
+    if len(unevidenced) > 1:  # one line for all of them: each named with what would decide it
+        named = "; ".join(
+            f"{code(c.get('id'))} {escape(c.get('status'))}"
+            + (
+                f" ({'needs' if c.get('status') == 'suspected' else 'by'} "
+                f"{code(c.get('deciding_probe'))})"
+                if c.get("deciding_probe")
+                else ""
+            )
+            for c, _ in unevidenced
+        )
+        lines.append(f"- *No evidence on record for {len(unevidenced)} causes: {named}.*")
+    else:
+        lines += [line for _, line in unevidenced]
     return lines or ["*No causes are on record.*"]
 
 

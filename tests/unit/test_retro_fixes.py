@@ -118,6 +118,36 @@ def test_causes_are_one_line_each_and_uncited_ones_are_marked() -> None:
     )
 
 
+def test_causes_with_no_evidence_share_one_line_that_names_each() -> None:
+    record = _diagnosed()
+    planned = "candidate cause from the catalogue, before any probe"
+    record["causes"] += [
+        {
+            "id": "model-file",
+            "title": "The GGUF conversion",
+            "status": "suspected",
+            "basis": "untested",
+            "deciding_probe": "alt-weights of the same quant type",
+            "history": [_change(None, "suspected", AT, planned)],
+        },
+        {
+            "id": "kv-cache-quant",
+            "title": "The quantized KV cache",
+            "status": "rejected",
+            "basis": "measured",
+            "deciding_probe": "server args (-ctk/-ctv)",
+            "history": [_change(None, "rejected", AT, planned)],
+        },
+    ]
+    causes = _section(retro_markdown(record), "Causes")
+    assert len(causes) == 2  # the measured cause, then one line for the three others
+    assert causes[1] == (
+        "- *No evidence on record for 3 causes: `kv-cache-quant` rejected (by `server args "
+        "(-ctk/-ctv)`); `token-limit` suspected; `model-file` suspected (needs `alt-weights "
+        "of the same quant type`).*"
+    )
+
+
 def test_fix_options_show_removal_and_speed_side_by_side_with_citations() -> None:
     options = _section(retro_markdown(_diagnosed()), "Fix options")
     # thinking-off removed it in the first run but not in the later one: not an option.

@@ -7,34 +7,19 @@ Playwright's own browser download cannot work here, so the driver is pointed at
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+from uiserver import CHROMIUM, CHROMIUM_ARGS, REPO, require_chromium, running_ui
 
 from kb.files import import_paths
 from kb.store import Store
 
 pytestmark = pytest.mark.browser
 
-REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "artifacts"
-CHROMIUM = Path(os.environ.get("TRIAGE_CHROMIUM", "/usr/bin/chromium"))
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 REFERENCE = "2026-06-10-gemma4-empty-response"
 HOSTILE_SLUG = "2026-07-02-markup-in-a-cause-title"
 HOSTILE_TITLE = "Cause <script>alert(1)</script><img src=x onerror=alert(1)>"
@@ -54,23 +39,12 @@ causes:
 ---
 <script>alert(1)</script>
 """
-START_TIMEOUT = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture
 def ui_server(tmp_path: Path) -> Iterator[str]:
     """`triage ui` on a free port over a fresh database with incidents/ imported."""
-    if not CHROMIUM.exists():
-        message = f"Chromium not found at {CHROMIUM} (make test installs it)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+    require_chromium()
     url = f"sqlite:///{tmp_path / 'kb.db'}"
     hostile = tmp_path / f"{HOSTILE_SLUG}.md"
     hostile.write_text(HOSTILE, "utf-8")
@@ -79,68 +53,13 @@ def ui_server(tmp_path: Path) -> Iterator[str]:
         import_paths(store, [REPO / "incidents", hostile])
     finally:
         store.close()
-    port = free_port()
-    log = (tmp_path / "ui.log").open("wb")
-    triage = Path(sys.executable).with_name("triage")
-    env = dict(os.environ, TRIAGE_DATABASE_URL=url)
     # The New-triage form offers only configured stacks: the drill a test builds later
     # in tmp_path/drill (globs are expanded on every page run).
     config = tmp_path / "ui.toml"
     config.write_text('[ui]\nstacks = ["drill/*.toml"]\n', "utf-8")
-    server = subprocess.Popen(
-        [str(triage), "ui", "--port", str(port), "--host", "127.0.0.1", "--config", str(config)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        cwd=tmp_path,
-        start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            if server.poll() is not None:
-                pytest.fail(
-                    f"triage ui exited ({server.returncode}): "
-                    + (tmp_path / "ui.log").read_text(errors="replace")
-                )
-            try:
-                if httpx.get(f"{base}/_stcore/health", timeout=2).text.strip() == "ok":
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    "triage ui did not become healthy: "
-                    + (tmp_path / "ui.log").read_text(errors="replace")
-                )
-            time.sleep(0.3)
+    env = dict(os.environ, TRIAGE_DATABASE_URL=url)
+    with running_ui(["--config", str(config)], tmp_path, env) as base:
         yield base
-    finally:
-        stop(server)
-        log.close()
-
-
-def stop(server: subprocess.Popen[bytes]) -> None:
-    """Stop the server this fixture started (its own process group), never anything else.
-
-    Streamlit waits for a running script on SIGTERM (a triage can take minutes), so
-    SIGKILL follows after a grace period.
-    """
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if server.poll() is not None:
-            return
-        try:
-            os.killpg(server.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            continue
-    if server.poll() is None:
-        server.kill()
-        server.wait(timeout=15)
 
 
 def test_reference_incident_diagnosis_and_graph_in_chromium(ui_server: str) -> None:

@@ -14,7 +14,7 @@ records existed) and `from_dict()` (tolerant of older rows: missing optional key
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -34,6 +34,13 @@ __all__ = [
 ]
 
 RAW_TEXT_LIMIT = 4000  # characters of each reply's text kept in evidence
+
+
+def _known_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """The keys of `data` that are fields of dataclass `cls` (a stored row may carry keys a
+    newer or older writer added; missing optional ones take their defaults)."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
 
 
 class DiagnosisError(ValueError):
@@ -192,7 +199,11 @@ class ArmSummary:
         return (
             f"arm {self.arm} ({self.variant}): {self.failures}/{self.n} failed, "
             f"95% CI {low:.2f}-{high:.2f}"
-            + (f", p={self.p_value}" if self.p_value is not None else "")
+            + (
+                f", one-sided p={self.p_less:.2g}"
+                if self.p_less is not None
+                else (f", p={self.p_value}" if self.p_value is not None else "")
+            )
             + f"; {self.decision}"
             + (f"; error: {self.error}" if self.error else "")
         )
@@ -221,23 +232,7 @@ class DiagnosisArm:
     p_less: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "variant": self.variant,
-            "level": self.level,
-            "n": self.n,
-            "failures": self.failures,
-            "rate": self.rate,
-            "ci95": list(self.ci95),
-            "p_value": self.p_value,
-            "decision": self.decision,
-            "stopped": self.stopped,
-            "error": self.error,
-            "speed_tok_s": self.speed_tok_s,
-            "draft_acceptance": self.draft_acceptance,
-            "evidence": self.evidence,
-            "p_less": self.p_less,
-        }
+        return asdict(self)  # the stored keys are the fields, in field order
 
     @classmethod
     def from_summary(cls, summary: ArmSummary, evidence: str | None) -> DiagnosisArm:
@@ -261,8 +256,7 @@ class DiagnosisArm:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DiagnosisArm:
-        fields = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in data.items() if k in fields})
+        return cls(**_known_fields(cls, data))
 
 
 @dataclass
@@ -278,20 +272,11 @@ class DiagnosisCause:
     undecided: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "status": self.status,
-            "rationale": self.rationale,
-            "evidence": list(self.evidence),
-            "deciding_probe": self.deciding_probe,
-            "previous_status": self.previous_status,
-            "undecided": self.undecided,
-        }
+        return asdict(self)  # the stored keys are the fields, in field order
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DiagnosisCause:
-        fields = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in data.items() if k in fields})
+        return cls(**_known_fields(cls, data))
 
 
 @dataclass

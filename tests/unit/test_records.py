@@ -55,6 +55,10 @@ def test_a_diagnosis_arm_carries_the_one_sided_p_its_decision_used() -> None:
     summary = ArmSummary(
         "thinking-off", "off", "request", 8, 0, 0.0, [0.0, 0.32], 1.6e-4, 7.8e-5, "removes"
     )
+    # the evidence line prints the p the decision used, not the two-sided one
+    assert "0/8 failed, 95% CI 0.00-0.32, one-sided p=7.8e-05; removes" in (
+        summary.evidence_summary()
+    )
     row = DiagnosisArm.from_summary(summary, "E4").to_dict()
     assert row["p_less"] == 7.8e-05 and row["p_value"] == 1.6e-04
     assert DiagnosisArm.from_dict(row).p_less == 7.8e-05

@@ -645,3 +645,29 @@ def test_the_recording_queue_is_bounded_in_bytes(db_file: str, tmp_path: Path) -
     finally:
         recorder.stop()
     assert len(rows(db_file)) == fits + 1
+
+
+def test_the_overhead_histogram_counts_the_proxy_not_the_upstream(
+    upstream: tuple[FakeUpstream, str], make_proxy: ProxyFactory
+) -> None:
+    """/metrics separates what the proxy adds from what the upstream takes: a reply that the
+    upstream holds for 0.3 s is 0.3 s of latency but only the proxy's own milliseconds of
+    overhead (arrival to upstream call, last upstream byte to last byte written)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    fake, upstream_url = upstream
+    fake.slow_seconds = 0.3
+    proxy = make_proxy(upstream_url)
+    assert httpx.post(f"{proxy.url}/v1/chat/completions", json=chat("slow")).status_code == 200
+    streamed = httpx.post(f"{proxy.url}/v1/chat/completions", json=chat("stream"))
+    assert streamed.content.endswith(b"data: [DONE]\n\n")
+    sums: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{proxy.url}/metrics").text):
+        for sample in family.samples:
+            if sample.name.endswith("_sum") and sample.labels.get("stream") == "false":
+                sums[(family.name, sample.labels["path"])] = sample.value
+            if sample.name == "triage_proxy_overhead_seconds_count":
+                assert sample.value == 1.0  # one streamed and one plain request
+    path = "/v1/chat/completions"
+    assert sums[("triage_proxy_request_duration_seconds", path)] >= 0.3
+    assert sums[("triage_proxy_overhead_seconds", path)] < 0.1

@@ -226,6 +226,7 @@ class ProxyApp:
                 return
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        arrived = time.perf_counter()
         path: str = scope["path"]
         if path == "/metrics" and scope["method"] == "GET":
             await _respond(send, 200, self.metrics.exposition(), self.metrics.content_type)
@@ -240,9 +241,11 @@ class ProxyApp:
             message = f"request body exceeds the proxy's limit of {limit} bytes"
             await _respond(send, 413, _error_body(413, message, "invalid_request_error"))
             return
-        await self._forward(scope, receive, send, body)
+        await self._forward(scope, receive, send, body, arrived)
 
-    async def _forward(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
+    async def _forward(
+        self, scope: Scope, receive: Receive, send: Send, body: bytes, arrived: float
+    ) -> None:
         assert self._client is not None, "the proxy was not started (lifespan)"
         started = time.perf_counter()
         wall = time.time()
@@ -254,6 +257,7 @@ class ProxyApp:
             url += "?" + query.decode("latin-1")
         headers = [(k, v) for k, v in scope["headers"] if k.lower() not in REQUEST_DROP]
         record = _record_start(scope, body, headers, wall)
+        before_upstream = time.perf_counter()
         try:
             response = await self._send(scope["method"], url, headers, body)
         except asyncio.TimeoutError:
@@ -288,8 +292,11 @@ class ProxyApp:
         record["elapsed_ms"] = elapsed * 1000
         stream = "text/event-stream" in response.headers.get("content-type", "")
         record["stream"] = stream
+        streamed = "true" if stream else "false"
         self.metrics.requests.labels(path, f"{response.status // 100}xx").inc()
-        self.metrics.latency.labels(path, "true" if stream else "false").observe(elapsed)
+        self.metrics.latency.labels(path, streamed).observe(elapsed)
+        own = (before_upstream - arrived) + record.pop("_tail_seconds", 0.0)
+        self.metrics.overhead.labels(path, streamed).observe(own)
         self._submit(record)
 
     async def _send(
@@ -350,8 +357,10 @@ class ProxyApp:
         chunks: list[bytes] = record["response_chunks"]
         kept = 0
         cap = self.config.max_record_bytes
+        last_read = time.perf_counter()
         try:
             async for chunk in response.content.iter_any():
+                last_read = time.perf_counter()
                 if not chunk:
                     continue
                 try:
@@ -374,6 +383,8 @@ class ProxyApp:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError as exc:
             raise _Disconnected() from exc
+        # The proxy's share of the last byte's latency (the overhead histogram).
+        record["_tail_seconds"] = time.perf_counter() - last_read
 
     async def _upstream_failed(
         self,

@@ -201,20 +201,23 @@ def _load(
         return runner.run(_load_async(base, concurrency, total, headers, name or base))
 
 
-def _overhead_buckets(base: str) -> dict[float, float]:
-    """Cumulative counts of the proxy's own overhead histogram (`/metrics`), streamed chat
-    completions: {upper bound in seconds: requests at or below it}."""
+HISTOGRAMS = ("triage_proxy_overhead_seconds", "triage_proxy_event_loop_lag_seconds")
+
+
+def _histograms(base: str) -> dict[str, dict[float, float]]:
+    """Cumulative counts of the proxy's own overhead histogram (streamed requests) and of its
+    event-loop lag (`/metrics`): {name: {upper bound in seconds: observations at or below}}."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(f"{base}/metrics", timeout=30).text
-    counts: dict[float, float] = {}
+    counts: dict[str, dict[float, float]] = {name: {} for name in HISTOGRAMS}
     for family in text_string_to_metric_families(text):
-        if family.name != "triage_proxy_overhead_seconds":
+        if family.name not in counts:
             continue
         for sample in family.samples:
-            if sample.name.endswith("_bucket") and sample.labels.get("stream") == "true":
+            if sample.name.endswith("_bucket") and sample.labels.get("stream", "true") == "true":
                 bound = float(sample.labels["le"])
-                counts[bound] = counts.get(bound, 0.0) + sample.value
+                counts[family.name][bound] = counts[family.name].get(bound, 0.0) + sample.value
     return counts
 
 
@@ -366,7 +369,7 @@ def test_added_latency_vs_direct_and_litellm(upstream: RunningServer, tmp_path: 
     try:
         targets, pids, note = _start_targets(upstream.base_url, tmp_path, processes)
         loadavg_before = os.getloadavg()
-        overhead: dict[int, dict[float, float]] = {}
+        overhead: dict[int, dict[str, dict[float, float]]] = {}
         results, cpu = _run_rounds(targets, pids, overhead)
     finally:
         for process in processes:
@@ -376,12 +379,18 @@ def test_added_latency_vs_direct_and_litellm(upstream: RunningServer, tmp_path: 
     _print_table(results, note, (loadavg_before, os.getloadavg()), split)
     print(
         "The proxy's own share (its overhead histogram: arrival to upstream call, plus last "
-        "upstream byte read to last byte written):"
+        "upstream byte read to last byte written) and its event-loop lag (how late a 50 ms "
+        "sleep wakes up, 20 times a second):"
     )
     for load in LOADS:
-        if overhead.get(load):
-            p50, p99 = (_bucket_percentile({}, overhead[load], q) for q in (50, 99))
-            print(f"  {load} clients: p50 {p50}, p99 {p99}")
+        own, lag = (overhead.get(load, {}).get(metric, {}) for metric in HISTOGRAMS)
+        if own and lag:
+            p50, p99 = (_bucket_percentile({}, own, q) for q in (50, 99))
+            lag50, lag99 = (_bucket_percentile({}, lag, q) for q in (50, 99))
+            print(
+                f"  {load} clients: overhead p50 {p50}, p99 {p99}; "
+                f"loop lag p50 {lag50}, p99 {lag99}"
+            )
     print("CPU per request (the process and its children, ms; recording included):")
     for (name, load), value in sorted(cpu.items()):
         print(f"  {name} at {load} clients: {value:.2f}")
@@ -434,7 +443,7 @@ class _Result:
 def _run_rounds(
     targets: dict[str, tuple[str, dict[str, str]]],
     pids: dict[str, int],
-    overhead: dict[int, dict[float, float]],
+    overhead: dict[int, dict[str, dict[float, float]]],
 ) -> tuple[dict[tuple[str, int], _Result], dict[tuple[str, int], float]]:
     """Every load, ROUNDS interleaved rounds (each target once per round, the order rotated
     between rounds); CPU per request of each proxy process, settled after each run (its
@@ -452,20 +461,10 @@ def _run_rounds(
             shift = index % len(names)
             for name in names[shift:] + names[:shift]:
                 base, headers = targets[name]
-                before = _cpu_seconds(pids[name]) if name in pids else 0.0
-                if name == "triage proxy":
-                    buckets_before = _overhead_buckets(base)
-                run = _load(base, load, REQUESTS[load], headers, name)
-                if name == "triage proxy":
-                    buckets_after = _overhead_buckets(base)
-                    for bound, count in buckets_after.items():
-                        overhead[load][bound] = (
-                            overhead[load].get(bound, 0.0)
-                            + count
-                            - (buckets_before.get(bound, 0.0))
-                        )
-                if name in pids:
-                    used[name] += _settled_cpu_seconds(pids[name]) - before
+                pid = pids.get(name)
+                watch = overhead[load] if name == "triage proxy" else None
+                run, seconds = _one_run(base, headers, load, name, pid, watch)
+                used[name] += seconds
                 times[name].extend(run)
                 round_p99[name].append(_Result(run, []).p99)
         for name in names:
@@ -473,6 +472,27 @@ def _run_rounds(
             if name in pids:
                 cpu[(name, load)] = used[name] * 1000 / ((REQUESTS[load] + WARMUP) * ROUNDS)
     return results, cpu
+
+
+def _one_run(
+    base: str,
+    headers: dict[str, str],
+    load: int,
+    name: str,
+    pid: int | None,
+    histograms: dict[str, dict[float, float]] | None,
+) -> tuple[list[float | None], float]:
+    """One target's run at one load: its times, the CPU seconds its process used (settled:
+    recording included), and the run's counts added into `histograms` (the triage proxy's)."""
+    before = _cpu_seconds(pid) if pid else 0.0
+    counts_before = _histograms(base) if histograms is not None else {}
+    run = _load(base, load, REQUESTS[load], headers, name)
+    if histograms is not None:
+        for metric, after in _histograms(base).items():
+            into = histograms.setdefault(metric, {})
+            for bound, count in after.items():
+                into[bound] = into.get(bound, 0.0) + count - counts_before[metric].get(bound, 0.0)
+    return run, (_settled_cpu_seconds(pid) - before) if pid else 0.0
 
 
 def _added(target: _Result, direct: _Result, q: float, rng: np.random.Generator) -> str:

@@ -671,3 +671,36 @@ def test_the_overhead_histogram_counts_the_proxy_not_the_upstream(
     path = "/v1/chat/completions"
     assert sums[("triage_proxy_request_duration_seconds", path)] >= 0.3
     assert sums[("triage_proxy_overhead_seconds", path)] < 0.1
+
+
+def test_a_stalled_event_loop_shows_in_the_lag_histogram(
+    upstream: tuple[FakeUpstream, str],
+) -> None:
+    """A recorder that blocks the event loop for 0.3 s on each hand-over (what a writer
+    holding the interpreter lock does, in small) is visible in /metrics as event-loop lag,
+    which the overhead histogram cannot see (the stall happens outside any request's
+    timing)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    class Blocking:
+        def submit(self, record: dict[str, Any]) -> bool:
+            time.sleep(0.3)
+            return True
+
+    _, upstream_url = upstream
+    app = ProxyApp(ProxyConfig(upstream_url, identity_refresh_seconds=0), recorder=Blocking())
+    server = ThreadedServer(app).start()
+    try:
+        httpx.post(f"{server.url}/v1/chat/completions", json=chat("ok"))
+        time.sleep(0.2)  # the probe wakes up after the stall and records it
+        text = httpx.get(f"{server.url}/metrics").text
+    finally:
+        server.stop()
+    buckets = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == "triage_proxy_event_loop_lag_seconds":
+            buckets = {
+                s.labels["le"]: s.value for s in family.samples if s.name.endswith("_bucket")
+            }
+    assert buckets["+Inf"] >= 2  # the probe runs continuously
+    assert buckets["0.1"] < buckets["+Inf"]  # one wake-up came >= 0.1 s late: the stall

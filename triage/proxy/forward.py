@@ -119,6 +119,9 @@ class _Disconnected(Exception):
     """The client went away while the response was being sent."""
 
 
+LAG_PROBE_SECONDS = 0.05
+
+
 class ProxyApp:
     """ASGI app: forward, measure, hand exchanges to the recorder."""
 
@@ -139,6 +142,7 @@ class ProxyApp:
         self._client: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None
         self._refresher: asyncio.Task[None] | None = None
+        self._lag_probe: asyncio.Task[None] | None = None
         self._timeout = aiohttp.ClientTimeout(
             total=None,
             connect=config.connect_timeout,
@@ -164,6 +168,7 @@ class ProxyApp:
         await self.refresh_identity()
         if config.identity_refresh_seconds > 0:
             self._refresher = asyncio.create_task(self._refresh_loop())
+        self._lag_probe = asyncio.create_task(self._lag_loop())
 
     def _new_session(self, connector: aiohttp.BaseConnector) -> aiohttp.ClientSession:
         # Bytes through as received: no decompression, no cookies kept between clients.
@@ -176,9 +181,10 @@ class ProxyApp:
         )
 
     async def shutdown(self) -> None:
-        if self._refresher is not None:
-            self._refresher.cancel()
-            await asyncio.gather(self._refresher, return_exceptions=True)
+        for task in (self._refresher, self._lag_probe):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         for client in (self._client, self._fresh):
             if client is not None:
                 await client.close()
@@ -195,6 +201,17 @@ class ProxyApp:
                     self.identity = identity_from_props(json.loads(await reply.read()))
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
             log.warning("cannot read upstream /props: %s", type(exc).__name__)
+
+    async def _lag_loop(self) -> None:
+        """Event-loop lag, 20 times a second: how late a 50 ms sleep wakes up. A request that
+        arrives while the loop is held up (by the recording writer's share of the interpreter
+        lock, or a CPU it shares) waits that long before the proxy even reads it -- a delay
+        the overhead histogram cannot see."""
+        while True:
+            started = time.perf_counter()
+            await asyncio.sleep(LAG_PROBE_SECONDS)
+            late = time.perf_counter() - started - LAG_PROBE_SECONDS
+            self.metrics.loop_lag.observe(max(late, 0.0))
 
     async def _refresh_loop(self) -> None:
         while True:

@@ -680,7 +680,6 @@ def test_a_stalled_event_loop_shows_in_the_lag_histogram(
     holding the interpreter lock does, in small) is visible in /metrics as event-loop lag,
     which the overhead histogram cannot see (the stall happens outside any request's
     timing)."""
-    from prometheus_client.parser import text_string_to_metric_families
 
     class Blocking:
         def submit(self, record: dict[str, Any]) -> bool:
@@ -690,17 +689,28 @@ def test_a_stalled_event_loop_shows_in_the_lag_histogram(
     _, upstream_url = upstream
     app = ProxyApp(ProxyConfig(upstream_url, identity_refresh_seconds=0), recorder=Blocking())
     server = ThreadedServer(app).start()
+    buckets: dict[str, float] = {}
     try:
+        before = _lag_buckets(httpx.get(f"{server.url}/metrics").text)
+        late_before = before["+Inf"] - before["0.1"]
         httpx.post(f"{server.url}/v1/chat/completions", json=chat("ok"))
-        time.sleep(0.2)  # the probe wakes up after the stall and records it
-        text = httpx.get(f"{server.url}/metrics").text
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # the probe records its late wake-up soon after
+            buckets = _lag_buckets(httpx.get(f"{server.url}/metrics").text)
+            if buckets["+Inf"] - buckets["0.1"] > late_before:
+                break
+            time.sleep(0.05)
     finally:
         server.stop()
-    buckets = {}
+    assert buckets["+Inf"] >= 2  # the probe runs continuously
+    # one more wake-up came >= 0.1 s late: the stall
+    assert buckets["+Inf"] - buckets["0.1"] > late_before
+
+
+def _lag_buckets(text: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
     for family in text_string_to_metric_families(text):
         if family.name == "triage_proxy_event_loop_lag_seconds":
-            buckets = {
-                s.labels["le"]: s.value for s in family.samples if s.name.endswith("_bucket")
-            }
-    assert buckets["+Inf"] >= 2  # the probe runs continuously
-    assert buckets["0.1"] < buckets["+Inf"]  # one wake-up came >= 0.1 s late: the stall
+            return {s.labels["le"]: s.value for s in family.samples if s.name.endswith("_bucket")}
+    return {}

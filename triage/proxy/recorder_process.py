@@ -38,7 +38,11 @@ are the child's: a new process on the same spool replays it, and the idempotency
 nothing twice. The database URL reaches the child in the spawn pipe (never on a command
 line) and is never logged. The child ignores SIGINT (a Ctrl-C in the terminal reaches the
 whole process group; the parent stops it with the sentinel) and stops by itself, writing
-what it has, when the parent process is gone.
+what it has, when the parent process is gone. Besides the child, multiprocessing runs its
+resource tracker (a helper that exits with the proxy).
+
+Embedding: as with any "spawn" child, the program that starts a RecorderProcess must guard
+its main module (`if __name__ == "__main__":`); `triage proxy` and `python -m triage.cli` do.
 """
 
 from __future__ import annotations

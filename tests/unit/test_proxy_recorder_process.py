@@ -524,3 +524,31 @@ def test_two_recorder_processes_on_postgres_open_exactly_one_incident(
     assert total == 48
     assert len(incidents) == 1 and len(signatures) == 1
     assert sum(len(r.opened) for r in replicas) == 1
+
+
+def test_stop_drains_at_normal_priority(
+    tmp_path: Path, processes: list[RecorderProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At stop() the proxy no longer serves: the child is put back to normal scheduling so
+    a busy host cannot starve the final drain past the stop timeout."""
+    from triage.proxy import recorder_process
+
+    seen: list[tuple[int, int, bool]] = []
+
+    def restore(pid: int | str = "self") -> bool:
+        done = real(pid)
+        seen.append((int(pid), os.sched_getscheduler(int(pid)), done))
+        return done
+
+    real = recorder_process.restore_priority
+    monkeypatch.setattr(recorder_process, "restore_priority", restore)
+    recorder = _process(processes, f"sqlite:///{tmp_path / 'kb.db'}", tmp_path / "s.jsonl")
+    recorder.start()
+    assert recorder.pid is not None
+    assert os.sched_getscheduler(recorder.pid) == os.SCHED_IDLE
+    assert recorder.submit(raw_record("x", "An answer.", at=time.time()))
+    recorder.stop()
+    assert [pid for pid, _, _ in seen] == [recorder.pid]
+    if os.geteuid() == 0:  # raising a priority back needs root (or RLIMIT_NICE)
+        assert seen[0][1:] == (os.SCHED_OTHER, True)
+    assert [r["key"] for r in _rows(f"sqlite:///{tmp_path / 'kb.db'}")] == ["x"]

@@ -16,9 +16,9 @@ normal task wants the CPU. The price is explicit: on a host that is busy all the
 child falls behind, the bounded queue fills and further exchanges are dropped and counted
 (`triage_proxy_recording_dropped_total`) -- the forwarding itself is never slowed down. The
 child's start-up (imports, migrations) runs at normal priority: the proxy does not serve
-yet, and SCHED_IDLE would let a loaded host stall the start for minutes. At the stop sentinel
-the child goes back to normal priority to write what is left quickly (the proxy has stopped
-serving by then).
+yet, and SCHED_IDLE would let a loaded host stall the start for minutes. At `stop()` the
+parent puts the child back to normal priority (best effort: it needs the right to raise a
+priority) so it writes what is left quickly: the proxy has stopped serving by then.
 
 Hot path: `submit(record)` checks the bounds (records and bytes in flight, exactly like
 `Recorder`), and `put_nowait`s the record on a `multiprocessing.Queue`: an append to a deque;
@@ -154,14 +154,17 @@ def lower_priority() -> str:
         return "normal"
 
 
-def _restore_priority() -> None:
-    """Back to normal scheduling for the final drain (best effort; nice cannot be undone)."""
-    if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_OTHER"):
-        try:
-            for task in os.listdir("/proc/self/task"):
-                os.sched_setscheduler(int(task), os.SCHED_OTHER, os.sched_param(0))
-        except OSError:
-            pass
+def restore_priority(pid: int | str = "self") -> bool:
+    """Every thread of process `pid` back to normal scheduling, for the final drain (best
+    effort: it needs the right to raise a priority; nice cannot be undone). True if done."""
+    if not (hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_OTHER")):
+        return False
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            os.sched_setscheduler(int(task), os.SCHED_OTHER, os.sched_param(0))
+    except OSError:
+        return False
+    return True
 
 
 class _Inbox(queue.Queue[Any]):
@@ -185,7 +188,7 @@ class _Inbox(queue.Queue[Any]):
         except (EOFError, OSError):
             return _recorder._STOP
         if item is None:
-            _restore_priority()
+            restore_priority()
             return _recorder._STOP
         return item
 
@@ -445,6 +448,10 @@ class RecorderProcess:
             self._records.close()
             return
         if process.is_alive():
+            # The proxy no longer serves: the child drains at normal priority (at SCHED_IDLE
+            # on a busy host it could not reach the sentinel before the timeout).
+            if self.idle and process.pid is not None:
+                restore_priority(process.pid)
             try:
                 self._records.put(None)
             except (ValueError, OSError):

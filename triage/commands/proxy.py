@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -13,7 +13,7 @@ from kb.store import data_dir
 from triage.commands import with_options
 
 if TYPE_CHECKING:
-    from triage.proxy import ProxyApp
+    from triage.proxy import ProxyApp, Recorder, RecorderProcess
     from triage.proxy.diagnose import AutoDiagnose
 
 SWITCH_INTERVAL_SECONDS = 0.0005
@@ -83,6 +83,16 @@ _OPTIONS = (
         help="Seconds allowed between two upstream bytes (then 504).",
     ),
     click.option("--replica", default=None, help="Name of this replica (default: host-pid)."),
+    click.option(
+        "--recorder",
+        "recorder_mode",
+        type=click.Choice(["process", "thread"]),
+        default="process",
+        show_default=True,
+        help="Where exchanges are classified and written: 'process' = a child process at "
+        "idle CPU priority (SCHED_IDLE), off the forwarding path; 'thread' = a writer "
+        "thread in the proxy process (shares its interpreter lock with the event loop).",
+    ),
 )
 
 
@@ -102,10 +112,11 @@ def proxy_command(
     trailing_minutes: int,
     upstream_timeout: float,
     replica: str | None,
+    recorder_mode: str,
 ) -> None:
     """Forward /v1/*, /props and /health to a llama-server, record every exchange, keep
     failure rates and open incidents when a failure signature appears or rises."""
-    from triage.proxy import ProxyApp, ProxyConfig, ProxyMetrics, Recorder, parse_listen
+    from triage.proxy import ProxyApp, ProxyConfig, ProxyMetrics, parse_listen
 
     try:
         host, port = parse_listen(listen)
@@ -119,20 +130,39 @@ def proxy_command(
     if auto_diagnose:
         hook = _auto_diagnose_hook(stack_path, config.upstream, diagnose_upstream, database)
     metrics = ProxyMetrics()
-    recorder = Recorder(
-        database,
-        spool_path=spool_path or data_dir() / "proxy-spool.jsonl",
-        sample_successes=sample_successes,
-        replica=config.replica,
-        metrics=metrics,
-        current_window=timedelta(minutes=window_minutes),
-        trailing_window=timedelta(minutes=trailing_minutes),
-        on_incident=hook,
-    )
-    app = ProxyApp(config, recorder=recorder, metrics=metrics)
+    options: dict[str, Any] = {
+        "spool_path": spool_path or data_dir() / "proxy-spool.jsonl",
+        "sample_successes": sample_successes,
+        "replica": config.replica,
+        "metrics": metrics,
+        "current_window": timedelta(minutes=window_minutes),
+        "trailing_window": timedelta(minutes=trailing_minutes),
+        "on_incident": hook,
+    }
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    recorder = _start_recorder(recorder_mode, database, options, hook)
+    app = ProxyApp(config, recorder=recorder, metrics=metrics)
     click.echo(f"triage proxy: http://{host}:{port} -> {config.upstream}", err=True)
-    _serve(app, host, port, hook)
+    _serve(app, host, port, hook, switch_interval=recorder_mode == "thread")
+
+
+def _start_recorder(
+    mode: str, database: str | None, options: dict[str, Any], hook: AutoDiagnose | None
+) -> Recorder | RecorderProcess:
+    """The recorder, started before the server (a recorder process that cannot start is
+    one clear error, not a failed ASGI lifespan); ProxyApp's own start is then a no-op."""
+    from triage.proxy import Recorder, RecorderProcess, RecorderProcessError
+
+    if mode == "thread":
+        return Recorder(database, **options)
+    recorder = RecorderProcess(database, **options)
+    try:
+        recorder.start()
+    except RecorderProcessError as exc:
+        if hook is not None:
+            hook.stop()
+        raise click.ClickException(str(exc)) from None
+    return recorder
 
 
 def _auto_diagnose_hook(
@@ -150,18 +180,23 @@ def _auto_diagnose_hook(
     return AutoDiagnose(stack_path, data_dir() / "proxy-diagnoses", database_url=database)
 
 
-def _serve(app: ProxyApp, host: str, port: int, hook: AutoDiagnose | None) -> None:
-    """Serve until Ctrl-C; the auto-diagnose hook is stopped however the server ends."""
+def _serve(
+    app: ProxyApp, host: str, port: int, hook: AutoDiagnose | None, *, switch_interval: bool
+) -> None:
+    """Serve until Ctrl-C; the recorder and the auto-diagnose hook are stopped however the
+    server ends."""
     import sys
 
     import uvicorn
 
     from triage.proxy.server import uvicorn_config
 
-    # The recording writer is a thread of this process: when it holds the interpreter lock
-    # (classifying, compressing), the event loop waits for it up to the switch interval
-    # (5 ms by default), a delay every forwarded chunk would feel. 0.5 ms bounds that wait.
-    sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
+    if switch_interval:
+        # --recorder thread: the writer is a thread of this process; when it holds the
+        # interpreter lock (classifying, compressing), the event loop waits for it up to the
+        # switch interval (5 ms by default), a delay every forwarded chunk would feel. 0.5 ms
+        # bounds that wait. (The recorder process shares no lock with the loop.)
+        sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
     try:
         uvicorn.Server(uvicorn_config(app, host, port, log_level="info")).run()
     except KeyboardInterrupt:
@@ -169,6 +204,8 @@ def _serve(app: ProxyApp, host: str, port: int, hook: AutoDiagnose | None) -> No
         # the Ctrl-C: that is a normal stop, not an abort.
         pass
     finally:
+        if app.recorder is not None:
+            app.recorder.stop()  # a no-op after the lifespan shutdown; not when it failed
         if hook is not None:
             hook.stop()
 

@@ -5,6 +5,7 @@ from triage.proxy.forward import ProxyApp, ProxyConfig, identity_from_props
 from triage.proxy.metrics import ProxyMetrics
 from triage.proxy.rates import Detection, detect, failure_signature
 from triage.proxy.recorder import Recorder, prepare
+from triage.proxy.recorder_process import RecorderProcess, RecorderProcessError
 from triage.proxy.server import ThreadedServer, parse_listen, serving
 
 __all__ = [
@@ -13,6 +14,8 @@ __all__ = [
     "ProxyConfig",
     "ProxyMetrics",
     "Recorder",
+    "RecorderProcess",
+    "RecorderProcessError",
     "ThreadedServer",
     "detect",
     "failure_signature",

@@ -12,7 +12,8 @@ The proxy answers by itself only when the upstream cannot: 502 (unreachable) and
 response headers in time) as OpenAI-style JSON errors, 413 for a request body above the
 cap, 404 for paths it does not forward. Each inference exchange (a POST under /v1/) is
 handed to the recorder as a plain record (bytes and numbers); redaction, classification and
-storage happen off the hot path (triage.proxy.recorder).
+storage happen off the hot path (triage.proxy.recorder; by default in a process of its own at
+idle CPU priority, triage.proxy.recorder_process).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Request counts and latencies are updated on the hot path (cheap, lock-protected counters);
 failures by signature, tokens and speculative-decoding draft acceptance are updated by the
-background writer once an exchange is classified.
+recorder once an exchange is classified (by the recorder process's relay thread when the
+recorder runs in a process of its own: its updates are replayed on this registry).
 """
 
 from __future__ import annotations

@@ -243,6 +243,15 @@ def prepare(record: dict[str, Any], *, keep_success: bool, replica: str) -> Prep
     return Prepared(row=row, kinds=kinds, example=example, usage=usage)
 
 
+def spooled_count(spool_path: Path) -> int:
+    """Exchanges waiting in a spool file (read under the spool's lock)."""
+    if not spool_path.exists():
+        return 0
+    with FileLock(str(spool_path) + ".lock"):
+        with spool_path.open(encoding="utf-8") as handle:
+            return sum(1 for line in handle if line.strip())
+
+
 def _record_size(record: dict[str, Any]) -> int:
     return len(record.get("request_body") or b"") + sum(
         len(chunk) for chunk in record.get("response_chunks") or ()
@@ -320,9 +329,9 @@ class Recorder:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> None:
-        if self._thread is not None:
-            return
+    def open(self) -> bool:
+        """Create the spool's folder and open (migrate) the store; False when the database
+        is unavailable now (the writer retries it and spools meanwhile)."""
         self.spool_path.parent.mkdir(parents=True, exist_ok=True)
         # Migrate here, before serving: Alembic is not safe to run from two threads of one
         # process at once. A database that is down now is retried by the writer.
@@ -331,6 +340,13 @@ class Recorder:
         except (SQLAlchemyError, OSError) as exc:
             log.warning("database unavailable at start (%s): spooling", type(exc).__name__)
             self._store = None
+            return False
+        return True
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self.open()
         self._thread = threading.Thread(target=self._run, name="triage-proxy-writer", daemon=True)
         self._thread.start()
 
@@ -454,11 +470,7 @@ class Recorder:
             self.metrics.recording_dropped.inc(dropped)
 
     def spooled_count(self) -> int:
-        if not self.spool_path.exists():
-            return 0
-        with self._lock:
-            with self.spool_path.open(encoding="utf-8") as handle:
-                return sum(1 for line in handle if line.strip())
+        return spooled_count(self.spool_path)
 
     def _replay_if_due(self) -> None:
         if self.spool_path.exists() and self.spool_path.stat().st_size > 0:

@@ -1,0 +1,583 @@
+"""The proxy's recorder in a process of its own, at the lowest CPU priority.
+
+`RecorderProcess` is a drop-in for `triage.proxy.recorder.Recorder` as `ProxyApp` sees it
+(`start`, `submit`, `stop`, `flush`, `written`, `submitted`, `opened`, `spooled_count`). It
+runs the very same `Recorder` logic (redaction, classification, batches, spool and replay,
+change detection, family matching) in a child process started with the "spawn" context, so
+none of that work holds the proxy's interpreter lock: with the writer as a thread, its ~1 ms
+of CPU per exchange and its GIL slices delayed the event loop (64 streaming clients on two
+cores: +67 ms p50 / +123 ms p99 added; the proxy without a recorder added ~0).
+
+Priority: once its store is open, the child puts every one of its threads in the
+`SCHED_IDLE` scheduling class (Linux), else `nice 19`. SCHED_IDLE, not nice 19: a nice-19
+task still gets a CFS slice (weight 15 against 1024) and its wakeups preempt the event loop's
+thread, so on a busy host it still delays forwarding; a SCHED_IDLE task runs only when no
+normal task wants the CPU. The price is explicit: on a host that is busy all the time the
+child falls behind, the bounded queue fills and further exchanges are dropped and counted
+(`triage_proxy_recording_dropped_total`) -- the forwarding itself is never slowed down. The
+child's start-up (imports, migrations) runs at normal priority: the proxy does not serve
+yet, and SCHED_IDLE would let a loaded host stall the start for minutes. At `stop()` the
+parent puts the child back to normal priority (best effort: it needs the right to raise a
+priority) so it writes what is left quickly: the proxy has stopped serving by then.
+
+Hot path: `submit(record)` checks the bounds (records and bytes in flight, exactly like
+`Recorder`), and `put_nowait`s the record on a `multiprocessing.Queue`: an append to a deque;
+pickling and the pipe write happen in the queue's feeder thread, never on the event loop.
+
+Back channel: the child sends, per batch, one message with the metric updates its
+`Recorder` made (exchanges by model and signature, tokens, spooled, dropped, incidents
+opened), the incidents it opened, its log records and its acknowledgement (records done,
+bytes freed, rows written, CPU used). A daemon thread of the parent applies them to the
+parent's `ProxyMetrics` (the child cannot touch the parent's Prometheus registry) and calls
+`on_incident` -- auto-diagnose stays in the parent, never in the SCHED_IDLE child.
+
+Faults: a child that dies at start is a clear `RecorderProcessError`; one that dies mid-run
+is noticed by the parent (a warning, once; the exchanges it had not finished are counted as
+dropped; `submit` then returns False and the proxy keeps forwarding). The spool and its lock
+are the child's: a new process on the same spool replays it, and the idempotency keys store
+nothing twice. The database URL reaches the child in the spawn pipe (never on a command
+line) and is never logged. The child ignores SIGINT (a Ctrl-C in the terminal reaches the
+whole process group; the parent stops it with the sentinel) and stops by itself, writing
+what it has, when the parent process is gone. Besides the child, multiprocessing runs its
+resource tracker (a helper that exits with the proxy).
+
+Embedding: as with any "spawn" child, the program that starts a RecorderProcess must guard
+its main module (`if __name__ == "__main__":`); `triage proxy` and `python -m triage.cli` do.
+"""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import multiprocessing
+import os
+import queue
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any, cast
+
+from kb.store import Store, redact_url
+from triage.capture import redact_text
+from triage.proxy import recorder as _recorder
+from triage.proxy.metrics import ProxyMetrics
+from triage.proxy.recorder import (
+    CURRENT_WINDOW,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_SPOOL_BYTES,
+    DEFAULT_QUEUE_BYTES,
+    DEFAULT_QUEUE_SIZE,
+    TRAILING_WINDOW,
+    Recorder,
+    _record_size,
+    spooled_count,
+)
+
+log = logging.getLogger("triage.proxy")
+
+READY_TIMEOUT_SECONDS = 60.0
+# How long flush() waits for the child to finish what was queued (a SCHED_IDLE child on a
+# busy host can be slow; a stuck one must not hang the caller forever).
+FLUSH_DRAIN_SECONDS = 600.0
+_POLL_SECONDS = 0.25
+# Metric methods the child may have the parent call (see _MetricsRelay).
+_RELAYED = frozenset({"inc", "observe", "observe_exchange"})
+
+
+class RecorderProcessError(RuntimeError):
+    """The recorder process could not start; the message says why."""
+
+
+# --------------------------------------------------------------------------- child side
+
+
+class _MetricRelay:
+    """One metric (or labelled child of one) in the child: each update becomes a call the
+    parent replays on its own registry."""
+
+    def __init__(self, calls: list[tuple[Any, ...]], attr: str, labels: tuple[str, ...] = ()):
+        self._calls, self._attr, self._labels = calls, attr, labels
+
+    def labels(self, *values: Any) -> _MetricRelay:
+        return _MetricRelay(self._calls, self._attr, tuple(str(v) for v in values))
+
+    def inc(self, amount: float = 1.0) -> None:
+        self._calls.append((self._attr, self._labels, "inc", (amount,)))
+
+    def observe(self, value: float) -> None:
+        self._calls.append((self._attr, self._labels, "observe", (value,)))
+
+
+class _MetricsRelay:
+    """Stands in for ProxyMetrics in the child: records what the Recorder updates."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def observe_exchange(self, model: str, signature: str, usage: dict[str, Any]) -> None:
+        self.calls.append(("", (), "observe_exchange", (model, signature, dict(usage))))
+
+    def __getattr__(self, name: str) -> _MetricRelay:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _MetricRelay(self.calls, name)
+
+    def take(self) -> list[tuple[Any, ...]]:
+        taken = list(self.calls)
+        self.calls.clear()
+        return taken
+
+
+def lower_priority() -> str:
+    """Put every thread of this process in SCHED_IDLE (Linux), else nice 19; returns which.
+    (sched_setscheduler(0, ...) changes the calling thread only, hence every task.)"""
+    if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
+        try:
+            tasks = [int(t) for t in os.listdir("/proc/self/task")]
+        except OSError:
+            tasks = [0]
+        try:
+            for task in tasks:
+                os.sched_setscheduler(task, os.SCHED_IDLE, os.sched_param(0))
+            return "SCHED_IDLE"
+        except OSError:
+            pass
+    try:
+        os.nice(19)
+        return "nice 19"
+    except OSError:
+        return "normal"
+
+
+def restore_priority(pid: int | str = "self") -> bool:
+    """Every thread of process `pid` back to normal scheduling, for the final drain (best
+    effort: it needs the right to raise a priority; nice cannot be undone). True if done."""
+    if not (hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_OTHER")):
+        return False
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            os.sched_setscheduler(int(task), os.SCHED_OTHER, os.sched_param(0))
+    except OSError:
+        return False
+    return True
+
+
+class _Inbox(queue.Queue[Any]):
+    """The child Recorder's queue: records from the parent's multiprocessing queue. The
+    parent's stop sentinel (None), a closed pipe or a vanished parent read as the Recorder's
+    own stop marker."""
+
+    def __init__(self, source: Any) -> None:
+        super().__init__()
+        self._source = source
+        self._parent = multiprocessing.parent_process()
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        try:
+            item = self._source.get(block, timeout)
+        except queue.Empty:
+            if self._parent is not None and not self._parent.is_alive():
+                log.warning("the proxy process is gone: the recorder writes what it has and stops")
+                return _recorder._STOP
+            raise
+        except (EOFError, OSError):
+            return _recorder._STOP
+        if item is None:
+            restore_priority()
+            return _recorder._STOP
+        return item
+
+    def task_done(self) -> None:
+        pass
+
+
+class _ChildRecorder(Recorder):
+    """The Recorder, reporting each batch (and each idle replay) to the parent."""
+
+    def __init__(self, database_url: str | None, *, inbox: Any, events: Any, **options: Any):
+        self._relay = _MetricsRelay()
+        super().__init__(
+            database_url,
+            metrics=cast(ProxyMetrics, self._relay),
+            on_incident=self._incident,
+            **options,
+        )
+        self._queue = _Inbox(inbox)
+        self._events = events
+        self._reported_written = 0
+
+    def _incident(self, incident: dict[str, Any]) -> None:
+        self._relay.calls.append(("", (), "incident", (incident,)))
+
+    def _process(self, batch: list[dict[str, Any]]) -> None:
+        size = sum(_record_size(record) for record in batch)
+        try:
+            super()._process(batch)
+        finally:
+            self.report(len(batch), size)
+
+    def _replay_if_due(self) -> None:
+        try:
+            super()._replay_if_due()
+        finally:
+            if self._relay.calls or self.written != self._reported_written:
+                self.report(0, 0)
+
+    def report(self, done: int, size: int) -> None:
+        self._reported_written = self.written
+        message = ("batch", done, size, self.written, time.process_time(), self._relay.take())
+        self._events.put(message)
+
+
+class _LogRelay(logging.handlers.QueueHandler):
+    """The child's log records, formatted, to the parent's loggers."""
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        self.queue.put_nowait(("log", record))
+
+
+def _child_main(
+    database_url: str | None,
+    options: dict[str, Any],
+    records: Any,
+    events: Any,
+    log_level: int,
+    idle: bool,
+) -> None:
+    """Entry point of the recorder process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    root = logging.getLogger()
+    root.handlers[:] = [_LogRelay(events)]
+    root.setLevel(log_level)
+    try:
+        recorder = _ChildRecorder(database_url, inbox=records, events=events, **options)
+        database_up = recorder.open()
+    except Exception as exc:  # noqa: BLE001 -- reported to the parent as one line
+        message = redact_text(redact_url(f"{type(exc).__name__}: {exc}"))[:500]
+        events.put(("failed", message))
+        events.close()
+        events.join_thread()
+        raise SystemExit(1) from None
+    priority = lower_priority() if idle else "normal"
+    events.put(("ready", database_up, priority, time.process_time()))
+    try:
+        recorder._run()
+    finally:
+        recorder._drop_store()
+        events.put(("stopped", recorder.written, time.process_time()))
+        events.close()
+        parent = multiprocessing.parent_process()
+        if parent is not None and not parent.is_alive():
+            # Nobody reads the pipe any more (this process holds its read end too): do not
+            # wait for the feeder to push into it.
+            events.cancel_join_thread()
+        else:
+            events.join_thread()
+
+
+# --------------------------------------------------------------------------- parent side
+
+
+class RecorderProcess:
+    """Recorder in a child process; see the module docstring. Arguments as `Recorder`'s
+    (`store_factory` and `rng` must be picklable), plus `ready_timeout` (seconds to wait for
+    the child's store at start) and `idle` (False keeps the child at normal priority)."""
+
+    def __init__(
+        self,
+        database_url: str | None,
+        *,
+        spool_path: Path,
+        sample_successes: float = 1.0,
+        replica: str = "proxy",
+        metrics: ProxyMetrics | None = None,
+        queue_size: int = DEFAULT_QUEUE_SIZE,
+        queue_bytes: int = DEFAULT_QUEUE_BYTES,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        flush_seconds: float = 0.2,
+        retry_seconds: float = 2.0,
+        current_window: timedelta = CURRENT_WINDOW,
+        trailing_window: timedelta = TRAILING_WINDOW,
+        on_incident: Callable[[dict[str, Any]], None] | None = None,
+        store_factory: Callable[[str | None], Store] = Store,
+        rng: random.Random | None = None,
+        max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES,
+        ready_timeout: float = READY_TIMEOUT_SECONDS,
+        idle: bool = True,
+    ) -> None:
+        if not 0.0 <= sample_successes <= 1.0:
+            raise ValueError("--sample-successes must be between 0 and 1")
+        self.database_url = database_url
+        self.spool_path = Path(spool_path)
+        self.replica = replica
+        self.metrics = metrics or ProxyMetrics()
+        self.on_incident = on_incident
+        self.queue_size = queue_size
+        self.queue_bytes = queue_bytes
+        self.ready_timeout = ready_timeout
+        self.idle = idle
+        self._options: dict[str, Any] = {
+            "spool_path": self.spool_path,
+            "sample_successes": sample_successes,
+            "replica": replica,
+            "batch_size": batch_size,
+            "flush_seconds": flush_seconds,
+            "retry_seconds": retry_seconds,
+            "current_window": current_window,
+            "trailing_window": trailing_window,
+            "store_factory": store_factory,
+            "rng": rng,
+            "max_spool_bytes": max_spool_bytes,
+        }
+        self._context = multiprocessing.get_context("spawn")
+        self._records: Any = self._context.Queue()
+        self._events: Any = self._context.Queue()
+        self._lock = threading.Lock()
+        self._done = threading.Condition(self._lock)
+        self._queued_bytes = 0
+        self._acked = 0
+        self._process: BaseProcess | None = None
+        self._reader: threading.Thread | None = None
+        self._stopping = False
+        self._dead = False
+        self.opened: list[dict[str, Any]] = []
+        self.written = 0
+        self.submitted = 0
+        self.lost = 0  # accepted, then lost with a child that died
+        self.child_cpu_seconds = 0.0  # CPU the child used (all its threads), start-up included
+        self.startup_cpu_seconds = 0.0  # of which before it was ready (imports, migrations)
+        self.database_up_at_start: bool | None = None
+        self.priority = ""
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def is_alive(self) -> bool:
+        return self._process is not None and self._process.is_alive()
+
+    # ------------------------------------------------------------------ hot path
+
+    def submit(self, record: dict[str, Any]) -> bool:
+        """Queue a raw record without blocking; False when the queue is full or the recorder
+        process is gone (dropped)."""
+        size = _record_size(record)
+        with self._lock:
+            if self._dead or self._stopping:
+                return False
+            in_flight = self.submitted - self._acked
+            if in_flight >= self.queue_size or self._queued_bytes + size > self.queue_bytes:
+                return False
+            self._queued_bytes += size
+            self.submitted += 1
+        try:
+            self._records.put_nowait(record)  # pickled by the queue's feeder thread
+        except (ValueError, OSError):  # closed under us (stop racing a late request)
+            with self._lock:
+                self._queued_bytes -= size
+                self.submitted -= 1
+            return False
+        return True
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Spawn the child and wait until its store is open (or it spools); a child that
+        cannot start raises RecorderProcessError naming why."""
+        if self._process is not None:
+            return
+        self.spool_path.parent.mkdir(parents=True, exist_ok=True)
+        level = logging.getLogger("triage.proxy").getEffectiveLevel()
+        process = self._context.Process(
+            target=_child_main,
+            args=(self.database_url, self._options, self._records, self._events, level, self.idle),
+            name="triage-recorder",
+            daemon=True,  # never outlives the proxy, also when it is interrupted
+        )
+        self._process = process
+        process.start()
+        try:
+            self._wait_ready(process)
+        except BaseException:
+            self._dead = True
+            self._end(process, 5.0)
+            raise
+        self._reader = threading.Thread(
+            target=self._read_events, name="triage-recorder-events", daemon=True
+        )
+        self._reader.start()
+
+    def _wait_ready(self, process: BaseProcess) -> None:
+        deadline = time.monotonic() + self.ready_timeout
+        while True:
+            try:
+                message = self._events.get(timeout=_POLL_SECONDS)
+            except queue.Empty:
+                if not process.is_alive():
+                    raise RecorderProcessError(
+                        f"the recorder process exited (status {process.exitcode}) before it "
+                        "was ready"
+                    ) from None
+                if time.monotonic() > deadline:
+                    raise RecorderProcessError(
+                        f"the recorder process was not ready within {self.ready_timeout:.0f} s"
+                    ) from None
+                continue
+            if message[0] == "ready":
+                _, self.database_up_at_start, self.priority, self.startup_cpu_seconds = message
+                log.info("recorder process %s started (%s)", process.pid, self.priority)
+                return
+            if message[0] == "failed":
+                raise RecorderProcessError(f"the recorder process could not start: {message[1]}")
+            self._handle(message)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Have the child write (or spool) everything queued and exit; a child still running
+        after `timeout` s is terminated, then killed: no process is left behind."""
+        process = self._process
+        if self._stopping:
+            return
+        self._stopping = True
+        if process is None:  # never started: what was submitted is not recorded
+            self._records.cancel_join_thread()
+            self._records.close()
+            return
+        if process.is_alive():
+            # The proxy no longer serves: the child drains at normal priority (at SCHED_IDLE
+            # on a busy host it could not reach the sentinel before the timeout).
+            if self.idle and process.pid is not None:
+                restore_priority(process.pid)
+            try:
+                self._records.put(None)
+            except (ValueError, OSError):
+                pass
+        process.join(timeout)
+        if process.is_alive():
+            log.warning("the recorder process did not stop within %.0f s: ending it", timeout)
+        self._end(process, 5.0)
+        if self._reader is not None:
+            self._reader.join(10.0)
+        with self._done:
+            self._dead = True
+            self._done.notify_all()
+
+    def _end(self, process: BaseProcess, grace: float) -> None:
+        """Terminate, then kill, a child that is still running; release the queues."""
+        if process.is_alive():
+            process.terminate()
+            process.join(grace)
+        if process.is_alive():
+            process.kill()
+            process.join(grace)
+        # Records the child will never read: do not wait for the feeder to push them into a
+        # pipe nobody drains.
+        self._records.cancel_join_thread()
+        self._records.close()
+
+    def flush(self, expected: int = 0, timeout: float = 30.0) -> None:
+        """Block until every record queued so far has been written or spooled by the child
+        (or the child is gone); with `expected`, first until that many records were
+        submitted (the proxy hands a record over just after the client has its last byte)."""
+        deadline = time.monotonic() + timeout
+        while self.submitted < expected and time.monotonic() < deadline and not self._dead:
+            time.sleep(0.01)
+        if self._process is None:
+            return
+        with self._done:
+            target = self.submitted
+            done = self._done.wait_for(
+                lambda: self._acked >= target or self._dead, FLUSH_DRAIN_SECONDS
+            )
+        if not done:
+            log.warning("recorder process: %d exchange(s) still queued", target - self._acked)
+
+    def spooled_count(self) -> int:
+        return spooled_count(self.spool_path)
+
+    # ------------------------------------------------------------------ back channel
+
+    def _read_events(self) -> None:
+        process = self._process
+        assert process is not None
+        while True:
+            try:
+                message = self._events.get(timeout=_POLL_SECONDS)
+            except queue.Empty:
+                if process.is_alive():
+                    continue
+                self._child_gone(process)
+                return
+            except (EOFError, OSError):
+                self._child_gone(process)
+                return
+            if message[0] == "stopped":
+                self.written, self.child_cpu_seconds = message[1], message[2]
+                self._child_gone(process)
+                return
+            try:
+                self._handle(message)
+            except Exception:  # noqa: BLE001 -- the reader must outlive one bad message
+                log.exception("recorder process: cannot apply %s", message[0])
+
+    def _handle(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "log":
+            record: logging.LogRecord = message[1]
+            logging.getLogger(record.name).handle(record)
+        elif kind == "batch":
+            _, done, size, written, cpu, calls = message
+            for call in calls:
+                self._apply(*call)
+            with self._done:
+                self._acked += done
+                self._queued_bytes -= size
+                self.written = written
+                self.child_cpu_seconds = cpu
+                self._done.notify_all()
+
+    def _apply(
+        self, attr: str, labels: tuple[str, ...], method: str, args: tuple[Any, ...]
+    ) -> None:
+        """Replay one metric update (or an opened incident) of the child in this process."""
+        if method == "incident":
+            self._incident(args[0])
+            return
+        if method not in _RELAYED:
+            raise ValueError(f"not a metric update: {method}")
+        target: Any = getattr(self.metrics, attr) if attr else self.metrics
+        if labels:
+            target = target.labels(*labels)
+        getattr(target, method)(*args)
+
+    def _incident(self, incident: dict[str, Any]) -> None:
+        self.opened.append(incident)
+        if self.on_incident is not None:
+            try:
+                self.on_incident(incident)
+            except Exception:  # noqa: BLE001 -- a failing hook must not stop recording
+                log.exception("auto-diagnose hook failed for %s", incident.get("slug"))
+
+    def _child_gone(self, process: BaseProcess) -> None:
+        """The child exited: what it had accepted and not finished is lost (counted)."""
+        process.join(5.0)
+        with self._done:
+            lost = self.submitted - self._acked
+            self._dead = True
+            self.lost += lost
+            self._acked += lost
+            self._queued_bytes = 0
+            self._done.notify_all()
+        if lost:
+            self.metrics.recording_dropped.inc(lost)
+        if not self._stopping or process.exitcode not in (0, None):
+            log.warning(
+                "the recorder process exited (status %s): %d queued exchange(s) not recorded; "
+                "the proxy keeps forwarding without recording",
+                process.exitcode,
+                lost,
+            )

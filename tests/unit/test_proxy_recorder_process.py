@@ -552,3 +552,41 @@ def test_stop_drains_at_normal_priority(
     if os.geteuid() == 0:  # raising a priority back needs root (or RLIMIT_NICE)
         assert seen[0][1:] == (os.SCHED_OTHER, True)
     assert [r["key"] for r in _rows(f"sqlite:///{tmp_path / 'kb.db'}")] == ["x"]
+
+
+def test_summed_metric_updates_give_the_same_metrics_as_one_call_per_exchange() -> None:
+    """The child sums a batch's metric updates before sending them (a few updates for the
+    parent's thread to apply, not one per exchange); /metrics must read exactly as if every
+    exchange had been counted on its own."""
+    from triage.proxy.recorder_process import _MetricsRelay
+
+    updates = [
+        ("drill", "empty-content|2xx", {"prompt_tokens": 7, "completion_tokens": 3}),
+        ("drill", "empty-content|2xx", {"prompt_tokens": 5, "draft_n": 4, "draft_n_accepted": 2}),
+        ("drill", "", {"prompt_tokens": 9, "completion_tokens": 0, "draft_n": True}),
+        ("other", "", {}),
+    ]
+    direct, relay, summed = ProxyMetrics(), _MetricsRelay(), ProxyMetrics()
+    for model, signature, usage in updates:
+        direct.observe_exchange(model, signature, usage)
+        relay.observe_exchange(model, signature, usage)
+    direct.spooled.inc(2)
+    direct.spooled.inc(3)
+    direct.incidents.labels("drill", "empty-content|2xx").inc()
+    relay.spooled.inc(2)
+    relay.spooled.inc(3)
+    relay.incidents.labels("drill", "empty-content|2xx").inc()
+    calls = relay.take()
+    assert len(calls) == 5  # 2 incs + 3 (model, signature) pairs, from 7 updates
+    for attr, labels, method, args in calls:
+        target: Any = getattr(summed, attr) if attr else summed
+        getattr(target.labels(*labels) if labels else target, method)(*args)
+
+    def values(metrics: ProxyMetrics) -> list[str]:  # `_created` lines are timestamps
+        return [
+            line for line in metrics.exposition().decode().splitlines() if "_created" not in line
+        ]
+
+    assert values(summed) == values(direct)
+    assert "triage_proxy_tokens_total" in "\n".join(values(summed))
+    assert relay.take() == []

@@ -18,6 +18,12 @@ OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
+def token_count(value: Any) -> int:
+    """The token number to count: a positive int, else 0 (`true` from a broken upstream is
+    not one token)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 class ProxyMetrics:
     """The proxy's counters and histograms, in their own registry."""
 
@@ -103,18 +109,19 @@ class ProxyMetrics:
             registry=registry,
         )
 
-    def observe_exchange(self, model: str, signature: str, usage: dict[str, Any]) -> None:
-        """Counters of one classified exchange (called by the writer)."""
-        self.exchanges.labels(model).inc()
+    def observe_exchange(
+        self, model: str, signature: str, usage: dict[str, Any], count: int = 1
+    ) -> None:
+        """Counters of one classified exchange (called by the writer), or of `count` alike
+        ones whose token numbers `usage` sums (the recorder process's summed batches)."""
+        self.exchanges.labels(model).inc(count)
         if signature:
-            self.failures.labels(model, signature).inc()
+            self.failures.labels(model, signature).inc(count)
         for kind in ("prompt", "completion"):
-            value = usage.get(f"{kind}_tokens")
-            if isinstance(value, int) and value > 0:
+            if value := token_count(usage.get(f"{kind}_tokens")):
                 self.tokens.labels(model, kind).inc(value)
         for kind, key in (("drafted", "draft_n"), ("accepted", "draft_n_accepted")):
-            value = usage.get(key)
-            if isinstance(value, int) and value > 0:
+            if value := token_count(usage.get(key)):
                 self.draft_tokens.labels(model, kind).inc(value)
 
     def exposition(self) -> bytes:

@@ -65,7 +65,7 @@ from typing import Any, cast
 from kb.store import Store, redact_url
 from triage.capture import redact_text
 from triage.proxy import recorder as _recorder
-from triage.proxy.metrics import ProxyMetrics
+from triage.proxy.metrics import ProxyMetrics, token_count
 from triage.proxy.recorder import (
     CURRENT_WINDOW,
     DEFAULT_BATCH_SIZE,
@@ -128,9 +128,35 @@ class _MetricsRelay:
         return _MetricRelay(self.calls, name)
 
     def take(self) -> list[tuple[Any, ...]]:
-        taken = list(self.calls)
+        """The updates since the last take, summed: one `inc` per metric and label set and one
+        `observe_exchange` per model and signature (with the count and the summed token
+        numbers) instead of one call per exchange. The parent applies them on a thread that
+        shares the interpreter lock with the event loop: a batch of 256 exchanges is a
+        handful of updates there, not a thousand."""
+        incs: dict[tuple[str, tuple[str, ...]], float] = {}
+        exchanges: dict[tuple[str, str], tuple[int, dict[str, int]]] = {}
+        others: list[tuple[Any, ...]] = []
+        for attr, labels, method, args in self.calls:
+            if method == "inc":
+                incs[(attr, labels)] = incs.get((attr, labels), 0.0) + args[0]
+            elif method == "observe_exchange":
+                model, signature, usage = args[:3]
+                count, sums = exchanges.get((model, signature), (0, {}))
+                for key, value in usage.items():
+                    if token_count(value):
+                        sums[key] = sums.get(key, 0) + token_count(value)
+                exchanges[(model, signature)] = (count + 1, sums)
+            else:
+                others.append((attr, labels, method, args))
         self.calls.clear()
-        return taken
+        summed: list[tuple[Any, ...]] = [
+            (attr, labels, "inc", (amount,)) for (attr, labels), amount in incs.items()
+        ]
+        summed += [
+            ("", (), "observe_exchange", (model, signature, sums, count))
+            for (model, signature), (count, sums) in exchanges.items()
+        ]
+        return summed + others
 
 
 def lower_priority() -> str:

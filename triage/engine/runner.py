@@ -28,6 +28,7 @@ from triage import observe, probes
 from triage.engine import known_good
 from triage.engine.crashes import CRASH_KIND, crash_facts, report_of, startup_crash
 from triage.engine.diagnosis import arm_summary, build_diagnosis, server_seconds, stack_summary
+from triage.engine.launches import LaunchPool, launch_rounds, memory_available
 from triage.engine.replayer import ArmRoute, LaunchEachTime, LlamaReplayer
 from triage.engine.reproduction import Signature, gate_message
 from triage.engine.scheduler import ArmState, Scheduler
@@ -352,21 +353,77 @@ class Diagnoser:
             self.arms[planned.name].launch_seconds = base.launch_seconds
             self.replayer.routes[planned.name] = ArmRoute(base, planned.transform)
         scheduler = self._scheduler()
-        if not self._reproduce(scheduler):
-            return
-        if self._base_failed(base):  # the baseline's replays crashed or hung the server
+        rounds = self._server_rounds()
+        with LaunchPool(log_dir, self.options.ready_timeout) as pool:
+            # The first round's servers start now, while the baseline and the request-level
+            # arms replay on the incident's server; none replays before the gate passed.
+            self._start_round(pool, rounds[0] if rounds else [])
+            if not self._reproduce(scheduler):
+                return
+            crashed = self._base_failed(base)  # the baseline's replays crashed or hung it
+            if not crashed:
+                asyncio.run(scheduler.run(self.arms, [p.name for p in request_arms], self.replayer))
+                for number, names in enumerate(rounds):
+                    if number:
+                        self._start_round(pool, names)
+                    self._run_round(pool, names, base)
+        if crashed:
             self._crash_mode_after(base, log_dir)
             return
-        asyncio.run(scheduler.run(self.arms, [p.name for p in request_arms], self.replayer))
-        for planned in list(self.planned.values()):
-            if planned.level == "server":
-                self._run_server_arm(planned, base, log_dir)
         if kg_dims:
             self.facts["known-good-search"] = known_good.search(
                 self.stack,
                 kg_dims,
                 lambda name, variant, config: self._kg_arm(name, variant, config, base, log_dir),
             )
+
+    def _server_rounds(self) -> list[list[str]]:
+        """The server-level arms still to run, in rounds whose servers fit in memory together
+        (launches.launch_rounds)."""
+        todo = [
+            (name, planned.config)
+            for name, planned in self.planned.items()
+            if planned.level == "server"
+            and planned.config is not None
+            and self.arms[name].decision in ("not-run", "undecided")
+            and not self.arms[name].error
+        ]
+        return launch_rounds(todo, memory_available())
+
+    def _start_round(self, pool: LaunchPool, names: Sequence[str]) -> None:
+        for name in names:
+            config = self.planned[name].config
+            assert config is not None
+            self._emit("launch", f"starting server for {name}")
+            pool.start(name, config, _safe(name))
+
+    def _run_round(self, pool: LaunchPool, names: Sequence[str], base: Server) -> None:
+        """Run the arms of one round of launches together in one scheduler run, each on its
+        own server; an arm whose server failed to start is errored. Their servers are stopped
+        when the round ends."""
+        ready: list[str] = []
+        for name in names:
+            planned, arm = self.planned[name], self.arms[name]
+            try:
+                server = pool.launches[name].result()
+            except Exception as exc:  # noqa: BLE001 - a failed launch is an errored arm
+                self._mark_died(arm, exc)
+                continue
+            arm.launch_seconds = server.launch_seconds
+            self.servers[server.key] = server
+            if planned.observe is not None:
+                self._observe(planned, base, server)
+            self.replayer.routes[name] = ArmRoute(server, planned.transform)
+            ready.append(name)
+        try:
+            if ready:
+                asyncio.run(self._scheduler().run(self.arms, ready, self.replayer))
+        except Exception as exc:  # noqa: BLE001 - as a failed launch: the arms error
+            for name in ready:
+                self._mark_died(self.arms[name], exc)
+        finally:
+            for name in names:
+                pool.launches[name].stop()
 
     @staticmethod
     def _base_failed(base: Server) -> bool:

@@ -1,9 +1,12 @@
 """One diagnosis run: plan -> run -> record -> decide -> Diagnosis.
 
 One launch per distinct server configuration; request-level arms share the incident's
-server and run concurrently up to its slots. Every reply is stored as evidence as soon as
-its look completes (one transaction per look), so an interrupted run leaves the KB
-consistent and `--resume` continues from the replies already recorded.
+server and run concurrently up to its slots. Server-level arms' servers start in the
+background while the baseline and the request-level arms replay (triage.engine.launches),
+and each such arm joins the same scheduler run as soon as its server is up, so every server
+is busy at once; none replays before the reproduction gate passed. Every reply is stored
+as evidence as soon as its look completes (one transaction per look), so an interrupted
+run leaves the KB consistent and `--resume` continues from the replies already recorded.
 """
 
 from __future__ import annotations
@@ -362,10 +365,12 @@ class Diagnoser:
                 return
             crashed = self._base_failed(base)  # the baseline's replays crashed or hung it
             if not crashed:
-                asyncio.run(scheduler.run(self.arms, [p.name for p in request_arms], self.replayer))
-                for number, names in enumerate(rounds):
-                    if number:
-                        self._start_round(pool, names)
+                # One run: the request-level arms and the first round's server-level arms,
+                # each joining as soon as its server is up, all busy at the same time.
+                first = rounds[0] if rounds else []
+                self._run_round(pool, first, base, [p.name for p in request_arms])
+                for names in rounds[1:]:
+                    self._start_round(pool, names)
                     self._run_round(pool, names, base)
         if crashed:
             self._crash_mode_after(base, log_dir)
@@ -397,33 +402,35 @@ class Diagnoser:
             self._emit("launch", f"starting server for {name}")
             pool.start(name, config, _safe(name))
 
-    def _run_round(self, pool: LaunchPool, names: Sequence[str], base: Server) -> None:
-        """Run the arms of one round of launches together in one scheduler run, each on its
-        own server; an arm whose server failed to start is errored. Their servers are stopped
-        when the round ends."""
-        ready: list[str] = []
-        for name in names:
-            planned, arm = self.planned[name], self.arms[name]
-            try:
-                server = pool.launches[name].result()
-            except Exception as exc:  # noqa: BLE001 - a failed launch is an errored arm
-                self._mark_died(arm, exc)
-                continue
-            arm.launch_seconds = server.launch_seconds
-            self.servers[server.key] = server
-            if planned.observe is not None:
-                self._observe(planned, base, server)
-            self.replayer.routes[name] = ArmRoute(server, planned.transform)
-            ready.append(name)
+    def _run_round(
+        self, pool: LaunchPool, names: Sequence[str], base: Server, request: Sequence[str] = ()
+    ) -> None:
+        """One scheduler run of the `request` arms and of the server-level arms `names`
+        (started in `pool`), each joining when its server is up; an arm whose server failed
+        to start is errored. Their servers are stopped when the run ends."""
+        joining = {name: self._join(pool, name, base) for name in names}
         try:
-            if ready:
-                asyncio.run(self._scheduler().run(self.arms, ready, self.replayer))
-        except Exception as exc:  # noqa: BLE001 - as a failed launch: the arms error
-            for name in ready:
-                self._mark_died(self.arms[name], exc)
+            if request or names:
+                run = self._scheduler().run(self.arms, [*request, *names], self.replayer, joining)
+                asyncio.run(run)
         finally:
             for name in names:
                 pool.launches[name].stop()
+
+    async def _join(self, pool: LaunchPool, name: str, base: Server) -> bool:
+        """Wait for the arm's server, observe it (the arm's hook), route the arm to it."""
+        planned, arm = self.planned[name], self.arms[name]
+        try:
+            server = await asyncio.wrap_future(pool.launches[name].future)
+            arm.launch_seconds = server.launch_seconds
+            self.servers[server.key] = server
+            if planned.observe is not None:
+                await self._observe_async(planned, base, server)
+            self.replayer.routes[name] = ArmRoute(server, planned.transform)
+        except Exception as exc:  # noqa: BLE001 - a failed launch is an errored arm
+            self._mark_died(arm, exc)
+            return False
+        return True
 
     @staticmethod
     def _base_failed(base: Server) -> bool:
@@ -537,6 +544,11 @@ class Diagnoser:
             arm.stopped = "server failed"
 
     def _observe(self, planned: probes.PlannedArm, base: Server, server: Server) -> None:
+        asyncio.run(self._observe_async(planned, base, server))
+
+    async def _observe_async(
+        self, planned: probes.PlannedArm, base: Server, server: Server
+    ) -> None:
         assert planned.observe is not None
         context = probes.ObserveContext(
             base,
@@ -549,7 +561,7 @@ class Diagnoser:
         )
         facts: dict[str, Any] | None
         try:
-            facts = asyncio.run(planned.observe(context))
+            facts = await planned.observe(context)
         except Exception as exc:  # noqa: BLE001 - an observation is recorded, not fatal
             facts = {"name": f"{planned.name}-observation", "error": f"{type(exc).__name__}: {exc}"}
         if facts:

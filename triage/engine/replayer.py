@@ -20,7 +20,7 @@ from triage.engine.scheduler import ArmFailed
 from triage.engine.servers import Server
 from triage.observe import committed_text, finish_reason_of, message_of, raw_misplaced
 
-__all__ = ["ArmRoute", "LlamaReplayer", "Slots", "classify_reply", "score_one"]
+__all__ = ["ArmRoute", "LlamaReplayer", "Slots", "classify_reply", "score_one", "scored_copy"]
 
 
 def classify_reply(
@@ -48,6 +48,29 @@ def classify_reply(
     return bool(kinds & USER_FACING_KINDS), sorted(kinds)
 
 
+VERBOSE_SCALAR_MAX = 256  # characters of a `__verbose` string the symptom checks still see
+
+
+def scored_copy(payload: Any) -> Any:
+    """The reply the symptom checks score: `payload` with its `__verbose` block (the raw
+    text, prompt, tokens and settings llama-server adds because the engine asks for it)
+    cut to its scalar fields -- counts, flags, short strings such as `tokens_predicted`,
+    `truncated`, `stop_type`. Capturing the whole block (redaction and schema validation of
+    the prompt and raw text again) was most of the engine's Python time per reply, and no
+    symptom check reads more of it (the raw text is read from the payload itself:
+    observe.raw_misplaced, committed_text)."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("__verbose"), dict):
+        return payload
+    verbose = {
+        key: value
+        for key, value in payload["__verbose"].items()
+        if value is None
+        or isinstance(value, (bool, int, float))
+        or (isinstance(value, str) and len(value) <= VERBOSE_SCALAR_MAX)
+    }
+    return {**payload, "__verbose": verbose}
+
+
 async def score_one(
     client: Any,
     arm: str,
@@ -71,7 +94,10 @@ async def score_one(
             )
     payload = result.json
     failed, kinds = classify_reply(
-        body, result.status_code, payload if payload is not None else result.raw, result.elapsed
+        body,
+        result.status_code,
+        scored_copy(payload) if payload is not None else result.raw,
+        result.elapsed,
     )
     message = message_of(payload)
     timings = dict(payload.get("timings") or {}) if isinstance(payload, dict) else {}

@@ -316,3 +316,21 @@ def test_a_server_arm_sees_the_whole_baseline_the_request_arms_left() -> None:
     asyncio.run(Scheduler(look_schedule(64), 64, judge=judge).run(arms, ["u", "srv"], replayer))
     assert (arms["u"].decision, arms["u"].n) == ("unchanged", 8)
     assert arms["srv"].n == 4 and "c stays rejected" in arms["srv"].stopped
+
+
+@pytest.mark.parametrize("slow", ["x", "y"])
+def test_a_later_arm_is_seen_with_its_replies_of_the_same_look(slow: str) -> None:
+    # c can only be tested once y has replies; then x or y removing the failure confirms it.
+    # Lock-step looks showed x, at its first look, y's first four replies (not yet decided):
+    # x mattered, went on and decided.
+    def judge(outcomes: dict[str, ArmOutcome]) -> dict[str, str]:
+        if outcomes["y"].n == 0:
+            return {"c": "suspected"}
+        removed = "removes" in (outcomes["x"].decision, outcomes["y"].decision)
+        return {"c": "confirmed" if removed else "suspected"}
+
+    arms = _arms(("x", "g1", ("c",)), ("y", "g1", ("c",)))
+    replayer = DelayedReplayer({"baseline": 1.0, "x": 0.0, "y": 0.0}, {slow: 0.01})
+    asyncio.run(Scheduler(look_schedule(64), 64, judge=judge).run(arms, ["x", "y"], replayer))
+    assert (arms["x"].decision, arms["x"].n) == ("removes", 8)
+    assert (arms["y"].decision, arms["y"].n) == ("removes", 8)

@@ -290,6 +290,7 @@ class _Pipeline:
         self.running: set[str] = set()
         self.order: dict[str, int] = {}  # the run's arms in their given order
         self.history: dict[str, list[ArmOutcome]] = {}  # arm -> its outcome after each look
+        self.topped: dict[str, int] = {}  # arm -> its last look whose replays are all in
         self.changed = asyncio.Condition()
         self.base_tasks: list[tuple[int, asyncio.Future[None]]] = []  # (lowest index, task)
         self.base_asked: set[int] = set()
@@ -331,6 +332,9 @@ class _Pipeline:
                     await self.scheduler._top_up(self.replayer, arm, target)
                 except ArmFailed as failure:
                     self._failed(arm.group, failure)
+                async with self.changed:
+                    self.topped[name] = look
+                    self.changed.notify_all()
                 await _all(base)
                 if self.stopped or arm.error:
                     break
@@ -373,32 +377,36 @@ class _Pipeline:
         arm.stopped = f"cap of {self.scheduler.cap} reached"
         return False
 
-    def _needed_look(self, name: str, other: str, look: int) -> int:
-        """The look of a same-rank arm that lock-step looks showed `name` at its `look`:
-        arms before it in the run's order were decided at that look already, arms after
-        it only at the look before."""
-        return look if self.order[other] < self.order[name] else look - 1
+    def _behind(self, name: str, other: str, look: int) -> bool:
+        """Has the same-rank arm `other` not yet got as far as lock-step looks showed it to
+        `name` at `look`? Arms before it in the run's order were decided at that look
+        already; arms after it had that look's replies, with the decision of the look
+        before. A finished arm is as far as it goes."""
+        if other not in self.running:
+            return False
+        if self.order[other] < self.order[name]:
+            return len(self.history.get(other, [])) <= look
+        return self.topped.get(other, -1) < look
 
     def _peers(self, name: str, look: int) -> list[str]:
         """Running arms sharing a cause with `name` whose news its moot check waits for: of
-        a lower rank until finished, of the same rank until `_needed_look` is decided."""
+        a lower rank until finished, of the same rank until not `_behind`."""
         arm = self.arms[name]
         out = []
         for other in self.running:
             peer = self.arms[other]
             if other == name or not set(peer.decides) & set(arm.decides):
                 continue
-            if _rank(peer) < _rank(arm):
+            if _rank(peer) < _rank(arm) or (
+                _rank(peer) == _rank(arm) and self._behind(name, other, look)
+            ):
                 out.append(other)
-            elif _rank(peer) == _rank(arm):
-                if len(self.history.get(other, [])) <= self._needed_look(name, other, look):
-                    out.append(other)
         return out
 
     def _seen_as(self, name: str, look: int) -> dict[str, ArmOutcome]:
         """The other arms of this run as lock-step looks showed them to `name` at `look`:
         the baseline at the look's size (all of it, to a server-level arm); arms of the same
-        rank at `_needed_look` (as far as they got); arms of a higher rank (server-level
+        rank as `_behind` says (as far as they got); arms of a higher rank (server-level
         arms, once run after the request-level ones) not run yet."""
         arm = self.arms[name]
         target = self.scheduler.schedule[look]
@@ -411,11 +419,18 @@ class _Pipeline:
             if other == name or peer.error or _rank(peer) < _rank(arm):
                 continue
             history = self.history.get(other, [])
-            needed = self._needed_look(name, other, look)
-            if _rank(peer) > _rank(arm) or needed < 0 or not history:
+            if _rank(peer) > _rank(arm):
                 seen[other] = ArmState(other, peer.variant, peer.level, peer.group).outcome()
-            else:
-                seen[other] = history[min(needed, len(history) - 1)]
+            elif self.order[other] < self.order[name] or len(history) < look:
+                # decided at this look, or finished before it (or not started: as it is)
+                seen[other] = history[min(look, len(history) - 1)] if history else peer.outcome()
+            else:  # this look's replies, the decision of the look before
+                before = history[look - 1] if look > 0 else None
+                seen[other] = replace(
+                    _upto(peer, target).outcome(),
+                    decision=before.decision if before else "not-run",
+                    p_value=before.p_value if before else None,
+                )
         return seen
 
     async def _finished(self, name: str) -> None:

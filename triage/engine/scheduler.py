@@ -276,10 +276,11 @@ class _Pipeline:
     Mootness needs the other arms' outcomes, and must not see more than lock-step looks
     showed (an arm stopped as moot earlier than before would not show its own decision):
     an undecided arm's moot check at look k sees the arms of its run as lock-step looks
-    did -- those before it in the run's order at their look k, those after it at look k-1,
-    server-level arms (which used to run after the request-level ones) not run yet from a
-    request-level arm, request-level arms finished from a server-level arm -- and waits
-    for the arms sharing a cause with it (`decides`) until they got that far.
+    did -- those before it in the run's order decided at look k, those after it with their
+    look-k replies and look k-1's decision, server-level arms (which used to run after the
+    request-level ones) not run yet from a request-level arm, request-level arms finished
+    from a server-level arm -- and waits for the arms sharing a cause with it (`decides`)
+    until they got that far.
     """
 
     def __init__(self, scheduler: Scheduler, arms: dict[str, ArmState], replayer: Replayer):

@@ -4,8 +4,12 @@ the capture + symptom layers. The only module of the engine that knows those API
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import heapq
+import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +20,7 @@ from triage.engine.scheduler import ArmFailed
 from triage.engine.servers import Server
 from triage.observe import committed_text, finish_reason_of, message_of, raw_misplaced
 
-__all__ = ["ArmRoute", "LlamaReplayer", "classify_reply", "score_one"]
+__all__ = ["ArmRoute", "LlamaReplayer", "Slots", "classify_reply", "score_one", "scored_copy"]
 
 
 def classify_reply(
@@ -44,8 +48,36 @@ def classify_reply(
     return bool(kinds & USER_FACING_KINDS), sorted(kinds)
 
 
+VERBOSE_SCALAR_MAX = 256  # characters of a `__verbose` string the symptom checks still see
+
+
+def scored_copy(payload: Any) -> Any:
+    """The reply the symptom checks score: `payload` with its `__verbose` block (the raw
+    text, prompt, tokens and settings llama-server adds because the engine asks for it)
+    cut to its scalar fields -- counts, flags, short strings such as `tokens_predicted`,
+    `truncated`, `stop_type`. Capturing the whole block (redaction and schema validation of
+    the prompt and raw text again) was most of the engine's Python time per reply, and no
+    symptom check reads more of it (the raw text is read from the payload itself:
+    observe.raw_misplaced, committed_text)."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("__verbose"), dict):
+        return payload
+    verbose = {
+        key: value
+        for key, value in payload["__verbose"].items()
+        if value is None
+        or isinstance(value, (bool, int, float))
+        or (isinstance(value, str) and len(value) <= VERBOSE_SCALAR_MAX)
+    }
+    return {**payload, "__verbose": verbose}
+
+
 async def score_one(
-    client: Any, arm: str, body: dict[str, Any], index: int, seed: int, sem: asyncio.Semaphore
+    client: Any,
+    arm: str,
+    body: dict[str, Any],
+    index: int,
+    seed: int,
+    sem: AbstractAsyncContextManager[Any],
 ) -> Reply:
     """Send one replicate and score it (failure kinds, lengths, timings)."""
     from triage.llama.client import LlamaClientError
@@ -62,7 +94,10 @@ async def score_one(
             )
     payload = result.json
     failed, kinds = classify_reply(
-        body, result.status_code, payload if payload is not None else result.raw, result.elapsed
+        body,
+        result.status_code,
+        scored_copy(payload) if payload is not None else result.raw,
+        result.elapsed,
     )
     message = message_of(payload)
     timings = dict(payload.get("timings") or {}) if isinstance(payload, dict) else {}
@@ -91,6 +126,46 @@ class ArmRoute:
     transform: Callable[[dict[str, Any]], dict[str, Any]]
 
 
+class Slots:
+    """At most `size` requests in flight; when they wait for a slot, the baseline's go
+    before other arms' (every arm's look compares with the baseline's replays), each kind in
+    the order it asked."""
+
+    def __init__(self, size: int) -> None:
+        self.free = size
+        self.waiting: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+
+    def take(self, arm: str) -> AbstractAsyncContextManager[None]:
+        return self._hold(0 if arm == BASELINE else 1)
+
+    @contextlib.asynccontextmanager
+    async def _hold(self, priority: int) -> AsyncIterator[None]:
+        if self.free > 0 and not self.waiting:
+            self.free -= 1
+        else:
+            granted = asyncio.get_running_loop().create_future()
+            heapq.heappush(self.waiting, (priority, next(self._order), granted))
+            try:
+                await granted
+            except asyncio.CancelledError:
+                if granted.done() and not granted.cancelled():
+                    self._release()  # handed a slot just as it was cancelled
+                raise
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        while self.waiting:
+            granted = heapq.heappop(self.waiting)[2]
+            if not granted.done():  # a cancelled waiter is skipped
+                granted.set_result(None)
+                return
+        self.free += 1
+
+
 @dataclass
 class _Pool:
     """One keep-alive connection pool and one slot semaphore per server, for one event loop
@@ -98,7 +173,7 @@ class _Pool:
 
     loop: asyncio.AbstractEventLoop
     client: Any  # LlamaClient
-    slots: asyncio.Semaphore
+    slots: Slots
 
 
 @dataclass
@@ -135,7 +210,7 @@ class LlamaReplayer:
                 probes.replay_body(body, self.seed + index),
                 index,
                 self.seed + index,
-                pool.slots,
+                pool.slots.take(arm),
             )
             for index in indices
         ]
@@ -157,7 +232,7 @@ class LlamaReplayer:
         if self.concurrency is None and server.slots <= 1 and server.handle is not None:
             server.slots = await _server_slots(client, server.slots)
         slots = self.concurrency or max(1, min(server.slots, 4))
-        pool = self.pools[server.base_url] = _Pool(loop, client, asyncio.Semaphore(slots))
+        pool = self.pools[server.base_url] = _Pool(loop, client, Slots(slots))
         return pool
 
     async def aclose(self) -> None:

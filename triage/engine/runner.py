@@ -1,9 +1,12 @@
 """One diagnosis run: plan -> run -> record -> decide -> Diagnosis.
 
 One launch per distinct server configuration; request-level arms share the incident's
-server and run concurrently up to its slots. Every reply is stored as evidence as soon as
-its look completes (one transaction per look), so an interrupted run leaves the KB
-consistent and `--resume` continues from the replies already recorded.
+server and run concurrently up to its slots. Server-level arms' servers start in the
+background while the baseline and the request-level arms replay (triage.engine.launches),
+and each such arm joins the same scheduler run as soon as its server is up, so every server
+is busy at once; none replays before the reproduction gate passed. Every reply is stored
+as evidence as soon as its look completes (one transaction per look), so an interrupted
+run leaves the KB consistent and `--resume` continues from the replies already recorded.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from triage import observe, probes
 from triage.engine import known_good
 from triage.engine.crashes import CRASH_KIND, crash_facts, report_of, startup_crash
 from triage.engine.diagnosis import arm_summary, build_diagnosis, server_seconds, stack_summary
+from triage.engine.launches import LaunchPool, launch_rounds, memory_available
 from triage.engine.replayer import ArmRoute, LaunchEachTime, LlamaReplayer
 from triage.engine.reproduction import Signature, gate_message
 from triage.engine.scheduler import ArmState, Scheduler
@@ -352,21 +356,81 @@ class Diagnoser:
             self.arms[planned.name].launch_seconds = base.launch_seconds
             self.replayer.routes[planned.name] = ArmRoute(base, planned.transform)
         scheduler = self._scheduler()
-        if not self._reproduce(scheduler):
-            return
-        if self._base_failed(base):  # the baseline's replays crashed or hung the server
+        rounds = self._server_rounds()
+        with LaunchPool(log_dir, self.options.ready_timeout) as pool:
+            # The first round's servers start now, while the baseline and the request-level
+            # arms replay on the incident's server; none replays before the gate passed.
+            self._start_round(pool, rounds[0] if rounds else [])
+            if not self._reproduce(scheduler):
+                return
+            crashed = self._base_failed(base)  # the baseline's replays crashed or hung it
+            if not crashed:
+                # One run: the request-level arms and the first round's server-level arms,
+                # each joining as soon as its server is up, all busy at the same time.
+                first = rounds[0] if rounds else []
+                self._run_round(pool, first, base, [p.name for p in request_arms])
+                for names in rounds[1:]:
+                    self._start_round(pool, names)
+                    self._run_round(pool, names, base)
+        if crashed:
             self._crash_mode_after(base, log_dir)
             return
-        asyncio.run(scheduler.run(self.arms, [p.name for p in request_arms], self.replayer))
-        for planned in list(self.planned.values()):
-            if planned.level == "server":
-                self._run_server_arm(planned, base, log_dir)
         if kg_dims:
             self.facts["known-good-search"] = known_good.search(
                 self.stack,
                 kg_dims,
                 lambda name, variant, config: self._kg_arm(name, variant, config, base, log_dir),
             )
+
+    def _server_rounds(self) -> list[list[str]]:
+        """The server-level arms still to run, in rounds whose servers fit in memory together
+        (launches.launch_rounds)."""
+        todo = [
+            (name, planned.config)
+            for name, planned in self.planned.items()
+            if planned.level == "server"
+            and planned.config is not None
+            and self.arms[name].decision in ("not-run", "undecided")
+            and not self.arms[name].error
+        ]
+        return launch_rounds(todo, memory_available())
+
+    def _start_round(self, pool: LaunchPool, names: Sequence[str]) -> None:
+        for name in names:
+            config = self.planned[name].config
+            assert config is not None
+            self._emit("launch", f"starting server for {name}")
+            pool.start(name, config, _safe(name))
+
+    def _run_round(
+        self, pool: LaunchPool, names: Sequence[str], base: Server, request: Sequence[str] = ()
+    ) -> None:
+        """One scheduler run of the `request` arms and of the server-level arms `names`
+        (started in `pool`), each joining when its server is up; an arm whose server failed
+        to start is errored. Their servers are stopped when the run ends."""
+        joining = {name: self._join(pool, name, base) for name in names}
+        try:
+            if request or names:
+                run = self._scheduler().run(self.arms, [*request, *names], self.replayer, joining)
+                asyncio.run(run)
+        finally:
+            for name in names:
+                pool.launches[name].stop()
+
+    async def _join(self, pool: LaunchPool, name: str, base: Server) -> bool:
+        """Wait for the arm's server, observe it (the arm's hook), route the arm to it."""
+        planned, arm = self.planned[name], self.arms[name]
+        try:
+            server = await asyncio.wrap_future(pool.launches[name].future)
+            arm.launch_seconds = server.launch_seconds
+            self.servers[server.key] = server
+            if planned.observe is not None:
+                await self._observe_async(planned, base, server)
+            self.replayer.routes[name] = ArmRoute(server, planned.transform)
+        except Exception as exc:  # noqa: BLE001 - a failed launch is an errored arm
+            self._mark_died(arm, exc)
+            return False
+        return True
 
     @staticmethod
     def _base_failed(base: Server) -> bool:
@@ -480,6 +544,11 @@ class Diagnoser:
             arm.stopped = "server failed"
 
     def _observe(self, planned: probes.PlannedArm, base: Server, server: Server) -> None:
+        asyncio.run(self._observe_async(planned, base, server))
+
+    async def _observe_async(
+        self, planned: probes.PlannedArm, base: Server, server: Server
+    ) -> None:
         assert planned.observe is not None
         context = probes.ObserveContext(
             base,
@@ -492,7 +561,7 @@ class Diagnoser:
         )
         facts: dict[str, Any] | None
         try:
-            facts = asyncio.run(planned.observe(context))
+            facts = await planned.observe(context)
         except Exception as exc:  # noqa: BLE001 - an observation is recorded, not fatal
             facts = {"name": f"{planned.name}-observation", "error": f"{type(exc).__name__}: {exc}"}
         if facts:

@@ -186,10 +186,15 @@ def test_exception_inside_launch_stops_the_server(thinking_drill: Drill, server_
 
 
 OWNER_SCRIPT = textwrap.dedent("""
-    import sys, time
+    import concurrent.futures, sys, time
     from pathlib import Path
-    from triage.llama.launcher import ServerSpec, start
-    server = start(ServerSpec(Path(sys.argv[1]), Path(sys.argv[2]), ["-t", "1"]), Path(sys.argv[3]))
+    from triage.llama.launcher import ServerSpec, die_with_this_thread, start
+    spec = ServerSpec(Path(sys.argv[1]), Path(sys.argv[2]), ["-t", "1"])
+    if sys.argv[5] == "worker":  # as engine.launches.LaunchPool starts arm servers
+        pool = concurrent.futures.ThreadPoolExecutor(1, initializer=die_with_this_thread)
+        server = pool.submit(start, spec, Path(sys.argv[3])).result()
+    else:
+        server = start(spec, Path(sys.argv[3]))
     print(server.pid, flush=True)
     if sys.argv[4] == "exit":
         sys.exit(0)  # without stopping the server: the atexit hook must
@@ -197,9 +202,12 @@ OWNER_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("ending", ["exit", "sigterm", "sigkill"])
+@pytest.mark.parametrize(
+    "ending,thread",
+    [("exit", "main"), ("sigterm", "main"), ("sigkill", "main"), ("sigkill", "worker")],
+)
 def test_server_does_not_outlive_its_owner(
-    server_binary: Path, thinking_drill: Drill, tmp_path: Path, ending: str
+    server_binary: Path, thinking_drill: Drill, tmp_path: Path, ending: str, thread: str
 ):
     owner = subprocess.Popen(
         [
@@ -210,6 +218,7 @@ def test_server_does_not_outlive_its_owner(
             str(thinking_drill.model),
             str(tmp_path),
             "exit" if ending == "exit" else "wait",
+            thread,
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -225,4 +234,4 @@ def test_server_does_not_outlive_its_owner(
         if owner.poll() is None:
             owner.kill()
         owner.stdout.close()
-    assert wait_gone(pid), f"llama-server {pid} outlived its owner ({ending})"
+    assert wait_gone(pid), f"llama-server {pid} outlived its owner ({ending}, {thread} thread)"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from triage.engine.servers import Server, open_server
+from triage.llama.launcher import die_with_this_thread
 from triage.stackfile import ServerConfig
 
 __all__ = ["Launch", "LaunchPool", "launch_rounds", "memory_available"]
@@ -99,8 +100,10 @@ class LaunchPool:
 
     def start(self, name: str, config: ServerConfig, log_name: str) -> Launch:
         if self._executor is None:
+            # The workers live until close(), which stops their servers first: their servers
+            # may die with this process even on a SIGKILL (PR_SET_PDEATHSIG is per thread).
             self._executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=4, thread_name_prefix="triage-launch"
+                max_workers=4, thread_name_prefix="triage-launch", initializer=die_with_this_thread
             )
         context = open_server(config, self.log_dir / log_name, self.ready_timeout)
         launch = Launch(name, context, self._executor.submit(context.__enter__))

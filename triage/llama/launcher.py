@@ -7,9 +7,10 @@ Every server started here is stopped again, in layers:
 * an atexit hook that stops whatever is still registered when Python exits normally;
 * a SIGTERM handler (installed from the main thread when none is set) that stops the
   servers before Python dies of the signal, which would skip atexit;
-* on Linux, servers started from the main thread get PR_SET_PDEATHSIG, so even a SIGKILL of
-  Python takes them down. (Not from other threads: the signal fires when the *thread* that
-  started the child ends.)
+* on Linux, servers started from the main thread (or a thread that called
+  `die_with_this_thread`) get PR_SET_PDEATHSIG, so even a SIGKILL of
+  Python takes them down. (Not from other threads by default: the signal fires when the
+  *thread* that started the child ends.)
 
 A server that dies or hangs raises an error carrying a `CrashReport` (triage.llama.crash):
 `ServerStartError.report` (phase "startup", or "hang" when /health never answered),
@@ -404,12 +405,23 @@ def _install_sigterm_handler() -> None:
 
 
 _PR_SET_PDEATHSIG = 1
+_THREAD = threading.local()
+
+
+def die_with_this_thread() -> None:
+    """Servers started from the calling thread get PR_SET_PDEATHSIG too (the main thread's
+    always do). Linux sends that signal when the *thread* that started the child ends, not
+    the process: call this only in a thread that outlives every server it starts (a worker
+    of a pool that stops its servers before its threads, as engine.launches.LaunchPool)."""
+    _THREAD.die_with_parent = True
 
 
 def _preexec() -> Callable[[], None] | None:
-    """preexec_fn that makes the child die with us (main thread, Linux), else None."""
+    """preexec_fn that makes the child die with us (main thread or a thread that asked for
+    it, Linux), else None."""
     on_main_thread = threading.current_thread() is threading.main_thread()
-    if not (sys.platform.startswith("linux") and on_main_thread):
+    allowed = on_main_thread or getattr(_THREAD, "die_with_parent", False)
+    if not (sys.platform.startswith("linux") and allowed):
         return None
     prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not in the child
 

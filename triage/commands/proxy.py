@@ -180,6 +180,20 @@ def _auto_diagnose_hook(
     return AutoDiagnose(stack_path, data_dir() / "proxy-diagnoses", database_url=database)
 
 
+def _freeze_startup_objects() -> None:
+    """Move everything loaded so far (the modules of uvicorn, aiohttp, SQLAlchemy, ...: about
+    170,000 objects) out of the garbage collector's reach. A full collection scans every
+    tracked object, about 65 ms here, and runs on the event loop whenever enough requests'
+    objects have come and gone: measured as an event-loop lag p99 of 50-100 ms at 16 clients.
+    Frozen objects are never freed, which is what modules and settings are anyway."""
+    import gc
+
+    import uvicorn.protocols.http.httptools_impl  # noqa: F401 -- loaded before the freeze
+
+    gc.collect()
+    gc.freeze()
+
+
 def _serve(app: ProxyApp, host: str, port: int, hook: AutoDiagnose | None) -> None:
     """Serve until Ctrl-C; the recorder and the auto-diagnose hook are stopped however the
     server ends."""
@@ -196,6 +210,7 @@ def _serve(app: ProxyApp, host: str, port: int, hook: AutoDiagnose | None) -> No
     # interval (5 ms by default), a delay every forwarded chunk would feel (measured: event-
     # loop lag p99 up to 50 ms at 16 clients). 0.5 ms bounds that wait.
     sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
+    _freeze_startup_objects()
     try:
         uvicorn.Server(uvicorn_config(app, host, port, log_level="info")).run()
     except KeyboardInterrupt:

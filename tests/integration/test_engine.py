@@ -327,3 +327,41 @@ wait
             break
         time.sleep(0.1)
     assert left == []
+
+
+def test_known_good_search_names_the_dimension_that_brings_the_failure_back(
+    server_binary: Path, tmp_path: Path
+) -> None:
+    """A [known_good] configuration that differs from the failing one in two dimensions
+    (reasoning off in the other flags, no speculative decoding): the search reverts each on
+    its own server and finds the one that removes the failure, with real replays."""
+    drill = build_drill("gemma4-thinking-budget", tmp_path / "drill")
+    stack_file = drill.out_dir / "stack.toml"
+    stack_file.write_text(
+        stack_file.read_text()
+        + '\n[known_good]\nmodel = "gemma4-thinking-budget-qat.gguf"\n'
+        + 'args = ["-c", "16384", "-np", "4", "-t", "1", "-tb", "1", "--reasoning", "off"]\n'
+    )
+    store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
+    diagnosis = diagnose(
+        store,
+        load_stack(stack_file),
+        drill.request("greedy"),
+        options=DiagnoseOptions(max_requests=16, log_dir=tmp_path / "runs"),
+    )
+    validate_diagnosis(diagnosis)
+    search = next(o for o in diagnosis["observations"] if o["name"] == "known-good-search")
+    assert search["arms"] == {
+        "known-good:revert-other-args": "removes",
+        "known-good:revert-spec-flags": "unchanged",
+        "known-good": "removes",
+    }
+    assert search["needed_to_reproduce"] == ["other-args"]
+    arms = _arms(diagnosis)
+    assert arms["known-good:revert-other-args"]["failures"] == 0
+    assert (
+        arms["known-good:revert-spec-flags"]["failures"]
+        == arms["known-good:revert-spec-flags"]["n"]
+        >= 4
+    )
+    _no_leaked_servers()

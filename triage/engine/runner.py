@@ -507,25 +507,6 @@ class Diagnoser:
                     arm.stopped = "not run: the failure did not reproduce"
         return message is None
 
-    def _run_server_arm(self, planned: probes.PlannedArm, base: Server, log_dir: Path) -> None:
-        arm = self.arms[planned.name]
-        if arm.decision not in ("not-run", "undecided") or arm.error:
-            return
-        assert planned.config is not None
-        self._emit("launch", f"starting server for {planned.name}")
-        try:
-            with open_server(
-                planned.config, log_dir / _safe(planned.name), self.options.ready_timeout
-            ) as server:
-                arm.launch_seconds = server.launch_seconds
-                self.servers[server.key] = server
-                if planned.observe is not None:
-                    self._observe(planned, base, server)
-                self.replayer.routes[planned.name] = ArmRoute(server, planned.transform)
-                asyncio.run(self._scheduler().run(self.arms, [planned.name], self.replayer))
-        except Exception as exc:  # noqa: BLE001 - a failed launch is an errored arm
-            self._mark_died(arm, exc)
-
     def _mark_died(self, arm: ArmState, exc: BaseException) -> None:
         """An arm whose server failed to start (or died) is errored; its CrashReport, when
         the launcher has one, is the error's text and an observation of its own."""
@@ -574,7 +555,9 @@ class Diagnoser:
         self.arms[name] = ArmState(name, variant, "server", config.key())
         planned = probes.PlannedArm(name, variant, "server", config=config)
         self.planned[name] = planned
-        self._run_server_arm(planned, base, log_dir)
+        with LaunchPool(log_dir, self.options.ready_timeout) as pool:
+            self._start_round(pool, [name])
+            self._run_round(pool, [name], base)
         return self.arms[name].decision
 
     def _record_replies(self, replies: Sequence[Reply]) -> None:

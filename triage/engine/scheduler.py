@@ -180,7 +180,11 @@ class Scheduler:
         todo = [i for i in range(target) if i not in have]
         if not todo or arm.error:
             return
-        replies = list(await replayer.replay(arm.name, todo))
+        await self._replay(replayer, arm, todo)
+
+    async def _replay(self, replayer: Replayer, arm: ArmState, indices: list[int]) -> None:
+        """Replay `indices` of the arm; its replies kept and stored (on_replies)."""
+        replies = list(await replayer.replay(arm.name, indices))
         arm.replies.extend(replies)
         self.on_replies(replies)
 
@@ -456,12 +460,9 @@ class _Pipeline:
 
     async def _baseline_replay(self, indices: list[int]) -> None:
         try:
-            replies = list(await self.replayer.replay(BASELINE, indices))
+            await self.scheduler._replay(self.replayer, self.baseline, indices)
         except ArmFailed as failure:
             self._failed(self.baseline.group, failure)
-            return
-        self.baseline.replies.extend(replies)
-        self.scheduler.on_replies(replies)
 
     def _failed(self, group: str, failure: ArmFailed) -> None:
         Scheduler._mark_failed(self.arms, group, failure)

@@ -143,8 +143,8 @@ class _MetricsRelay:
                 model, signature, usage = args[:3]
                 count, sums = exchanges.get((model, signature), (0, {}))
                 for key, value in usage.items():
-                    if token_count(value):
-                        sums[key] = sums.get(key, 0) + token_count(value)
+                    if tokens := token_count(value):
+                        sums[key] = sums.get(key, 0) + tokens
                 exchanges[(model, signature)] = (count + 1, sums)
             else:
                 others.append((attr, labels, method, args))

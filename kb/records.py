@@ -299,6 +299,8 @@ class Diagnosis:
     state: str = "done"  # done | partial | not-reproduced
     reproduction: dict[str, Any] | None = None
     schema_version: int = 1
+    # Arms not run because they cannot matter here (issue 23): {"arm", "reason"}.
+    skipped_arms: list[dict[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -320,6 +322,8 @@ class Diagnosis:
             data["generated_at"] = self.generated_at
         if self.reproduction is not None:
             data["reproduction"] = dict(self.reproduction)
+        if self.skipped_arms:
+            data["skipped_arms"] = [dict(s) for s in self.skipped_arms]
         return data
 
     @classmethod
@@ -340,6 +344,7 @@ class Diagnosis:
             state=str(data.get("state", "done")),
             reproduction=data.get("reproduction"),
             schema_version=int(data.get("schema_version", 1)),
+            skipped_arms=[dict(s) for s in data.get("skipped_arms") or []],
         )
 
     def validated(self) -> dict[str, Any]:

@@ -107,7 +107,7 @@ def test_reply_cut_at_the_context_end_confirms_context_size(
     assert larger["failures"] == 0 and larger["n"] >= 4 and larger["p_value"] < 0.05
     assert larger["ci95"][1] < baseline["ci95"][0]
     # Raising max_tokens does nothing: the context, not the limit, cuts the reply.
-    assert arms["token-limit-x4"]["decision"] == "unchanged"
+    assert arms["token-limit-lifted"]["decision"] == "unchanged"
     assert _causes(cut_reply)["token-limit"]["status"] == "rejected"
     rationale = _causes(cut_reply)["context-size"]["rationale"]
     assert f"0/{larger['n']}" in rationale and "95% CI" in rationale

@@ -176,6 +176,11 @@ def format_diagnosis(diagnosis: dict[str, Any]) -> str:
         lines += [f"  - {f['kind']}: {f['reason']}" for f in failed]
         lines.append("")
     lines += _arm_lines(diagnosis.get("arms", []))
+    skipped = diagnosis.get("skipped_arms") or []
+    if skipped:
+        lines.append("Arms not run (they cannot matter here):")
+        lines += [f"  {s['arm']:<24} {s['reason']}" for s in skipped]
+        lines.append("")
     for status in ("confirmed", "rejected", "suspected"):
         group = [c for c in diagnosis.get("causes", []) if c["status"] == status]
         if not group:

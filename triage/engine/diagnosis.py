@@ -93,6 +93,7 @@ def build_diagnosis(
     graph: dict[str, Any],
     cost: dict[str, Any],
     exchange_evidence: str | None,
+    skipped: Sequence[Mapping[str, str]] = (),
     state: str,
     reproduction: dict[str, Any] | None,
 ) -> dict[str, Any]:
@@ -142,5 +143,6 @@ def build_diagnosis(
         cost=cost,
         state=state,
         reproduction=reproduction,
+        skipped_arms=[{"arm": str(s["arm"]), "reason": str(s["reason"])} for s in skipped],
     )
     return diagnosis.validated()

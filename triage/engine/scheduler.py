@@ -119,10 +119,22 @@ class ArmState:
             kind_counts=self.kind_counts(),
             raw_misplaced=sum(1 for r in self.replies if r.failed and r.raw_misplaced),
             error=self.error,
+            ended_tokens=tuple(_ended_tokens(self.replies)),
         )
 
     def has(self, index: int) -> bool:
         return any(r.index == index for r in self.replies)
+
+
+def _ended_tokens(replies: Sequence[Any]) -> list[int]:
+    """Completion tokens of the replies that ended on their own (finish_reason "stop")."""
+    out = []
+    for reply in replies:
+        tokens = (getattr(reply, "timings", None) or {}).get("predicted_n")
+        if getattr(reply, "finish_reason", None) == "stop" and not reply.error:
+            if isinstance(tokens, int) and not isinstance(tokens, bool):
+                out.append(tokens)
+    return out
 
 
 def paired(baseline: ArmState, arm: ArmState) -> tuple[int, int]:

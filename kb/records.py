@@ -301,6 +301,9 @@ class Diagnosis:
     schema_version: int = 1
     # Arms not run because they cannot matter here (issue 23): {"arm", "reason"}.
     skipped_arms: list[dict[str, str]] = field(default_factory=list)
+    # The run's overall verdict (issue 23): {"status": explained | unexplained | ...,
+    # "headline", and when unexplained "ruled_out" and "next_probes"}; absent in older ones.
+    verdict: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -324,6 +327,8 @@ class Diagnosis:
             data["reproduction"] = dict(self.reproduction)
         if self.skipped_arms:
             data["skipped_arms"] = [dict(s) for s in self.skipped_arms]
+        if self.verdict is not None:
+            data["verdict"] = dict(self.verdict)
         return data
 
     @classmethod
@@ -345,6 +350,7 @@ class Diagnosis:
             reproduction=data.get("reproduction"),
             schema_version=int(data.get("schema_version", 1)),
             skipped_arms=[dict(s) for s in data.get("skipped_arms") or []],
+            verdict=data.get("verdict"),
         )
 
     def validated(self) -> dict[str, Any]:

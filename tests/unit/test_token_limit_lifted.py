@@ -117,3 +117,12 @@ def test_only_replies_that_ended_on_their_own_count_as_natural_length() -> None:
     arm = ArmState(LIFTED, "", "request", "g", ("token-limit",))
     arm.replies = [_Reply(0, "stop", 300, False), _Reply(1, "length", 2040, True)]
     assert arm.outcome().ended_tokens == (300,)
+
+
+def test_a_limit_past_the_slot_is_ruled_out_without_replays() -> None:
+    arms = {"baseline": _arm("baseline", 8, 8, "baseline", length_stop=8)}
+    limits = {"request-limits": {"name": "request-limits", "max_tokens": 1024, "n_ctx_slot": 256}}
+    verdict = _token_limit(arms, Observations(facts=limits))
+    assert verdict.status == "rejected" and "reaches past the slot's context" in verdict.rationale
+    # Unknown slot (no /props): not testable, never rejected on a guess.
+    assert _token_limit(arms, Observations()).status == "suspected"

@@ -68,6 +68,17 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
             refutes=["thinking-off"],
             deciding_probe="thinking-off",
         )
+    limits = obs.facts.get("request-limits") or {}
+    limit, slot = limits.get("max_tokens"), limits.get("n_ctx_slot")
+    if lifted is None and isinstance(limit, int) and isinstance(slot, int) and limit >= slot:
+        return Verdict(
+            ID,
+            "rejected",
+            f"max_tokens {limit} reaches past the slot's context ({slot} tokens): the slot, "
+            "not the limit, is what a reply runs into",
+            refutes=["request-limits"],
+            deciding_probe="request-limits",
+        )
     if lifted is None:
         return suspect(
             ID,

@@ -4,6 +4,7 @@ connections. The recorder's journal under SIGKILL is in test_proxy_journal.py.""
 
 from __future__ import annotations
 
+import select
 import signal
 import socket
 import subprocess
@@ -20,6 +21,7 @@ from test_proxy import rows
 
 from kb import live
 from triage.proxy import ProxyApp, ProxyConfig, ProxyMetrics, Recorder, serving
+from triage.proxy.guard import ClientLimits
 from triage.proxy.server import ThreadedServer
 
 DYING_UPSTREAM = Path(__file__).with_name("dying_upstream.py")
@@ -201,3 +203,125 @@ def test_an_upstream_killed_mid_body_is_an_aborted_connection_not_a_short_body(
     assert ending == "RemoteProtocolError"
     assert b'"error"' not in received  # not an event stream: nothing is added to the body
     assert b"triage_proxy_upstream_cut_total" in app.metrics.exposition()
+
+
+# --------------------------------------------------------------------------- slow or big heads
+
+
+def _read_until_closed(sock: socket.socket) -> bytes:
+    reply = b""
+    while True:
+        try:
+            part = sock.recv(65536)
+        except ConnectionResetError:
+            return reply
+        if not part:
+            return reply
+        reply += part
+
+
+def test_a_client_dripping_header_lines_is_closed_after_the_head_timeout(
+    upstream: tuple[FakeUpstream, str], proxy_for: Any
+) -> None:
+    fake, upstream_url = upstream
+    server, app = proxy_for(upstream_url, client_limits=ClientLimits(header_timeout=1.0))
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        closed = False
+        for number in range(40):  # at most 12 s of dripping
+            time.sleep(0.3)
+            try:
+                sock.sendall(b"X-Drip-%d: still here\r\n" % number)
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            if select.select([sock], [], [], 0)[0]:
+                closed = True
+                break
+        assert closed, "the proxy kept a dripping client's connection open"
+        reply = _read_until_closed(sock)
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:100]
+    assert [r for r in fake.requests if r["path"] != "/props"] == []
+    assert b'triage_proxy_refused_total{reason="header-timeout"} 1.0' in app.metrics.exposition()
+
+
+def test_a_client_that_never_finishes_its_body_is_closed_and_nothing_is_forwarded(
+    upstream: tuple[FakeUpstream, str], proxy_for: Any
+) -> None:
+    fake, upstream_url = upstream
+    server, app = proxy_for(upstream_url, client_limits=ClientLimits(body_timeout=1.0))
+    with socket.create_connection(("127.0.0.1", server.port), timeout=15) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
+            b'{"model": "ok"'
+        )
+        reply = _read_until_closed(sock)
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:100]
+    assert [r for r in fake.requests if r["path"] != "/props"] == []
+    assert b'reason="body-timeout"} 1.0' in app.metrics.exposition()
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        b"".join(b"X-Many-%d: v\r\n" % i for i in range(500)),  # too many fields
+        b"X-Big: " + b"a" * 200_000 + b"\r\n",  # one field over the size limit
+    ],
+    ids=["count", "size"],
+)
+def test_too_many_or_too_large_header_fields_are_a_431_never_forwarded(
+    upstream: tuple[FakeUpstream, str], proxy_for: Any, headers: bytes
+) -> None:
+    fake, upstream_url = upstream
+    server, app = proxy_for(upstream_url)
+    body = b'{"model": "ok"}'
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        + headers
+        + b"Content-Length: %d\r\n\r\n" % len(body)
+        + body
+    )
+    with socket.create_connection(("127.0.0.1", server.port), timeout=15) as sock:
+        try:
+            sock.sendall(request)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused before it had all of it
+        reply = _read_until_closed(sock)
+    assert reply.startswith(b"HTTP/1.1 431"), reply[:100]
+    assert [r for r in fake.requests if r["path"] != "/props"] == []
+    assert b'reason="headers-too-large"} 1.0' in app.metrics.exposition()
+
+
+def test_an_endless_header_line_is_a_431(
+    upstream: tuple[FakeUpstream, str], proxy_for: Any
+) -> None:
+    _, upstream_url = upstream
+    server, _ = proxy_for(upstream_url)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=15) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Endless: ")
+        try:
+            for _ in range(64):  # up to 4 MB, never a line end
+                sock.sendall(b"a" * 65536)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        reply = _read_until_closed(sock)
+    assert reply.startswith(b"HTTP/1.1 431"), reply[:100]
+
+
+def test_connections_over_the_bound_get_a_503_at_once(
+    upstream: tuple[FakeUpstream, str], proxy_for: Any
+) -> None:
+    fake, upstream_url = upstream
+    server, app = proxy_for(upstream_url, client_limits=ClientLimits(max_connections=5))
+    idle = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(5)]
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as extra:
+            reply = _read_until_closed(extra)
+        assert reply.startswith(b"HTTP/1.1 503"), reply[:100]
+        # The connections already open are served as usual.
+        idle[0].sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert _read_until_closed(idle[0]).startswith(b"HTTP/1.1 200")
+    finally:
+        for sock in idle:
+            sock.close()
+    assert b'reason="connections"} 1.0' in app.metrics.exposition()

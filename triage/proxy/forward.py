@@ -34,6 +34,7 @@ from typing import Any, Protocol
 import aiohttp
 import yarl
 
+from triage.proxy.guard import ClientLimits
 from triage.proxy.metrics import ProxyMetrics
 
 log = logging.getLogger("triage.proxy")
@@ -90,6 +91,8 @@ class ProxyConfig:
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     identity_refresh_seconds: float = 60.0
     max_connections: int = 512
+    # Bounds on the clients' side (head and body timeouts, header limits, open connections).
+    client_limits: ClientLimits = field(default_factory=ClientLimits)
     replica: str = field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
 
     def __post_init__(self) -> None:

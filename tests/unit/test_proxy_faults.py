@@ -325,3 +325,21 @@ def test_connections_over_the_bound_get_a_503_at_once(
         for sock in idle:
             sock.close()
     assert b'reason="connections"} 1.0' in app.metrics.exposition()
+
+
+# --------------------------------------------------------------------------- long SSE
+
+
+def test_a_transcript_of_60000_events_is_reassembled_whole() -> None:
+    from triage.capture import parse_sse_streams
+
+    pieces = [f"p{i % 10}" for i in range(60_000)]
+    text = "".join(
+        'data: {"choices":[{"index":0,"delta":{"content":"%s"}}]}\n\n' % p for p in pieces
+    )
+    text += 'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+    (exchange,) = parse_sse_streams(text, file="long.sse")
+    assert exchange.response is not None
+    choice = exchange.response["choices"][0]
+    assert choice["message"]["content"] == "".join(pieces)
+    assert choice["finish_reason"] == "stop" and exchange.truncated is False

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kb.atlas import team_dir
+from kb.atlas import load_atlas, match_atlas, team_dir
 from kb.records import validate_diagnosis
+from triage.atlas.facts import facts_from_log
 from triage.atlas.report import diagnosis_matches, format_match_dicts
 from triage.cli import cli
 from triage.commands.engine import format_diagnosis
@@ -177,9 +178,6 @@ def test_the_diagnosis_carries_matches_as_an_extra_field_the_schema_allows() -> 
         "graph": {"nodes": 0, "edges": 0},
     }
     validate_diagnosis(diagnosis)  # optional
-    from kb.atlas import load_atlas, match_atlas
-    from triage.atlas.facts import facts_from_log
-
     log = (CASES / "amx-crash-log" / "server.log").read_text(encoding="utf-8")
     matches = match_atlas(facts_from_log(log), load_atlas([ENTRIES]))
     diagnosis["atlas_matches"] = [m.to_dict() for m in matches]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kb.atlas import AtlasError, atlas_dirs, import_atlas, load_atlas, load_entry, parse_entry
+from kb.atlas import AtlasError, atlas_dirs, import_atlas, load_atlas, load_entry
 from kb.atlas.loader import MAX_ENTRY_BYTES, SHIPPED_DIR, team_dir
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "atlas" / "entries"

@@ -172,7 +172,7 @@ def load_case_facts(folder: Path) -> tuple[str, tuple[str, ...], Facts]:
         exchange = exchanges[0]
         facts = facts_from_exchange(exchange, classify(exchange))
     if build is not None:
-        facts = merge_facts(facts_from_stack(build=build), facts)
+        facts = merge_facts(facts_from_stack(build=build, source="case build"), facts)
     return kind, tuple(expect), facts
 
 

@@ -304,13 +304,14 @@ def facts_from_stack(
     args: Sequence[str] = (),
     model: str | None = None,
     host_flags: Iterable[str] | None = None,
+    source: str = "stack",
 ) -> Facts:
     """Facts of the stack a diagnosis runs: its build, server flags, model file, and (the
     server runs on this host) the host's CPU flags."""
-    notes = [f"stack build b{build}"] if build is not None else []
+    notes = [f"build b{build} ({source})"] if build is not None else []
     flags = frozenset(host_flags) if host_flags is not None else frozenset()
     return Facts(
-        source="diagnosis",
+        source=source,
         build=build,
         models=(Path(model).name,) if model else (),
         cpu_flags=frozenset(f.casefold() for f in flags),
@@ -354,7 +355,9 @@ def merge_facts(*parts: Facts) -> Facts:
         known = merged.cpu_flags_known or part.cpu_flags_known
         merged = replace(
             merged,
-            source=merged.source if merged.source == part.source else "diagnosis",
+            source=merged.source
+            if part.source in merged.source.split("+")
+            else f"{merged.source}+{part.source}",
             texts=merged.texts + part.texts,
             finding_kinds=merged.finding_kinds | part.finding_kinds,
             http_status=merged.http_status | part.http_status,

@@ -204,7 +204,7 @@ def match_command(
     elif log_facts is not None:
         inputs = [(str(log_path), log_facts)]
     if build is not None:
-        stated = facts_from_stack(build=build)
+        stated = facts_from_stack(build=build, source="--build")
         inputs = [(name, merge_facts(stated, facts)) for name, facts in inputs]
     results = [(name, facts, match_atlas(facts, entries)) for name, facts in inputs]
     if as_json:

@@ -145,8 +145,17 @@ def test_printed_lines_say_why_and_what_to_do() -> None:
 def test_a_stored_incident_record_matches_from_its_evidence() -> None:
     exchange = load_file(FIXTURES / "cases" / "jinja-capture" / "capture.json")[0]
     record = {
-        "symptoms": [{"kind": "http-error"}],
-        "evidence": [{"kind": "exchange", "payload": exchange.to_dict()}],
-        "causes": [],
+        "symptoms": [],
+        "evidence": [
+            {"kind": "note", "payload": {"text": "first"}},
+            {
+                "kind": "exchange",
+                "payload": {"exchange": exchange.to_dict(), "symptoms": ["http-error"]},
+            },
+        ],
+        "causes": [{"id": "server-flags", "status": "confirmed"}],
     }
-    assert [m.entry.id for m in matches_for_record(record, ENTRIES)] == ["ramalama-988"]
+    (match,) = matches_for_record(record, ENTRIES)
+    assert match.entry.id == "ramalama-988"
+    assert "finding http-error" in [f.detail for f in match.facts]
+    assert "cause server-flags confirmed by the diagnosis" in [f.detail for f in match.facts]

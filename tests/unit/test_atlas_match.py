@@ -159,3 +159,11 @@ def test_a_stored_incident_record_matches_from_its_evidence() -> None:
     assert match.entry.id == "ramalama-988"
     assert "finding http-error" in [f.detail for f in match.facts]
     assert "cause server-flags confirmed by the diagnosis" in [f.detail for f in match.facts]
+
+
+def test_a_secret_in_a_logged_error_is_not_printed() -> None:
+    secret = "sk-" + "a1B2c3D4e5F6g7H8i9J0" * 2
+    log = f"0.00.414.869 E srv  load: error: invalid api key {secret}\nSegmentation fault\n"
+    facts = facts_from_log(log)
+    assert facts.notes and all(secret not in note for note in facts.notes)
+    assert any(note.startswith("first error: ") for note in facts.notes)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kb.atlas import Facts
-from triage.capture import Exchange
+from triage.capture import Exchange, redact_text
 from triage.llama.build import ServerBinaryNotFound, find_server_binary
 from triage.llama.crash import (
     backtrace_frames,
@@ -278,8 +278,8 @@ def facts_from_log(text: str) -> Facts:
     if symbol:
         notes.append(f"backtrace in {symbol}")
     errors = error_lines(lines)
-    if errors:
-        notes.append(f"first error: {errors[0]}")
+    if errors:  # printed and put in --json: scrubbed like any captured free text
+        notes.append(f"first error: {redact_text(errors[0])}")
     models = _models(lines)
     if models:
         notes.append(f"model {models[0]}")

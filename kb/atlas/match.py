@@ -43,6 +43,7 @@ __all__ = [
     "family_in",
     "match_atlas",
     "normalise_text",
+    "score_entry",
 ]
 
 # Fixed on the atlas-code fixture cases (tests/fixtures/atlas) before the held-out cases

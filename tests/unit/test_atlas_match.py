@@ -8,7 +8,13 @@ from pathlib import Path
 
 from kb.atlas import Facts, family_in, load_atlas, match_atlas
 from kb.atlas.match import THRESHOLD
-from triage.atlas.facts import facts_from_exchange, facts_from_log, facts_from_stack, merge_facts
+from triage.atlas.facts import (
+    facts_from_exchange,
+    facts_from_exchange_dict,
+    facts_from_log,
+    facts_from_stack,
+    merge_facts,
+)
 from triage.atlas.report import check_lines, format_matches, matches_for_record
 from triage.capture import load_file
 from triage.symptoms import classify
@@ -167,3 +173,13 @@ def test_a_secret_in_a_logged_error_is_not_printed() -> None:
     facts = facts_from_log(log)
     assert facts.notes and all(secret not in note for note in facts.notes)
     assert any(note.startswith("first error: ") for note in facts.notes)
+
+
+def test_a_signature_quoted_in_the_echoed_prompt_does_not_match() -> None:
+    reply = {
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"content": "Sure."}}],
+        "__verbose": {"prompt": "user: why does it say tools param requires --jinja flag?"},
+    }
+    facts = facts_from_exchange_dict({"request": {}, "response": reply, "status": 500}, [])
+    assert all("requires --jinja" not in text for text in facts.texts)
+    assert ids(replace(facts, finding_kinds=frozenset({"http-error"}))) == []

@@ -45,6 +45,7 @@ __all__ = [
 
 MAX_TEXT_CHARS = 512 * 1024  # per capture: the strings of its response and error
 MAX_STRINGS = 5000
+_PROMPT_KEYS = frozenset({"prompt", "messages", "input"})
 # Clients an atlas entry may name, as they show up in a User-Agent / X-Title header.
 CLIENT_NAMES = (
     "cline",
@@ -104,7 +105,9 @@ def _strings(value: Any, out: list[str], budget: list[int]) -> None:
             out.append(item[: budget[0]])
             budget[0] -= len(item)
         elif isinstance(item, Mapping):
-            stack.extend(reversed(list(item.values())))
+            # The prompt echoed back (`__verbose.prompt`) is the user's text, not the
+            # server's: a signature quoted in a prompt must not match.
+            stack.extend(reversed([v for k, v in item.items() if k not in _PROMPT_KEYS]))
         elif isinstance(item, list | tuple):
             stack.extend(reversed(item))
 

@@ -15,7 +15,7 @@ from triage.atlas.facts import (
     facts_from_stack,
     merge_facts,
 )
-from triage.atlas.report import check_lines, format_matches, matches_for_record
+from triage.atlas.report import check_lines, format_matches, matches_for_record, read_log_file
 from triage.capture import load_file
 from triage.symptoms import classify
 
@@ -183,3 +183,13 @@ def test_a_signature_quoted_in_the_echoed_prompt_does_not_match() -> None:
     facts = facts_from_exchange_dict({"request": {}, "response": reply, "status": 500}, [])
     assert all("requires --jinja" not in text for text in facts.texts)
     assert ids(replace(facts, finding_kinds=frozenset({"http-error"}))) == []
+
+
+def test_a_hostile_log_is_read_bounded(tmp_path: Path) -> None:
+    # one 600 KB line without spaces that mentions .gguf, then the AMX crash at the end
+    hostile = "x" * 600_000 + ".gguf" + "y" * 10 + "\n" + "\x00\xff garbage\n" + AMX_LOG
+    path = tmp_path / "server.log"
+    path.write_text(hostile, encoding="utf-8")
+    facts = facts_from_log(read_log_file(path))
+    assert ids(facts) == ["llama.cpp-20824"]  # the tail is still read
+    assert all(len(model) <= 4000 for model in facts.models)

@@ -93,6 +93,7 @@ _BACKEND_MARKERS = (
     ("sycl", ("ggml_sycl", "sycl : ", "sycl0")),
 )
 MAX_LOG_LINES = 50_000
+MAX_SCAN_LINE = 4000
 _CACHE_FOLDER = re.compile(r"^b(\d{3,6})$")
 
 
@@ -223,7 +224,7 @@ def server_flags(args: Iterable[str]) -> frozenset[str]:
 def _command_flags(lines: Sequence[str]) -> frozenset[str]:
     flags: set[str] = set()
     for line in lines:
-        match = _COMMAND_LINE.search(line)
+        match = _COMMAND_LINE.search(line[:MAX_SCAN_LINE])
         if match:
             flags |= server_flags(_FLAG.findall(match.group(1)))
     return frozenset(flags)
@@ -232,10 +233,11 @@ def _command_flags(lines: Sequence[str]) -> frozenset[str]:
 def _models(lines: Sequence[str]) -> list[str]:
     found: list[str] = []
     for line in lines:
+        line = line[:MAX_SCAN_LINE]  # bounded: a file-name regex on a huge line is quadratic
         for pattern in (_ARCH, _MODEL_NAME):
             match = pattern.search(line)
             if match:
-                found.append(match.group(1).strip())
+                found.append(match.group(1).strip()[:200])
         if ".gguf" in line.casefold():
             found += [Path(m).name for m in _MODEL_FILE.findall(line)]
         if len(found) > 20:

@@ -193,3 +193,17 @@ def test_a_hostile_log_is_read_bounded(tmp_path: Path) -> None:
     facts = facts_from_log(read_log_file(path))
     assert ids(facts) == ["llama.cpp-20824"]  # the tail is still read
     assert all(len(model) <= 4000 for model in facts.models)
+
+
+def test_a_model_alias_no_family_matches_is_no_evidence_against() -> None:
+    entries = [
+        replace(e, models=("qwen3",)) if e.id == "ramalama-988" else e for e in ENTRIES
+    ]  # families the atlas knows: qwen3 and gemma-4
+    facts = capture_facts("jinja-capture")
+
+    def score(*models: str) -> float:
+        return match_atlas(replace(facts, models=models), entries)[0].score
+
+    assert score("qwen3-32b") == score() + 1.0  # its family
+    assert score("gpt-4") == score()  # an alias: neither for nor against
+    assert score("gemma-4-31b-it") == score() - 1.0  # another family the atlas knows

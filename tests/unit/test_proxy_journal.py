@@ -64,6 +64,25 @@ def test_records_survive_the_journal_byte_for_byte(tmp_path: Path) -> None:
     assert back["key"] == "k1" and back["identity"] == record["identity"]
 
 
+def test_secrets_never_reach_the_journal(tmp_path: Path) -> None:
+    secret = "sk-live-0123456789abcdefABCDEF"
+    record = raw_record("k1", f"your key is {secret}", at=1.0)
+    record["request_headers"].append((b"authorization", f"Bearer {secret}".encode()))
+    record["request_headers"].append((b"x-api-key", b"plain-api-key-value"))
+    record["request_body"] = json.dumps(
+        {"model": "m", "api_key": "another-secret-value", "messages": []}
+    ).encode()
+    recorder = JournaledRecorder(_recorder(tmp_path), tmp_path / "journal")
+    recorder.start()
+    assert recorder.submit(record)
+    assert recorder.sync()
+    written = b"".join(p.read_bytes() for p in (tmp_path / "journal").glob(f"*{SUFFIX}"))
+    recorder.stop()
+    assert b"k1" in written  # the record is there ...
+    for value in (secret, "plain-api-key-value", "another-secret-value"):
+        assert value.encode() not in written  # ... its secrets are not
+
+
 def test_a_torn_last_record_is_skipped_with_a_log_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -73,6 +73,11 @@ class PlannedArm:
     when: str = "always"
     # Checked after the incident's server is observed (see `Requires`); None: always runs.
     requires: Requires | None = None
+    # Where a request-level arm's replays go when the stack has a `[gateway]`: "client"
+    # (what the client used: the gateway, else the server) or "server" (the server itself,
+    # bypassing the gateway). `stream`: replay streamed (SSE) instead of non-streamed.
+    endpoint: str = "client"
+    stream: bool = False
 
 
 @runtime_checkable

@@ -25,6 +25,7 @@ import json
 import sys
 import tempfile
 from collections.abc import Iterable, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ OFF_DIAGONAL = "OFF-DIAG"
 MISSING = "MISSING"  # the manifest lists a cause the diagnosis has no verdict for
 NOT_RUN = "n/a"  # the cause was not part of this run (e.g. crash-only causes), not listed
 CONFIRMED = "confirmed"
+VERDICT = "(verdict)"  # the column of a drill whose manifest names an expected_verdict
 # Replays per arm: a deterministic failure is decided in a few, an intermittent one needs more.
 DETERMINISTIC_CAP = 16
 INTERMITTENT_CAP = 64
@@ -120,6 +122,13 @@ def evaluate(
         elif not status:
             cell.status, cell.mark = "", OK
         row.cells.append(cell)
+    expected_verdict = manifest.get("expected_verdict")
+    if expected_verdict:  # e.g. "unexplained": a real failure no catalogue cause explains
+        status = str((diagnosis.get("verdict") or {}).get("status", ""))
+        mark = OK if status == expected_verdict else MISMATCH
+        row.cells.append(
+            Cell(VERDICT, status, "", str(expected_verdict), (str(expected_verdict),), mark)
+        )
     return row
 
 
@@ -199,7 +208,8 @@ def run_drill(name: str, work: Path, causes: Sequence[str], max_requests: int | 
     import time
 
     from kb.store import Store
-    from triage.drills.registry import build_drill
+    from triage.drills import gateway as gateway_drill
+    from triage.drills.registry import SERVED, build_drill
     from triage.engine import DiagnoseOptions, diagnose
     from triage.stackfile import load_stack
 
@@ -207,24 +217,34 @@ def run_drill(name: str, work: Path, causes: Sequence[str], max_requests: int | 
     try:
         drill = build_drill(name, work / "drill")
         request, cap = failing_request(drill.manifest)
-        body, capture = drill.request(request), _recorded_capture(drill, work)
-        # A drill whose replies never end (context shift) names the replay timeout it needs.
-        timeout = float(drill.manifest.get("replay_timeout") or DiagnoseOptions.request_timeout)
-        store = Store(f"sqlite:///{work / 'kb.db'}")
-        try:
-            diagnosis = diagnose(
-                store,
-                load_stack(drill.out_dir / "stack.toml"),
-                capture["request"] if capture else body,
-                options=DiagnoseOptions(
-                    max_requests=max_requests or cap,
-                    log_dir=work / "runs",
-                    request_timeout=timeout,
-                ),
-                **({k: capture[k] for k in ("exchange", "findings")} if capture else {}),
-            )
-        finally:
-            store.close()
+        with ExitStack() as services:
+            stack_path, capture = drill.out_dir / "stack.toml", _recorded_capture(drill, work)
+            if drill.name in SERVED:  # a running server behind a real gateway
+                served = services.enter_context(gateway_drill.serve(drill, work / "served"))
+                stack_path = served.stack_path
+                capture = {
+                    "request": served.request,
+                    "exchange": served.exchange,
+                    "findings": served.findings,
+                }
+            body = drill.request(request)
+            # A drill whose replies never end (context shift) names the replay timeout.
+            timeout = float(drill.manifest.get("replay_timeout") or DiagnoseOptions.request_timeout)
+            store = Store(f"sqlite:///{work / 'kb.db'}")
+            try:
+                diagnosis = diagnose(
+                    store,
+                    load_stack(stack_path),
+                    capture["request"] if capture else body,
+                    options=DiagnoseOptions(
+                        max_requests=max_requests or cap,
+                        log_dir=work / "runs",
+                        request_timeout=timeout,
+                    ),
+                    **({k: capture[k] for k in ("exchange", "findings")} if capture else {}),
+                )
+            finally:
+                store.close()
     except Exception as exc:  # noqa: BLE001 - one drill's failure is a row, not a traceback
         return Row(name, error=f"{type(exc).__name__}: {exc}", seconds=time.monotonic() - started)
     row = evaluate(name, drill.manifest, diagnosis, causes)

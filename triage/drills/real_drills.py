@@ -167,6 +167,8 @@ def poem_loop(out_dir: Path, template: str = "") -> Drill:
         request,
         {
             "failing": {"expect": {"finish_reason": "length", "failure_rate": 1.0}},
+            # No catalogue cause names a model loop until model-loop (issue 23, E).
+            "expected_verdict": "unexplained",
             "measured": {
                 "with": "llama-server b11434, 1 thread, temperature 0, -c 1024 -np 1",
                 "finish": "length",
@@ -201,6 +203,7 @@ def gemma_base_chat(out_dir: Path, template: str = "") -> Drill:
         request,
         {
             "failing": {"expect": {"finish_reason": "length", "failure_rate": 1.0}},
+            "expected_verdict": "unexplained",
             "measured": {
                 "with": "llama-server b11434, 1 thread, temperature 0",
                 "finish": "length",

@@ -120,6 +120,8 @@ class ArmState:
             raw_misplaced=sum(1 for r in self.replies if r.failed and r.raw_misplaced),
             error=self.error,
             ended_tokens=tuple(_ended_tokens(self.replies)),
+            elapsed=tuple(_elapsed(r) for r in self.replies if not r.error),
+            failure_elapsed=tuple(_elapsed(r) for r in self.replies if not r.error and r.failed),
         )
 
     def has(self, index: int) -> bool:
@@ -135,6 +137,10 @@ def _ended_tokens(replies: Sequence[Any]) -> list[int]:
             if isinstance(tokens, int) and not isinstance(tokens, bool):
                 out.append(tokens)
     return out
+
+
+def _elapsed(reply: Any) -> float:
+    return float(getattr(reply, "elapsed_s", 0.0) or 0.0)
 
 
 def paired(baseline: ArmState, arm: ArmState) -> tuple[int, int]:

@@ -26,7 +26,15 @@ from kb.models import (
 )
 from kb.records import Reply
 from kb.slugs import unique_incident_slug
-from kb.store import add_evidence, add_evidence_many, get_incident, record_status_change
+from kb.store import (
+    CONTENT_HASH,
+    add_evidence,
+    add_evidence_many,
+    exchange_content_hash,
+    exchange_hashes,
+    get_incident,
+    record_status_change,
+)
 
 __all__ = [
     "CauseSpec",
@@ -228,16 +236,23 @@ def ensure_causes(
 def record_exchange(
     session: Session, incident_id: int, exchange: dict[str, Any], findings: list[dict[str, Any]]
 ) -> str:
-    """Store the failing exchange as evidence and its failed findings as symptoms."""
+    """Store the failing exchange as evidence and its failed findings as symptoms; its key.
+
+    An exchange whose content the incident already holds (captured before, or stored by an
+    earlier diagnosis of the same incident) is not stored again: its existing key is used,
+    as `triage capture` does."""
     kinds = [f["kind"] for f in findings if not f.get("passed", True)]
-    evidence = add_evidence(
-        session,
-        incident_id=incident_id,
-        kind="exchange",
-        summary="failing exchange: " + (", ".join(kinds) if kinds else "no failed finding"),
-        payload={"exchange": exchange, "findings": findings},
-        source=str(exchange.get("source_file") or ""),
-    )
+    digest = exchange_content_hash(exchange)
+    key = exchange_hashes(session, incident_id).get(digest)
+    if key is None:
+        key = add_evidence(
+            session,
+            incident_id=incident_id,
+            kind="exchange",
+            summary="failing exchange: " + (", ".join(kinds) if kinds else "no failed finding"),
+            payload={"exchange": exchange, "findings": findings, CONTENT_HASH: digest},
+            source=str(exchange.get("source_file") or ""),
+        ).key
     existing = {
         s.key for s in session.exec(select(Symptom).where(Symptom.incident_id == incident_id))
     }
@@ -252,11 +267,11 @@ def record_exchange(
                 kind=finding["kind"],
                 description=str(finding.get("reason", finding["kind"])),
                 observed={"score": finding.get("score"), "where": finding.get("where")},
-                evidence_keys=[evidence.key],
+                evidence_keys=[key],
             )
         )
     session.flush()
-    return evidence.key
+    return key
 
 
 def start_run(

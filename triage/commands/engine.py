@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from kb.store import Store
+from triage.atlas.report import diagnosis_matches, format_match_dicts, format_matches
 from triage.commands import open_store, with_options
 
 
@@ -177,6 +178,9 @@ def format_diagnosis(diagnosis: dict[str, Any]) -> str:
         lines.append("Observations:")
         lines += [f"  - {observation_sentence(obs)}" for obs in observed]
         lines.append("")
+    atlas = format_match_dicts(diagnosis.get("atlas_matches") or [])
+    if atlas:
+        lines += [*atlas, ""]
     cost = diagnosis.get("cost") or {}
     if cost:
         lines.append(
@@ -407,6 +411,7 @@ def _run_diagnosis(
             if request_path is None:
                 raise click.UsageError("--request is required (or --resume)")
             request, findings, exchange = _load_exchange(request_path, response_path, fmt)
+            _print_atlas_before(stack, exchange, findings)
             diagnosis = diagnose(
                 store,
                 stack,
@@ -421,7 +426,22 @@ def _run_diagnosis(
         raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:
         raise click.ClickException(_interrupted_message(store)) from None
+    # The atlas with the verdicts: an extra field beside them, never a change to them.
+    exchange_data = None if resume else exchange
+    matches, _, _ = diagnosis_matches(
+        stack, exchange_data, diagnosis.get("findings", []), diagnosis
+    )
+    diagnosis["atlas_matches"] = [match.to_dict() for match in matches]
     return diagnosis
+
+
+def _print_atlas_before(stack: Any, exchange: dict[str, Any], findings: list[Any]) -> None:
+    """Before probing: what the atlas says about the capture and the stack (on stderr, with
+    the progress lines)."""
+    matches, checked, warning = diagnosis_matches(stack, exchange, findings)
+    lines = [f"warning: {warning}"] if warning else format_matches(matches, checked)
+    for line in ["before probing:", *lines]:
+        click.echo(line, err=True)
 
 
 def _interrupted_message(store: Store) -> str:

@@ -35,8 +35,10 @@ from filelock import FileLock
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from kb import live
+from kb.atlas.refs import add_references
 from kb.models import Incident
 from kb.store import Store
+from triage.atlas.report import incident_references
 from triage.capture import CaptureError, exchange_from_http, redact_headers, redact_text
 from triage.proxy.metrics import ProxyMetrics
 from triage.proxy.rates import detect, failure_signature
@@ -308,6 +310,9 @@ class Recorder:
         self.opened: list[dict[str, Any]] = []
         self.written = 0
         self.submitted = 0
+        # Records taken off the queue and finished (stored, spooled, or dropped as
+        # unreadable), in submission order: the journal deletes what is below this count.
+        self.completed = 0
 
     # ------------------------------------------------------------------ hot path
 
@@ -401,6 +406,7 @@ class Recorder:
             except Exception:  # noqa: BLE001 -- the writer must outlive any one bad batch
                 log.exception("recording a batch of %d exchanges failed", len(batch))
             finally:
+                self.completed += len(batch)
                 for _ in range(taken):
                     self._queue.task_done()
 
@@ -608,6 +614,9 @@ class Recorder:
             )
             return None
         incident = session.get(Incident, sig_row.incident_id)
+        example = examples[-1]["payload"] if examples else {}
+        refs = incident_references(example.get("exchange"), kinds, upstream.get("build"))
+        add_references(session, incident.id, refs)  # atlas pointers, shown with the incident
         return {
             "slug": incident.slug,
             "model": model,

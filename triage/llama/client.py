@@ -57,7 +57,7 @@ def _error_message(payload: Any) -> str | None:
         return None
     error = payload["error"]
     if isinstance(error, dict):
-        return str(error.get("message") or error)
+        return str(error.get("message") or json.dumps(error, default=str)[:500])
     return str(error)
 
 
@@ -166,7 +166,7 @@ class StreamResult:
         if self.error is None:
             return _error_message(self.json)
         if isinstance(self.error, dict):
-            return str(self.error.get("message") or self.error)
+            return str(self.error.get("message") or json.dumps(self.error, default=str)[:500])
         return str(self.error)
 
 

@@ -111,3 +111,26 @@ def test_the_budget_comes_from_the_measured_speed_and_the_requested_tokens() -> 
     assert pace.budget({"max_tokens": 100_000}).seconds == 1800.0
     # No max_tokens: twice the longest reply measured.
     assert pace.budget({}).seconds == pytest.approx(3 * (4 + 128 / 2) + 5)
+
+
+def test_replays_queued_behind_a_stalled_one_fail_at_their_budget() -> None:
+    server = FakeServer(seconds=None, step=0)
+    pace = ServerPace(FAST)
+
+    async def two() -> list[BaseException | None]:
+        out: list[BaseException | None] = []
+        for _ in range(2):  # one slot: the second waits for the first
+            try:
+                await timed_chat(server, {"messages": []}, pace)
+                out.append(None)
+            except ReplayTimeout as exc:
+                out.append(exc)
+        return out
+
+    first, second = asyncio.run(two())
+    assert isinstance(first, ReplayTimeout) and "no progress" in str(first)
+    assert isinstance(second, ReplayTimeout) and second.kind == "timeout"
+    assert "an earlier replay stalled" in str(second)
+    # Progress clears it: a reply that comes back.
+    pace.observe({"predicted_per_second": 5.0, "predicted_n": 20})
+    assert pace.stalled is None

@@ -87,6 +87,9 @@ class ServerPace:
     polled_at: float | None = None
     slots_available: bool | None = None
     runaway: str | None = None  # a slot decoding past its own context (never ends)
+    # Set when a replay on this server stalled, cleared by any progress: replays queued
+    # behind a stalled one fail at their budget instead of each waiting `stall` again.
+    stalled: str | None = None
 
     def observe(self, timings: dict[str, Any]) -> None:
         """Learn from one reply's llama-server timings."""
@@ -95,6 +98,7 @@ class ServerPace:
         if speed is not None and decoded >= 2:
             self.decode.append(speed)
         self.longest = max(self.longest, decoded)
+        self.stalled = None  # it answered
         prompt_ms = _number(timings.get("prompt_ms"))
         if prompt_ms is not None:
             self.prompt.append(prompt_ms / 1000)
@@ -140,6 +144,8 @@ class ServerPace:
         slots = [s for s in result.json if isinstance(s, dict)]
         snapshot = tuple(sorted(_slot_state(s) for s in slots))
         if snapshot != self.snapshot:
+            if self.snapshot is not None:
+                self.stalled = None  # it moved
             self.snapshot = snapshot
             self.changed_at = now
         self.runaway = next((r for r in map(_runaway, slots) if r), None)
@@ -208,7 +214,14 @@ async def _watch(
     watch_from = time.monotonic()
     while True:
         now = time.monotonic()
+        if pace.stalled:
+            raise ReplayTimeout(
+                f"no complete answer within its budget of {_secs(budget.seconds)}, and the "
+                f"server has shown no progress since an earlier replay stalled ({pace.stalled})",
+                "timeout",
+            )
         await pace.poll(client, now)
+        now = time.monotonic()
         if pace.slots_available is False:
             # No way to see progress: the budget (from the measured speed) is the limit.
             raise ReplayTimeout(
@@ -225,6 +238,7 @@ async def _watch(
             )
         moved = max(pace.changed_at or watch_from, watch_from)
         if now - moved >= opts.stall:
+            pace.stalled = f"no progress for {_secs(now - moved)}"
             raise ReplayTimeout(
                 f"no progress for {_secs(now - moved)}: no slot decoded a token or processed "
                 f"prompt (/slots) after the reply's budget of {_secs(budget.seconds)} "

@@ -248,8 +248,9 @@ class LlamaReplayer:
         pool = self.pools.get(server.base_url)
         if pool is not None and pool.loop is loop:
             return pool
-        timeout = max(self.timeout, self.pace_options.cap) if self.pace_options else self.timeout
-        client = LlamaClient(server.base_url, timeout=timeout, api_key=server.api_key)
+        # The client's own limit (inspection calls, replays without a pace) stays
+        # `timeout`; a paced replay passes its own (triage.engine.pacing.timed_chat).
+        client = LlamaClient(server.base_url, timeout=self.timeout, api_key=server.api_key)
         if self.concurrency is None and server.slots <= 1 and server.handle is not None:
             server.slots = await _server_slots(client, server.slots)
         slots = self.concurrency or max(1, min(server.slots, 4))

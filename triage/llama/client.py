@@ -316,7 +316,14 @@ class LlamaClient:
         started = time.monotonic()
         try:
             async with asyncio.timeout(limit):
-                response = await self._client.request(method, path, json=json_body)
+                # An explicit limit also bounds httpx's own read/write timeouts (set for the
+                # client's default limit), or a longer limit would end at the default one.
+                response = await self._client.request(
+                    method,
+                    path,
+                    json=json_body,
+                    timeout=httpx.Timeout(limit, connect=min(CONNECT_TIMEOUT, limit)),
+                )
                 raw = await response.aread()
         except (TimeoutError, httpx.HTTPError) as exc:
             raise self._fail(exc, path, limit) from exc

@@ -619,6 +619,14 @@ def _live_examples(session: Session, incident_id: int) -> int:
     )
 
 
+def _briefed(item: dict[str, Any]) -> dict[str, Any]:
+    """An example with its short payload (`brief`, from the proxy) instead of the whole
+    exchange, when it has one."""
+    if not isinstance(item.get("brief"), dict):
+        return item
+    return {**item, "payload": item["brief"]}
+
+
 def add_examples(
     session: Session, live: LiveSignature, examples: Sequence[dict[str, Any]]
 ) -> list[str]:
@@ -648,6 +656,10 @@ def add_examples(
             # The oldest and the newest, and evenly spaced ones between.
             step = (len(chosen) - 1) / (room - 1)
             chosen = [chosen[round(i * step)] for i in range(room)]
+    if _live_examples(session, live.incident_id):
+        chosen = [_briefed(item) for item in chosen]
+    else:  # the incident's first example is kept whole; the others refer to theirs
+        chosen = [chosen[0], *(_briefed(item) for item in chosen[1:])]
     rows = add_evidence_many(session, live.incident_id, list(chosen))
     symptoms = session.exec(select(Symptom).where(Symptom.incident_id == live.incident_id)).all()
     for symptom in symptoms:

@@ -147,7 +147,7 @@ def test_the_process_stores_the_same_rows_and_incident_as_the_thread(
         try:
             with store.session(readonly=True) as session:
                 (incident,) = session.exec(select(Incident)).all()
-                assert incident.title == "Live: empty-content from fake-model.gguf (6/12 failing)"
+                assert incident.title == "Live: empty-content from fake-model.gguf (chat.json requests)"
         finally:
             store.close()
 

@@ -258,8 +258,41 @@ def prepare(record: dict[str, Any], *, keep_success: bool, replica: str) -> Prep
             "payload": payload,
             "source": f"proxy:{replica}",
             "recorded_at": recorded_at,
+            "brief": _brief(payload, status),
         }
     return Prepared(row=row, kinds=kinds, example=example, usage=usage)
+
+
+def _brief(payload: dict[str, Any], status: int | None) -> dict[str, Any]:
+    """The short form of a failing exchange's evidence (kb.live keeps the first example of
+    an incident whole and these for the others): what failed and how the reply ended, the
+    body referenced by its live key instead of repeated (same prompt, same reply shape)."""
+    exchange = payload.get("exchange") if isinstance(payload.get("exchange"), dict) else {}
+    response = exchange.get("response") if isinstance(exchange, dict) else None
+    reply: dict[str, Any] = {"status": status}
+    choices = response.get("choices") if isinstance(response, dict) else None
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        choice = choices[0]
+        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        reply["finish_reason"] = choice.get("finish_reason")
+        for key in ("content", "reasoning_content"):
+            value = message.get(key) if isinstance(message, dict) else None
+            if isinstance(value, str):
+                reply[f"{key}_chars"] = len(value)
+        reply["tool_calls"] = len(message.get("tool_calls") or []) if message else 0
+    usage = response.get("usage") if isinstance(response, dict) else None
+    if isinstance(usage, dict):
+        reply["usage"] = {k: v for k, v in usage.items() if isinstance(v, int)}
+    keep = ("live_key", "signature", "symptoms", "shape", "client_limit", "client", "failed")
+    return {
+        **{key: payload[key] for key in keep if key in payload},
+        "findings": [
+            {"kind": f.get("kind"), "reason": f.get("reason")}
+            for f in payload.get("findings") or []
+        ],
+        "reply": reply,
+        "body": "not repeated here: stored by the proxy under live_key (liveexchange)",
+    }
 
 
 def spooled_count(spool_path: Path) -> int:
@@ -729,5 +762,6 @@ class Recorder:
                 "payload": payload,
                 "source": f"proxy:{self.replica}",
                 "recorded_at": recorded_at,
+                "brief": _brief(payload, payload.get("exchange", {}).get("status")),
             }
         ]

@@ -34,6 +34,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col, select
 
 from kb.models import Evidence, Incident, LiveExchange, LiveSignature, Symptom, utcnow
+
+# The one wording of a live failing count, shared with the retrospective.
+from kb.retrotext import failing_text as failing_text
 from kb.store import StoreError, add_evidence_many, get_incident
 
 KEY_SEPARATOR = "\x1f"
@@ -356,9 +359,11 @@ def _free_slug(session: Session, base: str) -> str:
 def _observed(signature: str, detection: dict[str, Any]) -> dict[str, Any]:
     """A live symptom's `observed`: the problem's failing k/n with the time it holds for."""
     rate = detection.get("rate") or {}
+    window = detection.get("window_minutes")
     return {
         "signature": signature,
         **rate,
+        **({"window_minutes": window} if window else {}),
         **({"as_of": detection["as_of"]} if "as_of" in detection else {}),
     }
 
@@ -686,24 +691,6 @@ def update_detection(session: Session, live: LiveSignature, detection: dict[str,
             symptom.observed = _observed(str(observed["signature"]), detection)
             session.add(symptom)
     session.flush()
-
-
-def failing_text(detection: dict[str, Any], window_minutes: int | None = None) -> str:
-    """The one wording of a live failing count: "10/47 failing (95% CI 13%-35%) in the 10
-    min to 2026-12-01 14:48 UTC". Used by the Live page, the retrospective and the
-    incident's summary, from the same stored detection."""
-    rate = detection.get("rate") or {}
-    k, n = rate.get("failures", "?"), rate.get("n", "?")
-    text = f"{k}/{n} failing"
-    interval = rate.get("interval")
-    if isinstance(interval, list) and len(interval) == 2:
-        text += f" (95% CI {float(interval[0]):.0%}-{float(interval[1]):.0%})"
-    minutes = window_minutes or detection.get("window_minutes")
-    as_of = detection.get("as_of")
-    if as_of:
-        moment = str(as_of)[:16].replace("T", " ")
-        text += f" in the {minutes} min to {moment} UTC" if minutes else f" as of {moment} UTC"
-    return text
 
 
 def live_incidents(session: Session) -> list[dict[str, Any]]:

@@ -66,7 +66,7 @@ def rate_frame(points: Sequence[dict[str, Any]]) -> pd.DataFrame:
 
 def rate_chart(frame: pd.DataFrame) -> alt.Chart:
     """Lines with a filled point per bucket; the legend shows whole labels."""
-    return (
+    chart: alt.Chart = (
         alt.Chart(frame)
         .mark_line(point=alt.OverlayMarkDef(filled=True, size=80))
         .encode(
@@ -80,3 +80,4 @@ def rate_chart(frame: pd.DataFrame) -> alt.Chart:
             tooltip=["time:T", "series:N", "k/n:N", alt.Tooltip("rate:Q", format=".0%")],
         )
     )
+    return chart

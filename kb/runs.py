@@ -6,6 +6,8 @@ caller's session); the engine's recorder calls them, nothing else writes runs.
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -24,13 +26,25 @@ from kb.models import (
 )
 from kb.records import Reply
 from kb.slugs import unique_incident_slug
-from kb.store import add_evidence, add_evidence_many, get_incident, record_status_change
+from kb.store import (
+    CONTENT_HASH,
+    add_evidence,
+    add_evidence_many,
+    exchange_content_hash,
+    exchange_hashes,
+    get_incident,
+    record_status_change,
+)
 
 __all__ = [
     "CauseSpec",
     "NewIncident",
+    "RunBusy",
+    "RunCandidate",
+    "RunOwner",
     "VerdictRow",
     "apply_verdicts",
+    "claim_run",
     "ensure_causes",
     "evidence_id",
     "finish_run",
@@ -40,8 +54,10 @@ __all__ = [
     "latest_result",
     "mark_stale_runs",
     "new_incident",
+    "owner_alive",
     "record_exchange",
     "record_replies",
+    "resumable_runs",
     "run_incident_slug",
     "run_replies",
     "set_run_state",
@@ -54,6 +70,74 @@ __all__ = [
 # process killed) and marked interrupted, so it can be resumed.
 STALE_AFTER = timedelta(minutes=30)
 HEARTBEAT = "heartbeat_at"  # key in TriageRun.plan
+OWNER = "owner"  # key in TriageRun.plan: the process running it (RunOwner.to_dict)
+
+
+class RunBusy(Exception):
+    """The run is still running in another live process: it is not taken over."""
+
+
+def _process_started(pid: int) -> int | None:
+    """The start time of process `pid` (clock ticks since boot, /proc/PID/stat field 22),
+    so a pid reused by another process is not taken for the run's owner; None if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            stat = fh.read()
+        return int(stat.rpartition(")")[2].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by another user
+    except OSError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class RunOwner:
+    """The process that runs a run: pid, host and the process's start time."""
+
+    pid: int
+    host: str
+    started: int | None = None
+
+    @classmethod
+    def current(cls) -> RunOwner:
+        return cls(os.getpid(), socket.gethostname(), _process_started(os.getpid()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pid": self.pid, "host": self.host, "started": self.started}
+
+    @classmethod
+    def of(cls, run: TriageRun) -> RunOwner | None:
+        raw = (run.plan or {}).get(OWNER)
+        if not isinstance(raw, dict) or not isinstance(raw.get("pid"), int):
+            return None
+        started = raw.get("started")
+        return cls(
+            int(raw["pid"]),
+            str(raw.get("host") or ""),
+            started if isinstance(started, int) else None,
+        )
+
+    def alive(self) -> bool | None:
+        """Is the owning process still running? None when it runs on another host (only
+        its heartbeat can tell)."""
+        if self.host != socket.gethostname():
+            return None
+        if not _pid_alive(self.pid):
+            return False
+        return self.started is None or _process_started(self.pid) in (None, self.started)
+
+    def describe(self) -> str:
+        return f"pid {self.pid} on {self.host or 'an unknown host'}"
 
 
 def strength(basis: str | None, status: str) -> int:
@@ -152,16 +236,23 @@ def ensure_causes(
 def record_exchange(
     session: Session, incident_id: int, exchange: dict[str, Any], findings: list[dict[str, Any]]
 ) -> str:
-    """Store the failing exchange as evidence and its failed findings as symptoms."""
+    """Store the failing exchange as evidence and its failed findings as symptoms; its key.
+
+    An exchange whose content the incident already holds (captured before, or stored by an
+    earlier diagnosis of the same incident) is not stored again: its existing key is used,
+    as `triage capture` does."""
     kinds = [f["kind"] for f in findings if not f.get("passed", True)]
-    evidence = add_evidence(
-        session,
-        incident_id=incident_id,
-        kind="exchange",
-        summary="failing exchange: " + (", ".join(kinds) if kinds else "no failed finding"),
-        payload={"exchange": exchange, "findings": findings},
-        source=str(exchange.get("source_file") or ""),
-    )
+    digest = exchange_content_hash(exchange)
+    key = exchange_hashes(session, incident_id).get(digest)
+    if key is None:
+        key = add_evidence(
+            session,
+            incident_id=incident_id,
+            kind="exchange",
+            summary="failing exchange: " + (", ".join(kinds) if kinds else "no failed finding"),
+            payload={"exchange": exchange, "findings": findings, CONTENT_HASH: digest},
+            source=str(exchange.get("source_file") or ""),
+        ).key
     existing = {
         s.key for s in session.exec(select(Symptom).where(Symptom.incident_id == incident_id))
     }
@@ -176,15 +267,22 @@ def record_exchange(
                 kind=finding["kind"],
                 description=str(finding.get("reason", finding["kind"])),
                 observed={"score": finding.get("score"), "where": finding.get("where")},
-                evidence_keys=[evidence.key],
+                evidence_keys=[key],
             )
         )
     session.flush()
-    return evidence.key
+    return key
 
 
-def start_run(session: Session, incident_id: int, plan: dict[str, Any]) -> int:
-    run = TriageRun(incident_id=incident_id, plan={**plan, HEARTBEAT: utcnow().isoformat()})
+def start_run(
+    session: Session, incident_id: int, plan: dict[str, Any], owner: RunOwner | None = None
+) -> int:
+    """Open the run row (state running), owned by `owner` (default: this process)."""
+    owner = owner or RunOwner.current()
+    run = TriageRun(
+        incident_id=incident_id,
+        plan={**plan, HEARTBEAT: utcnow().isoformat(), OWNER: owner.to_dict()},
+    )
     session.add(run)
     session.flush()
     assert run.id is not None
@@ -337,16 +435,54 @@ def last_heartbeat(run: TriageRun) -> datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
 
+def owner_alive(
+    run: TriageRun, *, now: datetime | None = None, stale_after: timedelta | None = None
+) -> bool:
+    """Is this run still being run by a live process? Only a `running` run can be: its
+    heartbeat is recent and, when its owner runs on this host, that process (same pid, same
+    start time) still exists -- a run whose process was killed is not running, whatever its
+    state says."""
+    if run.state != "running" or run.finished_at is not None:
+        return False
+    now = now or utcnow()
+    if now - last_heartbeat(run) > (stale_after or STALE_AFTER):
+        return False
+    owner = RunOwner.of(run)
+    alive = owner.alive() if owner is not None else None
+    return alive is not False
+
+
+def claim_run(session: Session, run_id: int, owner: RunOwner | None = None) -> None:
+    """Take over an unfinished run for `owner` (default: this process), state running;
+    raises RunBusy when its owner is still running it, LookupError when it is gone."""
+    run = session.get(TriageRun, run_id)
+    if run is None:
+        raise LookupError(f"run {run_id} does not exist")
+    mine = owner or RunOwner.current()
+    current = RunOwner.of(run)
+    if owner_alive(run) and current != mine:
+        raise RunBusy(
+            f"run {run_id} is still running ({current.describe() if current else 'no owner'}, "
+            f"last heartbeat {last_heartbeat(run).isoformat(timespec='seconds')})"
+        )
+    run.state = "running"
+    run.finished_at = None
+    run.plan = {**(run.plan or {}), HEARTBEAT: utcnow().isoformat(), OWNER: mine.to_dict()}
+    session.add(run)
+    session.flush()
+
+
 def mark_stale_runs(
     session: Session, *, now: datetime | None = None, stale_after: timedelta = STALE_AFTER
 ) -> list[int]:
-    """Mark running runs whose heartbeat stopped as interrupted; returns their ids."""
+    """Mark running runs that nobody runs any more (heartbeat stopped, or their process on
+    this host is gone) as interrupted; returns their ids."""
     now = now or utcnow()
     stale = []
     for run in session.exec(
         select(TriageRun).where(TriageRun.state == "running", col(TriageRun.finished_at).is_(None))
     ):
-        if now - last_heartbeat(run) > stale_after:
+        if not owner_alive(run, now=now, stale_after=stale_after):
             run.state = "interrupted"
             session.add(run)
             assert run.id is not None
@@ -368,8 +504,8 @@ def latest_result(session: Session, slug: str) -> tuple[TriageRun | None, bool]:
 
 
 def unfinished_run(session: Session, slug: str | None) -> TriageRun | None:
-    """The latest run without a result (interrupted or ended with errors), optionally of
-    one incident."""
+    """The latest run without a result (interrupted or ended with errors) that no live
+    process is running, optionally of one incident."""
     query = select(TriageRun).where(
         col(TriageRun.finished_at).is_(None) | (TriageRun.state == "partial")
     )
@@ -378,7 +514,51 @@ def unfinished_run(session: Session, slug: str | None) -> TriageRun | None:
         if incident is None:
             return None
         query = query.where(TriageRun.incident_id == incident.id)
-    return session.exec(query.order_by(col(TriageRun.id).desc())).first()
+    for run in session.exec(query.order_by(col(TriageRun.id).desc())):
+        if not owner_alive(run):
+            return run
+    return None
+
+
+@dataclass(frozen=True)
+class RunCandidate:
+    """An unfinished run, as `--resume` chooses among them."""
+
+    id: int
+    slug: str
+    state: str
+    started: str
+    plan: dict[str, Any]
+    live: bool
+    owner: str
+
+
+def resumable_runs(session: Session, slug: str | None = None) -> list[RunCandidate]:
+    """Unfinished runs (interrupted, abandoned, ended with errors, or still running),
+    newest first, optionally of one incident; `live` marks those a live process runs."""
+    mark_stale_runs(session)
+    query = select(TriageRun, Incident.slug).join(
+        Incident, col(Incident.id) == TriageRun.incident_id
+    )
+    query = query.where(col(TriageRun.finished_at).is_(None) | (TriageRun.state == "partial"))
+    if slug:
+        query = query.where(Incident.slug == slug)
+    out = []
+    for run, run_slug in session.exec(query.order_by(col(TriageRun.id).desc()).limit(200)):
+        assert run.id is not None
+        owner = RunOwner.of(run)
+        out.append(
+            RunCandidate(
+                id=run.id,
+                slug=str(run_slug),
+                state=run.state,
+                started=run.started_at.isoformat(timespec="seconds") if run.started_at else "",
+                plan=dict(run.plan or {}),
+                live=owner_alive(run),
+                owner=owner.describe() if owner else "unknown process",
+            )
+        )
+    return out
 
 
 def run_incident_slug(session: Session, run: TriageRun) -> str:

@@ -315,6 +315,7 @@ def observations_from(
     *,
     speculative: bool,
     planned: tuple[str, ...] = (),
+    request: dict[str, Any] | None = None,
 ) -> Observations:
     """The rules' view of a run: the built-in observations read into their fields, every
     observation (plugins' too) kept in `facts`."""
@@ -323,7 +324,7 @@ def observations_from(
     if server is not None and "server-config" not in facts:
         # What the stack says about the incident's server, for rules that need its flags
         # (only flags, never secrets; not stored as evidence). A bare URL has unknown args.
-        from triage.stackfile import kv_cache_types
+        from triage.stackfile import ServerConfig, kv_cache_types
 
         args = tuple(getattr(server, "args", ()) or ())
         url_only = bool(getattr(server, "url", None)) and getattr(server, "model", None) is None
@@ -335,6 +336,10 @@ def observations_from(
                 "kv_cache": kv_cache_types(args),
             },
         }
+        if request is not None and isinstance(getattr(stack, "server", None), ServerConfig):
+            from triage.engine.arms.context_size import context_plan
+
+            facts["server-config"]["context"] = context_plan(stack, request)
     confounder = facts.get("weights-confounder", {})
     return Observations(
         thinking_on_by_default=template.get("thinking_on"),

@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "triage.commands.ui",
     "triage.commands.bisect",
     "triage.commands.proxy",
+    "triage.commands.atlas",
 ]
 
 

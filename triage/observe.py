@@ -81,6 +81,13 @@ def speculative_props(props: Any) -> dict[str, Any]:
     return {"speculative_types": types, "speculative": bool(named)}
 
 
+def _n_ctx(props: Any) -> int | None:
+    """The per-slot context /props reports (default_generation_settings.n_ctx)."""
+    settings = props.get("default_generation_settings") if isinstance(props, dict) else None
+    value = settings.get("n_ctx") if isinstance(settings, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def observation_summary(name: str, facts: dict[str, Any]) -> str:
     if facts.get("error"):
         return f"{name}: error: {facts['error']}"
@@ -146,6 +153,7 @@ async def observe_server(
                 "model_path": props.get("model_path") if isinstance(props, dict) else None,
                 "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
                 "total_slots": slots,
+                "n_ctx_slot": _n_ctx(props),
                 **speculative_props(props),
             }
         except LlamaClientError as exc:

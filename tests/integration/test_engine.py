@@ -245,17 +245,25 @@ def test_cli_diagnose_writes_valid_json_and_resume_continues_an_interrupted_run(
         "--max-requests",
         "16",
     ]
-    # Interrupt a first run once some replies are recorded.
+    # Interrupt a first run once its second look started (the baseline's first look and
+    # one arm's are recorded by then): waiting for that progress line, not for a time, so
+    # a slow machine only makes the test slower (issue 28 item 11: a deadline ran out on a
+    # loaded host, the run finished uninterrupted, and there was nothing to resume).
     first = subprocess.Popen(
         argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and first.poll() is None:
-        time.sleep(0.5)
-        if _reply_count(tmp_path / "kb.db") >= 6:
+    assert first.stderr is not None
+    seen: list[str] = []
+    for line in first.stderr:
+        seen.append(line)
+        if " probe " in f" {line.strip()} " and "look 2/" in line:
             first.send_signal(signal.SIGINT)
             break
-    first.communicate(timeout=60)
+    else:
+        pytest.fail("the run ended before its second look:\n" + "".join(seen[-20:]))
+    _, rest = first.communicate(timeout=120)
+    assert first.returncode != 0
+    assert "recorded as interrupted" in rest, "".join(seen[-5:]) + rest
     before = _reply_count(tmp_path / "kb.db")
     assert before >= 6
     _assert_no_llama_children(tmp_path)

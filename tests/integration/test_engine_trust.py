@@ -75,6 +75,7 @@ def test_speculative_decoding_on_a_url_stack_is_seen_from_the_replies(
     assert stack.speculative
     spec = ServerSpec(server_binary, Path(str(stack.server.model)), list(stack.server.args))
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
+    events: list[str] = []
     with launch(spec, tmp_path / "logs") as running:
         url_stack = parse_stack(
             f'[server]\nurl = "{running.base_url}"\n', base=tmp_path, source="url-stack.toml"
@@ -84,13 +85,25 @@ def test_speculative_decoding_on_a_url_stack_is_seen_from_the_replies(
             url_stack,
             drill.request("greedy"),
             options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs"),
+            progress=lambda event: events.append(f"{event.stage} {event.message}"),
         )
+    with store.session(readonly=True) as session:
+        incident = session.exec(select(Incident)).one()
     store.close()
-    speculative = {c["id"]: c for c in diagnosis["causes"]}["speculative-decoding"]
+    causes = {c["id"]: c for c in diagnosis["causes"]}
+    speculative = causes["speculative-decoding"]
     assert diagnosis["stack"]["speculative"] is True
     assert speculative["status"] == "suspected"
     assert "not enabled" not in speculative["rationale"]
     assert "URL" in speculative["rationale"]
+    # Issue 28 item 4: named after the model the server reports (/props), not its host.
+    model = Path(str(stack.server.model)).stem
+    assert incident.model == model and incident.title.startswith(f"{model}: ")
+    assert "127-0-0" not in incident.slug and "127.0.0" not in incident.title
+    assert incident.slug.split("-", 3)[3].startswith(model.lower().replace("_", "-")[:20])
+    # Item 6: triage did not start this server, and says so.
+    assert not any("starting the incident's server" in e for e in events)
+    assert any(e.startswith("launch using the running server at http://127.0.0.1") for e in events)
     _no_leaked_servers()
 
 

@@ -176,8 +176,9 @@ def test_an_abandoned_run_is_marked_interrupted_and_can_be_resumed(store: Store)
         run.plan = {**run.plan, runs.HEARTBEAT: old}
         session.add(run)
         fresh = runs.start_run(session, incident_id, {"request": REQUEST})
+    # The fresh run is still running (its owner, this process, is alive): never resumed.
     found = unfinished_run(store, None)
-    assert found is not None and found.id == fresh
+    assert found is not None and found.id == run_id
     with store.session(readonly=True) as session:
         states = {r.id: r.state for r in session.exec(select(TriageRun))}
     assert states[run_id] == "interrupted" and states[fresh] == "running"

@@ -24,6 +24,7 @@ from kb.store import (
     orphan_evidence,
     redact_url,
 )
+from triage.atlas.report import check_lines, check_matches
 from triage.capture import (
     CaptureError,
     Exchange,
@@ -369,10 +370,20 @@ def check_command(
     a bad option with 2, a failed `--fail-on` finding with 3.
     """
     items = _classify_all(_gather(files, fmt, request, response, skip_bad, pick))
+    atlas, checked, warning = check_matches([(item.exchange, item.findings) for item in items])
+    if warning:
+        click.echo(f"warning: {warning}", err=True)
     if as_json:
-        click.echo(json.dumps([item.to_dict() for item in items], indent=2, ensure_ascii=False))
+        rows = [
+            {**item.to_dict(), "atlas_matches": [m.to_dict() for m in found]}
+            for item, found in zip(items, atlas, strict=True)
+        ]
+        click.echo(json.dumps(rows, indent=2, ensure_ascii=False))
     else:
         _print_human(items)
+        failing = any(item.symptoms for item in items) or any(atlas)
+        if not warning and failing:
+            click.echo("\n".join(check_lines([i.label() for i in items], atlas, checked)))
     if fail_on and any(
         kind in fail_on or "any" in fail_on for item in items for kind in item.symptoms
     ):

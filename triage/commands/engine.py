@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from kb.store import Store
+from triage.atlas.report import diagnosis_matches, format_match_dicts, format_matches
 from triage.commands import open_store, with_options
 
 
@@ -161,9 +162,22 @@ def _plain(value: Any) -> str:
     return str(value)
 
 
+def stack_line(server: dict[str, Any]) -> str:
+    """The run's server in one line (recorded with secrets masked): model file and args,
+    or the URL of a running server."""
+    if server.get("model"):
+        name = str(server["model"]).rsplit("/", 1)[-1]
+        args = " ".join(str(a) for a in server.get("args") or [])
+        return f"{name} {args}".strip()
+    return f"running server at {server.get('url')}"
+
+
 def format_diagnosis(diagnosis: dict[str, Any]) -> str:
     """The diagnosis as text for a terminal."""
     lines = [f"Diagnosis of {diagnosis['incident']} (run {diagnosis.get('run_id')})", ""]
+    server = (diagnosis.get("stack") or {}).get("server")
+    if isinstance(server, dict) and (server.get("model") or server.get("url")):
+        lines[1:1] = [f"stack: {stack_line(server)}"]
     note = (diagnosis.get("stack") or {}).get("host_workaround")
     if note:
         lines[1:1] = [f"note: {note} (drill servers only)"]
@@ -192,6 +206,9 @@ def format_diagnosis(diagnosis: dict[str, Any]) -> str:
         lines.append("Observations:")
         lines += [f"  - {observation_sentence(obs)}" for obs in observed]
         lines.append("")
+    atlas = format_match_dicts(diagnosis.get("atlas_matches") or [])
+    if atlas:
+        lines += [*atlas, ""]
     cost = diagnosis.get("cost") or {}
     if cost:
         lines.append(
@@ -318,7 +335,12 @@ _DIAGNOSE_OPTIONS = (
         default=None,
         help="Write the diagnosis JSON here ('-' for stdout).",
     ),
-    click.option("--resume", is_flag=True, help="Continue the latest interrupted run."),
+    click.option(
+        "--resume",
+        is_flag=True,
+        help="Continue your interrupted run of this --stack (and --request / --incident when "
+        "given); never a run another process is still running.",
+    ),
 )
 
 
@@ -393,22 +415,29 @@ def _run_diagnosis(
     options: Any,
     resume: bool,
 ) -> dict[str, Any]:
-    from triage.engine import EngineError, diagnose, unfinished_run
+    from triage.engine import EngineError, diagnose, run_to_resume
     from triage.engine import resume as resume_run
 
     try:
         if resume:
-            run = unfinished_run(store, incident)
-            if run is None:
-                raise click.ClickException(
-                    "no interrupted run to resume" + (f" for {incident}" if incident else "")
-                )
-            click.echo(f"resuming run {run.id}", err=True)
+            # The caller's own run: same stack (and request, incident when given), never one
+            # another process is still running; ambiguity is refused with a list.
+            wanted = None
+            if request_path is not None:
+                wanted = _load_exchange(request_path, response_path, fmt)[0]
+            run = run_to_resume(store, stack, request=wanted, incident=incident)
+            label = (run.plan or {}).get("stack_label") or "stack not recorded"
+            with store.session(readonly=True) as session:
+                from kb.runs import run_incident_slug
+
+                slug = run_incident_slug(session, run)
+            click.echo(f"resuming run {run.id} of {slug} (stack: {label})", err=True)
             diagnosis = resume_run(store, run, stack, options=options, progress=_progress_printer())
         else:
             if request_path is None:
                 raise click.UsageError("--request is required (or --resume)")
             request, findings, exchange = _load_exchange(request_path, response_path, fmt)
+            _print_atlas_before(stack, exchange, findings)
             diagnosis = diagnose(
                 store,
                 stack,
@@ -421,7 +450,49 @@ def _run_diagnosis(
             )
     except EngineError as exc:
         raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        raise click.ClickException(_interrupted_message(store)) from None
+    # The atlas with the verdicts: an extra field beside them, never a change to them.
+    exchange_data = None if resume else exchange
+    matches, _, _ = diagnosis_matches(
+        stack, exchange_data, diagnosis.get("findings", []), diagnosis
+    )
+    diagnosis["atlas_matches"] = [match.to_dict() for match in matches]
     return diagnosis
+
+
+def _print_atlas_before(stack: Any, exchange: dict[str, Any], findings: list[Any]) -> None:
+    """Before probing: what the atlas says about the capture and the stack (on stderr, with
+    the progress lines)."""
+    matches, checked, warning = diagnosis_matches(stack, exchange, findings)
+    lines = [f"warning: {warning}"] if warning else format_matches(matches, checked)
+    for line in ["before probing:", *lines]:
+        click.echo(line, err=True)
+
+
+def _interrupted_message(store: Store) -> str:
+    """What a Ctrl-C left behind: the run to resume, or nothing when it came before the
+    run was recorded (the incident's server was still starting)."""
+    from kb.runs import RunOwner, resumable_runs
+
+    me = RunOwner.current()
+    try:
+        with store.session() as session:
+            mine = [
+                c
+                for c in resumable_runs(session)
+                if (c.plan.get("owner") or {}).get("pid") == me.pid
+                and (c.plan.get("owner") or {}).get("host") == me.host
+            ]
+    except Exception:  # noqa: BLE001 - the message must not fail the interrupt
+        mine = []
+    if not mine:
+        return "interrupted before the run started: nothing was recorded, nothing to resume"
+    run = mine[0]
+    return (
+        f"interrupted: run {run.id} of {run.slug} is recorded as interrupted; continue it "
+        "with `triage diagnose --resume --stack ...`"
+    )
 
 
 @click.command("show")
@@ -434,12 +505,14 @@ def show_command(ctx: click.Context, slug: str, as_json: bool) -> None:
 
     with open_store(ctx) as store:
         diagnosis = latest_diagnosis(store, slug)
-        exists, state = latest_run_state(store, slug)
+        exists, state, label = latest_run_state(store, slug, with_stack=True)
         printable = with_one_sided_p(store, diagnosis) if diagnosis is not None else None
     if not exists:
         raise click.ClickException(f"no incident {slug!r} (see `triage incidents list`)")
     if diagnosis is None:
         why = f"its latest run is {state}" if state else "no run recorded"
+        if label:
+            why += f" (stack: {label})"
         raise click.ClickException(
             f"no diagnosis recorded for {slug!r}: {why} (run `triage diagnose`"
             + (", or `triage diagnose --resume`" if state in ("interrupted", "partial") else "")

@@ -13,12 +13,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, overload
 
 from kb import runs as _runs
 from kb.models import TriageRun
 from kb.records import RAW_TEXT_LIMIT, Reply
-from kb.store import Store
+from kb.store import Store, get_incident
 from triage.engine.replay import ArmResult, replay_rate
 from triage.engine.replayer import classify_reply
 from triage.engine.runner import ACTOR, DiagnoseOptions, Diagnoser, ProgressEvent, ProgressFn
@@ -44,6 +44,7 @@ __all__ = [
     "open_server",
     "replay_rate",
     "resume",
+    "run_to_resume",
     "unfinished_run",
 ]
 
@@ -78,12 +79,23 @@ def latest_diagnosis(store: Store, slug: str) -> dict[str, Any] | None:
         return _runs.latest_diagnosis(session, slug)
 
 
-def latest_run_state(store: Store, slug: str) -> tuple[bool, str | None]:
-    """(does the incident exist, the state of its latest run or None)."""
+@overload
+def latest_run_state(store: Store, slug: str) -> tuple[bool, str | None]: ...
+@overload
+def latest_run_state(
+    store: Store, slug: str, *, with_stack: Literal[True]
+) -> tuple[bool, str | None, str]: ...
+def latest_run_state(store: Store, slug: str, *, with_stack: bool = False) -> Any:
+    """(does the incident exist, the state of its latest run or None[, the run's stack
+    label: its server, secrets masked, "" when not recorded])."""
     with store.session() as session:
         _runs.mark_stale_runs(session)
         run, exists = _runs.latest_result(session, slug)
-        return exists, (run.state if run is not None else None)
+        state = run.state if run is not None else None
+        if not with_stack:
+            return exists, state
+        label = str((run.plan or {}).get("stack_label") or "") if run is not None else ""
+        return exists, state, label
 
 
 def unfinished_run(store: Store, slug: str | None) -> TriageRun | None:
@@ -92,6 +104,28 @@ def unfinished_run(store: Store, slug: str | None) -> TriageRun | None:
     with store.session() as session:
         _runs.mark_stale_runs(session)
         return _runs.unfinished_run(session, slug)
+
+
+def run_to_resume(
+    store: Store,
+    stack: Any,
+    *,
+    request: dict[str, Any] | None = None,
+    incident: str | None = None,
+) -> TriageRun:
+    """The caller's own interrupted run: same stack (and request and incident, when given),
+    not running in a live process; EngineError listing the runs seen when there is none or
+    more than one could be meant (triage.engine.resuming)."""
+    from triage.engine.resuming import choose_run
+
+    with store.session() as session:
+        if incident and get_incident(session, incident) is None:
+            raise EngineError(f"--incident {incident!r}: no such incident")
+        candidates = _runs.resumable_runs(session, incident)
+        chosen = choose_run(candidates, stack, request=request, incident=incident)
+        run = session.get(TriageRun, chosen.id)
+        assert run is not None
+        return run
 
 
 def resume(

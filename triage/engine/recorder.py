@@ -23,6 +23,7 @@ class Recorder:
     incident_slug: str = ""
     run_id: int | None = None
     evidence_keys: dict[str, str] = field(default_factory=dict)  # arm/observation -> key
+    finished: bool = False  # the run's result is recorded
 
     def incident_exists(self, slug: str) -> bool:
         with self.store.session(readonly=True) as session:
@@ -48,7 +49,12 @@ class Recorder:
             self.incident_id, self.incident_slug = incident.id, incident.slug
             runs.ensure_causes(session, incident.id, causes, self.actor)
             if self.run_id is not None:
-                runs.set_run_state(session, self.run_id, "running")
+                try:  # never take over a run that a live process still runs
+                    runs.claim_run(session, self.run_id)
+                except runs.RunBusy as busy:
+                    from triage.engine.servers import EngineError
+
+                    raise EngineError(f"{busy}; not resumed") from None
                 return
             if exchange:
                 self.evidence_keys["exchange"] = runs.record_exchange(
@@ -77,8 +83,8 @@ class Recorder:
     def set_state(
         self, state: str, *, finished: bool = False, result: dict[str, Any] | None = None
     ) -> None:
-        if self.run_id is None:
-            return
+        if self.run_id is None or self.finished:
+            return  # a run whose result is recorded keeps its state
         with self.store.session() as session:
             runs.set_run_state(session, self.run_id, state, finished=finished, result=result)
 
@@ -125,6 +131,7 @@ class Recorder:
             record = load_record(session, self.incident_slug)
             state, result = build(changes, record)
             runs.finish_run(session, self.run_id, state, result)
+        self.finished = True
         return result
 
     def keys(self, names: Sequence[str]) -> list[str]:

@@ -28,16 +28,22 @@ from kb.store import Store, data_dir
 from triage import causes as cause_rules
 from triage import graph as graph_mod
 from triage import observe, probes
-from triage.engine import known_good
+from triage.engine import known_good, resuming
 from triage.engine.crashes import CRASH_KIND, crash_facts, report_of, startup_crash
 from triage.engine.diagnosis import arm_summary, build_diagnosis, server_seconds, stack_summary
 from triage.engine.launches import LaunchPool, launch_rounds, memory_available
+from triage.engine.naming import (
+    ModelIdentity,
+    identity_from_file,
+    url_model_identity,
+)
 from triage.engine.replayer import ArmRoute, LaunchEachTime, LlamaReplayer
 from triage.engine.reproduction import Signature, gate_message
 from triage.engine.scheduler import ArmState, Scheduler
 from triage.engine.servers import (
     EngineError,
     Server,
+    api_key_from_args,
     check_config,
     check_url,
     open_server,
@@ -119,6 +125,7 @@ class Diagnoser:
         self.signature = Signature.from_findings(self.findings, self.exchange)
         self.reproduction: dict[str, Any] | None = None
         self.crash: dict[str, Any] | None = None  # facts of a startup crash (crash mode)
+        self.identity: ModelIdentity | None = None
         # Secret flag values of the stack (`--api-key KEY`, ...): scrubbed from every message,
         # log tail and fact before it is recorded or printed.
         self.secrets = secret_values(
@@ -139,19 +146,28 @@ class Diagnoser:
         from triage.catalogue import catalogue
 
         server = self.stack.server
-        model = Path(str(server.model or server.url or "server")).stem
+        identity = self._identity()
         new = runs.NewIncident(
-            model=model,
+            model=identity.name,
             kinds=[f["kind"] for f in self.findings if not f.get("passed", True)],
-            weights=Path(str(server.model or "")).name,
+            weights=identity.weights,
             flags=safe_args(server.args),
-            stack={"server": safe_describe(server), "speculative": self.stack.speculative},
+            stack={
+                "server": safe_describe(server),
+                "speculative": self.stack.speculative,
+                **({"model_path": identity.weights} if identity.weights else {}),
+            },
         )
         causes = [runs.CauseSpec(c.id, c.title) for c in self._causes(catalogue().causes)]
         plan = {
             "request": self.request,
             "stack": safe_stack_raw(self.stack.raw),
             "stack_source": self.stack.source,
+            resuming.STACK_LABEL: resuming.stack_label(self.stack),
+            resuming.FINGERPRINTS: {
+                "stack": resuming.stack_fingerprint(self.stack),
+                "request": resuming.request_fingerprint(self.request),
+            },
             "options": {"max_requests": self.options.max_requests, "seed": self.options.seed},
             "findings": self.findings,
         }
@@ -164,6 +180,21 @@ class Diagnoser:
             plan=plan,
         )
         self.incident_slug = self.recorder.incident_slug
+
+    def _identity(self) -> ModelIdentity:
+        """The model the incident is named after (triage.engine.naming): the GGUF file of
+        a launched server, what a URL's server says it serves -- never the URL's host."""
+        if self.identity is None:
+            server = self.stack.server
+            if server.model is not None:
+                self.identity = identity_from_file(Path(server.model))
+            elif server.url:
+                self.identity = asyncio.run(
+                    url_model_identity(server.url, api_key_from_args(server.args))
+                )
+            else:
+                self.identity = ModelIdentity("server")
+        return self.identity
 
     def _plan(self) -> None:
         incident_key = self.stack.server.key()
@@ -222,7 +253,11 @@ class Diagnoser:
 
     def _observations(self) -> cause_rules.Observations:
         return cause_rules.observations_from(
-            self.facts, self.stack, speculative=self._speculative(), planned=tuple(self.planned)
+            self.facts,
+            self.stack,
+            speculative=self._speculative(),
+            planned=tuple(self.planned),
+            request=self.request,
         )
 
     def _speculative(self) -> bool:
@@ -242,32 +277,39 @@ class Diagnoser:
             # The incident's server starts before anything is recorded: a launch that fails
             # leaves no incident and no run behind.
             base = self._launch_base(servers)
+            # From here on the run row exists: whatever stops the run -- Ctrl-C in any
+            # phase (plan, observation, reproduction gate, arms, recording the result) or
+            # an unexpected error -- leaves it interrupted, hence resumable.
             self._prepare()
-            self._plan()
-            kg_dims = probes.known_good_dimensions(self.stack) if base is not None else {}
-            server_arms = [p for p in self.planned.values() if p.level == "server"]
-            self._emit(
-                "plan",
-                f"{len(self.planned) - len(server_arms)} request arms, "
-                f"{len(server_arms)} server arms"
-                + (f", known-good search over {sorted(kg_dims)}" if kg_dims else ""),
-            )
-            assert self.recorder.run_id is not None
-            log_dir = self.log_dir / f"run-{self.recorder.run_id}"
-            log_dir.mkdir(parents=True, exist_ok=True)
             try:
+                self._plan()
+                kg_dims = probes.known_good_dimensions(self.stack) if base is not None else {}
+                server_arms = [p for p in self.planned.values() if p.level == "server"]
+                self._emit(
+                    "plan",
+                    f"{len(self.planned) - len(server_arms)} request arms, "
+                    f"{len(server_arms)} server arms"
+                    + (f", known-good search over {sorted(kg_dims)}" if kg_dims else ""),
+                )
+                assert self.recorder.run_id is not None
+                log_dir = self.log_dir / f"run-{self.recorder.run_id}"
+                log_dir.mkdir(parents=True, exist_ok=True)
                 if base is None:
                     self._run_crash_mode(log_dir)
                 else:
                     self._run_arms(base, kg_dims, log_dir)
-            except KeyboardInterrupt:
-                self.recorder.set_state("interrupted")
-                raise
             except EngineError:
                 self.recorder.set_state("failed", finished=True)
                 raise
-        self._note_failures()
-        return self._finish()
+            except BaseException:
+                self.recorder.set_state("interrupted")
+                raise
+        try:
+            self._note_failures()
+            return self._finish()
+        except BaseException:
+            self.recorder.set_state("interrupted")  # the result was not recorded
+            raise
 
     def _note_failures(self) -> None:
         """Each server that crashed mid-request or hung: its CrashReport as an observation
@@ -307,7 +349,17 @@ class Diagnoser:
                 check_config(planned.config, f"arm {planned.name}")
 
     def _launch_base(self, servers: ExitStack) -> Server | None:
-        self._emit("launch", "starting the incident's server")
+        server = self.stack.server
+        if server.model is None and server.url:
+            from triage.capture.redact import redact_url
+
+            self._emit(
+                "launch",
+                f"using the running server at {redact_url(server.url)} (a URL stack: "
+                "triage neither starts nor stops it)",
+            )
+        else:
+            self._emit("launch", "starting the incident's server")
         stamp = (
             f"run-{self.recorder.run_id}"
             if self.recorder.run_id

@@ -95,6 +95,10 @@ def safe_describe(config: ServerConfig) -> dict[str, Any]:
     """`config.describe()` with its secret flag values masked."""
     described = config.describe()
     described["args"] = safe_args(described.get("args") or [])
+    if described.get("url"):
+        from triage.capture.redact import redact_url
+
+        described["url"] = redact_url(str(described["url"]))
     return described
 
 
@@ -102,8 +106,14 @@ def safe_stack_raw(raw: Any) -> Any:
     """A parsed stack file with every `args` list's secret flag values masked (for the
     run plan; `--resume` reads the stack file again, so nothing needs the real values)."""
     if isinstance(raw, dict):
+        from triage.capture.redact import redact_url
+
         return {
-            k: safe_args(v) if k == "args" and isinstance(v, list) else safe_stack_raw(v)
+            k: safe_args(v)
+            if k == "args" and isinstance(v, list)
+            else redact_url(v)
+            if k == "url" and isinstance(v, str)
+            else safe_stack_raw(v)
             for k, v in raw.items()
         }
     if isinstance(raw, list):

@@ -35,8 +35,10 @@ from filelock import FileLock
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from kb import live
+from kb.atlas.refs import add_references
 from kb.models import Incident
 from kb.store import Store
+from triage.atlas.report import incident_references
 from triage.capture import CaptureError, exchange_from_http, redact_headers, redact_text
 from triage.proxy.grouping import (
     OpeningRules,
@@ -710,6 +712,9 @@ class Recorder:
             log.info("%s of %s: evidence added to incident %s", problem, model, sig_row.incident_id)
             return None
         incident = session.get(Incident, sig_row.incident_id)
+        example = examples[-1]["payload"] if examples else {}
+        refs = incident_references(example.get("exchange"), kinds, upstream.get("build"))
+        add_references(session, incident.id, refs)  # atlas pointers, shown with the incident
         return {
             "slug": incident.slug,
             "model": model,

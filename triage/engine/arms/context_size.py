@@ -91,6 +91,49 @@ def could_reach_context(args: tuple[str, ...] | list[str], request: dict[str, An
     return limit is None or prompt_token_bound(request) + limit >= slot
 
 
+def context_plan(stack: Stack, request: dict[str, Any]) -> dict[str, Any]:
+    """Why the context-x4 arm is (or is not) planned for this stack and request, with the
+    numbers: the explicit -c, slots, per-slot context, the prompt's token bound and
+    max_tokens. Read by the context-size rule to say which reason holds."""
+    args = list(stack.server.args)
+    slots = _int(flag_value(args, PARALLEL_FLAGS))
+    return {
+        "url_only": not relaunchable(stack),
+        "explicit_c": context_of(args),
+        "slots": slots if slots is not None and slots > 0 else None,
+        "per_slot": per_slot_context(args),
+        "prompt_bound": prompt_token_bound(request) if request.get("messages") else None,
+        "max_tokens": max_tokens_of(request),
+    }
+
+
+def unplanned_reason(plan: dict[str, Any], n_ctx_props: Any = None) -> str:
+    """Which reason kept the context-x4 arm out of the plan, said with its numbers
+    (`plan`: context_plan; `n_ctx_props`: the per-slot n_ctx the server's /props reports)."""
+    props = (
+        f"; its /props reports a {n_ctx_props}-token slot context"
+        if isinstance(n_ctx_props, int) and not isinstance(n_ctx_props, bool)
+        else ""
+    )
+    if plan.get("url_only"):
+        return (
+            "the stack names a running server by URL, and triage cannot relaunch it with a "
+            f"larger -c{props}"
+        )
+    total, per_slot = plan.get("explicit_c"), plan.get("per_slot")
+    if total is None:
+        return f"the server's args set no explicit -c (its context is the model's default{props})"
+    bound, limit = plan.get("prompt_bound"), plan.get("max_tokens")
+    slots = plan.get("slots")
+    where = f"-c {total} / -np {slots}" if slots else f"-c {total} / {AUTO_SLOTS} auto slots"
+    if isinstance(bound, int) and isinstance(limit, int) and per_slot is not None:
+        return (
+            f"the request provably fits its slot: at most {bound} prompt tokens + max_tokens "
+            f"{limit} = {bound + limit} < the {per_slot}-token slot context ({where}){props}"
+        )
+    return f"the server sets -c {total} ({where}), but the arm was not planned{props}"
+
+
 def with_context(args: tuple[str, ...] | list[str], total: int) -> list[str]:
     """`args` with every context flag removed and `-c total` added."""
     out: list[str] = []

@@ -46,6 +46,17 @@ def _fill_note(fill: Mapping[str, Any]) -> str:
     return ""
 
 
+def _missing(obs: Observations) -> str:
+    """Why the context-x4 arm is not in the plan, with the numbers that say so."""
+    from triage.engine.arms.context_size import unplanned_reason
+
+    plan = (obs.facts.get("server-config") or {}).get("context")
+    n_ctx = (obs.facts.get("server-props") or {}).get("n_ctx_slot")
+    if not isinstance(plan, dict):
+        return "the server sets no explicit -c, or the request provably fits its slot"
+    return unplanned_reason(plan, n_ctx)
+
+
 def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
     base, arm = baseline_of(arms), arms.get(ARM)
     fill = obs.facts.get(FACTS) or {}
@@ -77,7 +88,7 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
         True,
         ARM,
         available=ARM in obs.planned,
-        missing="the server sets no explicit -c, or the request provably fits its slot",
+        missing=_missing(obs),
         hint="a stack whose server args set -c and a request that can reach it",
     )
     if gate is not None:

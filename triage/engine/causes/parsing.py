@@ -43,10 +43,19 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
     if parse_share == 0:
         why = f"all {base.failures} failing baseline replies parsed cleanly"
         if share(base, "length-stop") == 1.0 and base.raw_misplaced == 0:
-            why += (
-                "; they are length stops whose raw text holds no answer or tool call "
-                "outside the thought: the output was never produced"
-            )
+            empty = base.kind_counts.get("empty-content", 0)
+            if empty == base.failures:
+                why += (
+                    "; they are length stops with empty content, and their raw text holds "
+                    "no answer or tool call outside the thought: the answer was never "
+                    "produced, so there was nothing to misplace"
+                )
+            else:
+                why += (
+                    f"; they are length stops (cut at the token limit), {base.failures - empty}"
+                    f" of them with content in the content field, and the raw text holds "
+                    "nothing the parsed response lost or misplaced"
+                )
         return Verdict(ID, "rejected", why, refutes=["baseline"], deciding_probe="baseline")
     off = arms.get("thinking-off")
     if removes(off) and share(base, "length-stop") < 0.5:

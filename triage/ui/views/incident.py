@@ -11,6 +11,7 @@ import streamlit as st
 
 from kb import decisions as kb_decisions
 from kb.store import StoreError
+from triage.atlas.report import record_matches
 from triage.graph import arm_summaries, build_graph, summary, to_dot
 from triage.ui import actions, data, nav
 from triage.ui.runs import ALL_RUNS, IncidentRuns, load_runs, record_for_run, run_verdicts
@@ -458,8 +459,24 @@ def references_tab(record: dict[str, Any]) -> None:
                 query_params={"slug": str(link.get("incident"))},
                 icon=":material/link:",
             )
-    if not references and not family:
+    atlas = _atlas_section(record, {str(r.get("url")) for r in references})
+    if not references and not family and not atlas:
         st.info("No references or family links recorded.")
+
+
+def _atlas_section(record: dict[str, Any], shown: set[str]) -> bool:
+    """Known public incidents the failure matches (not already a reference): pointers."""
+    matches = [m for m in record_matches(record) if m.entry.source not in shown]
+    if matches:
+        st.subheader("Known public incidents (atlas)")
+        st.caption("A pointer to a public report with the facts that matched -- not a verdict.")
+    for match in matches:
+        why = "; ".join(fact.detail for fact in match.facts)
+        advice = [a for a in match.advice if not a.startswith("read: ")]
+        line = "- " + md_link(f"{match.entry.id}: {match.entry.title}", match.entry.source)
+        line += md_escape(f" -- score {match.score:.1f}: {why}")
+        st.markdown(line + "".join(f"  \n  {md_escape(a)}" for a in advice))
+    return bool(matches)
 
 
 def narrative_tab(record: dict[str, Any]) -> None:

@@ -681,11 +681,12 @@ class Recorder:
         )
         # No counts in the title: they change, and the title would keep the first ones.
         title = f"Live: {primary} from {model or 'unknown model'} ({shape} requests)"
+        kinds = sorted({kind for p in items for kind in p.kinds})
         sig_row, outcome = live.open_or_attach(
             session,
             model=model,
             signature=main,
-            kinds=sorted({kind for p in items for kind in p.kinds}),
+            kinds=kinds,
             title=title,
             summary=summary,
             upstream=upstream,

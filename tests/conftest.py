@@ -75,6 +75,7 @@ def _isolated_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "triage-home"
     monkeypatch.setenv("TRIAGE_HOME", str(home))
     monkeypatch.delenv("TRIAGE_DATABASE_URL", raising=False)
+    monkeypatch.delenv("TRIAGE_ATLAS_PATH", raising=False)  # the shipped atlas only
     return home
 
 

@@ -13,9 +13,11 @@ from kb.atlas import load_atlas, match_atlas, team_dir
 from kb.records import validate_diagnosis
 from triage.atlas.facts import facts_from_log
 from triage.atlas.report import diagnosis_matches, format_match_dicts
+from triage.capture import load_file
 from triage.cli import cli
-from triage.commands.engine import format_diagnosis
+from triage.commands.engine import _print_atlas_before, format_diagnosis
 from triage.stackfile import ServerConfig, Stack
+from triage.symptoms import classify
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "atlas"
 ENTRIES = FIXTURES / "entries"
@@ -188,3 +190,17 @@ def test_the_diagnosis_carries_matches_as_an_extra_field_the_schema_allows() -> 
     diagnosis["atlas_matches"][0]["source"] = "javascript:alert(1)"
     with pytest.raises(ValueError, match="atlas_matches"):
         validate_diagnosis(diagnosis)
+
+
+def test_diagnose_prints_the_matches_before_probing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    exchange = load_file(CASES / "jinja-capture" / "capture.json")[0]
+    findings = [f.to_dict() for f in classify(exchange)]
+    _print_atlas_before(_stack(tmp_path / "llama-server"), exchange.to_dict(), findings)
+    err = capsys.readouterr().err.splitlines()
+    assert err[:2] == [
+        "before probing:",
+        "Known public incidents (atlas -- a pointer, not a verdict):",
+    ]
+    assert "ramalama-988" in err[2]

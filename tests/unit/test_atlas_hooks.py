@@ -1,5 +1,6 @@
 """The atlas where incidents are read: an incident the proxy opens carries its matches as
-references (what the UI incident page, the export and the retro show)."""
+references (what the UI incident page, the export and the retro show); the UI's incident
+page lists the matches of an incident's captured exchange."""
 
 from __future__ import annotations
 
@@ -8,14 +9,20 @@ import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from proxy_fakes import raw_record
 from sqlmodel import select
+from streamlit.testing.v1 import AppTest
 
 from kb.models import Incident, Reference
 from kb.store import Store
+from triage.cli import cli
 from triage.proxy import Recorder
+from triage.ui import data
+from triage.ui.text import md_unescape
 
 ENTRIES = Path(__file__).resolve().parents[1] / "fixtures" / "atlas" / "entries"
+APP = str(Path(__file__).resolve().parents[2] / "triage" / "ui" / "app.py")
 JINJA_ERROR = {"error": {"code": 500, "message": "tools param requires --jinja flag"}}
 
 
@@ -79,3 +86,29 @@ def test_an_incident_without_a_signature_gets_no_reference(tmp_path: Path) -> No
     finally:
         recorder.stop()
     assert _references(db_file)[1] == []
+
+
+def test_the_ui_incident_page_lists_the_matches_of_a_captured_exchange(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path / 'kb.db'}"
+    monkeypatch.setenv("TRIAGE_DATABASE_URL", url)
+    runner = CliRunner()
+    opened = runner.invoke(cli, ["incidents", "new", "Tools refused"])
+    assert opened.exit_code == 0, opened.stderr
+    slug = opened.stdout.split()[-1]
+    capture = ENTRIES.parent / "cases" / "jinja-capture" / "capture.json"
+    stored = runner.invoke(cli, ["capture", str(capture), "--incident", slug])
+    assert stored.exit_code == 0, stored.stderr
+    try:
+        at = AppTest.from_file(APP, default_timeout=60).run()
+        at.switch_page("views/incident.py")
+        at.query_params.update({"slug": slug})
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert "Known public incidents (atlas)" in [s.value for s in at.subheader]
+        shown = " ".join(md_unescape(str(m.value)) for m in at.markdown)
+        assert "(https://github.com/containers/ramalama/issues/988)" in shown
+        assert "'tools param requires --jinja flag' found" in shown
+    finally:
+        data.forget_stores()

@@ -83,13 +83,18 @@ def matches_for_incident(
 
 def matches_for_record(record: Mapping[str, Any], entries: Sequence[AtlasEntry]) -> list[Match]:
     """The matches of a stored incident record (UI incident page): its symptoms, its first
-    captured exchange, and the verdicts of its causes."""
+    captured exchange (evidence payload `exchange`, as `triage capture` and the proxy store
+    it) with that capture's symptoms, and the verdicts of its causes."""
     kinds = [str(s.get("kind")) for s in record.get("symptoms") or [] if isinstance(s, Mapping)]
     exchange: Mapping[str, Any] = {}
     for evidence in record.get("evidence") or []:
         payload = evidence.get("payload") if isinstance(evidence, Mapping) else None
-        if isinstance(payload, Mapping) and isinstance(payload.get("request"), Mapping):
-            exchange = payload
+        if not isinstance(payload, Mapping):
+            continue
+        stored = payload.get("exchange", payload)
+        if isinstance(stored, Mapping) and isinstance(stored.get("request"), Mapping):
+            exchange = stored
+            kinds += [str(kind) for kind in payload.get("symptoms") or []]
             break
     causes = [c for c in record.get("causes") or [] if isinstance(c, Mapping)]
     verdicts = Facts(

@@ -3,11 +3,19 @@
 The transcript is read line by line into an explicit `_Reader` state (current event,
 its data lines, the stream being built); `data: [DONE]` ends a stream, and data after it
 starts a new one -- two concatenated streams are two replies, never one merged reply.
+
+Linear time and bounded memory on long transcripts (hundreds of thousands of events): lines
+are cut lazily (never a list of every line), each event is decoded with one shared JSON
+decoder, its nesting is walked only when its brackets could exceed the depth bound, and the
+content pieces of a reply are joined in blocks as they come (not one string per event kept
+to the end).
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,15 +26,50 @@ from triage.capture.common import (
     normalise_error,
     reject_constant,
 )
-from triage.capture.model import CaptureError
+from triage.capture.model import MAX_JSON_DEPTH, CaptureError
 from triage.capture.redact import redact_json
 
 __all__ = ["looks_like_sse", "reassemble_sse", "reassemble_sse_streams"]
 
+# The line boundaries of str.splitlines, found lazily.
+_LINE_BREAK = re.compile("\r\n|[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+_DECODER = json.JSONDecoder(parse_constant=reject_constant)
+# Content pieces kept apart before they are joined into one block.
+_PIECES_PER_BLOCK = 2048
+
+
+def _lines(text: str) -> Iterator[str]:
+    """str.splitlines(), one line at a time."""
+    start = 0
+    for match in _LINE_BREAK.finditer(text):
+        yield text[start : match.start()]
+        start = match.end()
+    if start < len(text):
+        yield text[start:]
+
+
+def _decode(payload: str, file: str) -> Any:
+    """One event's JSON; its nesting checked only when it has enough brackets to exceed the
+    bound (counting is C-fast; walking every event is not)."""
+    value = _DECODER.decode(payload)
+    if payload.count("{") + payload.count("[") >= MAX_JSON_DEPTH:
+        check_depth(value, file)
+    return value
+
+
+def _append(pieces: list[str], piece: str) -> None:
+    """Add a content piece, joining the last block of pieces into one string once it is
+    long: each character is copied at most twice, the list stays short."""
+    pieces.append(piece)
+    if len(pieces) % _PIECES_PER_BLOCK == 0 and len(pieces) >= 2 * _PIECES_PER_BLOCK:
+        tail = "".join(pieces[-_PIECES_PER_BLOCK:])
+        del pieces[-_PIECES_PER_BLOCK:]
+        pieces.append(tail)
+
 
 def looks_like_sse(text: str) -> bool:
     """The first non-blank line is an SSE field (or comment)."""
-    for line in text.splitlines():
+    for line in _lines(text):
         stripped = line.strip()
         if not stripped:
             continue
@@ -84,14 +127,14 @@ def _apply_choice(state: _ChoiceState, choice: dict[str, Any]) -> None:
             delta = choice[key]
             break
     if isinstance(choice.get("text"), str):  # /v1/completions streams
-        state.content.append(choice["text"])
+        _append(state.content, choice["text"])
     if isinstance(delta.get("role"), str):
         state.role = delta["role"]
     if isinstance(delta.get("content"), str):
-        state.content.append(delta["content"])
+        _append(state.content, delta["content"])
     reasoning = delta.get("reasoning_content", delta.get("reasoning"))
     if isinstance(reasoning, str):
-        state.reasoning.append(reasoning)
+        _append(state.reasoning, reasoning)
     tool_calls = delta.get("tool_calls")
     if isinstance(tool_calls, list):
         for pos, call in enumerate(tool_calls):
@@ -117,9 +160,10 @@ class StreamState:
 
     def apply(self, chunk: dict[str, Any]) -> None:
         self.chunks += 1
-        for key in ("id", "model", "created", "system_fingerprint"):
-            if key in chunk and key not in self.meta:
-                self.meta[key] = chunk[key]
+        if len(self.meta) < 4:
+            for key in ("id", "model", "created", "system_fingerprint"):
+                if key in chunk and key not in self.meta:
+                    self.meta[key] = chunk[key]
         if chunk.get("usage") is not None:
             self.usage = chunk["usage"]
         if chunk.get("timings") is not None:
@@ -184,19 +228,18 @@ def _dispatch(reader: _Reader, *, at_eof: bool) -> None:
     data_lines, reader.data_lines = reader.data_lines, []
     if data_lines:
         reader.events += 1
-        payload = "\n".join(d for _, d in data_lines)
         if len(data_lines) == 1:
-            _handle_payload(reader, payload, data_lines[0][0], is_last=at_eof)
+            _handle_payload(reader, data_lines[0][1], data_lines[0][0], is_last=at_eof)
         else:
+            payload = "\n".join(d for _, d in data_lines)
             try:
-                value = json.loads(payload, parse_constant=reject_constant)
+                value = _decode(payload, reader.file)
             except (ValueError, RecursionError):
                 # Logs often lose the blank line between events: try the lines one by one.
                 last = data_lines[-1][0]
                 for number, item in data_lines:
                     _handle_payload(reader, item, number, is_last=at_eof and number == last)
             else:
-                check_depth(value, reader.file)
                 _handle_value(reader, value, data_lines[0][0])
     reader.event_name = None
 
@@ -210,7 +253,7 @@ def _handle_payload(reader: _Reader, payload: str, number: int, *, is_last: bool
         stream.done = True
         return
     try:
-        value = json.loads(stripped, parse_constant=reject_constant)
+        value = _decode(stripped, reader.file)
     except (ValueError, RecursionError):
         stream = reader.stream_for(number)
         if is_last:
@@ -221,7 +264,6 @@ def _handle_payload(reader: _Reader, payload: str, number: int, *, is_last: bool
             stream.error = normalise_error(stripped, in_stream=True)
             return
         raise CaptureError(reader.file, number, "SSE data is not JSON") from None
-    check_depth(value, reader.file)
     _handle_value(reader, value, number)
 
 
@@ -292,7 +334,7 @@ def reassemble_sse_streams(
 ) -> list[tuple[int, Body]]:
     """Every stream of a transcript as (first line, body); one per `[DONE]`-ended reply."""
     reader = _Reader(file)
-    for number, raw_line in enumerate(text.splitlines(), start=1 + line_offset):
+    for number, raw_line in enumerate(_lines(text), start=1 + line_offset):
         _feed_line(reader, raw_line.rstrip("\r"), number)
     _dispatch(reader, at_eof=True)
     if reader.events == 0:

@@ -62,6 +62,19 @@ _OPTIONS = (
         "(default: DATA_DIR/proxy-spool.jsonl).",
     ),
     click.option(
+        "--journal",
+        "journal_path",
+        type=click.Path(path_type=Path, file_okay=False),
+        default=None,
+        help="Folder of the journal every answered exchange is written to before it is "
+        "recorded, replayed after a crash (default: DATA_DIR/proxy-journal).",
+    ),
+    click.option(
+        "--no-journal",
+        is_flag=True,
+        help="No journal: a killed proxy loses the exchanges it had not recorded yet.",
+    ),
+    click.option(
         "--window-minutes",
         type=click.IntRange(1, 24 * 60),
         default=10,
@@ -123,6 +136,8 @@ def proxy_command(
     auto_diagnose: bool,
     diagnose_upstream: bool,
     spool_path: Path | None,
+    journal_path: Path | None,
+    no_journal: bool,
     window_minutes: int,
     trailing_minutes: int,
     upstream_timeout: float,
@@ -161,7 +176,11 @@ def proxy_command(
         ),
     }
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    recorder = _start_recorder(recorder_mode, database, options, hook)
+    recorder: Any = _start_recorder(recorder_mode, database, options, hook)
+    if not no_journal:
+        from triage.proxy.journal import JournaledRecorder
+
+        recorder = JournaledRecorder(recorder, journal_path or data_dir() / "proxy-journal")
     app = ProxyApp(config, recorder=recorder, metrics=metrics)
     click.echo(f"triage proxy: http://{host}:{port} -> {config.upstream}", err=True)
     _serve(app, host, port, hook)

@@ -23,7 +23,9 @@ import hashlib
 import json
 import logging
 import os
+import re
 import time
+import urllib.parse
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -32,6 +34,7 @@ from typing import Any, Protocol
 import aiohttp
 import yarl
 
+from triage.proxy.guard import ClientLimits
 from triage.proxy.metrics import ProxyMetrics
 
 log = logging.getLogger("triage.proxy")
@@ -63,6 +66,11 @@ REQUEST_DROP = HOP_BY_HOP | {b"host", b"content-length"}
 # for; no Content-Type guessed for a body sent without one).
 SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 FORWARDED_EXACT = frozenset({"/props", "/health"})
+# Bytes that make a path need the slow normalisation (percent-encoding, dot segments,
+# backslashes); a plain `/v1/chat/completions` skips it.
+_UNUSUAL_PATH = re.compile(rb"[%\\\x00-\x20\x7f]|/\.")
+# Characters kept as they are when a normalised path is re-encoded for the upstream.
+_PATH_SAFE = "/:@!$&'()*+,;=-._~"
 DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_RECORD_BYTES = 4 * 1024 * 1024
 
@@ -83,6 +91,8 @@ class ProxyConfig:
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     identity_refresh_seconds: float = 60.0
     max_connections: int = 512
+    # Bounds on the clients' side (head and body timeouts, header limits, open connections).
+    client_limits: ClientLimits = field(default_factory=ClientLimits)
     replica: str = field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
 
     def __post_init__(self) -> None:
@@ -116,8 +126,72 @@ def _error_body(status: int, message: str, kind: str) -> bytes:
     return json.dumps({"error": {"code": status, "message": message, "type": kind}}).encode()
 
 
+class PathRefused(ValueError):
+    """A request path the proxy will not forward as such (400)."""
+
+
+def normalise_path(raw_path: bytes) -> tuple[str, bytes]:
+    """The path a request really names, as (decoded path, path to send upstream).
+
+    Percent-decoded once, dot segments resolved (RFC 3986 5.2.4) -- so the allow-list sees
+    `/slots` in `/v1/../slots` and `/v1/%2e%2e/slots`. Refused (PathRefused): an encoded
+    slash or backslash (`%2f`, `%5c`: a segment boundary the upstream might see and the
+    allow-list did not), a backslash, NUL or other control byte, a path not starting with
+    `/`, or bytes that are not UTF-8 once decoded. A path without `%`, dot segments or
+    backslashes is returned as is (the hot path)."""
+    if not raw_path.startswith(b"/"):
+        raise PathRefused("the path must start with /")
+    if _UNUSUAL_PATH.search(raw_path) is None:
+        return raw_path.decode("latin-1"), raw_path
+    lowered = raw_path.lower()
+    if b"%2f" in lowered or b"%5c" in lowered or b"\\" in raw_path:
+        raise PathRefused("encoded slashes and backslashes are not allowed in the path")
+    try:
+        decoded = urllib.parse.unquote_to_bytes(raw_path).decode("utf-8")
+    except UnicodeDecodeError:
+        raise PathRefused("the path is not UTF-8 once percent-decoded") from None
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in decoded):
+        raise PathRefused("control characters and NUL are not allowed in the path")
+    segments: list[str] = []
+    parts = decoded.split("/")[1:]
+    for index, segment in enumerate(parts):
+        last = index == len(parts) - 1
+        if segment == ".":
+            if last:
+                segments.append("")
+        elif segment == "..":
+            if segments:
+                segments.pop()
+            if last:
+                segments.append("")
+        else:
+            segments.append(segment)
+    path = "/" + "/".join(segments)
+    return path, urllib.parse.quote(path, safe=_PATH_SAFE).encode("ascii")
+
+
 class _Disconnected(Exception):
     """The client went away while the response was being sent."""
+
+
+class UpstreamCut(Exception):
+    """Raised out of the ASGI app to abort the client's connection: the upstream cut the
+    response off (closed, or went quiet past the read timeout) after its status was sent.
+    Ending the body normally would tell the client a cut reply was complete; raising makes
+    uvicorn close the connection without the final chunk, which every HTTP client reports
+    as an incomplete body."""
+
+
+class _QuietUpstreamCut(logging.Filter):
+    """uvicorn logs an exception that leaves the app with a traceback; an UpstreamCut is
+    the proxy's deliberate abort (counted in /metrics and logged once by the proxy)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, UpstreamCut)
+
+
+_UVICORN_FILTER = _QuietUpstreamCut()
 
 
 LAG_PROBE_SECONDS = 0.05
@@ -140,6 +214,7 @@ class ProxyApp:
         self.metrics = metrics or ProxyMetrics()
         self.identity: dict[str, str] = {"model": "", "build": "", "template_sha256": ""}
         self._transport = transport
+        logging.getLogger("uvicorn.error").addFilter(_UVICORN_FILTER)  # once: a set
         self._client: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None
         self._refresher: asyncio.Task[None] | None = None
@@ -245,15 +320,27 @@ class ProxyApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         arrived = time.perf_counter()
-        path: str = scope["path"]
+        try:
+            path, raw_path = normalise_path(scope.get("raw_path") or scope["path"].encode())
+        except PathRefused as exc:
+            self.metrics.refused.labels("path").inc()
+            await _respond(send, 400, _error_body(400, str(exc), "invalid_request_error"))
+            return
+        # What the upstream is sent and what is recorded: the normalised path, never the
+        # path as the client spelled it.
+        scope["path"], scope["raw_path"] = path, raw_path
         if path == "/metrics" and scope["method"] == "GET":
             await _respond(send, 200, self.metrics.exposition(), self.metrics.content_type)
             return
         if not (path.startswith("/v1/") or path in FORWARDED_EXACT):
+            self.metrics.refused.labels("path").inc()
             message = "triage proxy forwards /v1/*, /props and /health only"
             await _respond(send, 404, _error_body(404, message, "not_found_error"))
             return
-        body = await _read_body(receive, self.config.max_request_bytes)
+        try:
+            body = await _read_body(receive, self.config.max_request_bytes)
+        except _ClientGone:
+            return
         if body is None:
             limit = self.config.max_request_bytes
             message = f"request body exceeds the proxy's limit of {limit} bytes"
@@ -315,7 +402,12 @@ class ProxyApp:
         self.metrics.latency.labels(path, streamed).observe(elapsed)
         own = (before_upstream - arrived) + record.pop("_tail_seconds", 0.0)
         self.metrics.overhead.labels(path, streamed).observe(own)
+        cut = record.pop("_cut", False)
         self._submit(record)
+        if cut:
+            self.metrics.upstream_cut.labels(path).inc()
+            log.warning("%s: %s; the client's connection was aborted", path, cut)
+            raise UpstreamCut(cut)
 
     async def _send(
         self, method: str, url: str, headers: list[tuple[bytes, bytes]], body: bytes
@@ -376,11 +468,13 @@ class ProxyApp:
         kept = 0
         cap = self.config.max_record_bytes
         last_read = time.perf_counter()
+        last = b""
         try:
             async for chunk in response.content.iter_any():
                 last_read = time.perf_counter()
                 if not chunk:
                     continue
+                last = chunk
                 try:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 except OSError as exc:  # uvicorn's ClientDisconnected is an OSError
@@ -391,12 +485,27 @@ class ProxyApp:
                     if kept >= cap:
                         record["body_truncated"] = True
         except asyncio.TimeoutError:
-            # The upstream went quiet mid-response: the status is already sent; end the
-            # body so the client sees a truncated reply, and record the timeout.
+            # The upstream went quiet mid-response: the status is already sent.
             record["timed_out"] = True
+            cut = f"upstream sent nothing for {self.config.read_timeout:g} s mid-response"
         except aiohttp.ClientError as exc:
-            record["transport_error"] = f"upstream closed mid-response ({type(exc).__name__})"
+            cut = f"upstream closed mid-response ({type(exc).__name__})"
+            record["transport_error"] = cut
             record["upstream_truncated"] = True
+        else:
+            cut = ""
+        if cut:
+            # A cut reply is cut for the client too: a stream gets an error event (the
+            # shape llama-server itself sends), then the connection is aborted (no final
+            # chunk, no [DONE]) by the caller -- never a clean end a client takes for done.
+            record["_cut"] = cut
+            if "text/event-stream" in response.headers.get("content-type", ""):
+                event = _sse_error_event(cut, ends_event=_ends_event(last))
+                try:
+                    await send({"type": "http.response.body", "body": event, "more_body": True})
+                except OSError as exc:
+                    raise _Disconnected() from exc
+            return
         try:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError as exc:
@@ -439,6 +548,18 @@ class ProxyApp:
             self.metrics.recording_dropped.inc()
 
 
+def _ends_event(last: bytes) -> bool:
+    """The bytes sent so far (`last`: the last chunk) end an SSE event, or none were sent."""
+    return not last or last.endswith((b"\n\n", b"\r\n\r\n"))
+
+
+def _sse_error_event(message: str, *, ends_event: bool) -> bytes:
+    """`data: {"error": {...}}` as llama-server sends a mid-stream error; after a blank
+    line first when the upstream stopped inside an event."""
+    error = {"error": {"code": 502, "message": message, "type": "upstream_error"}}
+    return (b"" if ends_event else b"\n\n") + b"data: " + json.dumps(error).encode() + b"\n\n"
+
+
 def _record_start(
     scope: Scope, body: bytes, headers: list[tuple[bytes, bytes]], wall: float
 ) -> dict[str, Any]:
@@ -471,14 +592,19 @@ def _record_start(
     }
 
 
+class _ClientGone(Exception):
+    """The client disconnected (or was closed for being too slow) before its body was in."""
+
+
 async def _read_body(receive: Receive, limit: int) -> bytes | None:
-    """The whole request body, or None once it exceeds `limit` bytes."""
+    """The whole request body, or None once it exceeds `limit` bytes; _ClientGone when the
+    connection ends first (a partial body is never forwarded)."""
     parts: list[bytes] = []
     size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            break
+            raise _ClientGone()
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:

@@ -102,6 +102,21 @@ class ProxyMetrics:
             "Exchanges written to the local spool because the database was unavailable.",
             registry=registry,
         )
+        self.refused = Counter(
+            "triage_proxy_refused",
+            "Requests and connections the proxy refused or closed itself, by reason (path:"
+            " not forwarded; header-timeout, body-timeout: the client was too slow;"
+            " headers-too-large: 431; connections: over the connection bound).",
+            ["reason"],
+            registry=registry,
+        )
+        self.upstream_cut = Counter(
+            "triage_proxy_upstream_cut",
+            "Responses the upstream cut off mid-body (it closed or went quiet): the client's"
+            " connection was aborted too (after an SSE error event for a stream).",
+            ["path"],
+            registry=registry,
+        )
         self.incidents = Counter(
             "triage_proxy_incidents_opened",
             "Incidents opened by this proxy, by model and signature.",

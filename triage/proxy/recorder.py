@@ -364,6 +364,9 @@ class Recorder:
         self.opened: list[dict[str, Any]] = []
         self.written = 0
         self.submitted = 0
+        # Records taken off the queue and finished (stored, spooled, or dropped as
+        # unreadable), in submission order: the journal deletes what is below this count.
+        self.completed = 0
 
     # ------------------------------------------------------------------ hot path
 
@@ -457,6 +460,7 @@ class Recorder:
             except Exception:  # noqa: BLE001 -- the writer must outlive any one bad batch
                 log.exception("recording a batch of %d exchanges failed", len(batch))
             finally:
+                self.completed += len(batch)
                 for _ in range(taken):
                     self._queue.task_done()
 

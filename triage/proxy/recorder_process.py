@@ -378,6 +378,10 @@ class RecorderProcess:
         self.written = 0
         self.submitted = 0
         self.lost = 0  # accepted, then lost with a child that died
+        # Records the child finished (stored, spooled or dropped as unreadable), in
+        # submission order; unlike the acknowledgements, never those lost with the child
+        # (the journal keeps those for the next start).
+        self.completed = 0
         self.child_cpu_seconds = 0.0  # CPU the child used (all its threads), start-up included
         self.startup_cpu_seconds = 0.0  # of which before it was ready (imports, migrations)
         self.database_up_at_start: bool | None = None
@@ -564,6 +568,7 @@ class RecorderProcess:
                 self._apply(*call)
             with self._done:
                 self._acked += done
+                self.completed += done
                 self._queued_bytes -= size
                 self.written = written
                 self.child_cpu_seconds = cpu

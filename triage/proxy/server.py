@@ -14,12 +14,23 @@ import uvicorn
 
 def uvicorn_config(app: Any, host: str, port: int, *, log_level: str = "warning") -> uvicorn.Config:
     """Uvicorn settings that keep the proxy transparent: no Server/Date headers of its own
-    (the upstream's are passed through), lifespan on (the upstream pool and the writer)."""
+    (the upstream's are passed through), lifespan on (the upstream pool and the writer).
+    For the proxy app, the client limits (triage.proxy.guard) are in the HTTP protocol;
+    uvicorn's `limit_concurrency` stays off: it only answers 503 once a request head is
+    complete, which a slow or endless head never is (the guard bounds connections at
+    accept instead)."""
+    from triage.proxy.forward import ProxyApp
+    from triage.proxy.guard import guarded_protocol
+
+    http: Any = "auto"
+    if isinstance(app, ProxyApp):
+        http = guarded_protocol(app.config.client_limits, app.metrics)
     return uvicorn.Config(
         app,
         host=host,
         port=port,
         lifespan="on",
+        http=http,
         log_level=log_level,
         access_log=False,
         server_header=False,

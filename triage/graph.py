@@ -234,15 +234,15 @@ def _dot_quote(value: str) -> str:
     return f'"{escaped}"'
 
 
-_LONG_WORD_BREAK = re.compile(r"(?<=[-_/.])")
+_LONG_WORD_BREAK = re.compile(r"(?<=[-_])")
 
 
 def _wrap(label: str) -> str:
     """A node label wrapped to LABEL_WIDTH characters per line (newlines; `\\n` in DOT).
 
     Whole words: the lines joined with spaces give the label back -- except a word longer
-    than a line (an incident slug, a file name), which is broken after its hyphens,
-    underscores, slashes or dots: one 60-character slug on one line made the whole graph
+    than a line (an incident slug, a snake_case name), which is broken after its hyphens
+    and underscores: one 60-character slug on one line made the whole graph
     wider, and the page scales a wide graph down until its labels are unreadable."""
     lines: list[str] = []
     for line in textwrap.wrap(label, LABEL_WIDTH, break_long_words=False, break_on_hyphens=False):

@@ -91,6 +91,12 @@ FINDING_KINDS: tuple[Term, ...] = (
     Term("reasoning-markup-in-content", 15, "thought markup (<think>, <|channel>) in content"),
     Term("client-lost-reply", 16, "the client's view lost tool calls or content the wire carried"),
     Term("mojibake", 17, "UTF-8 read as Latin-1/cp1252, or U+FFFD, in the visible output"),
+    Term(
+        "gateway-error",
+        22,
+        "a gateway's own error page (nginx, LiteLLM, ...): 502/504, or a timeout in front of "
+        "llama-server -- a gateway failure, not a server crash",
+    ),
 )
 
 # Causes in today's catalogue (files, JSON schema enums and the engine use these).
@@ -116,6 +122,7 @@ RESERVED_CAUSES: tuple[Term, ...] = (
     Term("model-file", 14, "a broken or mismatched GGUF"),
     Term("warmup-decode", 15, "only the warm-up decode crashes; --no-warmup removes it"),
     Term("cpu-threads", 16, "a multi-threaded CPU kernel crashes; one thread removes it"),
+    Term("gateway-timeout", 18, "a gateway's deadline in front of llama-server; direct removes it"),
 )
 CAUSES: tuple[Term, ...] = CATALOGUE_CAUSES + RESERVED_CAUSES
 

@@ -45,7 +45,9 @@ from triage.engine.servers import (
     Server,
     api_key_from_args,
     check_config,
+    check_gateway,
     check_url,
+    gateway_server,
     open_server,
     safe_args,
     safe_describe,
@@ -344,6 +346,8 @@ class Diagnoser:
             check_url(server.url)
         else:
             check_config(server, "$.server")
+        if self.stack.gateway is not None:
+            check_gateway(self.stack.gateway)
         for planned in probes.plan_arms(self.stack, self.request):
             if planned.config is not None:
                 check_config(planned.config, f"arm {planned.name}")
@@ -404,9 +408,13 @@ class Diagnoser:
             self._crash_mode_after(base, log_dir)
             return
         request_arms = [p for p in self.planned.values() if p.level == "request"]
+        client_side = gateway_server(self.stack, base)  # what the client used
         for planned in request_arms:
             self.arms[planned.name].launch_seconds = base.launch_seconds
-            self.replayer.routes[planned.name] = ArmRoute(base, planned.transform)
+            target = base if planned.endpoint == "server" else client_side
+            self.replayer.routes[planned.name] = ArmRoute(
+                target, planned.transform, stream=planned.stream
+            )
         scheduler = self._scheduler()
         rounds = self._server_rounds()
         with LaunchPool(log_dir, self.options.ready_timeout) as pool:

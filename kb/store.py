@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import quote
 
 from sqlalchemy import event, func
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import StaticPool
@@ -29,16 +30,78 @@ from kb.models import (
     EVIDENCE_KINDS,
     Cause,
     CauseStatusChange,
+    Decision,
     Evidence,
+    EvidenceLink,
+    FamilyLink,
     Incident,
+    Reference,
+    Symptom,
     utcnow,
 )
+from kb.textguard import TextLimit, check_text, redact_secret_phrases
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
 class StoreError(Exception):
     """A write that the knowledge base refuses; the message names what is wrong."""
+
+
+# Free-text fields: their bound in characters; every one is also scrubbed of secret
+# phrases ("password is X") before it is written (kb.textguard). Checked on every flush, so
+# every path -- the CLI, imports, the engine, the UI -- is bounded the same way.
+TEXT_FIELDS: dict[type, dict[str, int]] = {
+    Incident: {"title": 300, "summary": 20_000, "impact": 20_000, "body": 1_000_000},
+    Symptom: {"description": 20_000},
+    Cause: {"title": 1_000, "rationale": 20_000},
+    Evidence: {"summary": 20_000},
+    EvidenceLink: {"note": 20_000},
+    CauseStatusChange: {"rationale": 20_000},
+    Decision: {"rationale": 20_000, "tradeoff": 20_000, "fix": 20_000},
+    Reference: {"title": 1_000, "note": 20_000},
+    FamilyLink: {"note": 20_000},
+}
+# Bounded but not free text (names, not prose).
+NAME_FIELDS: dict[type, dict[str, int]] = {
+    Incident: {"model": 300, "weights": 300, "server_build": 100},
+}
+
+
+def _changed(row: Any, attr: str, new: bool) -> bool:
+    if new:
+        return True
+    history = sa_inspect(row).attrs[attr].history
+    return bool(history.added)
+
+
+def guard_text(row: Any, *, new: bool = True) -> None:
+    """Bound, validate and redact the free-text fields of one row (StoreError names the
+    field: `incident.title: 5,242,880 characters, at most 300`)."""
+    table = re.sub(r"(?<!^)(?=[A-Z])", "_", type(row).__name__).lower()  # cause_status_change
+    for fields, redact in ((TEXT_FIELDS, True), (NAME_FIELDS, False)):
+        for attr, limit in fields.get(type(row), {}).items():
+            value = getattr(row, attr, None)
+            if not isinstance(value, str) or not _changed(row, attr, new):
+                continue
+            try:
+                check_text(TextLimit(f"{table}.{attr}", limit), value)
+            except ValueError as exc:
+                raise StoreError(str(exc)) from None
+            if redact:
+                cleaned = redact_secret_phrases(value)
+                if cleaned != value:
+                    setattr(row, attr, cleaned)
+
+
+@event.listens_for(Session, "before_flush")
+def _guard_flush(session: Session, _context: Any, _instances: Any) -> None:
+    for row in session.new:
+        if type(row) in TEXT_FIELDS or type(row) in NAME_FIELDS:
+            guard_text(row, new=True)
+    for row in session.dirty:
+        if type(row) in TEXT_FIELDS or type(row) in NAME_FIELDS:
+            guard_text(row, new=False)
 
 
 def data_dir() -> Path:
@@ -310,9 +373,14 @@ def open_incident(
     if not title:
         raise StoreError("title: must not be empty")
     if len(title) > TITLE_MAX:
-        raise StoreError(f"title: {len(title)} characters, at most {TITLE_MAX}")
+        raise StoreError(f"title: {len(title):,} characters, at most {TITLE_MAX}")
     if len(model) > 300:
-        raise StoreError(f"model: {len(model)} characters, at most 300")
+        raise StoreError(f"model: {len(model):,} characters, at most 300")
+    try:
+        check_text(TextLimit("title", TITLE_MAX), title)
+    except ValueError as exc:
+        raise StoreError(str(exc)) from None
+    title = redact_secret_phrases(title)  # before the slug is made from it
     opened = opened_on or utcnow().date()
     slug = unique_incident_slug(
         opened, title, exists=lambda s: get_incident(session, s) is not None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import sys
 import tomllib
 from collections.abc import Callable
@@ -382,14 +383,43 @@ def _check_files(stack: Stack, source: str) -> None:
         ("$.known_good.model", stack.known_good.model if stack.known_good else None),
     ]
     for path, value in checks:
-        if value is not None and not value.is_file():
-            raise StackError(f"{source}: {path}: model file not found: {value}")
+        problem = None if value is None else not_a_regular_file(value)
+        if problem is not None:
+            raise StackError(f"{source}: {path}: model file {problem}: {value}")
     for path, value in [
         ("$.server.binary", stack.server.binary),
         ("$.alternates.binary", stack.alternate_binary),
     ]:
-        if value is not None and "/" in str(value) and not value.is_file():
-            raise StackError(f"{source}: {path}: binary not found: {value}")
+        problem = None if value is None or "/" not in str(value) else not_a_regular_file(value)
+        if problem is not None:
+            raise StackError(f"{source}: {path}: binary {problem}: {value}")
+
+
+_SPECIAL_FILES = (
+    (stat.S_ISCHR, "is a character device, not a regular file"),
+    (stat.S_ISBLK, "is a block device, not a regular file"),
+    (stat.S_ISFIFO, "is a FIFO (named pipe), not a regular file"),
+    (stat.S_ISSOCK, "is a socket, not a regular file"),
+    (stat.S_ISDIR, "is a directory, not a regular file"),
+)
+
+
+def not_a_regular_file(path: Path) -> str | None:
+    """None for a regular file (after symlinks); else what it is: "not found", "is a
+    character device, not a regular file" (`/dev/zero`), "is a FIFO ..." -- `stat` only, so a
+    FIFO is never opened (which would block)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "not found"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or type(exc).__name__})"
+    if stat.S_ISREG(mode):
+        return None
+    for test, text in _SPECIAL_FILES:
+        if test(mode):
+            return text
+    return "is not a regular file"
 
 
 def load_stack(
@@ -397,6 +427,9 @@ def load_stack(
 ) -> Stack:
     """Read a stack.toml file (see `parse_stack`)."""
     path = Path(path)
+    problem = not_a_regular_file(path)
+    if problem is not None and problem != "not found":
+        raise StackError(f"{path}: {problem}")  # a FIFO would block the read below
     try:
         text = path.read_text("utf-8")
     except FileNotFoundError:

@@ -34,6 +34,7 @@ from triage.capture import (
     read_file,
 )
 from triage.capture import parse as parse_capture
+from triage.capture.common import check_unicode
 from triage.commands import db_error_line
 from triage.symptoms import Finding, classify
 
@@ -545,7 +546,7 @@ def _store_batch(
         for n in positions:
             item = items[n]
             exchange = item.exchange.to_dict()
-            digest = exchange_content_hash(exchange)
+            digest = _content_hash(item, exchange)
             if digest in held:
                 keys[n] = held[digest]
                 duplicates.add(n)
@@ -560,6 +561,19 @@ def _store_batch(
                 keys[n] = held[exchange_content_hash(items[n].exchange.to_dict())]
     seen.last_id = last_id  # committed: the next batch reads the rows stored after it
     return len(positions)
+
+
+def _content_hash(item: Classified, exchange: dict[str, Any]) -> str:
+    """The exchange's content hash; text that is not valid Unicode (a lone surrogate from
+    a format that does not check it) is named by its JSON path instead of a traceback."""
+    try:
+        return exchange_content_hash(exchange)
+    except UnicodeEncodeError:
+        try:
+            check_unicode(exchange, item.label())
+        except CaptureError as exc:
+            raise StoreError(str(exc)) from None
+        raise StoreError(f"{item.label()}: not valid Unicode") from None
 
 
 def _evidence_spec(item: Classified, exchange: dict[str, Any], digest: str) -> dict[str, Any]:

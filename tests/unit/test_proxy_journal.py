@@ -132,6 +132,7 @@ def test_a_replay_of_exchanges_already_recorded_stores_nothing_twice(tmp_path: P
     assert second.replay_done.wait(30)
     second.stop()
     assert second.replayed == 50
+    assert b"triage_proxy_journal_replayed_total 50.0" in second.metrics.exposition()
     keys = _keys(db_url)
     assert len(keys) == 50 and len(set(keys)) == 50
 

@@ -334,6 +334,7 @@ class JournaledRecorder:
         with self._synced:
             self._synced.notify()
         if self.skipped > skipped:
+            self._count("journal_skipped", self.skipped - skipped)
             log.warning(
                 "journal %s: %d exchange(s) not journaled (full or unwritable)",
                 self.folder,
@@ -404,6 +405,11 @@ class JournaledRecorder:
                 keep.append(segment)
         self._segments = keep
 
+    def _count(self, metric: str, amount: int) -> None:
+        metrics = getattr(self.recorder, "metrics", None)
+        if metrics is not None and amount:
+            getattr(metrics, metric).inc(amount)
+
     # ------------------------------------------------------------------ replay
 
     def _orphans(self) -> list[tuple[Path, int]]:
@@ -457,6 +463,7 @@ class JournaledRecorder:
             return False
         path.unlink(missing_ok=True)
         self.replayed += count
+        self._count("journal_replayed", count)
         if count:
             log.info("journal: %d exchange(s) replayed from %s", count, path.name)
         return True

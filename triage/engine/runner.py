@@ -382,6 +382,7 @@ class Diagnoser:
             if crash is None:
                 report = report_of(exc)
                 why = report.sentence() if report is not None else str(exc)
+                why += startup_refusal(exc, report)
                 why = scrub_secrets(why, self.secrets)  # the launcher may quote its argv
                 raise EngineError(f"the incident's server did not start: {why}") from None
             crash = scrub_secrets(crash, self.secrets)
@@ -745,6 +746,24 @@ class _Router:
 
     async def replay(self, arm: str, indices: Any) -> list[Any]:
         return list(await self.routes[arm].replay(arm, indices))
+
+
+def startup_refusal(exc: BaseException, report: Any) -> str:
+    """For a server that exited with an error code at startup (not a signal): the log line
+    where it refused its launch configuration, as a finding of the server-flags cause."""
+    from triage.llama.flags import flag_error_line
+
+    texts = [str(getattr(exc, "log_tail", "") or ""), str(exc)]
+    if report is not None:
+        texts += [str(line) for line in getattr(report, "log_tail", ()) or ()]
+        texts += [str(line) for line in getattr(report, "errors", ()) or ()]
+    line = flag_error_line("\n".join(texts))
+    if line is None:
+        return ""
+    return (
+        f"; server-flags: it refused its launch configuration ({line!r}): fix or remove that "
+        "flag (its --help lists what this build accepts)"
+    )
 
 
 def _host_workaround(stack: Stack) -> str | None:

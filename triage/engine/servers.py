@@ -15,6 +15,7 @@ __all__ = [
     "EngineError",
     "Server",
     "api_key_from_args",
+    "check_flags",
     "check_gateway",
     "gateway_server",
     "open_server",
@@ -258,11 +259,27 @@ def check_config(config: ServerConfig, where: str) -> None:
         if flag in PATH_VALUE_FLAGS and flag != "--slot-save-path" and not Path(value).exists():
             raise EngineError(f"{where}: {flag} file not found: {value}")
     try:
-        resolve_binary(config.binary)
+        binary = resolve_binary(config.binary)
     except EngineError as exc:
         raise EngineError(f"{where}: {exc}") from None
     except Exception as exc:  # no built binary and no $LLAMA_SERVER_BIN
         raise EngineError(f"{where}: {exc}") from None
+    check_flags(binary, args, where)
+
+
+def check_flags(binary: Path, args: Sequence[str], where: str) -> None:
+    """Refuse args the binary's own `--help` does not list (named, with the closest known
+    spelling), before anything launches: such a server would exit at startup with
+    "invalid argument". Nothing is checked when the binary's usage cannot be read."""
+    from triage.llama.flags import binary_flags, unknown_flags
+
+    unknown = unknown_flags(args, binary_flags(binary))
+    if unknown:
+        raise EngineError(
+            f"{where}.args: {binary.name} ({binary}) does not know "
+            + ", ".join(u.text() for u in unknown)
+            + ": its --help lists no such flag, so it would exit at startup (server-flags)"
+        )
 
 
 def gateway_server(stack: Any, base: Server) -> Server:

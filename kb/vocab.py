@@ -103,6 +103,12 @@ FINDING_KINDS: tuple[Term, ...] = (
         "the server refused the request for its launch flags: 'tools param requires --jinja "
         "flag', a template it cannot serve without --jinja",
     ),
+    Term(
+        "schema-violation",
+        24,
+        "the request asked for a JSON schema and the content is not JSON or violates it "
+        "(HTTP 200: the grammar did not enforce it)",
+    ),
 )
 
 # Causes in today's catalogue (files, JSON schema enums and the engine use these).

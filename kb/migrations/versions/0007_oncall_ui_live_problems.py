@@ -1,7 +1,7 @@
 """live proxy: request shape and client-configured failures per exchange; problem per signature
 
-Revision ID: 0008_oncall_ui_live_problems
-Revises: 0007_newcauses_schema
+Revision ID: 0007_oncall_ui_live_problems
+Revises: 0006_newcauses_server_flags
 Create Date: 2026-12-01
 
 `liveexchange.shape`: the request's shape (endpoint, streaming, tools, format, stop list,
@@ -19,8 +19,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0008_oncall_ui_live_problems"
-down_revision = "0007_newcauses_schema"
+revision = "0007_oncall_ui_live_problems"
+down_revision = "0006_newcauses_server_flags"
 branch_labels = None
 depends_on = None
 

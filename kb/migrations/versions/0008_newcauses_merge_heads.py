@@ -2,13 +2,13 @@
 one head.
 
 Revision ID: 0008_newcauses_merge_heads
-Revises: 0006_oncall_ui_live_problems, 0007_newcauses_schema
+Revises: 0007_oncall_ui_live_problems, 0007_newcauses_schema
 """
 
 from __future__ import annotations
 
 revision = "0008_newcauses_merge_heads"
-down_revision = ("0006_oncall_ui_live_problems", "0007_newcauses_schema")
+down_revision = ("0007_oncall_ui_live_problems", "0007_newcauses_schema")
 branch_labels = None
 depends_on = None
 

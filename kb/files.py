@@ -157,6 +157,16 @@ def _format_checker() -> FormatChecker:
 
 
 @lru_cache(maxsize=1)
+def schema_message(error: Any) -> str:
+    """A schema error's message without quoting a long value (jsonschema's own text of a
+    too-long title repeats all five megabytes of it)."""
+    if error.validator == "maxLength" and isinstance(error.instance, str):
+        return f"{len(error.instance):,} characters, at most {error.validator_value:,}"
+    if len(error.message) > 300:
+        return f"{error.message[:150]}...{error.message[-100:]}"
+    return str(error.message)
+
+
 def _validator() -> Draft202012Validator:
     schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
     Draft202012Validator.check_schema(schema)
@@ -224,7 +234,7 @@ def _validate(data: dict[str, Any], file: str) -> None:
     _check_plain_data(data, file, [])
     error = best_match(_validator().iter_errors(data))
     if error is not None:
-        raise RecordError(file, error.json_path, error.message)
+        raise RecordError(file, error.json_path, schema_message(error))
     _check_references(data, file)
 
 

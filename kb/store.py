@@ -16,8 +16,10 @@ from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy import event, func
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import StaticPool
@@ -28,16 +30,78 @@ from kb.models import (
     EVIDENCE_KINDS,
     Cause,
     CauseStatusChange,
+    Decision,
     Evidence,
+    EvidenceLink,
+    FamilyLink,
     Incident,
+    Reference,
+    Symptom,
     utcnow,
 )
+from kb.textguard import TextLimit, check_text, redact_secret_phrases
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
 class StoreError(Exception):
     """A write that the knowledge base refuses; the message names what is wrong."""
+
+
+# Free-text fields: their bound in characters; every one is also scrubbed of secret
+# phrases ("password is X") before it is written (kb.textguard). Checked on every flush, so
+# every path -- the CLI, imports, the engine, the UI -- is bounded the same way.
+TEXT_FIELDS: dict[type, dict[str, int]] = {
+    Incident: {"title": 300, "summary": 20_000, "impact": 20_000, "body": 1_000_000},
+    Symptom: {"description": 20_000},
+    Cause: {"title": 1_000, "rationale": 20_000},
+    Evidence: {"summary": 20_000},
+    EvidenceLink: {"note": 20_000},
+    CauseStatusChange: {"rationale": 20_000},
+    Decision: {"rationale": 20_000, "tradeoff": 20_000, "fix": 20_000},
+    Reference: {"title": 1_000, "note": 20_000},
+    FamilyLink: {"note": 20_000},
+}
+# Bounded but not free text (names, not prose).
+NAME_FIELDS: dict[type, dict[str, int]] = {
+    Incident: {"model": 300, "weights": 300, "server_build": 100},
+}
+
+
+def _changed(row: Any, attr: str, new: bool) -> bool:
+    if new:
+        return True
+    history = sa_inspect(row).attrs[attr].history
+    return bool(history.added)
+
+
+def guard_text(row: Any, *, new: bool = True) -> None:
+    """Bound, validate and redact the free-text fields of one row (StoreError names the
+    field: `incident.title: 5,242,880 characters, at most 300`)."""
+    table = re.sub(r"(?<!^)(?=[A-Z])", "_", type(row).__name__).lower()  # cause_status_change
+    for fields, redact in ((TEXT_FIELDS, True), (NAME_FIELDS, False)):
+        for attr, limit in fields.get(type(row), {}).items():
+            value = getattr(row, attr, None)
+            if not isinstance(value, str) or not _changed(row, attr, new):
+                continue
+            try:
+                check_text(TextLimit(f"{table}.{attr}", limit), value)
+            except ValueError as exc:
+                raise StoreError(str(exc)) from None
+            if redact:
+                cleaned = redact_secret_phrases(value)
+                if cleaned != value:
+                    setattr(row, attr, cleaned)
+
+
+@event.listens_for(Session, "before_flush")
+def _guard_flush(session: Session, _context: Any, _instances: Any) -> None:
+    for row in session.new:
+        if type(row) in TEXT_FIELDS or type(row) in NAME_FIELDS:
+            guard_text(row, new=True)
+    for row in session.dirty:
+        if type(row) in TEXT_FIELDS or type(row) in NAME_FIELDS:
+            guard_text(row, new=False)
 
 
 def data_dir() -> Path:
@@ -131,6 +195,15 @@ def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
     dbapi_connection.isolation_level = None
 
 
+def _sqlite_connect_readonly(dbapi_connection: Any, _record: Any) -> None:
+    # A read-only file: no journal mode change (a write), and nothing may write.
+    cursor = dbapi_connection.cursor()
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA query_only=ON")
+    cursor.close()
+    dbapi_connection.isolation_level = None
+
+
 def _sqlite_begin(conn: Any) -> None:
     # Writers take the lock up front, so two writers queue on busy_timeout instead of one
     # failing with "database is locked" when it upgrades a read lock. Read-only sessions
@@ -139,32 +212,121 @@ def _sqlite_begin(conn: Any) -> None:
     conn.exec_driver_sql(f"BEGIN {mode}")
 
 
-def make_engine(url: str) -> Engine:
-    """An engine with the per-connection settings the store relies on."""
+def _sqlite_begin_deferred(conn: Any) -> None:
+    conn.exec_driver_sql("BEGIN DEFERRED")  # a read-only store never takes the write lock
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file of a `sqlite:///PATH` URL (None: in memory, or not SQLite)."""
+    if not url.startswith("sqlite") or "///" not in url:
+        return None
+    path = url.split("///", 1)[1].split("?", 1)[0]
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return None
+    return Path(path).expanduser()
+
+
+def read_only_requested() -> bool:
+    """`TRIAGE_READ_ONLY` (set by `triage --read-only`) asks every store to open read-only."""
+    return os.environ.get("TRIAGE_READ_ONLY", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def sqlite_is_read_only(path: Path) -> bool:
+    """An existing database file this process cannot write (its mode, an immutable or
+    read-only file system -- which stops root too -- or a directory it cannot create the
+    WAL files in)."""
+    if not path.is_file():
+        return False
+    return not os.access(path, os.W_OK) or not os.access(path.parent, os.W_OK | os.X_OK)
+
+
+def _sqlite_readonly_url(path: Path) -> str:
+    """`mode=ro`; `immutable=1` when the directory is not writable either (SQLite cannot
+    create the WAL index beside the file, and nobody can be writing the database)."""
+    resolved = path.resolve()
+    quoted = quote(str(resolved))
+    dir_writable = os.access(resolved.parent, os.W_OK | os.X_OK)
+    option = "mode=ro" if dir_writable or Path(f"{resolved}-shm").exists() else "immutable=1"
+    return f"sqlite:///file:{quoted}?{option}&uri=true"
+
+
+def make_engine(url: str, *, readonly: bool = False) -> Engine:
+    """An engine with the per-connection settings the store relies on; `readonly` opens a
+    SQLite file with `mode=ro` (PostgreSQL: read-only transactions)."""
     if url.startswith("sqlite"):
         in_memory = url in ("sqlite://", "sqlite:///:memory:")
-        if not in_memory:
-            path = url.split("///", 1)[1] if "///" in url else ""
-            if path:
-                Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        path = sqlite_file(url)
         kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False}}
+        if readonly and path is not None:
+            engine = create_engine(_sqlite_readonly_url(path), **kwargs)
+            event.listen(engine, "connect", _sqlite_connect_readonly)
+            event.listen(engine, "begin", _sqlite_begin_deferred)
+            return engine
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
         if in_memory:
             kwargs["poolclass"] = StaticPool
         engine = create_engine(url, **kwargs)
         event.listen(engine, "connect", _sqlite_connect)
         event.listen(engine, "begin", _sqlite_begin)
         return engine
+    if readonly:
+        return create_engine(
+            url,
+            pool_pre_ping=True,
+            connect_args={"options": "-c default_transaction_read_only=on"},
+        )
     return create_engine(url, pool_pre_ping=True)
 
 
-class Store:
-    """The knowledge base: one engine, transactional sessions, migrations applied on open."""
+class ReadOnlyError(StoreError):
+    """A read-only knowledge base whose schema is behind, or absent: it cannot be migrated."""
 
-    def __init__(self, url: str | None = None, *, migrate: bool = True) -> None:
+
+class Store:
+    """The knowledge base: one engine, transactional sessions, migrations applied on open.
+
+    `readonly` (default: `TRIAGE_READ_ONLY`, or a SQLite file this process cannot write)
+    opens it for reading only: SQLite with `mode=ro` (`immutable=1` in a read-only
+    directory), PostgreSQL with read-only transactions; nothing is migrated -- a schema
+    behind this code's is a clear error -- and any write fails.
+    """
+
+    def __init__(
+        self, url: str | None = None, *, migrate: bool = True, readonly: bool | None = None
+    ) -> None:
         self.url = check_url(database_url(url))
-        self.engine = make_engine(self.url)
-        if migrate:
+        if readonly is None:
+            path = sqlite_file(self.url)
+            readonly = read_only_requested() or (path is not None and sqlite_is_read_only(path))
+        self.readonly = readonly
+        if readonly:
+            path = sqlite_file(self.url)
+            if path is not None and not path.is_file():
+                raise ReadOnlyError(
+                    f"no knowledge base at {path} (opened read-only: it cannot be created)"
+                )
+        self.engine = make_engine(self.url, readonly=readonly)
+        if readonly:
+            self._check_schema()
+        elif migrate:
             self.upgrade()
+
+    def _check_schema(self) -> None:
+        from kb.migrate import current_revision, head_revision
+
+        current, head = current_revision(self.engine), head_revision()
+        if current == head:
+            return
+        self.engine.dispose()
+        where = redact_url(self.url)
+        if current is None:
+            raise ReadOnlyError(f"{where} holds no knowledge base (opened read-only)")
+        raise ReadOnlyError(
+            f"{where} is at schema revision {current}, this triage needs {head}; it is "
+            "opened read-only so it cannot be upgraded: run any triage command once with "
+            "write access to it"
+        )
 
     @property
     def dialect(self) -> str:
@@ -211,9 +373,14 @@ def open_incident(
     if not title:
         raise StoreError("title: must not be empty")
     if len(title) > TITLE_MAX:
-        raise StoreError(f"title: {len(title)} characters, at most {TITLE_MAX}")
+        raise StoreError(f"title: {len(title):,} characters, at most {TITLE_MAX}")
     if len(model) > 300:
-        raise StoreError(f"model: {len(model)} characters, at most 300")
+        raise StoreError(f"model: {len(model):,} characters, at most 300")
+    try:
+        check_text(TextLimit("title", TITLE_MAX), title)
+    except ValueError as exc:
+        raise StoreError(str(exc)) from None
+    title = redact_secret_phrases(title)  # before the slug is made from it
     opened = opened_on or utcnow().date()
     slug = unique_incident_slug(
         opened, title, exists=lambda s: get_incident(session, s) is not None
@@ -483,12 +650,21 @@ def _content_hash_of(row: Evidence) -> str | None:
     return exchange_content_hash(exchange) if isinstance(exchange, dict) else None
 
 
-def exchange_hashes(session: Session, incident_id: int | None) -> dict[str, str]:
+def last_evidence_id(session: Session) -> int:
+    """The highest evidence row id (0: none); with `exchange_hashes(after_id=...)` a
+    batched capture reads only the rows stored since its previous batch."""
+    return int(session.exec(select(func.max(Evidence.id))).one() or 0)
+
+
+def exchange_hashes(
+    session: Session, incident_id: int | None, *, after_id: int = 0
+) -> dict[str, str]:
     """Content hash -> evidence key of the captured exchanges of one incident (or of the
     captures attached to none), read once so a large capture checks each exchange in
-    memory; rows stored before hashes were recorded are hashed here."""
+    memory; rows stored before hashes were recorded are hashed here. `after_id`: only rows
+    with a higher id."""
     hashed = col(Evidence.payload)[CONTENT_HASH].as_string()
-    scope = (_scope(incident_id), Evidence.kind == "exchange")
+    scope = (_scope(incident_id), Evidence.kind == "exchange", col(Evidence.id) > after_id)
     found: dict[str, str] = {}
     for key, digest in session.exec(
         select(Evidence.key, hashed).where(*scope, hashed.is_not(None))

@@ -91,6 +91,24 @@ FINDING_KINDS: tuple[Term, ...] = (
     Term("reasoning-markup-in-content", 15, "thought markup (<think>, <|channel>) in content"),
     Term("client-lost-reply", 16, "the client's view lost tool calls or content the wire carried"),
     Term("mojibake", 17, "UTF-8 read as Latin-1/cp1252, or U+FFFD, in the visible output"),
+    Term(
+        "gateway-error",
+        22,
+        "a gateway's own error page (nginx, LiteLLM, ...): 502/504, or a timeout in front of "
+        "llama-server -- a gateway failure, not a server crash",
+    ),
+    Term(
+        "server-flag-error",
+        23,
+        "the server refused the request for its launch flags: 'tools param requires --jinja "
+        "flag', a template it cannot serve without --jinja",
+    ),
+    Term(
+        "schema-violation",
+        24,
+        "the request asked for a JSON schema and the content is not JSON or violates it "
+        "(HTTP 200: the grammar did not enforce it)",
+    ),
 )
 
 # Causes in today's catalogue (files, JSON schema enums and the engine use these).
@@ -116,6 +134,8 @@ RESERVED_CAUSES: tuple[Term, ...] = (
     Term("model-file", 14, "a broken or mismatched GGUF"),
     Term("warmup-decode", 15, "only the warm-up decode crashes; --no-warmup removes it"),
     Term("cpu-threads", 16, "a multi-threaded CPU kernel crashes; one thread removes it"),
+    Term("gateway-timeout", 18, "a gateway's deadline in front of llama-server; direct removes it"),
+    Term("server-flags", 19, "a launch flag (--no-jinja, an invalid argument) breaks requests"),
 )
 CAUSES: tuple[Term, ...] = CATALOGUE_CAUSES + RESERVED_CAUSES
 

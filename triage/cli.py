@@ -28,11 +28,20 @@ COMMAND_MODULES = [
     default=None,
     help="SQLAlchemy URL of the knowledge base (default: SQLite file in the data directory).",
 )
+@click.option(
+    "--read-only",
+    "read_only",
+    is_flag=True,
+    envvar="TRIAGE_READ_ONLY",
+    help="Open the knowledge base read-only: listing, showing and searching work, anything "
+    "that writes is refused (automatic for a SQLite file this user cannot write).",
+)
 @click.pass_context
-def cli(ctx: click.Context, database: str | None) -> None:
+def cli(ctx: click.Context, database: str | None, read_only: bool) -> None:
     """Incident knowledge base and root-cause triage for llama-server."""
     ctx.ensure_object(dict)
     ctx.obj["database"] = database
+    ctx.obj["read_only"] = True if read_only else None  # None: the store decides (see Store)
 
 
 def _register_all() -> None:

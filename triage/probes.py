@@ -67,6 +67,11 @@ class PlannedArm:
     # observation-only arm -- no replays; its `observe` hook runs once on the incident's
     # server (request-level) and its facts reach the cause rules.
     when: str = "always"
+    # Where a request-level arm's replays go when the stack has a `[gateway]`: "client"
+    # (what the client used: the gateway, else the server) or "server" (the server itself,
+    # bypassing the gateway). `stream`: replay streamed (SSE) instead of non-streamed.
+    endpoint: str = "client"
+    stream: bool = False
 
 
 @runtime_checkable

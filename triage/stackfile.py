@@ -7,7 +7,9 @@ build in the cache (triage/llama/build.py), built on demand with its progress on
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 import sys
 import tomllib
 from collections.abc import Callable
@@ -75,6 +77,24 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class GatewayConfig:
+    """`[gateway]`: what the client talked to in front of llama-server (LiteLLM, llama-swap,
+    nginx...). `[server]` stays the server itself, at the url the gateway forwards to."""
+
+    url: str
+    name: str | None = None
+    # The environment variable holding the key the gateway demands (LiteLLM's master key):
+    # the key itself never goes into the stack file.
+    api_key_env: str | None = field(default=None, repr=False)
+
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+    def describe(self) -> dict[str, Any]:
+        return {"url": self.url, "name": self.name, "api_key_env": self.api_key_env}
+
+
+@dataclass(frozen=True)
 class Stack:
     server: ServerConfig
     alternate_model: Path | None = None
@@ -87,6 +107,7 @@ class Stack:
     raw: dict[str, Any] = field(default_factory=dict)
     # (json path, build number) of each `binary = "b<N>"` reference, resolved to the cache.
     build_refs: tuple[tuple[str, int], ...] = ()
+    gateway: GatewayConfig | None = None
 
     @property
     def speculative(self) -> bool:
@@ -296,6 +317,7 @@ def parse_stack(
             args=_resolve_args(base, known["args"]) if "args" in known else config.args,
         )
     probes = data.get("probes", {})
+    gateway = _gateway(data, config, source)
     stack = Stack(
         server=config,
         alternate_model=_resolve(base, alternates.get("model")),
@@ -306,10 +328,52 @@ def parse_stack(
         seed=probes.get("seed"),
         source=source,
         raw=data,
+        gateway=gateway,
     )
     stack = _resolve_builds(stack, source, build_missing, log)
     _check_files(stack, source)
     return stack
+
+
+def _origin(url: str) -> str:
+    """scheme://host:port of a URL (the default port spelled out), for comparing two."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.scheme}://{(parts.hostname or '').lower()}:{port}"
+
+
+def _gateway(data: dict[str, Any], server: ServerConfig, source: str) -> GatewayConfig | None:
+    """`[gateway]`, checked against `[server]`: the gateway forwards to a running server,
+    so the server must be given by its url (a server the engine launches listens on a
+    port of its own, which the gateway does not know)."""
+    section = data.get("gateway")
+    if section is None:
+        return None
+    url = str(section["url"]).rstrip("/")
+    try:
+        _origin(url)
+    except ValueError as exc:
+        raise StackError(f"{source}: $.gateway.url: not a valid URL: {exc}") from None
+    if not server.url or server.model is not None:
+        raise StackError(
+            f"{source}: $.gateway: a gateway forwards to a running server; give that server "
+            "as $.server.url (the address the gateway forwards to) and no $.server.model -- "
+            "a server the engine launches would listen on a port the gateway does not know"
+        )
+    if _origin(url) == _origin(server.url):
+        raise StackError(
+            f"{source}: $.gateway.url: {url} is the server's own address ($.server.url); "
+            "[gateway] is what the client talked to in front of it"
+        )
+    key_env = section.get("api_key_env")
+    if key_env and key_env not in os.environ:
+        raise StackError(
+            f"{source}: $.gateway.api_key_env: the environment variable {key_env} is not set "
+            "(it must hold the key the gateway demands)"
+        )
+    return GatewayConfig(url, section.get("name"), key_env)
 
 
 def _check_files(stack: Stack, source: str) -> None:
@@ -319,14 +383,43 @@ def _check_files(stack: Stack, source: str) -> None:
         ("$.known_good.model", stack.known_good.model if stack.known_good else None),
     ]
     for path, value in checks:
-        if value is not None and not value.is_file():
-            raise StackError(f"{source}: {path}: model file not found: {value}")
+        problem = None if value is None else not_a_regular_file(value)
+        if problem is not None:
+            raise StackError(f"{source}: {path}: model file {problem}: {value}")
     for path, value in [
         ("$.server.binary", stack.server.binary),
         ("$.alternates.binary", stack.alternate_binary),
     ]:
-        if value is not None and "/" in str(value) and not value.is_file():
-            raise StackError(f"{source}: {path}: binary not found: {value}")
+        problem = None if value is None or "/" not in str(value) else not_a_regular_file(value)
+        if problem is not None:
+            raise StackError(f"{source}: {path}: binary {problem}: {value}")
+
+
+_SPECIAL_FILES = (
+    (stat.S_ISCHR, "is a character device, not a regular file"),
+    (stat.S_ISBLK, "is a block device, not a regular file"),
+    (stat.S_ISFIFO, "is a FIFO (named pipe), not a regular file"),
+    (stat.S_ISSOCK, "is a socket, not a regular file"),
+    (stat.S_ISDIR, "is a directory, not a regular file"),
+)
+
+
+def not_a_regular_file(path: Path) -> str | None:
+    """None for a regular file (after symlinks); else what it is: "not found", "is a
+    character device, not a regular file" (`/dev/zero`), "is a FIFO ..." -- `stat` only, so a
+    FIFO is never opened (which would block)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "not found"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or type(exc).__name__})"
+    if stat.S_ISREG(mode):
+        return None
+    for test, text in _SPECIAL_FILES:
+        if test(mode):
+            return text
+    return "is not a regular file"
 
 
 def load_stack(
@@ -334,6 +427,9 @@ def load_stack(
 ) -> Stack:
     """Read a stack.toml file (see `parse_stack`)."""
     path = Path(path)
+    problem = not_a_regular_file(path)
+    if problem is not None and problem != "not found":
+        raise StackError(f"{path}: {problem}")  # a FIFO would block the read below
     try:
         text = path.read_text("utf-8")
     except FileNotFoundError:

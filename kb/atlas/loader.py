@@ -253,6 +253,27 @@ def load_entry(path: str | os.PathLike[str]) -> AtlasEntry:
     return parse_entry(text, str(path))
 
 
+# Parsed entries by (path, inode, size, mtime): `triage check` and the proxy read the atlas
+# on every call, and a file that changed gets a new key.
+_CACHE: dict[tuple[str, int, int, int], AtlasEntry] = {}
+_CACHE_MAX = 10_000
+
+
+def _load_cached(path: Path) -> AtlasEntry:
+    try:
+        info = path.stat()
+    except OSError:
+        return load_entry(path)  # raises the error naming the file
+    key = (str(path), info.st_ino, info.st_size, info.st_mtime_ns)
+    entry = _CACHE.get(key)
+    if entry is None:
+        entry = load_entry(path)
+        if len(_CACHE) >= _CACHE_MAX:
+            _CACHE.clear()
+        _CACHE[key] = entry
+    return entry
+
+
 def entry_files(folder: str | os.PathLike[str]) -> list[Path]:
     """The entry files of one atlas folder (`*.md`, not README/INDEX), sorted by name."""
     root = Path(folder)
@@ -306,6 +327,6 @@ def load_atlas(paths: Sequence[str | os.PathLike[str]] | None = None) -> tuple[A
         if folder == SHIPPED_DIR and not folder.is_dir():
             continue
         for path in entry_files(folder):
-            entry = load_entry(path)
+            entry = _load_cached(path)
             by_id[entry.id] = entry
     return tuple(by_id[key] for key in sorted(by_id))

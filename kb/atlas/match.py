@@ -9,8 +9,9 @@ shares with them:
   the strong fact; its weight is shared among the entries that list the same string, and a
   short string weighs less than a long one (short strings match by accident);
 - a finding kind, an HTTP status, a backend are weak: on their own they never match;
-- a model family, a CPU flag, a server flag, a client add context; a known model family or
-  CPU flag set that contradicts the entry subtracts;
+- a model family, a CPU flag, a server flag, a client add context; a model of another
+  family the atlas knows, or a CPU flag set read in full without the entry's flag,
+  subtracts (a model alias no family matches, "gpt-4" or "local", is no evidence);
 - the build: inside the affected range adds, outside subtracts, at or past `fixed_in`
   subtracts more and the match says "you are past the fix";
 - a measured verdict (from a diagnosis): the entry's cause confirmed adds, rejected
@@ -224,13 +225,15 @@ def _build_fact(entry: AtlasEntry, build: int | None) -> tuple[MatchedFact | Non
     ), False
 
 
-def _context_facts(entry: AtlasEntry, facts: Facts) -> list[MatchedFact]:
+def _context_facts(entry: AtlasEntry, facts: Facts, models_recognised: bool) -> list[MatchedFact]:
     found: list[MatchedFact] = []
     if entry.models and facts.models:
         families = [f for f in entry.models if family_in(f, facts.models)]
         if families:
             found.append(MatchedFact("model", f"model family {families[0]}", WEIGHTS["model"]))
-        else:
+        elif models_recognised:
+            # Only a name of another family the atlas knows contradicts the entry: clients
+            # send any alias ("gpt-4", "local") and llama-server ignores it.
             seen = ", ".join(facts.models[:2])
             found.append(
                 MatchedFact(
@@ -313,12 +316,17 @@ def _advice(entry: AtlasEntry, past_fix: bool, build: int | None) -> tuple[str, 
 
 
 def score_entry(
-    entry: AtlasEntry, facts: Facts, text: str, frequency: Counter[str]
+    entry: AtlasEntry,
+    facts: Facts,
+    text: str,
+    frequency: Counter[str],
+    models_recognised: bool = True,
 ) -> Match | None:
-    """The entry's match, or None when it does not pass the gate and threshold."""
+    """The entry's match, or None when it does not pass the gate and threshold.
+    `models_recognised`: the facts' model names belong to a family the atlas knows."""
     strings, string_score = _string_facts(entry, text, frequency)
     weak = _weak_facts(entry, facts)
-    context = _context_facts(entry, facts)
+    context = _context_facts(entry, facts, models_recognised)
     build_fact, past_fix = _build_fact(entry, facts.build)
     positive_context = [f for f in context if f.weight > 0]
     kind_matched = any(f.kind == "finding_kind" for f in weak)
@@ -342,6 +350,10 @@ def match_atlas(facts: Facts, entries: Sequence[AtlasEntry], top: int | None = T
     """The entries that match these facts, best first (at most `top`; None: all)."""
     text = facts.searchable()
     frequency = _string_frequency(entries)
-    matches = [m for e in entries if (m := score_entry(e, facts, text, frequency)) is not None]
+    families = {family for entry in entries for family in entry.models}
+    recognised = any(family_in(family, facts.models) for family in families)
+    matches = [
+        m for e in entries if (m := score_entry(e, facts, text, frequency, recognised)) is not None
+    ]
     matches.sort(key=lambda m: (-m.score, m.entry.id))
     return matches if top is None else matches[:top]

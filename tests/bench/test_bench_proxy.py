@@ -49,7 +49,7 @@ import httpx
 import numpy as np
 import pytest
 
-from triage.drills import build_drill
+from triage.drills import build_drill, gateways
 from triage.llama.build import find_server_binary
 from triage.llama.launcher import RunningServer, ServerSpec, start
 
@@ -109,22 +109,12 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def litellm_binary() -> tuple[Path | None, str]:
-    """LiteLLM's `litellm` in the benchmark's own venv, installed on first use."""
-    venv = _cache_dir() / "bench-litellm"
-    binary = venv / "bin" / "litellm"
-    if binary.exists():
-        return binary, ""
+    """LiteLLM's `litellm` in its own venv, installed on first use (shared with the gateway
+    drill: triage.drills.gateways)."""
     try:
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-        subprocess.run(
-            [str(venv / "bin" / "pip"), "install", "-q", "litellm[proxy]"],
-            check=True,
-            timeout=1800,
-            capture_output=True,
-        )
-    except (subprocess.SubprocessError, OSError) as exc:
-        return None, f"LiteLLM could not be installed here ({type(exc).__name__})"
-    return (binary, "") if binary.exists() else (None, "LiteLLM installed no `litellm` script")
+        return gateways.litellm_binary(), ""
+    except gateways.GatewayError as exc:
+        return None, str(exc)
 
 
 async def _one(host: str, port: int, request: bytes, name: str) -> float | None:

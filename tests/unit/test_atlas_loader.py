@@ -192,3 +192,13 @@ def test_import_checks_everything_first_then_copies(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(AtlasError, match="no entry files"):
         import_atlas(tmp_path / "empty", target)
+
+
+def test_an_edited_file_is_read_again(tmp_path: Path) -> None:
+    path = write(tmp_path, "llama.cpp-1.md", GOOD)
+    assert load_atlas([tmp_path])[0].title == "A crash"
+    path.write_text(GOOD.replace("A crash", "A crash at start-up"), encoding="utf-8")
+    assert load_atlas([tmp_path])[0].title == "A crash at start-up"
+    path.write_text(GOOD.replace("cause: cpu-backend", "cause: nope"), encoding="utf-8")
+    with pytest.raises(AtlasError, match=r"\$.cause"):
+        load_atlas([tmp_path])

@@ -8,8 +8,14 @@ from pathlib import Path
 
 from kb.atlas import Facts, family_in, load_atlas, match_atlas
 from kb.atlas.match import THRESHOLD
-from triage.atlas.facts import facts_from_exchange, facts_from_log, facts_from_stack, merge_facts
-from triage.atlas.report import check_lines, format_matches, matches_for_record
+from triage.atlas.facts import (
+    facts_from_exchange,
+    facts_from_exchange_dict,
+    facts_from_log,
+    facts_from_stack,
+    merge_facts,
+)
+from triage.atlas.report import check_lines, format_matches, matches_for_record, read_log_file
 from triage.capture import load_file
 from triage.symptoms import classify
 
@@ -167,3 +173,37 @@ def test_a_secret_in_a_logged_error_is_not_printed() -> None:
     facts = facts_from_log(log)
     assert facts.notes and all(secret not in note for note in facts.notes)
     assert any(note.startswith("first error: ") for note in facts.notes)
+
+
+def test_a_signature_quoted_in_the_echoed_prompt_does_not_match() -> None:
+    reply = {
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"content": "Sure."}}],
+        "__verbose": {"prompt": "user: why does it say tools param requires --jinja flag?"},
+    }
+    facts = facts_from_exchange_dict({"request": {}, "response": reply, "status": 500}, [])
+    assert all("requires --jinja" not in text for text in facts.texts)
+    assert ids(replace(facts, finding_kinds=frozenset({"http-error"}))) == []
+
+
+def test_a_hostile_log_is_read_bounded(tmp_path: Path) -> None:
+    # one 600 KB line without spaces that mentions .gguf, then the AMX crash at the end
+    hostile = "x" * 600_000 + ".gguf" + "y" * 10 + "\n" + "\x00\xff garbage\n" + AMX_LOG
+    path = tmp_path / "server.log"
+    path.write_text(hostile, encoding="utf-8")
+    facts = facts_from_log(read_log_file(path))
+    assert ids(facts) == ["llama.cpp-20824"]  # the tail is still read
+    assert all(len(model) <= 4000 for model in facts.models)
+
+
+def test_a_model_alias_no_family_matches_is_no_evidence_against() -> None:
+    entries = [
+        replace(e, models=("qwen3",)) if e.id == "ramalama-988" else e for e in ENTRIES
+    ]  # families the atlas knows: qwen3 and gemma-4
+    facts = capture_facts("jinja-capture")
+
+    def score(*models: str) -> float:
+        return match_atlas(replace(facts, models=models), entries)[0].score
+
+    assert score("qwen3-32b") == score() + 1.0  # its family
+    assert score("gpt-4") == score()  # an alias: neither for nor against
+    assert score("gemma-4-31b-it") == score() - 1.0  # another family the atlas knows

@@ -18,6 +18,7 @@ from streamlit.testing.v1 import AppTest
 
 from kb.files import import_paths
 from kb.store import Store
+from triage.graph import STATUS_COLOURS
 from triage.ui import actions, data
 from triage.ui.text import md_unescape
 
@@ -206,8 +207,9 @@ def test_incident_page_graph_has_the_right_nodes(kb_url: str) -> None:
         r'fillcolor="#c0392b"',
         dot,
     )  # confirmed: red
-    assert re.search(r'"cause:quantized-weights" \[[^\]]*fillcolor="#7f8c8d"', dot)  # rejected
-    assert re.search(r'"decision:1" \[label="PARKED 2026-06-10"', dot)
+    rejected = STATUS_COLOURS["rejected"]
+    assert re.search(rf'"cause:quantized-weights" \[[^\]]*fillcolor="{rejected}"', dot)  # grey
+    assert re.search(r'"decision:1" \[label="PARKED\\n2026-06-10"', dot)
     assert any(code.language == "dot" and code.value.strip() == dot.strip() for code in at.code)
     assert "evidence:E9" not in nodes  # evidence nodes only on request
     at.toggle(key="graph_evidence").set_value(True)

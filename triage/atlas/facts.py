@@ -45,6 +45,7 @@ __all__ = [
 
 MAX_TEXT_CHARS = 512 * 1024  # per capture: the strings of its response and error
 MAX_STRINGS = 5000
+_PROMPT_KEYS = frozenset({"prompt", "messages", "input"})
 # Clients an atlas entry may name, as they show up in a User-Agent / X-Title header.
 CLIENT_NAMES = (
     "cline",
@@ -92,6 +93,7 @@ _BACKEND_MARKERS = (
     ("sycl", ("ggml_sycl", "sycl : ", "sycl0")),
 )
 MAX_LOG_LINES = 50_000
+MAX_SCAN_LINE = 4000
 _CACHE_FOLDER = re.compile(r"^b(\d{3,6})$")
 
 
@@ -104,7 +106,9 @@ def _strings(value: Any, out: list[str], budget: list[int]) -> None:
             out.append(item[: budget[0]])
             budget[0] -= len(item)
         elif isinstance(item, Mapping):
-            stack.extend(reversed(list(item.values())))
+            # The prompt echoed back (`__verbose.prompt`) is the user's text, not the
+            # server's: a signature quoted in a prompt must not match.
+            stack.extend(reversed([v for k, v in item.items() if k not in _PROMPT_KEYS]))
         elif isinstance(item, list | tuple):
             stack.extend(reversed(item))
 
@@ -220,7 +224,7 @@ def server_flags(args: Iterable[str]) -> frozenset[str]:
 def _command_flags(lines: Sequence[str]) -> frozenset[str]:
     flags: set[str] = set()
     for line in lines:
-        match = _COMMAND_LINE.search(line)
+        match = _COMMAND_LINE.search(line[:MAX_SCAN_LINE])
         if match:
             flags |= server_flags(_FLAG.findall(match.group(1)))
     return frozenset(flags)
@@ -229,10 +233,11 @@ def _command_flags(lines: Sequence[str]) -> frozenset[str]:
 def _models(lines: Sequence[str]) -> list[str]:
     found: list[str] = []
     for line in lines:
+        line = line[:MAX_SCAN_LINE]  # bounded: a file-name regex on a huge line is quadratic
         for pattern in (_ARCH, _MODEL_NAME):
             match = pattern.search(line)
             if match:
-                found.append(match.group(1).strip())
+                found.append(match.group(1).strip()[:200])
         if ".gguf" in line.casefold():
             found += [Path(m).name for m in _MODEL_FILE.findall(line)]
         if len(found) > 20:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,7 +90,41 @@ def loads(text: str, file: str, line_offset: int = 0, what: str = "JSON") -> Any
             file, line_offset + 1 if line_offset else None, f"invalid {what}: {exc}"
         ) from None
     check_depth(value, file)
+    if _SURROGATE_ESCAPE.search(text):
+        check_unicode(value, file, line_offset + 1 if line_offset else None)
     return value
+
+
+# `\ud800`..`\udfff` in JSON text: a pair becomes one character, a lone one stays a
+# surrogate that no UTF-8 writer (hashing, the database) accepts.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def check_unicode(value: Any, file: str, line: int | None = None) -> None:
+    """Refuse a string (or key) holding a lone surrogate, naming its JSON path (after the
+    line of a JSONL record)."""
+    stack: list[tuple[Any, str]] = [(value, f"line {line}, $" if line else "$")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            found = _SURROGATE.search(item)
+            if found is not None:
+                raise CaptureError(
+                    file,
+                    path,
+                    f"not valid Unicode: a lone surrogate \\u{ord(found.group()):04x} at "
+                    f"character {found.start() + 1}",
+                )
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if _SURROGATE.search(key):
+                    raise CaptureError(
+                        file, path, "not valid Unicode: a key holds a lone surrogate"
+                    )
+                stack.append((child, f"{path}.{key}"))
+        elif isinstance(item, list):
+            stack.extend((child, f"{path}[{n}]") for n, child in enumerate(item))
 
 
 def check_depth(value: Any, file: str) -> None:

@@ -121,6 +121,8 @@ class View:
     _declared: Any = False  # cache of _declared_tools(request); False = not computed
     # client-view captures: the server's answer re-assembled from the wire (else None)
     wire_response: dict[str, Any] | None = None
+    # How long the client waited for this answer, when the capture says (milliseconds).
+    elapsed_ms: float | None = None
 
     def declared_tools(self) -> dict[str, Any] | None:
         if self._declared is False:
@@ -157,6 +159,7 @@ def view(exchange: Exchange | Mapping[str, Any]) -> View:
             "truncated": exchange.truncated,
             "timed_out": exchange.timed_out,
             "wire_response": exchange.wire_response,
+            "elapsed_ms": exchange.elapsed_ms,
         }
     elif isinstance(exchange, Mapping):
         data = exchange
@@ -213,6 +216,7 @@ def view(exchange: Exchange | Mapping[str, Any]) -> View:
             )
     response_text = data.get("response_text")
     wire = data.get("wire_response")
+    elapsed = data.get("elapsed_ms")
     return View(
         request=_dict_or_empty(data.get("request")),
         response=response,
@@ -223,6 +227,9 @@ def view(exchange: Exchange | Mapping[str, Any]) -> View:
         timed_out=data.get("timed_out") is True,
         choices=choices,
         wire_response=wire if isinstance(wire, dict) else None,
+        elapsed_ms=float(elapsed)
+        if isinstance(elapsed, (int, float)) and not isinstance(elapsed, bool)
+        else None,
     )
 
 

@@ -2,9 +2,12 @@
 
 A captured transport failure is a crash or a hang of the server as the client saw it: a
 proxy's 502 (the upstream died or reset the connection), a reset / closed connection, or a
-proxy's 504 (the upstream stopped answering). The engine's replays carry the same kinds
-when their own server crashed mid-request or hung (triage/engine/crashes.py), so such a
-capture is reproduced only by a replay whose server crashed (or hung) too.
+proxy's 504 (the upstream stopped answering) -- unless the answer is a gateway's own error
+page (nginx's HTML, LiteLLM's JSON): that is the `gateway-error` finding, a gateway failure
+that says nothing yet about the server behind it (triage/checks/gateway.py). The engine's
+replays carry the same kinds when their own server crashed mid-request or hung
+(triage/engine/crashes.py), so such a capture is reproduced only by a replay whose server
+crashed (or hung) too -- or, for a gateway's page, by a replay through the gateway.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import re
 
 from triage.catalogue import Catalogue
 from triage.checks.base import Finding, View, _pass, check
+from triage.checks.gateway import gateway_page
 
 _CRASH_TEXT = re.compile(
     r"connection reset|reset by peer|upstream prematurely closed|server disconnected"
@@ -38,6 +42,9 @@ def _error_text(view: View) -> str:
 def check_server_crash(view: View) -> list[Finding]:
     """The server died under the request: a proxy's 502, or a reset / closed connection."""
     kind = "server-crash"
+    page = gateway_page(view)
+    if page is not None:
+        return _pass(kind, f"HTTP {view.status} is {page.gateway}'s page: a gateway failure")
     if view.status == 502:
         return [
             Finding(
@@ -70,6 +77,9 @@ def check_server_crash(view: View) -> list[Finding]:
 def check_server_hang(view: View) -> list[Finding]:
     """The server stopped answering: a proxy's 504 gateway timeout."""
     kind = "server-hang"
+    page = gateway_page(view)
+    if page is not None:
+        return _pass(kind, f"HTTP {view.status} is {page.gateway}'s page: a gateway failure")
     if view.status == 504:
         return [
             Finding(

@@ -25,7 +25,7 @@ def open_store(ctx: click.Context) -> Iterator[Store]:
     """The store named by --database / TRIAGE_DATABASE_URL; errors become clean messages."""
     url = (ctx.obj or {}).get("database")
     try:
-        store = Store(url)
+        store = Store(url, readonly=(ctx.obj or {}).get("read_only"))
     except StoreError as exc:
         raise click.ClickException(f"cannot open the knowledge base: {exc}") from None
     except SQLAlchemyError as exc:
@@ -52,11 +52,23 @@ def open_store(ctx: click.Context) -> Iterator[Store]:
         raise click.ClickException(str(exc)) from None
     except SQLAlchemyError as exc:
         # One line: never the SQL statement or its parameters (they may hold captured text).
-        raise click.ClickException(
-            f"database error on {redact_url(store.url)}: {describe_db_error(exc)}"
-        ) from None
+        raise click.ClickException(db_error_line(store, exc)) from None
     finally:
         store.close()
+
+
+def db_error_line(store: Store, exc: SQLAlchemyError) -> str:
+    """One line for a database error in a command; a write refused by a read-only
+    knowledge base says so."""
+    detail = describe_db_error(exc)
+    if store.readonly and any(
+        marker in detail.lower() for marker in ("readonly", "read-only", "query_only")
+    ):
+        return (
+            f"the knowledge base {redact_url(store.url)} is open read-only; this command "
+            f"writes ({detail})"
+        )
+    return f"database error on {redact_url(store.url)}: {detail}"
 
 
 def echo_json(data: Any) -> None:

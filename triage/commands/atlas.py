@@ -13,7 +13,7 @@ from triage.atlas.facts import facts_from_exchange, facts_from_log, facts_from_s
 from triage.atlas.report import atlas_entries, format_matches, read_log_file
 from triage.capture import CaptureError
 from triage.commands import echo_json
-from triage.commands.capture import collect
+from triage.commands.capture import FormatChoice, collect
 from triage.symptoms import classify
 
 
@@ -163,9 +163,16 @@ def _facts_json(facts: Facts) -> dict[str, Any]:
     "--build",
     type=click.IntRange(min=1),
     default=None,
-    help="The llama.cpp build the failing server ran, when the input does not say.",
+    help="The llama.cpp build the failing server ran (over a build the input states).",
 )
-@click.option("--format", "fmt", default="auto", show_default=True, help="Capture format.")
+@click.option(
+    "--format",
+    "fmt",
+    type=FormatChoice(),
+    default="auto",
+    show_default=True,
+    help="Capture format.",
+)
 @click.option(
     "--exchange", "pick", type=click.IntRange(min=1), metavar="N", help="Only the N-th exchange."
 )

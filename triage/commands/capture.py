@@ -16,13 +16,13 @@ from kb.store import (
     CONTENT_HASH,
     Store,
     StoreError,
-    add_evidence,
+    add_evidence_many,
     attach_evidence,
     exchange_content_hash,
     exchange_hashes,
     get_incident,
+    last_evidence_id,
     orphan_evidence,
-    redact_url,
 )
 from triage.atlas.report import check_lines, check_matches
 from triage.capture import (
@@ -34,6 +34,8 @@ from triage.capture import (
     read_file,
 )
 from triage.capture import parse as parse_capture
+from triage.capture.common import check_unicode
+from triage.commands import db_error_line
 from triage.symptoms import Finding, classify
 
 # Exit status for bad input or a refused write, as every command: `Error: ...` and 1
@@ -41,6 +43,9 @@ from triage.symptoms import Finding, classify
 EXIT_INPUT_ERROR = 1
 # `check --fail-on`: a matching finding failed (the input itself was fine).
 EXIT_FINDING_FAILED = 3
+# Exchanges committed per transaction by `capture` (a HAR of 10,000 exchanges in one
+# transaction held SQLite's write lock for minutes).
+CAPTURE_BATCH = 200
 
 
 @dataclass
@@ -406,6 +411,15 @@ def check_command(
     help="Attach this orphan evidence (an id from --orphans, or all) to --incident; "
     "repeatable. No FILE needed.",
 )
+@click.option(
+    "--batch",
+    type=click.IntRange(min=1, max=100_000),
+    default=CAPTURE_BATCH,
+    show_default=True,
+    metavar="N",
+    help="Commit the exchanges N at a time (each batch atomic; a capture cut short keeps its "
+    "whole batches and running it again stores the rest, never twice).",
+)
 @click.pass_context
 def capture_command(
     ctx: click.Context,
@@ -419,13 +433,17 @@ def capture_command(
     incident_slug: str | None,
     orphans: bool,
     attach_keys: tuple[str, ...],
+    batch: int,
 ) -> None:
     """Store captured exchanges (redacted, with their findings) as evidence.
 
-    Accepts the same inputs as `triage check`. All files go in one transaction: on any
-    error nothing is stored and the message names the file and the line or JSON path.
+    Accepts the same inputs as `triage check`. Every file is read and checked before
+    anything is stored: on bad input nothing is stored and the message names the file and
+    the line or JSON path. The exchanges are then committed --batch at a time (readers and
+    other writers wait for one batch at most); a capture cut short keeps its whole batches.
     An exchange whose content is already stored (on the incident, or among the captures
-    attached to none) is not stored again; the output names the evidence it matches.
+    attached to none) is not stored again; the output names the evidence it matches, so
+    running a cut-short capture again stores the rest.
     Captures stored without --incident are listed by `--orphans` and attached later with
     `--attach ID|all --incident SLUG`.
     """
@@ -440,7 +458,7 @@ def capture_command(
     if not files:
         raise click.UsageError("give a FILE to capture (or --orphans, --attach)")
     items = _classify_all(_gather(files, fmt, request, response, skip_bad, pick))
-    keys, duplicates = _store_items(ctx, items, incident_slug)
+    keys, duplicates = _store_items(ctx, items, incident_slug, batch)
     if as_json:
         out = []
         for n, item in enumerate(items):
@@ -471,41 +489,109 @@ def _key_number(key: str) -> tuple[int, str]:
     return (int(digits) if digits else -1, key)
 
 
+def _batches(count: int, size: int) -> Iterator[range]:
+    for start in range(0, count, size):
+        yield range(start, min(start + size, count))
+
+
 def _store_items(
-    ctx: click.Context, items: list[Classified], incident_slug: str | None
+    ctx: click.Context, items: list[Classified], incident_slug: str | None, batch: int
 ) -> tuple[dict[int, str], set[int]]:
     """Store each exchange unless its content is already there: (keys by position, the
-    positions that were duplicates)."""
+    positions that were duplicates).
+
+    The exchanges are committed `batch` at a time, each batch one transaction: a large
+    capture holds the write lock for one batch at a time, and a capture cut short (killed,
+    a full disk) keeps its whole batches; running it again stores the rest (the content
+    hashes skip what is already there)."""
     keys: dict[int, str] = {}
     duplicates: set[int] = set()
-    with _store_session(ctx) as session:
+    total = len(items)
+    done = 0
+    seen = _Held({})
+    with _open_kb(ctx) as store:
+        for positions in _batches(total, batch):
+            done += _store_batch(store, items, positions, incident_slug, keys, duplicates, seen)
+            if total > batch:
+                click.echo(f"stored {done}/{total} exchange(s) (batch committed)", err=True)
+    return keys, duplicates
+
+
+@dataclass
+class _Held:
+    """The content hashes already stored, read incrementally batch after batch."""
+
+    hashes: dict[str, str]
+    last_id: int = 0
+
+
+def _store_batch(
+    store: Store,
+    items: list[Classified],
+    positions: range,
+    incident_slug: str | None,
+    keys: dict[int, str],
+    duplicates: set[int],
+    seen: _Held,
+) -> int:
+    """One batch of `_store_items`, one transaction; how many exchanges it covered."""
+    with store.session() as session:
         incident_id = _incident_id(session, incident_slug)
-        held = exchange_hashes(session, incident_id)
-        for n, item in enumerate(items):
-            ex = item.exchange
-            exchange = ex.to_dict()
-            digest = exchange_content_hash(exchange)
+        # What was stored since the previous batch (another capture may have stored some
+        # of these exchanges meanwhile); the whole set on the first batch.
+        last_id = last_evidence_id(session)
+        seen.hashes.update(exchange_hashes(session, incident_id, after_id=seen.last_id))
+        held = {**seen.hashes}
+        pending: list[tuple[int, str, dict[str, Any]]] = []
+        for n in positions:
+            item = items[n]
+            exchange = item.exchange.to_dict()
+            digest = _content_hash(item, exchange)
             if digest in held:
                 keys[n] = held[digest]
                 duplicates.add(n)
                 continue
-            kinds = ", ".join(item.symptoms) or "no symptoms"
-            evidence = add_evidence(
-                session,
-                incident_id=incident_id,
-                kind="exchange",
-                summary=f"captured {ex.source_format} exchange {item.label()}: {kinds}",
-                payload={
-                    "exchange": exchange,
-                    "findings": [f.to_dict() for f in item.findings],
-                    "symptoms": item.symptoms,
-                    CONTENT_HASH: digest,
-                },
-                source=f"{ex.source_format}:{ex.source_file}"
-                + (f":{ex.location}" if ex.location else ""),
-            )
-            keys[n] = held[digest] = evidence.key
-    return keys, duplicates
+            held[digest] = ""  # a repeat inside this batch: filled in below
+            pending.append((n, digest, _evidence_spec(item, exchange, digest)))
+        rows = add_evidence_many(session, incident_id, [spec for *_, spec in pending])
+        for (n, digest, _spec), row in zip(pending, rows, strict=True):
+            keys[n] = held[digest] = row.key
+        for n in positions:  # repeats inside the batch name the row stored first
+            if n in duplicates and not keys[n]:
+                keys[n] = held[exchange_content_hash(items[n].exchange.to_dict())]
+    seen.last_id = last_id  # committed: the next batch reads the rows stored after it
+    return len(positions)
+
+
+def _content_hash(item: Classified, exchange: dict[str, Any]) -> str:
+    """The exchange's content hash; text that is not valid Unicode (a lone surrogate from
+    a format that does not check it) is named by its JSON path instead of a traceback."""
+    try:
+        return exchange_content_hash(exchange)
+    except UnicodeEncodeError:
+        try:
+            check_unicode(exchange, item.label())
+        except CaptureError as exc:
+            raise StoreError(str(exc)) from None
+        raise StoreError(f"{item.label()}: not valid Unicode") from None
+
+
+def _evidence_spec(item: Classified, exchange: dict[str, Any], digest: str) -> dict[str, Any]:
+    """What `add_evidence_many` stores for one captured exchange."""
+    ex = item.exchange
+    kinds = ", ".join(item.symptoms) or "no symptoms"
+    return {
+        "kind": "exchange",
+        "summary": f"captured {ex.source_format} exchange {item.label()}: {kinds}",
+        "payload": {
+            "exchange": exchange,
+            "findings": [f.to_dict() for f in item.findings],
+            "symptoms": item.symptoms,
+            CONTENT_HASH: digest,
+        },
+        "source": f"{ex.source_format}:{ex.source_file}"
+        + (f":{ex.location}" if ex.location else ""),
+    }
 
 
 def _incident_id(session: Any, slug: str | None) -> int | None:
@@ -518,22 +604,30 @@ def _incident_id(session: Any, slug: str | None) -> int | None:
 
 
 @contextmanager
-def _store_session(ctx: click.Context, readonly: bool = False) -> Iterator[Any]:
-    """One transaction on the knowledge base; store and database errors become `Error:`."""
+def _open_kb(ctx: click.Context) -> Iterator[Store]:
+    """The knowledge base; store and database errors inside the block become `Error:`."""
     url = (ctx.obj or {}).get("database")
     try:
-        store = Store(url)
+        store = Store(url, readonly=(ctx.obj or {}).get("read_only"))
+    except StoreError as exc:
+        _fail(f"cannot open the knowledge base: {exc}")
     except SQLAlchemyError as exc:
         _fail(f"cannot open the knowledge base: {exc.__class__.__name__}")
     try:
-        with store.session(readonly=readonly) as session:
-            yield session
+        yield store
     except StoreError as exc:
         _fail(str(exc))
     except SQLAlchemyError as exc:
-        _fail(f"database error on {redact_url(store.url)}: {exc.__class__.__name__}")
+        _fail(db_error_line(store, exc))
     finally:
         store.close()
+
+
+@contextmanager
+def _store_session(ctx: click.Context, readonly: bool = False) -> Iterator[Any]:
+    """One transaction on the knowledge base; store and database errors become `Error:`."""
+    with _open_kb(ctx) as store, store.session(readonly=readonly) as session:
+        yield session
 
 
 def _list_orphans(ctx: click.Context, as_json: bool) -> None:

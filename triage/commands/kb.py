@@ -12,7 +12,11 @@ from kb.files import export_incidents, import_paths, list_records, load_record
 from kb.models import CAUSE_STATUSES, INCIDENT_STATUSES
 from kb.sidecar import sidecar_paths
 from kb.store import StoreError, count_orphan_evidence, open_incident
+from kb.textguard import shorten
 from triage.commands import echo_json, open_store
+
+# `incidents list` prints one line per incident: longer titles are cut (--json has them whole).
+LIST_TITLE = 100
 
 
 @click.command("import")
@@ -99,7 +103,7 @@ def list_command(
         click.echo("no incidents")
     for row in rows:
         decision = f" [{row['decision']}]" if row["decision"] else ""
-        click.echo(f"{row['slug']}  {row['status']}{decision}  {row['title']}")
+        click.echo(f"{row['slug']}  {row['status']}{decision}  {shorten(row['title'], LIST_TITLE)}")
     if orphans:
         # On stderr: the listing itself stays one incident per line for scripts.
         click.echo(

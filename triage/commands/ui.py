@@ -108,8 +108,10 @@ def start_ui(
     settings: UiSettings | None = None,
     stacks: Sequence[str | Path] = (),
     secrets: Path | None = None,
+    read_only: bool = False,
 ) -> None:
-    """Migrate the knowledge base, then replace this process with the Streamlit server."""
+    """Migrate the knowledge base, then replace this process with the Streamlit server.
+    `read_only` (`triage --read-only ui`): open it read-only here and in the server."""
     try:
         if settings is None:
             settings = resolve_settings(host, stacks=stacks, secrets=secrets)
@@ -117,12 +119,16 @@ def start_ui(
         raise click.ClickException(str(exc)) from None
     url = database_url(database)
     try:
-        Store(url).close()  # apply migrations once, and fail here with a clear message
+        # Apply migrations once (a read-only store checks the schema), and fail here with a
+        # clear message.
+        Store(url, readonly=True if read_only else None).close()
     except StoreError as exc:
         raise click.ClickException(f"{redact_url(url)}: {exc}") from None
     except SQLAlchemyError as exc:
         raise click.ClickException(f"{redact_url(url)}: {describe_db_error(exc)}") from None
     env = dict(os.environ, TRIAGE_DATABASE_URL=url, **settings.to_env())
+    if read_only:
+        env["TRIAGE_READ_ONLY"] = "1"
     login = {
         "none": "no login (loopback only)",
         "oidc": "OIDC login",
@@ -217,6 +223,7 @@ def ui_command(
         host=host,
         settings=settings,
         secrets=secrets,
+        read_only=bool(ctx.obj and ctx.obj.get("read_only")),
     )
 
 

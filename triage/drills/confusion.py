@@ -25,6 +25,7 @@ import json
 import sys
 import tempfile
 from collections.abc import Iterable, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -199,7 +200,8 @@ def run_drill(name: str, work: Path, causes: Sequence[str], max_requests: int | 
     import time
 
     from kb.store import Store
-    from triage.drills.registry import build_drill
+    from triage.drills import gateway as gateway_drill
+    from triage.drills.registry import SERVED, build_drill
     from triage.engine import DiagnoseOptions, diagnose
     from triage.stackfile import load_stack
 
@@ -207,24 +209,34 @@ def run_drill(name: str, work: Path, causes: Sequence[str], max_requests: int | 
     try:
         drill = build_drill(name, work / "drill")
         request, cap = failing_request(drill.manifest)
-        body, capture = drill.request(request), _recorded_capture(drill, work)
-        # A drill whose replies never end (context shift) names the replay timeout it needs.
-        timeout = float(drill.manifest.get("replay_timeout") or DiagnoseOptions.request_timeout)
-        store = Store(f"sqlite:///{work / 'kb.db'}")
-        try:
-            diagnosis = diagnose(
-                store,
-                load_stack(drill.out_dir / "stack.toml"),
-                capture["request"] if capture else body,
-                options=DiagnoseOptions(
-                    max_requests=max_requests or cap,
-                    log_dir=work / "runs",
-                    request_timeout=timeout,
-                ),
-                **({k: capture[k] for k in ("exchange", "findings")} if capture else {}),
-            )
-        finally:
-            store.close()
+        with ExitStack() as services:
+            stack_path, capture = drill.out_dir / "stack.toml", _recorded_capture(drill, work)
+            if drill.name in SERVED:  # a running server behind a real gateway
+                served = services.enter_context(gateway_drill.serve(drill, work / "served"))
+                stack_path = served.stack_path
+                capture = {
+                    "request": served.request,
+                    "exchange": served.exchange,
+                    "findings": served.findings,
+                }
+            body = drill.request(request)
+            # A drill whose replies never end (context shift) names the replay timeout.
+            timeout = float(drill.manifest.get("replay_timeout") or DiagnoseOptions.request_timeout)
+            store = Store(f"sqlite:///{work / 'kb.db'}")
+            try:
+                diagnosis = diagnose(
+                    store,
+                    load_stack(stack_path),
+                    capture["request"] if capture else body,
+                    options=DiagnoseOptions(
+                        max_requests=max_requests or cap,
+                        log_dir=work / "runs",
+                        request_timeout=timeout,
+                    ),
+                    **({k: capture[k] for k in ("exchange", "findings")} if capture else {}),
+                )
+            finally:
+                store.close()
     except Exception as exc:  # noqa: BLE001 - one drill's failure is a row, not a traceback
         return Row(name, error=f"{type(exc).__name__}: {exc}", seconds=time.monotonic() - started)
     row = evaluate(name, drill.manifest, diagnosis, causes)

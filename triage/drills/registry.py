@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from triage.drills import client, gemma4, kv_cache, model_file, reason
+from triage.drills import client, flags, gateway, gemma4, kv_cache, model_file, reason
 from triage.drills import context as context_drill
 from triage.drills.compiler import WEIGHT_FORMATS, compile_design
 from triage.drills.host import host_workaround_args, host_workaround_note
@@ -289,7 +289,14 @@ _BUILDERS: dict[str, Callable[[Path, str], Drill]] = {
     client.CONVERSATION_DRILL: client.conversation_python_args,
     model_file.NAME: model_file.build,
     kv_cache.NAME: kv_cache.build,
+    gateway.NGINX: gateway.build_nginx,
+    gateway.LITELLM: gateway.build_litellm,
+    flags.NAME: flags.build,
 }
+
+# Drills that are served, not only built: a running llama-server behind a real gateway
+# (triage.drills.gateway.serve starts both, yields the stack and the client's capture).
+SERVED = frozenset(gateway.KINDS)
 
 
 # Drills whose failure is in a capture, not only in a request (the client's view of a

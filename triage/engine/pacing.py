@@ -176,16 +176,19 @@ def _slot_state(slot: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-async def timed_chat(client: Any, body: dict[str, Any], pace: ServerPace) -> Any:
-    """`client.chat(body)` within its budget, waited for past it while the server
-    progresses; ReplayTimeout when it stalls (kind "timeout") or is given up at the cap
-    (kind "slow")."""
+async def timed_chat(
+    client: Any, body: dict[str, Any], pace: ServerPace, *, stream: bool = False
+) -> Any:
+    """`client.chat(body)` (`chat_stream` when `stream`) within its budget, waited for past
+    it while the server progresses; ReplayTimeout when it stalls (kind "timeout") or is
+    given up at the cap (kind "slow")."""
     from triage.llama.client import LlamaClientError
 
     opts = pace.options
     budget = pace.budget(body)
     started = time.monotonic()
-    task = asyncio.ensure_future(client.chat(body, timeout=max(opts.cap, budget.seconds)))
+    call = client.chat_stream if stream else client.chat
+    task = asyncio.ensure_future(call(body, timeout=max(opts.cap, budget.seconds)))
     try:
         done, _ = await asyncio.wait({task}, timeout=budget.seconds)
         if not done:
@@ -196,7 +199,9 @@ async def timed_chat(client: Any, body: dict[str, Any], pace: ServerPace) -> Any
             if getattr(exc, "kind", "") == "timeout":
                 raise _slow(pace, budget, time.monotonic() - started) from None
             raise
-        timings = result.json.get("timings") if isinstance(result.json, dict) else None
+        timings = getattr(result, "timings", None) if stream else None
+        if not stream and isinstance(result.json, dict):
+            timings = result.json.get("timings")
         if isinstance(timings, dict):
             pace.observe(timings)
         return result

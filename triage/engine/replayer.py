@@ -80,16 +80,25 @@ async def score_one(
     seed: int,
     sem: AbstractAsyncContextManager[Any],
     pace: ServerPace | None = None,
+    *,
+    stream: bool = False,
 ) -> Reply:
-    """Send one replicate and score it (failure kinds, lengths, timings). With `pace`, its
-    time limit comes from the server's measured speed and a slow reply is waited for while
-    the server progresses (triage.engine.pacing); a reply that ends without an answer is an
-    errored reply whose error says why."""
+    """Send one replicate (streamed when `stream`) and score it (failure kinds, lengths,
+    timings). With `pace`, its time limit comes from the server's measured speed and a
+    slow reply is waited for while the server progresses (triage.engine.pacing); a reply
+    that ends without an answer is an errored reply whose error says why."""
     from triage.llama.client import LlamaClientError
 
     async with sem:
         started = time.monotonic()
         try:
+            if stream:
+                streamed = await (
+                    client.chat_stream(body)
+                    if pace is None
+                    else timed_chat(client, body, pace, stream=True)
+                )
+                return _scored_stream(arm, body, index, seed, streamed)
             result = await (client.chat(body) if pace is None else timed_chat(client, body, pace))
         except ReplayTimeout as exc:
             elapsed = time.monotonic() - started
@@ -128,12 +137,36 @@ async def score_one(
     )
 
 
+def _scored_stream(arm: str, body: dict[str, Any], index: int, seed: int, result: Any) -> Reply:
+    """A streamed reply scored like a non-streamed one: the SSE bytes as received (a
+    gateway's error page when it answered instead), the message re-assembled from them."""
+    request = {**body, "stream": True}
+    failed, kinds = classify_reply(request, result.status_code, result.raw, result.elapsed)
+    if result.status_code == 200 and not result.ok and "truncated-stream" not in kinds:
+        failed, kinds = True, sorted({*kinds, "truncated-stream"})
+    return Reply(
+        arm,
+        index,
+        seed,
+        failed,
+        kinds,
+        result.finish_reason,
+        len(result.content),
+        len(result.reasoning_content),
+        result.status_code,
+        result.elapsed,
+        dict(result.timings),
+        text=result.content,
+    )
+
+
 @dataclass
 class ArmRoute:
-    """Where an arm's replays go and how its request is varied."""
+    """Where an arm's replays go, how its request is varied, and whether it streams."""
 
     server: Server
     transform: Callable[[dict[str, Any]], dict[str, Any]]
+    stream: bool = False
 
 
 class Slots:
@@ -223,6 +256,7 @@ class LlamaReplayer:
                 self.seed + index,
                 pool.slots.take(arm),
                 self._pace(server),
+                stream=route.stream,
             )
             for index in indices
         ]

@@ -13,6 +13,9 @@ from typing import Any
 
 __all__ = ["Signature", "gate_message"]
 
+GATEWAY_KIND = "gateway-error"
+SERVER_FAILURE_KINDS = frozenset({"server-crash", "server-hang"})
+
 
 @dataclass(frozen=True)
 class Signature:
@@ -60,7 +63,12 @@ class Signature:
             return False
         if self.status_class in (None, 2) and status is not None and 400 <= status < 500:
             return False  # the replay itself was refused: not the captured failure
-        return not self.kinds or bool(self.kinds & set(reply.kinds))
+        kinds = set(reply.kinds)
+        if GATEWAY_KIND in self.kinds and kinds & SERVER_FAILURE_KINDS:
+            # A gateway's error page is what its client sees when the server behind it
+            # crashed or hung: a replay (direct) whose server crashed or hung reproduces it.
+            return True
+        return not self.kinds or bool(self.kinds & kinds)
 
 
 def _describe(reply: Any) -> str:

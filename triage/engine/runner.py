@@ -47,7 +47,9 @@ from triage.engine.servers import (
     Server,
     api_key_from_args,
     check_config,
+    check_gateway,
     check_url,
+    gateway_server,
     open_server,
     safe_args,
     safe_describe,
@@ -381,6 +383,8 @@ class Diagnoser:
             check_url(server.url)
         else:
             check_config(server, "$.server")
+        if self.stack.gateway is not None:
+            check_gateway(self.stack.gateway)
         for planned in probes.plan_arms(self.stack, self.request):
             if planned.config is not None:
                 check_config(planned.config, f"arm {planned.name}")
@@ -415,6 +419,7 @@ class Diagnoser:
             if crash is None:
                 report = report_of(exc)
                 why = report.sentence() if report is not None else str(exc)
+                why += startup_refusal(exc, report)
                 why = scrub_secrets(why, self.secrets)  # the launcher may quote its argv
                 raise EngineError(f"the incident's server did not start: {why}") from None
             crash = scrub_secrets(crash, self.secrets)
@@ -441,9 +446,13 @@ class Diagnoser:
             self._crash_mode_after(base, log_dir)
             return
         request_arms = [p for p in self.planned.values() if p.level == "request"]
+        client_side = gateway_server(self.stack, base)  # what the client used
         for planned in request_arms:
             self.arms[planned.name].launch_seconds = base.launch_seconds
-            self.replayer.routes[planned.name] = ArmRoute(base, planned.transform)
+            target = base if planned.endpoint == "server" else client_side
+            self.replayer.routes[planned.name] = ArmRoute(
+                target, planned.transform, stream=planned.stream
+            )
         scheduler = self._scheduler()
         rounds = self._server_rounds()
         with LaunchPool(log_dir, self.options.ready_timeout) as pool:
@@ -791,6 +800,24 @@ class _Router:
 
     async def replay(self, arm: str, indices: Any) -> list[Any]:
         return list(await self.routes[arm].replay(arm, indices))
+
+
+def startup_refusal(exc: BaseException, report: Any) -> str:
+    """For a server that exited with an error code at startup (not a signal): the log line
+    where it refused its launch configuration, as a finding of the server-flags cause."""
+    from triage.llama.flags import flag_error_line
+
+    texts = [str(getattr(exc, "log_tail", "") or ""), str(exc)]
+    if report is not None:
+        texts += [str(line) for line in getattr(report, "log_tail", ()) or ()]
+        texts += [str(line) for line in getattr(report, "errors", ()) or ()]
+    line = flag_error_line("\n".join(texts))
+    if line is None:
+        return ""
+    return (
+        f"; server-flags: it refused its launch configuration ({line!r}): fix or remove that "
+        "flag (its --help lists what this build accepts)"
+    )
 
 
 def _host_workaround(stack: Stack) -> str | None:

@@ -120,10 +120,16 @@ class ArmState:
             kind_counts=self.kind_counts(),
             raw_misplaced=sum(1 for r in self.replies if r.failed and r.raw_misplaced),
             error=self.error,
+            elapsed=tuple(_elapsed(r) for r in self.replies if not r.error),
+            failure_elapsed=tuple(_elapsed(r) for r in self.replies if not r.error and r.failed),
         )
 
     def has(self, index: int) -> bool:
         return any(r.index == index for r in self.replies)
+
+
+def _elapsed(reply: Any) -> float:
+    return float(getattr(reply, "elapsed_s", 0.0) or 0.0)
 
 
 def paired(baseline: ArmState, arm: ArmState) -> tuple[int, int]:

@@ -15,6 +15,9 @@ __all__ = [
     "EngineError",
     "Server",
     "api_key_from_args",
+    "check_flags",
+    "check_gateway",
+    "gateway_server",
     "open_server",
     "resolve_binary",
     "safe_args",
@@ -268,11 +271,57 @@ def check_config(config: ServerConfig, where: str) -> None:
         if flag in PATH_VALUE_FLAGS and flag != "--slot-save-path" and not Path(value).exists():
             raise EngineError(f"{where}: {flag} file not found: {value}")
     try:
-        resolve_binary(config.binary)
+        binary = resolve_binary(config.binary)
     except EngineError as exc:
         raise EngineError(f"{where}: {exc}") from None
     except Exception as exc:  # no built binary and no $LLAMA_SERVER_BIN
         raise EngineError(f"{where}: {exc}") from None
+    check_flags(binary, args, where)
+
+
+def check_flags(binary: Path, args: Sequence[str], where: str) -> None:
+    """Refuse args the binary's own `--help` does not list (named, with the closest known
+    spelling), before anything launches: such a server would exit at startup with
+    "invalid argument". Nothing is checked when the binary's usage cannot be read."""
+    from triage.llama.flags import binary_flags, unknown_flags
+
+    unknown = unknown_flags(args, binary_flags(binary))
+    if unknown:
+        raise EngineError(
+            f"{where}.args: {binary.name} ({binary}) does not know "
+            + ", ".join(u.text() for u in unknown)
+            + ": its --help lists no such flag, so it would exit at startup (server-flags)"
+        )
+
+
+def gateway_server(stack: Any, base: Server) -> Server:
+    """Where the client's requests went: the stack's `[gateway]` (LiteLLM, nginx... in front
+    of `base`), else `base` itself. The gateway forwards to `base`, so it has its slots."""
+    gateway = getattr(stack, "gateway", None)
+    if gateway is None:
+        return base
+    return Server(
+        f"gateway {gateway.url}",
+        ServerConfig(url=gateway.url),
+        gateway.url.rstrip("/"),
+        base.slots,
+        0.0,
+        api_key=gateway.api_key(),
+    )
+
+
+def check_gateway(gateway: Any, timeout: float = 5.0) -> None:
+    """The stack's gateway must accept a connection before a run records anything (any
+    HTTP answer will do: a gateway's own routes differ, /health may need a key)."""
+    import httpx
+
+    try:
+        with httpx.Client(timeout=timeout) as client:
+            client.get(gateway.url)
+    except httpx.HTTPError as exc:
+        raise EngineError(
+            f"$.gateway.url: {gateway.url} does not answer ({type(exc).__name__}: {exc})"
+        ) from None
 
 
 def check_url(url: str, timeout: float = 5.0) -> None:

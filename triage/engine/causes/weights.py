@@ -62,7 +62,7 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
             "alt-weights with the same chat template / thinking default",
             supports=[ARM],
         )
-    return removal_verdict(
+    verdict = removal_verdict(
         ID,
         alt,
         base,
@@ -71,6 +71,18 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
         unchanged_text="alternate weights leave the failure rate unchanged",
         supports=("weights-confounder",),
     )
+    if verdict.status == "confirmed":
+        verdict.rationale += CONFIRMED_LIMIT
+    return verdict
+
+
+# What a confirmation by the weights arm cannot tell apart (issue 24): other weights take
+# other kernels, so a swap that happens to avoid a miscompiled kernel looks the same.
+CONFIRMED_LIMIT = (
+    "; limit: a quant swap that happens to hide a toolchain miscompile (another quant type "
+    "runs other CPU/GPU kernels) confirms quantized-weights too -- the cpu-backend and "
+    "server-build arms tell them apart"
+)
 
 
 CAUSE = CauseRule(

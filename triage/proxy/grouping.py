@@ -16,8 +16,9 @@ Client-configured behaviour: a reply that did exactly what the request asked is 
 and shown but is no incident by default (`OpeningRules.open_on_client_limits`):
 
 - it stopped at the client's own `max_tokens` and nothing else failed (the truncation the
-  client asked for), or the limit is tiny (<= TINY_MAX_TOKENS: no answer fits, so an empty
-  or reasoning-only reply follows from the limit, not from the server);
+  client asked for), or the limit is tiny (<= TINY_MAX_TOKENS: no answer fits, so what a
+  cut reply shows -- empty content, a thought or tool call left open, JSON cut short --
+  follows from the limit, not from the server);
 - the client sent a stop list, the reply ended on a stop (not on the length limit) and the
   only failure is empty content: a stop string matched before any content.
 
@@ -40,6 +41,23 @@ TINY_MAX_TOKENS = 16
 # Exchanges of one model and shape that must be on record before an incident opens.
 MIN_EXCHANGES = 10
 LENGTH_FINISH = ("length", "max_tokens")
+# What a reply cut after a few tokens shows: no content, a thought or a tool call left open
+# (its markup in content), arguments or a JSON answer cut short. Below TINY_MAX_TOKENS these
+# follow from the client's limit (on the real drill server, max_tokens 2 gives
+# `length-stop+reasoning-markup-in-content`); server-level kinds (errors, timeouts,
+# crashes, mojibake) never do.
+CUT_KINDS = frozenset(
+    {
+        "length-stop",
+        "empty-content",
+        "reasoning-exhausted-budget",
+        "reasoning-markup-in-content",
+        "tool-markup-leaked",
+        "tool-args-invalid-json",
+        "tool-args-schema-violation",
+        "structured-output-failed",
+    }
+)
 
 # Most specific first: a kind earlier in this list explains the later ones when both fail.
 # Kinds not listed (a plugin's) rank after the listed specific kinds and before the
@@ -160,11 +178,7 @@ def client_limit(request: Any, response: Any, kinds: Iterable[str]) -> str:
     if limit is not None and reasons and all(r in LENGTH_FINISH for r in reasons):
         if failing == {"length-stop"}:
             return f"the reply stopped at the client's max_tokens {limit}"
-        if limit <= TINY_MAX_TOKENS and failing <= {
-            "length-stop",
-            "empty-content",
-            "reasoning-exhausted-budget",
-        }:
+        if limit <= TINY_MAX_TOKENS and failing <= CUT_KINDS:
             return f"the client's max_tokens {limit} leaves no room for an answer"
     if (
         _nonempty(request.get("stop"))

@@ -42,6 +42,8 @@ from kb.store import StoreError, add_evidence_many, get_incident
 KEY_SEPARATOR = "\x1f"
 # Appended to the signature of failures the client configured in charts and lists.
 CONFIGURED_MARK = "(client-configured)"
+# The count older proxy versions put at the end of an incident's title.
+_TITLE_COUNT = re.compile(r" \(\d+/\d+ failing\)$")
 # A decompressed body larger than this is refused (a zip bomb in a hand-edited row).
 MAX_BODY_BYTES = 16 * 1024 * 1024
 # Failing examples attached to an incident per batch: the first and latest are always kept
@@ -685,6 +687,14 @@ def update_detection(session: Session, live: LiveSignature, detection: dict[str,
     symptoms: every number shown for the incident is this one."""
     live.detection = dict(detection)  # reassign: JSON columns changed in place are not saved
     session.add(live)
+    incident = session.get(Incident, live.incident_id)
+    if incident is not None and not live.opened_by.startswith(MATCHED_PREFIX):
+        # A title written with the count at opening ("... (3/11 failing)", before titles
+        # carried none) would contradict the latest count: the count goes.
+        title = _TITLE_COUNT.sub("", incident.title)
+        if title != incident.title:
+            incident.title = title
+            session.add(incident)
     for symptom in session.exec(select(Symptom).where(Symptom.incident_id == live.incident_id)):
         observed = dict(symptom.observed or {})
         if "signature" in observed and not live.opened_by.startswith(MATCHED_PREFIX):

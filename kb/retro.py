@@ -294,7 +294,7 @@ def _error_text(exchange: dict[str, Any]) -> str:
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
             choice = choices[0]
     if choice.get("finish_reason"):
-        parts.append(f"finish\\_reason {code(choice['finish_reason'])}")
+        parts.append(f"finish_reason {code(choice['finish_reason'])}")
     error = exchange.get("error")
     if not error and isinstance(response, dict):
         error = response.get("error")

@@ -195,3 +195,32 @@ def test_client_limit_names_only_what_the_client_configured(
     response = {"choices": [{"finish_reason": finish, "message": {"content": ""}}]}
     found = client_limit(request_, response, kinds)
     assert (expected in found) if expected else found == ""
+
+
+def test_a_title_with_a_stale_count_loses_it_when_the_count_moves(tmp_path: Path) -> None:
+    """An incident opened before titles carried no count ("... (3/11 failing)") keeps no
+    number that contradicts the latest one."""
+    url = f"sqlite:///{tmp_path / 'kb.db'}"
+    store = Store(url)
+    try:
+        with store.session() as session:
+            row, _ = live.open_incident(
+                session,
+                model="fake-model.gguf",
+                signature="empty-content|2xx",
+                kinds=["empty-content"],
+                title="Live: empty-content from fake-model.gguf (3/11 failing)",
+                summary="new failure",
+                upstream={"model": "fake-model.gguf"},
+                detection={"rate": {"failures": 3, "n": 11}},
+                examples=[],
+                opened_by="old-proxy",
+            )
+            live.update_detection(session, row, {"rate": {"failures": 10, "n": 47}})
+        with store.session(readonly=True) as session:
+            (incident,) = session.exec(select(Incident)).all()
+            (listed,) = live.live_incidents(session)
+    finally:
+        store.close()
+    assert incident.title == "Live: empty-content from fake-model.gguf"
+    assert live.failing_text(listed["detection"]).startswith("10/47 failing")

@@ -191,7 +191,9 @@ def test_the_live_card_the_retro_and_the_export_give_one_count_with_its_time(
     # The failing exchanges are evidence of the symptoms: nothing "(no evidence recorded)".
     summary = _section(markdown, "Summary")
     assert "no evidence recorded" not in summary
-    assert "`acme-agent/2.3` got HTTP 200" in _section(markdown, "Client's error")
+    errors = _section(markdown, "Client's error")
+    assert "`acme-agent/2.3` got HTTP 200, finish_reason `length`" in errors
+    assert "\\_" not in markdown
 
 
 def test_captures_before_and_after_the_opening_are_not_one_entry(tmp_path: Path) -> None:

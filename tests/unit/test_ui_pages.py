@@ -522,6 +522,12 @@ def test_retrospective_renders_and_offers_the_markdown(kb_url: str) -> None:
     assert source.value.lstrip().startswith("# Retrospective: Gemma 4 on llama")
     links = [(p.proto.page, p.proto.query_string) for p in at.get("page_link")]
     assert ("incident", f"slug={REFERENCE}") in links
+    # The text to paste into Slack: its own markup, no anchors, no backslash escapes.
+    at.radio(key="retro_format").set_value("slack").run()
+    [slack] = [c for c in at.code if c.language == "markdown"]
+    assert slack.value.startswith("*Retrospective: Gemma 4 on llama")
+    assert "](#" not in slack.value and "\\" not in slack.value
+    assert at.get("download_button")[0].proto.label == "Download for slack"
 
 
 def test_retrospective_without_a_slug_opens_the_most_recent_incident(kb_url: str) -> None:

@@ -38,7 +38,7 @@ from triage.engine.naming import (
     identity_from_file,
     url_model_identity,
 )
-from triage.engine.pacing import PaceOptions
+from triage.engine.pacing import PaceOptions, ServerPace
 from triage.engine.replayer import ArmRoute, LaunchEachTime, LlamaReplayer
 from triage.engine.reproduction import Signature, gate_message
 from triage.engine.scheduler import ArmState, Scheduler, no_replies
@@ -431,6 +431,9 @@ class Diagnoser:
         return base
 
     def _run_arms(self, base: Server, kg_dims: dict[str, tuple[Any, Any]], log_dir: Path) -> None:
+        if base.pace is None and self.replayer.pace_options is not None:
+            # The observation requests measure the server's speed first (pacing).
+            base.pace = ServerPace(self.replayer.pace_options)
         asyncio.run(
             observe.observe_server(
                 base,

@@ -222,7 +222,9 @@ def test_a_server_that_hangs_on_requests_is_diagnosed_as_a_hang(
             store,
             load_stack(stack_path),
             drill.request("greedy"),
-            options=DiagnoseOptions(max_requests=4, request_timeout=3, log_dir=tmp_path / "runs"),
+            options=DiagnoseOptions(
+                max_requests=4, request_timeout=3, stall_seconds=10, log_dir=tmp_path / "runs"
+            ),
         )
     finally:
         store.close()

@@ -45,6 +45,7 @@ class Server:
     # The server's `--api-key` (in memory only): replays send it as `Authorization: Bearer`.
     api_key: str | None = field(default=None, repr=False)
     failure: Any = None  # the CrashReport once it crashed mid-request or hung (explain)
+    pace: Any = None  # its measured speed and /slots progress (triage.engine.pacing)
 
     def alive(self) -> bool:
         return self.handle is None or bool(self.handle.alive())
@@ -60,9 +61,9 @@ class Server:
     def death_message(self) -> str:
         report = self.failure or self.crash_report()
         if report is not None:
-            return f"server {safe_describe(self.config)}: {report.sentence()}"
+            return f"server {server_label(self.config)}: {report.sentence()}"
         code = getattr(self.handle, "returncode", None) if self.handle else None
-        return f"server {safe_describe(self.config)} died (exit code {code})"
+        return f"server {server_label(self.config)} died (exit code {code})"
 
     def crash_report(self) -> Any | None:
         """The launcher's CrashReport of a server that has exited, else None."""
@@ -103,6 +104,17 @@ def safe_describe(config: ServerConfig) -> dict[str, Any]:
 
         described["url"] = redact_url(str(described["url"]))
     return described
+
+
+def server_label(config: ServerConfig) -> str:
+    """One line naming a server configuration for messages (never a Python dict): its
+    model file and args (secret values masked), or its URL."""
+    described = safe_describe(config)
+    if described.get("model"):
+        name = str(described["model"]).rsplit("/", 1)[-1]
+        args = " ".join(str(a) for a in described.get("args") or [])
+        return f"{name} {args}".strip()[:300]
+    return f"at {described.get('url') or '?'}"
 
 
 def safe_stack_raw(raw: Any) -> Any:

@@ -762,16 +762,21 @@ def incident_live_counts(
 
 
 def first_failing(
-    session: Session, model: str, signature: str, since: datetime
+    session: Session, model: str, signature: str, since: datetime, shape: str | None = None
 ) -> tuple[str, datetime, dict[str, Any] | None] | None:
-    """The earliest exchange with this failure signature since `since`: key, time, payload."""
+    """The earliest exchange with this failure signature (and request shape, when given)
+    since `since`, not counting failures the client configured: key, time, payload."""
+    where: list[Any] = [
+        LiveExchange.model == model,
+        LiveExchange.signature == signature,
+        LiveExchange.client_limit == "",
+        col(LiveExchange.recorded_at) >= since,
+    ]
+    if shape is not None:
+        where.append(LiveExchange.shape == shape)
     row = session.exec(
         select(LiveExchange)
-        .where(
-            LiveExchange.model == model,
-            LiveExchange.signature == signature,
-            col(LiveExchange.recorded_at) >= since,
-        )
+        .where(*where)
         .order_by(col(LiveExchange.recorded_at), col(LiveExchange.id))
     ).first()
     if row is None:

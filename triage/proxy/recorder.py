@@ -665,7 +665,9 @@ class Recorder:
             return None
         if not detection.alarm or n + n0 < self.opening.min_exchanges:
             return None
-        first = self._first_example(session, model, items[0].row["signature"], since, examples)
+        first = self._first_example(
+            session, model, items[0].row["signature"], since, examples, shape
+        )
         upstream = dict(items[-1].example["payload"].get("upstream") or {})  # type: ignore[index]
         primary = primary_symptom(signature_kinds(group))
         main = max(variants, key=lambda sig: (variants[sig], sig)) if variants else group
@@ -757,9 +759,11 @@ class Recorder:
         signature: str,
         since: datetime,
         examples: list[dict[str, Any]],
+        shape: str | None = None,
     ) -> list[dict[str, Any]]:
-        """The earliest failing exchange of the window, when it came in an earlier batch."""
-        first = live.first_failing(session, model, signature, since)
+        """The earliest failing exchange of the window (of the problem's request shape, not
+        one the client configured), when it came in an earlier batch."""
+        first = live.first_failing(session, model, signature, since, shape)
         if first is None:
             return []
         key, recorded_at, payload = first

@@ -29,13 +29,21 @@ from datetime import date, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, text
+from sqlalchemy import select as sa_select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col, select
 
-from kb.models import Incident, LiveExchange, LiveSignature, Symptom, utcnow
+from kb.models import Evidence, Incident, LiveExchange, LiveSignature, Symptom, utcnow
+
+# The one wording of a live failing count, shared with the retrospective.
+from kb.retrotext import failing_text as failing_text
 from kb.store import StoreError, add_evidence_many, get_incident
 
 KEY_SEPARATOR = "\x1f"
+# Appended to the signature of failures the client configured in charts and lists.
+CONFIGURED_MARK = "(client-configured)"
+# The count older proxy versions put at the end of an incident's title.
+_TITLE_COUNT = re.compile(r" \(\d+/\d+ failing\)$")
 # A decompressed body larger than this is refused (a zip bomb in a hand-edited row).
 MAX_BODY_BYTES = 16 * 1024 * 1024
 # Failing examples attached to an incident per batch: the first and latest are always kept
@@ -139,6 +147,8 @@ class CellCount:
     signature: str
     failures: int
     n: int
+    # Why these failures are what the client configured ("" for real failures).
+    client_limit: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -155,53 +165,112 @@ def cell_counts(session: Session, since: datetime, until: datetime) -> list[Cell
             .group_by(LiveExchange.model, LiveExchange.client)
         ).all()
     }
-    cells = session.exec(
-        select(LiveExchange.model, LiveExchange.client, LiveExchange.signature, func.count())
+    cells = session.execute(
+        sa_select(
+            col(LiveExchange.model),
+            col(LiveExchange.client),
+            col(LiveExchange.signature),
+            col(LiveExchange.client_limit),
+            func.count(),
+        )
         .where(*window, col(LiveExchange.failed).is_(True))
-        .group_by(LiveExchange.model, LiveExchange.client, LiveExchange.signature)
+        .group_by(
+            LiveExchange.model,
+            LiveExchange.client,
+            LiveExchange.signature,
+            LiveExchange.client_limit,
+        )
     ).all()
     return sorted(
         (
-            CellCount(model, client, signature, int(k), totals.get((model, client), int(k)))
-            for model, client, signature, k in cells
+            CellCount(model, client, signature, int(k), totals.get((model, client), int(k)), why)
+            for model, client, signature, why, k in cells
         ),
-        key=lambda c: (c.model, c.client, c.signature),
+        key=lambda c: (c.model, c.client, c.signature, c.client_limit),
     )
 
 
 def signature_counts(
-    session: Session, model: str, signature: str, since: datetime, until: datetime
+    session: Session,
+    model: str,
+    signature: str,
+    since: datetime,
+    until: datetime,
+    shape: str | None = None,
 ) -> tuple[int, int]:
-    """(failures with `signature`, all exchanges) of one model in [since, until)."""
-    window = (
+    """(failures with `signature`, all exchanges) of one model (and request shape, when
+    given) in [since, until); failures the client configured are not counted as failures."""
+    window: list[Any] = [
         LiveExchange.model == model,
         col(LiveExchange.recorded_at) >= since,
         col(LiveExchange.recorded_at) < until,
-    )
+    ]
+    if shape is not None:
+        window.append(LiveExchange.shape == shape)
     n = session.exec(select(func.count()).select_from(LiveExchange).where(*window)).one()
     k = session.exec(
         select(func.count())
         .select_from(LiveExchange)
-        .where(*window, LiveExchange.signature == signature)
+        .where(*window, LiveExchange.signature == signature, LiveExchange.client_limit == "")
     ).one()
     return int(k), int(n)
+
+
+@dataclass(frozen=True)
+class ShapeCounts:
+    """All exchanges of one model x request shape in a window, and its failures by
+    signature: those the client configured (its own max_tokens or stop list) apart."""
+
+    n: int
+    failures: dict[str, int]
+    configured: dict[str, int]
+
+
+def shape_counts(
+    session: Session, model: str, shape: str, since: datetime, until: datetime
+) -> ShapeCounts:
+    """The exchanges of `model` with request shape `shape` in [since, until)."""
+    window = (
+        LiveExchange.model == model,
+        LiveExchange.shape == shape,
+        col(LiveExchange.recorded_at) >= since,
+        col(LiveExchange.recorded_at) < until,
+    )
+    n = session.exec(select(func.count()).select_from(LiveExchange).where(*window)).one()
+    failures: dict[str, int] = {}
+    configured: dict[str, int] = {}
+    for signature, why, k in session.exec(
+        select(LiveExchange.signature, LiveExchange.client_limit, func.count())
+        .where(*window, col(LiveExchange.failed).is_(True))
+        .group_by(LiveExchange.signature, LiveExchange.client_limit)
+    ).all():
+        into = configured if why else failures
+        into[signature] = into.get(signature, 0) + int(k)
+    return ShapeCounts(int(n), failures, configured)
 
 
 def series(
     session: Session, since: datetime, until: datetime, bucket: timedelta
 ) -> list[dict[str, Any]]:
     """Per time bucket and model x signature: failures and all exchanges (for charts)."""
-    rows = session.exec(
-        select(LiveExchange.recorded_at, LiveExchange.model, LiveExchange.signature)
+    rows = session.execute(
+        sa_select(
+            col(LiveExchange.recorded_at),
+            col(LiveExchange.model),
+            col(LiveExchange.signature),
+            col(LiveExchange.client_limit),
+        )
         .where(col(LiveExchange.recorded_at) >= since, col(LiveExchange.recorded_at) < until)
         .order_by(col(LiveExchange.recorded_at))
     ).all()
     width = max(bucket.total_seconds(), 1.0)
     totals: dict[tuple[int, str], int] = {}
     failures: dict[tuple[int, str, str], int] = {}
-    for recorded_at, model, signature in rows:
+    for recorded_at, model, signature, why in rows:
         slot = int((_naive(recorded_at) - _naive(since)).total_seconds() // width)
         totals[(slot, model)] = totals.get((slot, model), 0) + 1
+        if signature and why:
+            signature = f"{signature} {CONFIGURED_MARK}"
         if signature:
             failures[(slot, model, signature)] = failures.get((slot, model, signature), 0) + 1
     out = []
@@ -243,18 +312,32 @@ def latest_upstream(session: Session) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------- incidents
 
 
-def signature_key(model: str, signature: str) -> str:
-    return f"{model}{KEY_SEPARATOR}{signature}"
+def signature_key(model: str, signature: str, shape: str = "") -> str:
+    base = f"{model}{KEY_SEPARATOR}{signature}"
+    return f"{base}{KEY_SEPARATOR}{shape}" if shape else base
 
 
-def find_signature(session: Session, model: str, signature: str) -> LiveSignature | None:
-    key = signature_key(model, signature)
+def find_signature(
+    session: Session, model: str, signature: str, shape: str = ""
+) -> LiveSignature | None:
+    key = signature_key(model, signature, shape)
     return session.exec(select(LiveSignature).where(LiveSignature.key == key)).first()
 
 
+def find_problem(session: Session, model: str, problem: str) -> LiveSignature | None:
+    """The first signature row of a problem (its incident's; the problem's detection)."""
+    if not problem:
+        return None
+    return session.exec(
+        select(LiveSignature)
+        .where(LiveSignature.model == model, LiveSignature.problem == problem)
+        .order_by(col(LiveSignature.id))
+    ).first()
+
+
 def lock_signature(session: Session, model: str, signature: str) -> None:
-    """Serialise openers of one signature across replicas (PostgreSQL advisory lock, held
-    until the transaction ends). SQLite needs none: its writers already queue."""
+    """Serialise openers of one signature (or problem) across replicas (PostgreSQL advisory
+    lock, held until the transaction ends). SQLite needs none: its writers already queue."""
     if session.get_bind().dialect.name != "postgresql":
         return
     digest = hashlib.sha256(signature_key(model, signature).encode()).digest()
@@ -275,6 +358,39 @@ def _free_slug(session: Session, base: str) -> str:
     return slug
 
 
+def _observed(signature: str, detection: dict[str, Any]) -> dict[str, Any]:
+    """A live symptom's `observed`: the problem's failing k/n with the time it holds for."""
+    rate = detection.get("rate") or {}
+    window = detection.get("window_minutes")
+    return {
+        "signature": signature,
+        **rate,
+        **({"window_minutes": window} if window else {}),
+        **({"as_of": detection["as_of"]} if "as_of" in detection else {}),
+    }
+
+
+def _add_symptoms(
+    session: Session,
+    incident_id: int,
+    kinds: Iterable[str],
+    signature: str,
+    detection: dict[str, Any],
+) -> None:
+    """A symptom row per failing kind the incident does not list yet."""
+    have = set(session.exec(select(Symptom.key).where(Symptom.incident_id == incident_id)).all())
+    for kind in sorted(set(kinds) - have):
+        session.add(
+            Symptom(
+                incident_id=incident_id,
+                key=kind,
+                kind=kind,
+                description=f"{kind} in live traffic ({signature})",
+                observed=_observed(signature, detection),
+            )
+        )
+
+
 def open_incident(
     session: Session,
     *,
@@ -288,21 +404,26 @@ def open_incident(
     examples: Sequence[dict[str, Any]],
     opened_by: str,
     today: date | None = None,
+    shape: str = "",
+    problem: str = "",
 ) -> tuple[LiveSignature, bool]:
     """The signature's incident: opened with its rate, first and latest examples and the
     upstream identity, or (when a replica opened it first) the existing one.
 
     Returns (signature row, opened_now). `examples`: evidence items (kind `exchange`)
-    ordered oldest first, each with `live_key` in its payload.
+    ordered oldest first, each with `live_key` in its payload. `problem` (with `shape`):
+    the problem the incident tracks; further signatures of it become its variants
+    (`add_variant`).
     """
-    lock_signature(session, model, signature)
-    existing = find_signature(session, model, signature)
+    lock_signature(session, model, problem or signature)
+    existing = find_problem(session, model, problem) or find_signature(
+        session, model, signature, shape
+    )
     if existing is not None:
         return existing, False
     today = today or utcnow().date()
-    slug = _free_slug(
-        session, f"{today.isoformat()}-live-{_slug(model, 60)}-{_slug(signature, 80)}"
-    )
+    named = problem.partition("@")[0].partition("|")[0] if problem else signature
+    slug = _free_slug(session, f"{today.isoformat()}-live-{_slug(model, 60)}-{_slug(named, 80)}")
     incident = Incident(
         slug=slug,
         title=title,
@@ -317,28 +438,58 @@ def open_incident(
     session.add(incident)
     session.flush()
     assert incident.id is not None
-    for kind in sorted(set(kinds)):
-        session.add(
-            Symptom(
-                incident_id=incident.id,
-                key=kind,
-                kind=kind,
-                description=f"{kind} in live traffic ({signature})",
-                observed={"signature": signature, **detection.get("rate", {})},
-            )
-        )
+    _add_symptoms(session, incident.id, kinds, signature, detection)
     live = LiveSignature(
-        key=signature_key(model, signature),
+        key=signature_key(model, signature, shape),
         model=model[:300],
         signature=signature,
         incident_id=incident.id,
         opened_by=opened_by,
         detection=detection,
+        problem=problem[:300],
     )
     session.add(live)
     session.flush()
     add_examples(session, live, examples)
     return live, True
+
+
+def add_variant(
+    session: Session,
+    first: LiveSignature,
+    *,
+    signature: str,
+    kinds: Iterable[str],
+    shape: str,
+    opened_by: str,
+) -> LiveSignature:
+    """Record another symptom set (`signature`) of the problem `first` tracks on the same
+    incident: a signature row, symptoms for kinds not listed yet and a timeline entry.
+    Returns the existing row when the variant is already recorded."""
+    existing = find_signature(session, first.model, signature, shape)
+    if existing is not None:
+        return existing
+    row = LiveSignature(
+        key=signature_key(first.model, signature, shape),
+        model=first.model,
+        signature=signature,
+        incident_id=first.incident_id,
+        opened_by=first.opened_by if first.opened_by.startswith(MATCHED_PREFIX) else opened_by,
+        detection=dict(first.detection),
+        problem=first.problem,
+    )
+    session.add(row)
+    _add_symptoms(session, first.incident_id, kinds, signature, first.detection)
+    incident = session.get(Incident, first.incident_id)
+    if incident is not None:
+        event = f"variant of the same problem seen by {opened_by}: {signature}"
+        incident.timeline = [
+            *(incident.timeline or []),
+            {"at": utcnow().isoformat(), "event": event},
+        ]
+        session.add(incident)
+    session.flush()
+    return row
 
 
 # Statuses of an incident still being worked on: live failures of the same family add
@@ -404,14 +555,18 @@ def open_or_attach(
     examples: Sequence[dict[str, Any]],
     opened_by: str,
     today: date | None = None,
+    shape: str = "",
+    problem: str = "",
 ) -> tuple[LiveSignature, str]:
-    """The incident for a live failure signature that just alarmed: the one already tracking
-    it (`existing`, examples not added), else an open or parked incident of the same family
-    opened by other means (`attached`: the signature, its examples and a timeline entry
-    are added to it), else a new one (`opened`, see `open_incident`)."""
+    """The incident for a live failure signature (of `problem`) that just alarmed: the one
+    already tracking it (`existing`, examples not added), else an open or parked incident
+    of the same family opened by other means (`attached`: the signature, its examples and
+    a timeline entry are added to it), else a new one (`opened`, see `open_incident`)."""
     kinds = sorted(set(kinds))
-    lock_signature(session, model, signature)
-    existing = find_signature(session, model, signature)
+    lock_signature(session, model, problem or signature)
+    existing = find_problem(session, model, problem) or find_signature(
+        session, model, signature, shape
+    )
     if existing is not None:
         return existing, "existing"
     incident = family_match(session, model=model, kinds=kinds, upstream=upstream)
@@ -428,16 +583,19 @@ def open_or_attach(
             examples=examples,
             opened_by=opened_by,
             today=today,
+            shape=shape,
+            problem=problem,
         )
         return row, "opened" if opened_now else "existing"
     assert incident.id is not None
     row = LiveSignature(
-        key=signature_key(model, signature),
+        key=signature_key(model, signature, shape),
         model=model[:300],
         signature=signature,
         incident_id=incident.id,
         opened_by=(MATCHED_PREFIX + opened_by)[:100],
         detection=detection,
+        problem=problem[:300],
     )
     session.add(row)
     event = f"live failure matched by {opened_by}: {summary}"
@@ -448,56 +606,138 @@ def open_or_attach(
     return row, "attached"
 
 
+# Live exchanges attached to one incident as evidence: the first ones and then no more --
+# every failing exchange stays in `liveexchange` (by its key; the signature row keeps the
+# latest), so the record and its export stay small (issue 28: 60 KB of YAML).
+MAX_EXAMPLES_PER_INCIDENT = 6
+
+
+def _live_examples(session: Session, incident_id: int) -> int:
+    return int(
+        session.exec(
+            select(func.count())
+            .select_from(Evidence)
+            .where(
+                Evidence.incident_id == incident_id,
+                Evidence.kind == "exchange",
+                col(Evidence.source).startswith("proxy:"),
+            )
+        ).one()
+    )
+
+
+def _briefed(item: dict[str, Any]) -> dict[str, Any]:
+    """An example with its short payload (`brief`, from the proxy) instead of the whole
+    exchange, when it has one."""
+    if not isinstance(item.get("brief"), dict):
+        return item
+    return {**item, "payload": item["brief"]}
+
+
 def add_examples(
     session: Session, live: LiveSignature, examples: Sequence[dict[str, Any]]
 ) -> list[str]:
-    """Attach failing exchanges to the signature's incident (the first ever and the latest
-    are kept in the signature row). Returns the new evidence keys."""
+    """Attach failing exchanges to the signature's incident, up to
+    MAX_EXAMPLES_PER_INCIDENT in all (the first ever and the latest are kept in the
+    signature row either way), each linked to the symptoms it shows. Returns the new
+    evidence keys."""
     if not examples:
         return []
-    chosen = list(examples)
-    if len(chosen) > MAX_EXAMPLES_PER_BATCH:
-        # The oldest and the newest, and evenly spaced ones between.
-        step = (len(chosen) - 1) / (MAX_EXAMPLES_PER_BATCH - 1)
-        chosen = [chosen[round(i * step)] for i in range(MAX_EXAMPLES_PER_BATCH)]
-    rows = add_evidence_many(session, live.incident_id, list(chosen))
-    keys = [str(item.get("payload", {}).get("live_key", "")) for item in chosen]
+    keys = [str(item.get("payload", {}).get("live_key", "")) for item in examples]
     if not live.first_exchange_key:
         live.first_exchange_key = keys[0]
     live.latest_exchange_key = keys[-1]
     session.add(live)
+    room = min(
+        MAX_EXAMPLES_PER_BATCH,
+        MAX_EXAMPLES_PER_INCIDENT - _live_examples(session, live.incident_id),
+    )
+    chosen = list(examples)
+    if room <= 0:
+        session.flush()
+        return []
+    if len(chosen) > room:
+        if room == 1:
+            chosen = chosen[:1]
+        else:
+            # The oldest and the newest, and evenly spaced ones between.
+            step = (len(chosen) - 1) / (room - 1)
+            chosen = [chosen[round(i * step)] for i in range(room)]
+    if _live_examples(session, live.incident_id):
+        chosen = [_briefed(item) for item in chosen]
+    else:  # the incident's first example is kept whole; the others refer to theirs
+        chosen = [chosen[0], *(_briefed(item) for item in chosen[1:])]
+    rows = add_evidence_many(session, live.incident_id, list(chosen))
+    symptoms = session.exec(select(Symptom).where(Symptom.incident_id == live.incident_id)).all()
+    for symptom in symptoms:
+        linked = [
+            row.key
+            for row, item in zip(rows, chosen, strict=True)
+            if symptom.kind in (item.get("payload", {}).get("symptoms") or [])
+        ]
+        if linked:
+            symptom.evidence_keys = [*(symptom.evidence_keys or []), *linked]
+            session.add(symptom)
     session.flush()
     return [row.key for row in rows]
 
 
 def update_detection(session: Session, live: LiveSignature, detection: dict[str, Any]) -> None:
+    """The problem's latest detection (with its `as_of`), also in the incident's live
+    symptoms: every number shown for the incident is this one."""
     live.detection = dict(detection)  # reassign: JSON columns changed in place are not saved
     session.add(live)
+    incident = session.get(Incident, live.incident_id)
+    if incident is not None and not live.opened_by.startswith(MATCHED_PREFIX):
+        # A title written with the count at opening ("... (3/11 failing)", before titles
+        # carried none) would contradict the latest count: the count goes.
+        title = _TITLE_COUNT.sub("", incident.title)
+        if title != incident.title:
+            incident.title = title
+            session.add(incident)
+    for symptom in session.exec(select(Symptom).where(Symptom.incident_id == live.incident_id)):
+        observed = dict(symptom.observed or {})
+        if "signature" in observed and not live.opened_by.startswith(MATCHED_PREFIX):
+            symptom.observed = _observed(str(observed["signature"]), detection)
+            session.add(symptom)
     session.flush()
 
 
 def live_incidents(session: Session) -> list[dict[str, Any]]:
-    """The incidents the proxy opened or attached to, newest first, with their rate."""
+    """The incidents the proxy opened or attached to, newest first, one entry each, with
+    the problem's latest detection and every signature (symptom variant) seen for it."""
     rows = session.exec(
         select(LiveSignature, Incident)
         .join(Incident, col(Incident.id) == col(LiveSignature.incident_id))
-        .order_by(col(LiveSignature.opened_at).desc(), col(LiveSignature.id).desc())
+        .order_by(col(LiveSignature.id))
     ).all()
-    return [
-        {
-            "slug": incident.slug,
-            "title": incident.title,
-            "status": incident.status,
-            "model": live.model,
-            "signature": live.signature,
-            "opened_at": live.opened_at,
-            "opened_by": live.opened_by,
-            "first_exchange": live.first_exchange_key,
-            "latest_exchange": live.latest_exchange_key,
-            "detection": live.detection,
-        }
-        for live, incident in rows
-    ]
+    by_incident: dict[int, list[tuple[LiveSignature, Incident]]] = {}
+    for live, incident in rows:
+        by_incident.setdefault(live.incident_id, []).append((live, incident))
+    out = []
+    for group in by_incident.values():
+        live, incident = group[0]
+        out.append(
+            {
+                "slug": incident.slug,
+                "title": incident.title,
+                "status": incident.status,
+                "model": live.model,
+                "signature": live.signature,
+                "problem": live.problem,
+                "variants": [row.signature for row, _ in group],
+                "opened_at": live.opened_at,
+                "opened_by": live.opened_by,
+                "first_exchange": live.first_exchange_key,
+                "latest_exchange": max(
+                    (row for row, _ in group),
+                    key=lambda r: (r.latest_exchange_key != "", r.id or 0),
+                ).latest_exchange_key,
+                "detection": live.detection,
+            }
+        )
+    out.sort(key=lambda item: (item["opened_at"], item["slug"]), reverse=True)
+    return out
 
 
 def incident_live_counts(
@@ -513,24 +753,30 @@ def incident_live_counts(
     until = until or utcnow() + timedelta(seconds=1)
     failures = total = 0
     for model in sorted({s.model for s in signatures}):
-        for live in (s for s in signatures if s.model == model):
-            k, n = signature_counts(session, model, live.signature, since, until)
+        n = 0
+        for signature in sorted({s.signature for s in signatures if s.model == model}):
+            k, n = signature_counts(session, model, signature, since, until)
             failures += k
         total += n
     return failures, total
 
 
 def first_failing(
-    session: Session, model: str, signature: str, since: datetime
+    session: Session, model: str, signature: str, since: datetime, shape: str | None = None
 ) -> tuple[str, datetime, dict[str, Any] | None] | None:
-    """The earliest exchange with this failure signature since `since`: key, time, payload."""
+    """The earliest exchange with this failure signature (and request shape, when given)
+    since `since`, not counting failures the client configured: key, time, payload."""
+    where: list[Any] = [
+        LiveExchange.model == model,
+        LiveExchange.signature == signature,
+        LiveExchange.client_limit == "",
+        col(LiveExchange.recorded_at) >= since,
+    ]
+    if shape is not None:
+        where.append(LiveExchange.shape == shape)
     row = session.exec(
         select(LiveExchange)
-        .where(
-            LiveExchange.model == model,
-            LiveExchange.signature == signature,
-            col(LiveExchange.recorded_at) >= since,
-        )
+        .where(*where)
         .order_by(col(LiveExchange.recorded_at), col(LiveExchange.id))
     ).first()
     if row is None:

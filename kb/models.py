@@ -179,6 +179,7 @@ class LiveExchange(SQLModel, table=True):
     __table_args__ = (
         Index("ix_liveexchange_cell", "model", "client", "signature", "recorded_at"),
         Index("ix_liveexchange_model_recorded", "model", "recorded_at"),
+        Index("ix_liveexchange_model_shape", "model", "shape", "recorded_at"),
     )
     id: Optional[int] = Field(default=None, primary_key=True)
     # Idempotency key chosen by the proxy when the exchange happened: a spooled exchange
@@ -201,13 +202,19 @@ class LiveExchange(SQLModel, table=True):
     # zlib-compressed JSON of the redacted exchange; None when a success was sampled out.
     body: Optional[bytes] = Field(default=None, sa_column=Column(LargeBinary, nullable=True))
     body_truncated: bool = False
+    # The request's shape (triage.proxy.grouping.request_shape), e.g. "chat.stream.tools".
+    shape: str = Field(default="", max_length=100)
+    # Why the failure is what the client configured (its max_tokens, its stop list); "" if not.
+    client_limit: str = Field(default="", max_length=200)
 
 
 class LiveSignature(SQLModel, table=True):
-    """A failure signature the proxy opened (or attached to) an incident for."""
+    """A failure signature the proxy opened (or attached to) an incident for; the signatures
+    of one problem (model x primary symptom x request shape) share its incident."""
 
+    __table_args__ = (Index("ix_livesignature_problem", "model", "problem"),)
     id: Optional[int] = Field(default=None, primary_key=True)
-    key: str = Field(max_length=400, unique=True)  # model + "\x1f" + signature
+    key: str = Field(max_length=400, unique=True)  # model + "\x1f" + signature [+ "\x1f" shape]
     model: str = Field(default="", max_length=300)
     signature: str = Field(max_length=300)
     incident_id: int = Field(foreign_key="incident.id", index=True, ondelete="CASCADE")
@@ -216,3 +223,5 @@ class LiveSignature(SQLModel, table=True):
     first_exchange_key: str = Field(default="", max_length=64)
     latest_exchange_key: str = Field(default="", max_length=64)
     detection: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    # "primary-kind|class@shape" (triage.proxy.grouping.problem_key); "" on rows from before.
+    problem: str = Field(default="", max_length=300)

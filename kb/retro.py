@@ -20,7 +20,7 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from markdown_it import MarkdownIt
@@ -40,6 +40,7 @@ from kb.retrotext import (
     escape,
     evidence_anchor,
     evidence_index,
+    failing_text,
     link_ids,
     sentences,
     slugify,
@@ -49,6 +50,7 @@ from kb.retrotext import (
 __all__ = [
     "CSS",
     "FACT_SECTIONS",
+    "FORMATS",
     "NO_EVIDENCE",
     "SAFE_SCHEMES",
     "SECTION_END",
@@ -68,6 +70,7 @@ __all__ = [
     "retro_html",
     "retro_markdown",
     "retro_section",
+    "retro_text",
     "sentences",
     "slugify",
     "strip_retro_section",
@@ -205,9 +208,17 @@ def _summary(record: dict[str, Any]) -> list[str]:
             "- **UNEXPLAINED:** the failure reproduced in the diagnosis and no cause in the "
             f"catalogue is confirmed: the causes tested were ruled out. {cite(ruled_out)}"
         )
-    groups = (("Cause", "confirmed"), ("Ruled out", "rejected"), ("Still open", "suspected"))
+    rate = _live_rate(record)
+    if rate:
+        lines.append(f"- *Live rate, as counted by the proxy: {rate}.*")
+    groups = (
+        ("Cause", "confirmed"),
+        ("Ruled out", "rejected"),
+        ("Did not apply", "not-applicable"),
+        ("Still open", "suspected"),
+    )
     for label, status in groups:
-        causes = [c for c in record.get("causes") or [] if c.get("status") == status]
+        causes = [c for c in record.get("causes") or [] if _summary_status(c) == status]
         tested = [c for c in causes if _decisive_keys(c)]
         if tested:
             lines.append(
@@ -228,6 +239,34 @@ def _summary(record: dict[str, Any]) -> list[str]:
     return lines or ["*Nothing is on record yet.*"]
 
 
+# Probes that observe rather than intervene: a cause they reject is one that did not apply
+# to the failing replies (thinking causes for a model that does not think), not one a test
+# ruled out; the summary lists them apart (issue 28).
+OBSERVING_PROBES = ("baseline", "template-render", "stack")
+
+
+def _summary_status(cause: dict[str, Any]) -> str:
+    status = str(cause.get("status"))
+    if status == "rejected" and str(cause.get("deciding_probe") or "") in OBSERVING_PROBES:
+        return "not-applicable"
+    return status
+
+
+def _live_rate(record: dict[str, Any]) -> str:
+    """The live failing count of the record's symptoms (the proxy's latest, with its
+    as-of time), worded as on the Live page; "" when the proxy counted none."""
+    for symptom in record.get("symptoms") or []:
+        observed = symptom.get("observed") or {}
+        if isinstance(observed, dict) and "failures" in observed and "n" in observed:
+            detection = {
+                "rate": observed,
+                "as_of": observed.get("as_of"),
+                "window_minutes": observed.get("window_minutes"),
+            }
+            return escape(failing_text(detection))
+    return ""
+
+
 def _impact(record: dict[str, Any]) -> list[str]:
     impact = str(record.get("impact") or "").strip()
     if not impact:
@@ -245,10 +284,25 @@ def _client_error(record: dict[str, Any]) -> list[str]:
         exchange = (item.get("payload") or {}).get("exchange")
         if item.get("kind") != "exchange" or not isinstance(exchange, dict):
             continue
-        lines.append(f"- {_error_text(exchange)} {cite([str(item.get('id'))])}")
+        who = _client_name(item.get("payload") or {}, exchange)
+        head = f"{code(who)} got " if who else ""
+        lines.append(f"- {head}{_error_text(exchange)} {cite([str(item.get('id'))])}")
         if len(lines) == 3:
             break
     return lines or ["*No captured exchange is on record.*"]
+
+
+def _client_name(payload: dict[str, Any], exchange: dict[str, Any]) -> str:
+    """The client that sent the exchange: the proxy's record of it, else the request's
+    User-Agent header; "" when neither is on record."""
+    if payload.get("client"):
+        return str(payload["client"])
+    headers = exchange.get("request_headers")
+    if isinstance(headers, dict):
+        for name, value in headers.items():
+            if str(name).lower() == "user-agent" and value:
+                return str(value)
+    return ""
 
 
 def _error_text(exchange: dict[str, Any]) -> str:
@@ -262,7 +316,7 @@ def _error_text(exchange: dict[str, Any]) -> str:
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
             choice = choices[0]
     if choice.get("finish_reason"):
-        parts.append(f"finish\\_reason {code(choice['finish_reason'])}")
+        parts.append(f"finish_reason {code(choice['finish_reason'])}")
     error = exchange.get("error")
     if not error and isinstance(response, dict):
         error = response.get("error")
@@ -319,19 +373,29 @@ def _timeline(record: dict[str, Any]) -> list[str]:
 def _add_captures(
     entries: list[TimelineEntry], record: dict[str, Any], recorded: list[dict[str, Any]]
 ) -> None:
-    """One line per captured source file: when its first exchange was recorded."""
-    by_source: dict[str, list[dict[str, Any]]] = {}
+    """Captured exchanges per source, one line per stretch between two recorded events
+    (exchanges before an incident was opened and after it are not one entry), each with
+    the time of its first and last exchange."""
+    moments = sorted(_timestamp(entry.get("at")) for entry in recorded)
+    by_stretch: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for item in record.get("evidence") or []:
         if item.get("kind") == "exchange":
-            by_source.setdefault(str(item.get("source") or "a capture"), []).append(item)
-    for position, (source, items) in enumerate(by_source.items()):
+            at = _timestamp(item.get("recorded_at"))
+            stretch = sum(1 for moment in moments if moment <= at)
+            source = str(item.get("source") or "a capture")
+            by_stretch.setdefault((source, stretch), []).append(item)
+    for position, ((source, _), items) in enumerate(by_stretch.items()):
         keys = [str(i.get("id")) for i in items]
+        times = sorted(_timestamp(i.get("recorded_at")) for i in items)
         first = min(items, key=lambda i: _timestamp(i.get("recorded_at")))
         if _represented(recorded, first.get("recorded_at"), keys):
             continue
         count = "a failing exchange" if len(items) == 1 else f"{len(items)} exchanges"
-        text = f"**{_when(first.get('recorded_at'))}**: Captured {count} from {code(source)}."
-        entries.append((_timestamp(first.get("recorded_at")), 1, position, f"{text} {cite(keys)}"))
+        when = _when(first.get("recorded_at"))
+        if len(times) > 1 and times[-1] - times[0] >= timedelta(minutes=1):
+            when = f"{when} to {_when(times[-1])}"
+        text = f"**{when}**: Captured {count} from {code(source)}."
+        entries.append((times[0], 1, position, f"{text} {cite(keys)}"))
 
 
 def _add_cause_moves(
@@ -481,15 +545,17 @@ def _decisions(record: dict[str, Any]) -> list[str]:
 
 
 def _family(record: dict[str, Any]) -> list[str]:
+    index = evidence_index(record)
     causes = {str(c.get("id")): c for c in record.get("causes") or []}
     lines = []
     for link in record.get("family") or []:
         cause = causes.get(str(link.get("cause")), {})
-        note = f" {cited(link['note'], _decisive_keys(cause))}" if link.get("note") else ""
+        # The link and its note are one claim: one citation at the end.
+        note = f" {link_ids(escape(link['note']), index)}" if link.get("note") else ""
         lines.append(
             f"- Here {code(link.get('cause'))} ({escape(cause.get('status', '?'))}) is in the "
             f"same failure family as {code(link.get('other_cause'))} of incident "
-            f"{code(link.get('incident'))}. {cite(_decisive_keys(cause))}{note}"
+            f"{code(link.get('incident'))}.{note} {cite(_decisive_keys(cause))}"
         )
     return lines or ["*No same-family incidents are on record.*"]
 
@@ -516,32 +582,45 @@ def _references(record: dict[str, Any]) -> list[str]:
     return lines or ["*No references are on record.*"]
 
 
-def _appendix(record: dict[str, Any], body: str, level: int) -> list[str]:
+def _appendix(record: dict[str, Any], body: str, level: int, *, anchors: bool = True) -> list[str]:
     """One short entry per cited id (its anchor, kind, time and summary); the evidence
-    itself, every replay included, stays in the record (`triage incidents show`, export)."""
+    itself, every replay included, stays in the record (`triage incidents show`, export).
+    Without `anchors`: one list item per id, no headings to link to."""
     evidence = _evidence(record)
     used = {m.group(1).replace("\\", "") for m in _CITE_RE.finditer(body)}
     hashes = "#" * level
     lines: list[str] = []
     for key in sorted(used, key=_key_sort):
         item = evidence.get(key)
-        lines += [f"{hashes} {escape(key)}", ""]
         if item is None:
-            lines += ["*This id is not in the record's evidence.*", ""]
+            missing = "*This id is not in the record's evidence.*"
+            lines += (
+                [f"{hashes} {escape(key)}", "", missing, ""]
+                if anchors
+                else [f"- **{escape(key)}**: {missing}"]
+            )
             continue
         meta = [escape(item.get("kind")), _when(item.get("recorded_at"))]
         if item.get("source"):
             meta.append(escape(_excerpt(item["source"], 80)))
-        lines += [f"*{', '.join(meta)}:* {escape(_excerpt(item.get('summary')))}", ""]
+        summary = escape(_excerpt(item.get("summary")))
+        if anchors:
+            lines += [f"{hashes} {escape(key)}", "", f"*{', '.join(meta)}:* {summary}", ""]
+        else:
+            lines.append(f"- **{escape(key)}** ({', '.join(meta)}): {summary}")
+    if not anchors and lines:
+        lines.append("")
     return lines or ["*No evidence is cited.*", ""]
 
 
 # --------------------------------------------------------------------------- documents
 
 
-def retro_markdown(record: dict[str, Any], *, level: int = 1) -> str:
+def retro_markdown(record: dict[str, Any], *, level: int = 1, anchors: bool = True) -> str:
     """The retrospective of one incident record as Markdown (title at heading `level`): one
-    page to paste into a postmortem, every claim cited, the evidence linked not inlined."""
+    page to paste into a postmortem, every claim cited, the evidence linked not inlined.
+    Without `anchors`, citations are plain `[E1, E2]` and the evidence a list (no in-page
+    links: they break when pasted into Slack or Jira)."""
     top, sub = "#" * level, "#" * (level + 1)
     slug = record.get("slug")
     header = [
@@ -570,9 +649,77 @@ def retro_markdown(record: dict[str, Any], *, level: int = 1) -> str:
     for title, lines in sections:
         body_lines += [f"{sub} {escape(title)}", "", *lines, ""]
     body = "\n".join(body_lines)
-    appendix = [f"{sub} Evidence", "", *_appendix(record, body, level + 2)]
+    appendix = [f"{sub} Evidence", "", *_appendix(record, body, level + 2, anchors=anchors)]
     text = "\n".join(header) + "\n" + body + "\n" + "\n".join(appendix)
+    if not anchors:
+        text = _CITE_GROUP_RE.sub(_plain_citation, text)
     return text.rstrip("\n") + "\n"
+
+
+# --------------------------------------------------------------------------- paste formats
+
+FORMATS = ("markdown", "plain", "slack")
+_CITE_GROUP_RE = re.compile(r"\\\[((?:\[(?:\\.|[A-Za-z0-9.-])+\]\(#[\w-]+\)(?:, )?)+)\\\]")
+# Escapes a pasted plain-Markdown page does not need: these characters are markup only at
+# places recorded text (one line, after a bullet) never reaches.
+_NEEDLESS_ESCAPE_RE = re.compile(r"\\([|#!~>])")
+_ANY_ESCAPE_RE = re.compile(r"\\([\\`*_\[\]<>|#!~-])")
+# A link as the retrospective writes it (`[title](<url>)`): Slack shows "title (url)".
+_LINK_RE = re.compile(r"\[((?:\\.|[^\]\\])*)\]\(<([^>]*)>\)")
+_HEADING_RE = re.compile(r"^#{1,6} (.+)$", re.MULTILINE)
+
+
+def _plain_citation(match: re.Match[str]) -> str:
+    keys = [m.group(1).replace("\\", "") for m in _CITE_RE.finditer(match.group(0))]
+    return f"[{', '.join(keys)}]"
+
+
+def _slack(text: str) -> str:
+    """Plain Markdown as Slack writes it: `*bold*`, `_italic_`, headings as bold lines,
+    no backslash escapes (Slack shows them). Italics in a retrospective are whole
+    statements (a line, after its bullet)."""
+    out = []
+    for line in text.splitlines():
+        bullet = re.match(r"^(\s*- )?", line)
+        prefix = bullet.group(0) if bullet else ""
+        body = line[len(prefix) :]
+        italic = len(body) > 2 and body[0] == "*" != body[1] and body.endswith("*")
+        if italic and not body.endswith("**"):
+            body = body[1:-1]
+        spans = re.split(r"(`[^`]*`)", body)  # code spans stay as they are
+        # Bold markers come in pairs (maybe around a code span): each `**` becomes `*`.
+        spans[::2] = [
+            _ANY_ESCAPE_RE.sub(r"\1", _LINK_RE.sub(r"\1 (\2)", part.replace("**", "*")))
+            for part in spans[::2]
+        ]
+        body = "".join(spans)
+        heading = _HEADING_RE.match(body)
+        if heading:
+            body = f"*{heading.group(1)}*"
+        elif italic:
+            body = f"_{body}_"
+        out.append(prefix + body)
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def retro_text(record: dict[str, Any], fmt: str = "markdown") -> str:
+    """The retrospective in a paste format: `markdown` (GitHub and the HTML page: citations
+    link to the evidence list), `plain` (Markdown for Jira, GitHub issues and wikis: plain
+    `[E1]` citations, no anchors, no needless backslash escapes) or `slack` (Slack's own
+    markup: `*bold*`, `_italic_`, no escapes)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown retrospective format {fmt!r} (one of {', '.join(FORMATS)})")
+    if fmt == "markdown":
+        return retro_markdown(record)
+    text = retro_markdown(record, anchors=False)
+    if fmt == "slack":
+        return _slack(text)
+    lines = []
+    for line in text.splitlines():
+        spans = re.split(r"(`[^`]*`)", line)
+        spans[::2] = [_NEEDLESS_ESCAPE_RE.sub(r"\1", part) for part in spans[::2]]
+        lines.append("".join(spans))
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def retro_section(record: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 
 __all__ = [
     "NO_EVIDENCE",
+    "failing_text",
     "attribute",
     "cite",
     "cited",
@@ -25,14 +26,17 @@ __all__ = [
 ]
 
 NO_EVIDENCE = "*(no evidence recorded)*"
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#!~])")
+_MD_SPECIAL = re.compile(r"([\\`*\[\]<>|#!~])")
+# An underscore between two letters or digits (`finish_reason`) cannot open or close
+# emphasis in CommonMark: it stays as is, so a pasted retro shows no `\_` (issue 28).
+_LOOSE_UNDERSCORE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
 
 
 def escape(text: Any) -> str:
     """Recorded text as inert inline Markdown: one line, Markdown punctuation escaped."""
     flat = " ".join(str(text).split())
-    return _MD_SPECIAL.sub(r"\\\1", flat)
+    return _LOOSE_UNDERSCORE.sub(r"\\_", _MD_SPECIAL.sub(r"\\\1", flat))
 
 
 def code(text: Any) -> str:
@@ -77,20 +81,30 @@ def cited(
     *,
     narrow: bool | None = None,
 ) -> str:
-    """Recorded prose with a citation after every sentence.
+    """Recorded prose with one citation per claim.
 
     The record links `keys` to the whole statement. A one-sentence statement cites them
-    all; in a longer one (or with `narrow=True`) each sentence cites those of `keys` it
-    draws on (see `attribute`), else `fallback` (default: all of `keys`).
+    all; in a longer one (or with `narrow=True`) each sentence draws on those of `keys`
+    it is attributed to (see `attribute`), else `fallback` (default: all of `keys`), and
+    consecutive sentences drawing on the same evidence are one claim with one citation
+    at its end (not `[E1]` after every sentence of a rationale).
     """
-    parts = []
+    parts: list[str] = []
+    run: list[str] = []  # consecutive sentences that draw on the same evidence
+    run_keys: list[str] | None = None
     split = sentences(text)
     if narrow is None:
         narrow = len(split) > 1
     for sentence in split:
         chosen = attribute(sentence, keys, index or {}) if narrow else []
         chosen = chosen or list(fallback or keys)
-        parts.append(f"{link_ids(escape(sentence), index or {})} {cite(chosen)}")
+        if run and chosen != run_keys:
+            parts.append(f"{' '.join(run)} {cite(run_keys or [])}")
+            run = []
+        run.append(link_ids(escape(sentence), index or {}))
+        run_keys = chosen
+    if run:
+        parts.append(f"{' '.join(run)} {cite(run_keys or [])}")
     return " ".join(parts) or cite(keys)
 
 
@@ -210,3 +224,21 @@ def _key_sort(key: str) -> tuple[str, int, str]:
     if match:
         return (match.group(1), int(match.group(2)), match.group(3))
     return (key, -1, "")
+
+
+def failing_text(detection: dict[str, Any], window_minutes: int | None = None) -> str:
+    """The one wording of a live failing count: "10/47 failing (95% CI 13%-35%) in the 10
+    min to 2026-12-01 14:48 UTC". Used by the Live page, the retrospective and the
+    incident's summary, from the same stored detection."""
+    rate = detection.get("rate") or {}
+    k, n = rate.get("failures", "?"), rate.get("n", "?")
+    text = f"{k}/{n} failing"
+    interval = rate.get("interval")
+    if isinstance(interval, list) and len(interval) == 2:
+        text += f" (95% CI {float(interval[0]):.0%}-{float(interval[1]):.0%})"
+    minutes = window_minutes or detection.get("window_minutes")
+    as_of = detection.get("as_of")
+    if as_of:
+        moment = str(as_of)[:16].replace("T", " ")
+        text += f" in the {minutes} min to {moment} UTC" if minutes else f" as of {moment} UTC"
+    return text

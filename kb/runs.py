@@ -28,6 +28,7 @@ from kb.records import Reply
 from kb.slugs import unique_incident_slug
 from kb.store import (
     CONTENT_HASH,
+    StoreError,
     add_evidence,
     add_evidence_many,
     exchange_content_hash,
@@ -242,7 +243,12 @@ def record_exchange(
     earlier diagnosis of the same incident) is not stored again: its existing key is used,
     as `triage capture` does."""
     kinds = [f["kind"] for f in findings if not f.get("passed", True)]
-    digest = exchange_content_hash(exchange)
+    try:
+        digest = exchange_content_hash(exchange)
+    except UnicodeEncodeError:
+        raise StoreError(
+            "the failing exchange is not valid Unicode (a lone surrogate): it cannot be stored"
+        ) from None
     key = exchange_hashes(session, incident_id).get(digest)
     if key is None:
         key = add_evidence(

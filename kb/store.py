@@ -65,6 +65,8 @@ TEXT_FIELDS: dict[type, dict[str, int]] = {
 # Bounded but not free text (names, not prose).
 NAME_FIELDS: dict[type, dict[str, int]] = {
     Incident: {"model": 300, "weights": 300, "server_build": 100},
+    CauseStatusChange: {"actor": 200},
+    Decision: {"decided_by": 200},
 }
 
 

@@ -97,6 +97,18 @@ FINDING_KINDS: tuple[Term, ...] = (
         "a gateway's own error page (nginx, LiteLLM, ...): 502/504, or a timeout in front of "
         "llama-server -- a gateway failure, not a server crash",
     ),
+    Term(
+        "server-flag-error",
+        23,
+        "the server refused the request for its launch flags: 'tools param requires --jinja "
+        "flag', a template it cannot serve without --jinja",
+    ),
+    Term(
+        "schema-violation",
+        24,
+        "the request asked for a JSON schema and the content is not JSON or violates it "
+        "(HTTP 200: the grammar did not enforce it)",
+    ),
 )
 
 # Causes in today's catalogue (files, JSON schema enums and the engine use these).
@@ -123,6 +135,7 @@ RESERVED_CAUSES: tuple[Term, ...] = (
     Term("warmup-decode", 15, "only the warm-up decode crashes; --no-warmup removes it"),
     Term("cpu-threads", 16, "a multi-threaded CPU kernel crashes; one thread removes it"),
     Term("gateway-timeout", 18, "a gateway's deadline in front of llama-server; direct removes it"),
+    Term("server-flags", 19, "a launch flag (--no-jinja, an invalid argument) breaks requests"),
 )
 CAUSES: tuple[Term, ...] = CATALOGUE_CAUSES + RESERVED_CAUSES
 

@@ -10,6 +10,7 @@ that several incidents can share one graph (family links) without clashes.
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections import Counter
 from collections.abc import Callable
@@ -20,10 +21,22 @@ import networkx as nx
 STATUS_COLOURS = {
     "confirmed": "#c0392b",
     "suspected": "#e67e22",
-    "rejected": "#7f8c8d",
+    "rejected": "#616a6b",
 }
+# (fill, font) of each kind of node: every pair has a WCAG contrast ratio of at least 4.5
+# (AA for normal text; tests compute it from the DOT). White on orange (2.9) and on the
+# old grey (3.5) were not readable.
+DARK_TEXT = "#1d232a"
+STATUS_FONTS = {"confirmed": "#ffffff", "suspected": DARK_TEXT, "rejected": "#ffffff"}
+KIND_COLOURS = {
+    "incident": ("#2c3e50", "#ffffff"),
+    "probe": ("#d6eaf8", DARK_TEXT),
+    "decision": ("#f1c40f", DARK_TEXT),
+}
+DEFAULT_COLOURS = ("#ffffff", DARK_TEXT)
 KIND_SHAPES = {
     "incident": "doubleoctagon",
+    "catalogue": "box",
     "symptom": "box",
     "cause": "box",
     "probe": "box",
@@ -41,7 +54,7 @@ EDGE_STYLES = {
     "observed": "solid",
     "measured": "dotted",
 }
-LABEL_WIDTH = 22  # characters per line of a node label: wrapped, so the text stays large
+LABEL_WIDTH = 16  # characters per line of a node label: narrow nodes keep the graph narrow
 LABELLED_RELATIONS = {"supports", "refutes", "tested-by", "same-family"}
 
 
@@ -144,7 +157,10 @@ def _add_cause(
         graph.add_edge(node, incident_node, relation="explains")
     parent = cause.get("catalogue")
     if parent and parent != cause.get("id"):
-        graph.add_edge(node, f"{p}cause:{parent}", relation="context")
+        parent_node = f"{p}cause:{parent}"
+        if parent_node not in graph:  # the catalogue cause it refines, when not on record
+            graph.add_node(parent_node, kind="catalogue", label=f"catalogue: {parent}")
+        graph.add_edge(node, parent_node, relation="context")
     for link in cause.get("evidence") or []:
         key = str(link.get("id"))
         if key not in evidence_ids:
@@ -174,9 +190,16 @@ def _add_arms(
 ) -> None:
     """Probe-arm nodes, each attached to the causes whose evidence cites it (the arm decides
     them: `supports` or `refutes`); an arm that decides no cause hangs off the incident."""
-    for arm in arm_summaries(record):
-        probe = f"{p}probe:{arm['arm']}"
+    arms = arm_summaries(record)
+    names = Counter(str(arm["arm"]) for arm in arms)
+    for arm in arms:
+        # An arm measured twice (two runs, or a run resumed) is two nodes, each with its
+        # own numbers and evidence id, never one node with one run's label.
+        repeated = names[str(arm["arm"])] > 1
+        probe = f"{p}probe:{arm['arm']}" + (f"@{arm['evidence_id']}" if repeated else "")
         label = f"{arm['arm']}: {arm.get('failures')}/{arm.get('n')} failed"
+        if repeated:
+            label += f" ({arm['evidence_id']})"
         graph.add_node(probe, kind="probe", label=label, decision=str(arm.get("decision", "")))
         graph.add_edge(probe, evidence_node(arm["evidence_id"]), relation="supports")
         decides = [
@@ -211,13 +234,30 @@ def _dot_quote(value: str) -> str:
     return f'"{escaped}"'
 
 
+_LONG_WORD_BREAK = re.compile(r"(?<=[-_])")
+
+
 def _wrap(label: str) -> str:
-    """A node label wrapped to LABEL_WIDTH characters per line (newlines; `\\n` in DOT)."""
-    # Whole words only: the lines joined with spaces give the label back.
-    return (
-        "\n".join(textwrap.wrap(label, LABEL_WIDTH, break_long_words=False, break_on_hyphens=False))
-        or label
-    )
+    """A node label wrapped to LABEL_WIDTH characters per line (newlines; `\\n` in DOT).
+
+    Whole words: the lines joined with spaces give the label back -- except a word longer
+    than a line (an incident slug, a snake_case name), which is broken after its hyphens
+    and underscores: one 60-character slug on one line made the whole graph
+    wider, and the page scales a wide graph down until its labels are unreadable."""
+    lines: list[str] = []
+    for line in textwrap.wrap(label, LABEL_WIDTH, break_long_words=False, break_on_hyphens=False):
+        if len(line) <= LABEL_WIDTH:
+            lines.append(line)
+            continue
+        current = ""
+        for part in _LONG_WORD_BREAK.split(line):
+            if current and len(current) + len(part) > LABEL_WIDTH:
+                lines.append(current)
+                current = ""
+            current += part
+        if current:
+            lines.append(current)
+    return "\n".join(lines) or label
 
 
 def to_dot(graph: nx.MultiDiGraph) -> str:
@@ -226,7 +266,8 @@ def to_dot(graph: nx.MultiDiGraph) -> str:
         "digraph cause_graph {",
         "  rankdir=LR;",
         "  nodesep=0.2; ranksep=0.35;",
-        '  node [fontname="Helvetica", fontsize=18, style="rounded,filled", fillcolor="#ffffff", '
+        '  node [fontname="Helvetica", fontsize=18, style="rounded,filled", '
+        f'fillcolor="{DEFAULT_COLOURS[0]}", fontcolor="{DEFAULT_COLOURS[1]}", '
         'margin="0.1,0.05"];',
         '  edge [fontname="Helvetica", fontsize=14];',
     ]
@@ -239,14 +280,9 @@ def to_dot(graph: nx.MultiDiGraph) -> str:
         status = str(data.get("status", ""))
         if kind == "cause" and status in STATUS_COLOURS:
             attrs["fillcolor"] = STATUS_COLOURS[status]
-            attrs["fontcolor"] = "#ffffff"
-        elif kind == "incident":
-            attrs["fillcolor"] = "#2c3e50"
-            attrs["fontcolor"] = "#ffffff"
-        elif kind == "probe":
-            attrs["fillcolor"] = "#d6eaf8"
-        elif kind == "decision":
-            attrs["fillcolor"] = "#f1c40f"
+            attrs["fontcolor"] = STATUS_FONTS[status]
+        elif kind in KIND_COLOURS:
+            attrs["fillcolor"], attrs["fontcolor"] = KIND_COLOURS[kind]
         rendered = ", ".join(f"{k}={_dot_quote(v)}" for k, v in attrs.items())
         lines.append(f"  {_dot_quote(str(node))} [{rendered}];")
     for source, target, data in sorted(

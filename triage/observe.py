@@ -188,11 +188,19 @@ async def observe_server(
         body = probes.replay_body(request, seed)
         body["temperature"] = 0
         texts = []
+        # With the server's pace (triage.engine.pacing), these two replies are also its
+        # first speed measurement, and a slow server is waited for while it progresses.
+        from triage.engine.pacing import ReplayTimeout, timed_chat
+
+        pace = getattr(server, "pace", None)
         for _ in range(2):
             try:
-                result = await client.chat(copy.deepcopy(body))
+                if pace is not None:
+                    result = await timed_chat(client, copy.deepcopy(body), pace)
+                else:
+                    result = await client.chat(copy.deepcopy(body))
                 texts.append(committed_text(result.json))
-            except LlamaClientError as exc:
+            except (LlamaClientError, ReplayTimeout) as exc:
                 texts.append(f"error: {exc}")
         observations["determinism"] = {
             "name": "determinism",

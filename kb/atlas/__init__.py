@@ -5,15 +5,16 @@ kb knows nothing about llama-server: the facts are read in triage/atlas/ and han
 plain values (`Facts`).
 """
 
-from kb.atlas.importer import ImportResult, import_atlas
 from kb.atlas.loader import (
     ATLAS_PATH_ENV,
     SHIPPED_DIR,
     AtlasEntry,
     AtlasError,
     BuildRange,
+    ImportResult,
     Signatures,
     atlas_dirs,
+    import_atlas,
     load_atlas,
     load_entry,
     parse_entry,

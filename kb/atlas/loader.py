@@ -1,5 +1,5 @@
-"""Reading atlas entries: one Markdown file per public incident, YAML front matter checked
-against kb/schemas/atlas-entry.schema.json.
+"""Reading atlas entries (and importing a team's own): one Markdown file per public incident,
+YAML front matter checked against kb/schemas/atlas-entry.schema.json.
 
 Entry files come from this package (kb/atlas/entries/, shipped with the wheel) and from a
 team's own folders (`$TRIAGE_ATLAS_PATH`, `--atlas DIR`, the folder `triage atlas import`
@@ -24,7 +24,7 @@ import yaml
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from kb.fileio import InputTooLarge, load_yaml, read_bounded
+from kb.fileio import InputTooLarge, load_yaml, read_bounded, write_atomic
 from kb.store import data_dir
 
 __all__ = [
@@ -36,9 +36,11 @@ __all__ = [
     "AtlasEntry",
     "AtlasError",
     "BuildRange",
+    "ImportResult",
     "Signatures",
     "atlas_dirs",
     "entry_files",
+    "import_atlas",
     "load_atlas",
     "load_entry",
     "parse_entry",
@@ -330,3 +332,69 @@ def load_atlas(paths: Sequence[str | os.PathLike[str]] | None = None) -> tuple[A
             entry = _load_cached(path)
             by_id[entry.id] = entry
     return tuple(by_id[key] for key in sorted(by_id))
+
+
+# --------------------------------------------------------------------------- import
+# `triage atlas import DIR`: every file of DIR is read and schema-checked first; one bad file
+# refuses the whole import (the error names it) and nothing is written. Each file is then
+# written through `kb.fileio.write_atomic` (exclusive temporary file, rename), so a reader
+# of the team folder never sees half a file.
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    """What an import did, per entry id."""
+
+    folder: Path
+    added: tuple[str, ...]
+    updated: tuple[str, ...]
+    unchanged: tuple[str, ...]
+    overrides_shipped: tuple[str, ...]
+
+
+def import_atlas(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> ImportResult:
+    """Check every entry file of `source`, then copy them into `target` (created if needed).
+    Raises AtlasError (nothing written) when any file is refused or `source` has none."""
+    source_dir, target_dir = Path(source), Path(target)
+    files = entry_files(source_dir)
+    if not files:
+        raise AtlasError(source_dir, "$", "no entry files (*.md) in this folder")
+    if source_dir.resolve() == target_dir.resolve():
+        raise AtlasError(source_dir, "$", "this is the team atlas folder itself")
+    checked: list[tuple[str, bytes]] = []
+    for path in files:
+        entry = load_entry(path)  # raises on the first bad file; nothing written yet
+        checked.append((entry.id, read_bounded(path, MAX_ENTRY_BYTES)))
+    shipped = set()
+    if SHIPPED_DIR.is_dir():
+        shipped = {p.name.removesuffix(".md") for p in entry_files(SHIPPED_DIR)}
+    try:
+        target_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise AtlasError(target_dir, "$", f"cannot create: {exc.strerror or exc}") from None
+    added: list[str] = []
+    updated: list[str] = []
+    unchanged: list[str] = []
+    for entry_id, data in checked:
+        destination = target_dir / f"{entry_id}.md"
+        old = None
+        if destination.is_file():
+            try:
+                old = read_bounded(destination, MAX_ENTRY_BYTES)
+            except OSError:
+                old = None  # unreadable or oversized: replace it
+        if old == data:
+            unchanged.append(entry_id)
+            continue
+        try:
+            write_atomic(destination, data)
+        except OSError as exc:
+            raise AtlasError(destination, "$", f"cannot write: {exc.strerror or exc}") from None
+        (updated if old is not None else added).append(entry_id)
+    return ImportResult(
+        folder=target_dir,
+        added=tuple(added),
+        updated=tuple(updated),
+        unchanged=tuple(unchanged),
+        overrides_shipped=tuple(sorted(shipped & {entry_id for entry_id, _ in checked})),
+    )

@@ -90,7 +90,7 @@ def test_retro_of_the_diagnosed_drill_is_one_cited_page(parked: dict[str, Any]) 
         assert re.search(r"\d+/\d+", line), line
 
     # The client's error text and a timeline without repeats.
-    assert "finish\\_reason `length`" in "\n".join(found["Client's error"])
+    assert "finish_reason `length`" in "\n".join(found["Client's error"])
     timeline = "\n".join(found["Timeline"])
     assert "confirmed -\\> confirmed" not in timeline
     assert "Decision PARKED (by oncall)" in timeline

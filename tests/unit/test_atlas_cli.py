@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -15,6 +16,7 @@ from triage.atlas.facts import facts_from_log
 from triage.atlas.report import diagnosis_matches, format_match_dicts
 from triage.capture import load_file
 from triage.cli import cli
+from triage.commands.capture import Classified
 from triage.commands.engine import _print_atlas_before, format_diagnosis
 from triage.stackfile import ServerConfig, Stack
 from triage.symptoms import classify
@@ -132,7 +134,8 @@ def test_check_prints_the_matches_and_carries_them_in_json() -> None:
     assert "ramalama-988" in out
     code, out, _ = run("check", capture, "--json")
     (item,) = json.loads(out)
-    assert item["symptoms"] == ["http-error"]  # the findings are unchanged
+    assert "http-error" in item["symptoms"]
+    assert set(item) - {"atlas_matches"} == set(Classified(*_one(capture)).to_dict())
     assert [m["id"] for m in item["atlas_matches"]] == ["ramalama-988"]
 
 
@@ -204,3 +207,8 @@ def test_diagnose_prints_the_matches_before_probing(
         "Known public incidents (atlas -- a pointer, not a verdict):",
     ]
     assert "ramalama-988" in err[2]
+
+
+def _one(path: str) -> tuple[Any, list[Any]]:
+    exchange = load_file(path)[0]
+    return exchange, classify(exchange)

@@ -58,9 +58,9 @@ def test_an_incident_the_proxy_opens_carries_its_atlas_matches(tmp_path: Path) -
     recorder.start()
     try:
         now = time.time()
-        for i in range(8):
+        for i in range(10):  # the minimum comparison window: 10 exchanges
             recorder.submit(_error_record(f"a{i}", now - 30 + i))
-        recorder.flush(8)
+        recorder.flush(10)
         (opened,) = recorder.opened
     finally:
         recorder.stop()
@@ -79,9 +79,9 @@ def test_an_incident_without_a_signature_gets_no_reference(tmp_path: Path) -> No
     recorder.start()
     try:
         now = time.time()
-        for i in range(8):
+        for i in range(10):  # the minimum comparison window: 10 exchanges
             recorder.submit(raw_record(f"a{i}", "", at=now - 30 + i))  # empty content only
-        recorder.flush(8)
+        recorder.flush(10)
         assert len(recorder.opened) == 1
     finally:
         recorder.stop()

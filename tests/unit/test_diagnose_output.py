@@ -7,13 +7,16 @@ from typing import Any
 
 import pytest
 
+from kb.records import Reply
 from triage.commands.engine import (
     TOK_S_NOTE,
     ProgressPrinter,
     format_diagnosis,
     observation_sentence,
 )
+from triage.engine.eta import eta_bound
 from triage.engine.runner import ProgressEvent
+from triage.engine.scheduler import ArmState
 
 
 class FakeClock:
@@ -24,29 +27,53 @@ class FakeClock:
         return self.now
 
 
-def test_progress_lines_carry_elapsed_time_and_an_eta(capsys: pytest.CaptureFixture[str]) -> None:
+def _replies(arm: str, count: int, seconds: float) -> list[Reply]:
+    return [
+        Reply(arm, i, 1000 + i, True, ["length-stop"], "length", 0, 0, 200, seconds, {})
+        for i in range(count)
+    ]
+
+
+def test_the_eta_bound_is_replays_left_times_measured_time_over_slots() -> None:
+    baseline = ArmState("baseline", "as is", "request", "incident")
+    arm = ArmState("token-limit-x4", "x4", "request", "incident", ("token-limit",))
+    server_arm = ArmState("spec-off", "no draft", "server", "spec-off-server", ("spec",))
+    # Nothing timed yet: no bound at all.
+    assert eta_bound([baseline, arm, server_arm], 16, {"incident": 2}) is None
+    baseline.replies = _replies("baseline", 4, 10.0)  # 10 s a replay, 2 at once
+    arm.replies = _replies("token-limit-x4", 4, 30.0)  # its own replies are slower
+    bound = eta_bound([baseline, arm, server_arm], 16, {"incident": 2})
+    assert bound is not None
+    # baseline 12 left x the incident server's mean (4x10 + 4x30)/8 = 20 s / 2 slots = 120 s;
+    # the arm 12 x 20 / 2 = 120 s; the server arm, not started: 16 x the overall 20 s / 1.
+    assert bound.replays == 12 + 12 + 16
+    assert bound.seconds == pytest.approx(120 + 120 + 320)
+    # A decided arm adds nothing; once every other arm is done, neither does the baseline.
+    arm.decision = "removes"
+    server_arm.error = "server failed"
+    done = eta_bound([baseline, arm, server_arm], 16, {"incident": 2})
+    assert done is not None and done.seconds == 0 and done.replays == 0
+
+
+def test_progress_lines_carry_elapsed_time_and_the_engines_eta_bound(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     clock = FakeClock()
     show = ProgressPrinter(clock)
     show(ProgressEvent("launch", "starting the incident's server"))
     clock.now += 5
     show(ProgressEvent("plan", "5 request arms, 2 server arms"))
-    clock.now += 10  # one look: 10 s
-    show(ProgressEvent("probe", "look 1/4: 4 replays for a, b", 1, 4))
     clock.now += 10
-    show(ProgressEvent("probe", "look 2/4: 8 replays for a", 2, 4))
-    clock.now += 3
-    show(ProgressEvent("launch", "starting server for spec-off"))
-    clock.now += 10  # launch + first look of the server arm: 10 s
-    show(ProgressEvent("probe", "look 1/4: 4 replays for spec-off", 1, 4))
+    show(ProgressEvent("probe", "look 1/4: 4 replays for a, b", 1, 4, eta=None))
+    clock.now += 10
+    show(ProgressEvent("probe", "look 2/4: 8 replays for a", 2, 4, eta=110.0))
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].endswith("starting the incident's server  (0:00 elapsed)")
     assert lines[1].endswith("(0:05 elapsed)")
-    # 10 s a look: 3 looks left here + 2 server arms x 4 looks = 110 s at most.
-    assert lines[2].endswith("look 1/4: 4 replays for a, b  (0:15 elapsed, at most ~1:50 left)")
-    assert lines[3].endswith("(0:25 elapsed, at most ~1:40 left)")
-    # In the first server arm: 3 looks left + 1 server arm x 4 looks, at 10 s a look.
-    assert lines[5].endswith("(0:38 elapsed, at most ~1:10 left)")
-    assert "[#####...............] 1/4" in lines[5]
+    # Nothing measured yet: no bound is promised.
+    assert lines[2].endswith("look 1/4: 4 replays for a, b  (0:15 elapsed)")
+    assert lines[3].endswith("(0:25 elapsed, at most ~1:50 left at the measured pace)")
+    assert "[##########..........] 2/4" in lines[3]
 
 
 def test_a_known_good_search_is_named_in_the_eta(capsys: pytest.CaptureFixture[str]) -> None:
@@ -54,12 +81,14 @@ def test_a_known_good_search_is_named_in_the_eta(capsys: pytest.CaptureFixture[s
     show = ProgressPrinter(clock)
     show(ProgressEvent("plan", "2 request arms, 0 server arms, known-good search over ['model']"))
     clock.now += 6
-    show(ProgressEvent("probe", "look 1/2", 1, 2))
+    show(ProgressEvent("probe", "look 1/2", 1, 2, eta=6.0))
     line = capsys.readouterr().err.splitlines()[1]
-    assert line.endswith("(0:06 elapsed, at most ~0:06 left + the known-good search)")
+    assert line.endswith(
+        "(0:06 elapsed, at most ~0:06 left at the measured pace + the known-good search)"
+    )
 
 
-def test_progress_without_a_plan_shows_elapsed_only(capsys: pytest.CaptureFixture[str]) -> None:
+def test_progress_without_a_bound_shows_elapsed_only(capsys: pytest.CaptureFixture[str]) -> None:
     clock = FakeClock()
     show = ProgressPrinter(clock)
     show(ProgressEvent("crash", "the server crashed at startup; diagnosing the crash"))

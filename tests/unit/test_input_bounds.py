@@ -39,6 +39,21 @@ def test_a_lone_surrogate_is_named_by_its_json_path(store: Store, tmp_path: Path
     assert isinstance(result.exception, SystemExit)  # a clean `Error:` line, no traceback
     assert "$.request.messages[1].content: not valid Unicode" in result.output, result.output
     assert _count(store, Evidence) == 0
+    good = json.dumps(record).replace("PLACEHOLDER", "fine")
+    lines = tmp_path / "surrogate.jsonl"
+    lines.write_text(good + "\n" + bad.read_text(encoding="utf-8") + "\n", encoding="utf-8")
+    result = _cli(store.url, "capture", str(lines))
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    assert "line 2, $.request.messages[1].content: not valid Unicode" in result.output
+    stream = tmp_path / "surrogate.sse"
+    stream.write_text(
+        'data: {"choices":[{"delta":{"content":"a\\ud800b"}}]}\n\ndata: [DONE]\n\n',
+        encoding="utf-8",
+    )
+    result = _cli(store.url, "capture", str(stream))
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    assert "$.response.choices[0].message.content: not valid Unicode" in result.output
+    assert _count(store, Evidence) == 0
     # Undecodable bytes in an argument arrive as surrogates too: named, not a traceback.
     title = os.fsdecode(b"incident \xed\xa0\x80 title")
     opened = _cli(store.url, "incidents", "new", title)

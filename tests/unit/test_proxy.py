@@ -424,11 +424,11 @@ def test_failures_after_parking_fire_the_parked_incidents_capture_trigger(
     recorder.start()
     try:
         now = clock.time()
-        for i in range(8):
+        for i in range(10):  # the minimum comparison window: 10 exchanges of the shape
             recorder.submit(
                 raw_record(f"a{i}", "" if i % 2 else "A fine answer here.", at=now - 30 + i)
             )
-        recorder.flush(8)
+        recorder.flush(10)
         (opened,) = recorder.opened
         store = Store(db_file, migrate=False)
         try:
@@ -450,7 +450,7 @@ def test_failures_after_parking_fire_the_parked_incidents_capture_trigger(
             recorder.submit(
                 raw_record(f"b{i}", "" if i % 2 else "A fine answer here.", at=clock.time() + 1 + i)
             )
-        recorder.flush(14)
+        recorder.flush(16)
     finally:
         recorder.stop()
     assert len(recorder.opened) == 1  # the parked incident got the evidence, no new one
@@ -468,7 +468,7 @@ def test_failures_after_parking_fire_the_parked_incidents_capture_trigger(
     (trigger,) = [t for t in item.triggers if t.trigger["kind"] == "failure-rate"]
     # Unbiased: the proxy samples successes as evidence, so the rate comes from its counts.
     assert trigger.fired and "3/6 live exchanges failed since parked" in trigger.reason
-    assert counts == (7, 14)
+    assert counts == (8, 16)
 
 
 class _OneRequestPerConnection:

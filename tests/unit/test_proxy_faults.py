@@ -21,7 +21,7 @@ from test_proxy import rows
 
 from kb import live
 from triage.proxy import ProxyApp, ProxyConfig, ProxyMetrics, Recorder, serving
-from triage.proxy.guard import ClientLimits
+from triage.proxy.guard import ClientLimits, connection_bound
 from triage.proxy.server import ThreadedServer
 
 DYING_UPSTREAM = Path(__file__).with_name("dying_upstream.py")
@@ -325,6 +325,16 @@ def test_connections_over_the_bound_get_a_503_at_once(
         for sock in idle:
             sock.close()
     assert b'reason="connections"} 1.0' in app.metrics.exposition()
+
+
+def test_the_connection_bound_leaves_file_descriptors_for_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import resource
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 4096))
+    assert connection_bound(1024) == 512
+    assert connection_bound(100) == 100
 
 
 # --------------------------------------------------------------------------- long SSE

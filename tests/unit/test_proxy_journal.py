@@ -29,8 +29,10 @@ from triage.proxy.journal import SUFFIX, JournaledRecorder, encode_record, read_
 
 # Exchanges answered this long before the SIGKILL must all be recorded after the restart.
 # The journal's write interval is 20 ms; the margin is for a host whose two cores are busy
-# (the writer thread then waits for a CPU), not for the design.
-BOUND_SECONDS = 0.25
+# (the writer thread then waits for a CPU: up to 141 ms seen on a shared host with a load
+# average of 13), not for the design. Before the journal, exchanges answered up to 844 ms
+# before the kill were lost.
+BOUND_SECONDS = 0.5
 CLIENTS = 32
 MAX_REQUESTS = 3000
 KILL_AFTER_ANSWERED = 600
@@ -52,7 +54,9 @@ def _keys(db_url: str) -> list[str]:
 # --------------------------------------------------------------------------- in process
 
 
-def test_records_survive_the_journal_byte_for_byte(tmp_path: Path) -> None:
+def test_records_survive_the_journal(tmp_path: Path) -> None:
+    """Any byte of a body that is not JSON comes back as it was; a JSON body comes back as
+    the same JSON (re-serialised after redaction)."""
     record = raw_record("k1", "héllo \x00 bytes", at=1.0)
     record["request_body"] = bytes(range(256))
     segment = tmp_path / f"1-2-000001{SUFFIX}"
@@ -60,7 +64,9 @@ def test_records_survive_the_journal_byte_for_byte(tmp_path: Path) -> None:
     (back,) = read_segment(segment)
     assert back["request_body"] == bytes(range(256))
     assert back["request_headers"] == record["request_headers"]
-    assert b"".join(back["response_chunks"]) == b"".join(record["response_chunks"])
+    response = json.loads(b"".join(back["response_chunks"]))
+    assert response == json.loads(b"".join(record["response_chunks"]))
+    assert response["choices"][0]["message"]["content"] == "héllo \x00 bytes"
     assert back["key"] == "k1" and back["identity"] == record["identity"]
 
 
@@ -72,13 +78,19 @@ def test_secrets_never_reach_the_journal(tmp_path: Path) -> None:
     record["request_body"] = json.dumps(
         {"model": "m", "api_key": "another-secret-value", "messages": []}
     ).encode()
+    streamed = raw_record("k2", "unused", at=2.0)
+    streamed["stream"] = True
+    streamed["response_chunks"] = [
+        b'data: {"choices":[{"delta":{"content":"the key: ' + secret.encode() + b'"}}]}\n\n',
+        b"data: [DONE]\n\n",
+    ]
     recorder = JournaledRecorder(_recorder(tmp_path), tmp_path / "journal")
     recorder.start()
-    assert recorder.submit(record)
+    assert recorder.submit(record) and recorder.submit(streamed)
     assert recorder.sync()
     written = b"".join(p.read_bytes() for p in (tmp_path / "journal").glob(f"*{SUFFIX}"))
     recorder.stop()
-    assert b"k1" in written  # the record is there ...
+    assert b"k1" in written and b"k2" in written  # the records are there ...
     for value in (secret, "plain-api-key-value", "another-secret-value"):
         assert value.encode() not in written  # ... its secrets are not
 
@@ -120,6 +132,7 @@ def test_a_replay_of_exchanges_already_recorded_stores_nothing_twice(tmp_path: P
     assert second.replay_done.wait(30)
     second.stop()
     assert second.replayed == 50
+    assert b"triage_proxy_journal_replayed_total 50.0" in second.metrics.exposition()
     keys = _keys(db_url)
     assert len(keys) == 50 and len(set(keys)) == 50
 

@@ -38,6 +38,7 @@ from triage.proxy import (
     RecorderProcessError,
     serving,
 )
+from triage.proxy.grouping import OpeningRules
 
 
 def _closed_port() -> int:
@@ -147,7 +148,10 @@ def test_the_process_stores_the_same_rows_and_incident_as_the_thread(
         try:
             with store.session(readonly=True) as session:
                 (incident,) = session.exec(select(Incident)).all()
-                assert incident.title == "Live: empty-content from fake-model.gguf (6/12 failing)"
+                assert (
+                    incident.title
+                    == "Live: empty-content from fake-model.gguf (chat.json requests)"
+                )
         finally:
             store.close()
 
@@ -174,6 +178,8 @@ def test_metrics_and_the_incident_hook_live_in_the_parent(
         tmp_path / "spool.jsonl",
         metrics=metrics,
         on_incident=lambda incident: calls.append((os.getpid(), incident["slug"])),
+        # 8 exchanges are enough here: the opening rules cross into the child too.
+        opening=OpeningRules(min_exchanges=8),
     )
     app = ProxyApp(
         ProxyConfig(upstream, identity_refresh_seconds=0), recorder=recorder, metrics=metrics

@@ -183,3 +183,20 @@ def test_a_diagnosis_prints_the_stack_it_ran_on() -> None:
         {"incident": "x", "run_id": 1, "stack": {"server": {"url": "http://h:1"}}}
     )
     assert "stack: running server at http://h:1" in url
+
+
+def test_ctrl_c_says_whether_a_run_was_recorded(store: Store, tmp_path: Path) -> None:
+    from triage.commands.engine import _interrupted_message
+
+    # Before the run row (the incident's server still starting): nothing to resume.
+    assert _interrupted_message(store) == (
+        "interrupted before the run started: nothing was recorded, nothing to resume"
+    )
+    # After it: the run this process left interrupted, and how to continue it.
+    stack = _stack(tmp_path, "m.gguf")
+    slug, run_id = _run(
+        store, "m", stack, SMOL_REQ, state="interrupted", owner=runs.RunOwner.current()
+    )
+    message = _interrupted_message(store)
+    assert f"run {run_id} of {slug} is recorded as interrupted" in message
+    assert "triage diagnose --resume" in message

@@ -205,7 +205,7 @@ def test_the_clients_error_text_is_quoted_and_cited() -> None:
     assert line == "- HTTP 500; error `Failed to parse input at pos 12`. \\[[E9](#e9)\\]"
     empty = {"response": {"choices": [{"finish_reason": "length", "message": {"content": ""}}]}}
     (line,) = _section(retro_markdown(_with_exchange(empty)), "Client's error")
-    assert line == "- finish\\_reason `length`; the reply's content was empty. \\[[E9](#e9)\\]"
+    assert line == "- finish_reason `length`; the reply's content was empty. \\[[E9](#e9)\\]"
     long_reply = {"response": {"choices": [{"message": {"content": "word " * 100}}]}}
     (line,) = _section(retro_markdown(_with_exchange(long_reply)), "Client's error")
     assert "(500 chars)" in line and "...`." in line and len(line) < 300

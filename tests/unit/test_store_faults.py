@@ -315,3 +315,41 @@ def test_a_read_only_knowledge_base_behind_the_schema_is_a_clear_error(db_url: s
         assert current_revision(check.engine) == "0002_search"  # nothing was migrated
     finally:
         check.close()
+
+
+def test_the_ui_reads_a_read_only_knowledge_base(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    from kb.files import import_paths
+    from triage.ui import data
+
+    repo = Path(__file__).resolve().parents[2]
+    folder = tmp_path / "mounted"
+    url = f"sqlite:///{folder / 'kb.db'}"
+    writable = Store(url)
+    import_paths(writable, [repo / "incidents"])
+    writable.close()
+    monkeypatch.setenv("TRIAGE_DATABASE_URL", url)
+    data.forget_stores()
+    with _unwritable(folder):  # a read-only mount: no flag, the store finds out itself
+        try:
+            at = AppTest.from_file(str(repo / "triage" / "ui" / "app.py"), default_timeout=60).run()
+            assert not at.exception, [e.value for e in at.exception]
+            listed = [
+                slug
+                for df in at.dataframe
+                if "Incident" in df.value.columns
+                for slug in df.value["Incident"]
+            ]
+            assert "2026-06-10-gemma4-empty-response" in listed and len(listed) == 3
+            at.switch_page("views/incident.py")
+            at.query_params.update({"slug": "2026-06-10-gemma4-empty-response"})
+            at.run()
+            assert not at.exception, [e.value for e in at.exception]
+            page = [str(t.value) for t in at.title] + [str(m.value) for m in at.markdown]
+            assert any("gemma4-empty-response" in text or "Gemma 4" in text for text in page)
+            assert data.get_store().readonly
+        finally:
+            data.forget_stores()

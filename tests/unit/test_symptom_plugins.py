@@ -73,6 +73,8 @@ def test_builtin_checks_are_registered_through_entry_points() -> None:
         "checks-wire-client",
         "checks-utf8-mojibake",
         "checks-gateway",
+        "checks-server-flags",
+        "checks-schema",
     }
     assert {entry.id: entry.number for entry in checks} == vocab.KIND_NUMBERS
     assert [c.id for c in checks if not c.user_facing] == ["runaway-reasoning"]

@@ -102,3 +102,50 @@ def test_live_page_without_traffic_says_how_to_start(
         assert any("triage proxy" in str(i.value) for i in at.info)
     finally:
         data.forget_stores()
+
+
+LONG = "gemma-4-e2b-it-qat-instruct-experimental-release-candidate"
+
+
+@pytest.fixture
+def one_bucket_kb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Two models whose names differ only at the end, every exchange in the same minute."""
+    url = f"sqlite:///{tmp_path / 'kb.db'}"
+    store = Store(url)
+    now = utcnow() - timedelta(minutes=2)
+    try:
+        with store.session() as session:
+            rows = []
+            for i in range(12):
+                row = _row(i, "empty-content|2xx" if i % 3 == 0 else "", now)
+                row["model"] = f"{LONG}-{'Q4_K_M' if i % 2 else 'Q8_0'}.gguf"
+                rows.append(row)
+            live.insert_exchanges(session, rows)
+    finally:
+        store.close()
+    monkeypatch.setenv("TRIAGE_DATABASE_URL", url)
+    yield url
+    data.forget_stores()
+
+
+def test_a_window_in_one_bucket_draws_points_with_distinct_legend_labels(
+    one_bucket_kb: str,
+) -> None:
+    import json as _json
+
+    import pyarrow as pa
+
+    at = _open_live()
+    (chart,) = at.get("arrow_vega_lite_chart") or at.get("vega_lite_chart")
+    spec = _json.loads(chart.proto.spec)
+    # A line through one bucket draws nothing: each bucket is also a point.
+    mark = spec["mark"]
+    assert mark["type"] == "line" and mark["point"], mark
+    series: set[str] = set()
+    for dataset in chart.proto.datasets:  # Arrow IPC bytes of the chart's data
+        table = pa.ipc.open_stream(dataset.data.data).read_all()
+        series |= set(table.column("series").to_pylist())
+    assert len(series) == 2, series
+    assert any("Q4_K_M" in label for label in series)
+    assert any("Q8_0" in label for label in series)
+    assert spec["encoding"]["color"]["legend"]["labelLimit"] == 0

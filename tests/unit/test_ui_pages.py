@@ -18,6 +18,7 @@ from streamlit.testing.v1 import AppTest
 
 from kb.files import import_paths
 from kb.store import Store
+from triage.graph import STATUS_COLOURS
 from triage.ui import actions, data
 from triage.ui.text import md_unescape
 
@@ -206,8 +207,9 @@ def test_incident_page_graph_has_the_right_nodes(kb_url: str) -> None:
         r'fillcolor="#c0392b"',
         dot,
     )  # confirmed: red
-    assert re.search(r'"cause:quantized-weights" \[[^\]]*fillcolor="#7f8c8d"', dot)  # rejected
-    assert re.search(r'"decision:1" \[label="PARKED 2026-06-10"', dot)
+    rejected = STATUS_COLOURS["rejected"]
+    assert re.search(rf'"cause:quantized-weights" \[[^\]]*fillcolor="{rejected}"', dot)  # grey
+    assert re.search(r'"decision:1" \[label="PARKED\\n2026-06-10"', dot)
     assert any(code.language == "dot" and code.value.strip() == dot.strip() for code in at.code)
     assert "evidence:E9" not in nodes  # evidence nodes only on request
     at.toggle(key="graph_evidence").set_value(True)
@@ -520,6 +522,12 @@ def test_retrospective_renders_and_offers_the_markdown(kb_url: str) -> None:
     assert source.value.lstrip().startswith("# Retrospective: Gemma 4 on llama")
     links = [(p.proto.page, p.proto.query_string) for p in at.get("page_link")]
     assert ("incident", f"slug={REFERENCE}") in links
+    # The text to paste into Slack: its own markup, no anchors, no backslash escapes.
+    at.radio(key="retro_format").set_value("slack").run()
+    [slack] = [c for c in at.code if c.language == "markdown"]
+    assert slack.value.startswith("*Retrospective: Gemma 4 on llama")
+    assert "](#" not in slack.value and "\\" not in slack.value
+    assert at.get("download_button")[0].proto.label == "Download for slack"
 
 
 def test_retrospective_without_a_slug_opens_the_most_recent_incident(kb_url: str) -> None:

@@ -17,7 +17,7 @@ from kb.files import load_record
 from kb.records import ArmSummary
 from kb.runlog import evidence_runs, incident_runs
 from kb.store import Store, add_evidence
-from triage.graph import build_graph, to_dot
+from triage.graph import LABEL_WIDTH, build_graph, to_dot
 from triage.ui import data
 from triage.ui.runs import ALL_RUNS, load_runs, record_for_run
 
@@ -187,12 +187,12 @@ def test_graph_attaches_every_arm_to_what_it_decides_one_run_at_a_time(two_runs:
     assert relations[(f"incident:{slug}", "probe:baseline")] == "measured"
     dot = to_dot(without_evidence)
     # This run's numbers only (run 1 had thinking-off at 4/8).
-    assert '"probe:thinking-off" [label="thinking-off: 0/16\\nfailed"' in dot
+    assert '"probe:thinking-off" [label="thinking-off:\\n0/16 failed"' in dot
     assert "4/8" not in dot
     # Readable at default zoom: left to right, large type, labels wrapped.
     assert "rankdir=LR;" in dot and "fontsize=18" in dot
     labels = re.findall(r'label="([^"]*)", shape', dot)
-    assert all(len(line) <= 22 for label in labels for line in label.split("\\n"))
+    assert all(len(line) <= LABEL_WIDTH for label in labels for line in label.split("\\n"))
 
 
 @pytest.fixture

@@ -91,7 +91,7 @@ def loads(text: str, file: str, line_offset: int = 0, what: str = "JSON") -> Any
         ) from None
     check_depth(value, file)
     if _SURROGATE_ESCAPE.search(text):
-        check_unicode(value, file)
+        check_unicode(value, file, line_offset + 1 if line_offset else None)
     return value
 
 
@@ -101,9 +101,10 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
-def check_unicode(value: Any, file: str) -> None:
-    """Refuse a string (or key) holding a lone surrogate, naming its JSON path."""
-    stack: list[tuple[Any, str]] = [(value, "$")]
+def check_unicode(value: Any, file: str, line: int | None = None) -> None:
+    """Refuse a string (or key) holding a lone surrogate, naming its JSON path (after the
+    line of a JSONL record)."""
+    stack: list[tuple[Any, str]] = [(value, f"line {line}, $" if line else "$")]
     while stack:
         item, path = stack.pop()
         if isinstance(item, str):

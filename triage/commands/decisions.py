@@ -326,6 +326,16 @@ def revisit_command(
 @click.argument("slug")
 @click.option("--html", "as_html", is_flag=True, help="Render HTML instead of Markdown.")
 @click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["markdown", "plain", "slack"]),
+    default="markdown",
+    show_default=True,
+    help="markdown: citations link to the evidence list (GitHub, the HTML page); plain: "
+    "Markdown that pastes into Jira, GitHub issues and wikis (plain [E1] citations, no "
+    "anchors, no needless escapes); slack: Slack's markup (*bold*, _italic_, no escapes).",
+)
+@click.option(
     "--out",
     "out_file",
     type=click.Path(path_type=Path, dir_okay=False),
@@ -333,15 +343,19 @@ def revisit_command(
     help="Write to this file instead of stdout.",
 )
 @click.pass_context
-def retro_command(ctx: click.Context, slug: str, as_html: bool, out_file: Path | None) -> None:
-    """The incident's retrospective, generated from its record; every statement cites
-    its evidence. Markup in recorded text is inert in the HTML."""
+def retro_command(
+    ctx: click.Context, slug: str, as_html: bool, fmt: str, out_file: Path | None
+) -> None:
+    """The incident's retrospective, generated from its record; every claim cites its
+    evidence once. Markup in recorded text is inert in the HTML."""
     from kb.files import load_record
-    from kb.retro import retro_html, retro_markdown
+    from kb.retro import retro_html, retro_text
 
+    if as_html and fmt != "markdown":
+        raise click.UsageError("--html renders the markdown format; leave out --format")
     with open_store(ctx) as store, store.session(readonly=True) as session:
         record = load_record(session, slug)
-    text = retro_html(record) if as_html else retro_markdown(record)
+    text = retro_html(record) if as_html else retro_text(record, fmt)
     if out_file is None:
         click.echo(text, nl=False)
         return

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,6 @@ def validate_diagnosis(diagnosis: dict[str, Any]) -> None:
     validate(diagnosis)
 
 
-_PLAN = re.compile(r"(\d+) request arms?, (\d+) server arms?")
 # The observations a diagnosis prints, as sentences (the rest stay in --json / the record).
 # A diagnosis whose failure reproduced but that confirmed no cause (issue 23): its own
 # verdict and exit status (1 = error / not reproduced / partial, 2 = usage, 3 = check).
@@ -49,28 +47,26 @@ def _clock(seconds: float) -> str:
 
 
 class ProgressPrinter:
-    """Progress lines on stderr with the elapsed time and, once a look has been timed, an
-    ETA as a bound: the remaining looks of the running arms at the mean look time so far,
-    plus each server arm still to run up to the cap (arms usually decide sooner, so the
-    run usually ends well before it). `clock` is injectable for tests."""
+    """Progress lines on stderr with the elapsed time and, once replays have been timed, an
+    ETA as a bound: the engine's (ProgressEvent.eta, triage.engine.eta) -- the replays still
+    possible times the measured time of one replay over the replays run at once; arms
+    usually decide sooner, so the run usually ends well before it. No bound is printed
+    until one was measured. `clock` is injectable for tests."""
 
     def __init__(self, clock: Any = None) -> None:
         import time
 
         self.clock = clock or time.monotonic
         self.started: float | None = None
-        self.server_arms: int | None = None
-        self.server_arms_started = 0
         self.known_good = False
-        self.look_seconds = 0.0
-        self.looks = 0
-        self.last_look: float | None = None
 
     def __call__(self, event: Any) -> None:
         now = self.clock()
         if self.started is None:
             self.started = now
-        eta = self._track(event, now)
+        if event.stage == "plan":
+            self.known_good = "known-good" in str(event.message)  # arms planned later
+        eta = getattr(event, "eta", None)
         bar = ""
         if event.total:
             filled = int(20 * event.done / event.total)
@@ -78,33 +74,9 @@ class ProgressPrinter:
         timing = f"  ({_clock(now - self.started)} elapsed"
         if eta is not None:
             extra = " + the known-good search" if self.known_good else ""
-            timing += f", at most ~{_clock(eta)} left{extra}"
+            timing += f", at most ~{_clock(eta)} left at the measured pace{extra}"
         timing += ")"
         click.echo(f"  {event.stage:7} {bar}{event.message}{timing}", err=True)
-
-    def _track(self, event: Any, now: float) -> float | None:
-        if event.stage == "plan":
-            match = _PLAN.search(str(event.message))
-            self.server_arms = int(match.group(2)) if match else None
-            self.known_good = "known-good" in str(event.message)  # arms planned later
-            self.last_look = now  # the first look is timed from the plan
-        elif event.stage == "launch" and str(event.message).startswith("starting server for"):
-            self.server_arms_started += 1
-            self.last_look = None
-        if event.stage != "probe" or not event.total:
-            if event.stage == "launch":
-                self.last_look = now
-            return None
-        if self.last_look is not None:
-            self.look_seconds += now - self.last_look
-            self.looks += 1
-        self.last_look = now
-        if not self.looks or self.server_arms is None:
-            return None
-        per_look = self.look_seconds / self.looks
-        remaining_arms = max(0, self.server_arms - self.server_arms_started)
-        looks_left = int(event.total) - int(event.done) + remaining_arms * int(event.total)
-        return per_look * looks_left
 
 
 def _progress_printer() -> Any:
@@ -251,6 +223,8 @@ def _arm_lines(arms: list[dict[str, Any]]) -> list[str]:
             extra += f"  draft acceptance {arm['draft_acceptance']:.0%}"
         if arm.get("error"):
             extra += f"  ERROR: {arm['error']}"
+        elif not arm.get("n") and arm.get("decision") == "not-run":
+            extra += f"  NOT RUN: {arm.get('stopped') or 'no replay'}"
         lines.append(
             f"  {arm['name']:<24} {arm['failures']:>3}/{arm['n']:<3} rate {rate}  "
             f"[{lo:.2f}, {hi:.2f}]{_p_text(arm)}  {arm['decision']}{extra}"
@@ -418,7 +392,7 @@ def _exit_for_state(diagnosis: dict[str, Any]) -> None:
         raise click.ClickException(f"{message}")
     if state == "partial":
         raise click.ClickException(
-            "the run ended with errors (see the arms marked ERROR); continue it with "
+            "the run ended with errors (see the arms marked ERROR or NOT RUN); continue it with "
             f"`triage diagnose --resume --incident {diagnosis['incident']} --stack ...`"
         )
 

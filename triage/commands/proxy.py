@@ -95,6 +95,21 @@ _OPTIONS = (
         show_default=True,
         help="Seconds allowed between two upstream bytes (then 504).",
     ),
+    click.option(
+        "--open-on-client-limits",
+        is_flag=True,
+        help="Also open incidents for failures the client configured (a reply that stopped "
+        "at the request's own small max_tokens, a stop list that emptied the reply); "
+        "by default they are recorded and shown on the Live page only.",
+    ),
+    click.option(
+        "--min-exchanges",
+        type=click.IntRange(1, 1_000_000),
+        default=10,
+        show_default=True,
+        help="Exchanges of one model and request shape needed (current and trailing windows "
+        "together) before an incident opens: the minimum comparison window.",
+    ),
     click.option("--replica", default=None, help="Name of this replica (default: host-pid)."),
     click.option(
         "--recorder",
@@ -126,12 +141,15 @@ def proxy_command(
     window_minutes: int,
     trailing_minutes: int,
     upstream_timeout: float,
+    open_on_client_limits: bool,
+    min_exchanges: int,
     replica: str | None,
     recorder_mode: str,
 ) -> None:
     """Forward /v1/*, /props and /health to a llama-server, record every exchange, keep
     failure rates and open incidents when a failure signature appears or rises."""
     from triage.proxy import ProxyApp, ProxyConfig, ProxyMetrics, parse_listen
+    from triage.proxy.grouping import OpeningRules
 
     try:
         host, port = parse_listen(listen)
@@ -153,6 +171,9 @@ def proxy_command(
         "current_window": timedelta(minutes=window_minutes),
         "trailing_window": timedelta(minutes=trailing_minutes),
         "on_incident": hook,
+        "opening": OpeningRules(
+            open_on_client_limits=open_on_client_limits, min_exchanges=min_exchanges
+        ),
     }
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     recorder: Any = _start_recorder(recorder_mode, database, options, hook)

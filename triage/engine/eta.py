@@ -46,14 +46,14 @@ def eta_bound(
     server-level arms whose servers have not started (each up to the cap, on one slot, at
     the measured pace). None until some replay was timed."""
     arms = list(arms)
-    timed = [r.elapsed for a in arms for r in a.replies if (r.elapsed or 0) > 0]
+    timed = [r.elapsed_s for a in arms for r in a.replies if (r.elapsed_s or 0) > 0]
     if not timed:
         return None
     overall = sum(timed) / len(timed)
     per_group: dict[str, list[float]] = {}
     for arm in arms:
         per_group.setdefault(arm.group, []).extend(
-            r.elapsed for r in arm.replies if (r.elapsed or 0) > 0
+            r.elapsed_s for r in arm.replies if (r.elapsed_s or 0) > 0
         )
     seconds = 0.0
     replays = 0

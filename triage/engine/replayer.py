@@ -16,6 +16,7 @@ from typing import Any
 from kb.records import Reply
 from triage import probes
 from triage.causes import BASELINE
+from triage.engine.pacing import PaceOptions, ReplayTimeout, ServerPace, timed_chat
 from triage.engine.scheduler import ArmFailed
 from triage.engine.servers import Server
 from triage.observe import committed_text, finish_reason_of, message_of, raw_misplaced
@@ -78,19 +79,32 @@ async def score_one(
     index: int,
     seed: int,
     sem: AbstractAsyncContextManager[Any],
+    pace: ServerPace | None = None,
     *,
     stream: bool = False,
 ) -> Reply:
     """Send one replicate (streamed when `stream`) and score it (failure kinds, lengths,
-    timings)."""
+    timings). With `pace`, its time limit comes from the server's measured speed and a
+    slow reply is waited for while the server progresses (triage.engine.pacing); a reply
+    that ends without an answer is an errored reply whose error says why."""
     from triage.llama.client import LlamaClientError
 
     async with sem:
         started = time.monotonic()
         try:
             if stream:
-                return _scored_stream(arm, body, index, seed, await client.chat_stream(body))
-            result = await client.chat(body)
+                streamed = await (
+                    client.chat_stream(body)
+                    if pace is None
+                    else timed_chat(client, body, pace, stream=True)
+                )
+                return _scored_stream(arm, body, index, seed, streamed)
+            result = await (client.chat(body) if pace is None else timed_chat(client, body, pace))
+        except ReplayTimeout as exc:
+            elapsed = time.monotonic() - started
+            return Reply(
+                arm, index, seed, True, [exc.kind], None, 0, 0, None, elapsed, {}, error=str(exc)
+            )
         except LlamaClientError as exc:
             elapsed = time.monotonic() - started
             kind = "timeout" if getattr(exc, "kind", "") == "timeout" else "http-error"
@@ -218,6 +232,7 @@ class LlamaReplayer:
     seed: int
     timeout: float
     concurrency: int | None = None
+    pace_options: PaceOptions | None = None  # None: a fixed `timeout` per replay
     routes: dict[str, ArmRoute] = field(default_factory=dict)
     pools: dict[str, _Pool] = field(default_factory=dict, repr=False)
     # Per arm: the arm's request (transform applied once; replies differ only in the seed).
@@ -240,6 +255,7 @@ class LlamaReplayer:
                 index,
                 self.seed + index,
                 pool.slots.take(arm),
+                self._pace(server),
                 stream=route.stream,
             )
             for index in indices
@@ -251,6 +267,14 @@ class LlamaReplayer:
             raise ArmFailed(server.death_message(), server.log_tail())
         return replies
 
+    def _pace(self, server: Server) -> ServerPace | None:
+        """The server's measured pace (kept on the server, across looks and arms)."""
+        if self.pace_options is None:
+            return None
+        if server.pace is None:
+            server.pace = ServerPace(self.pace_options)
+        return server.pace  # type: ignore[no-any-return]
+
     async def _pool(self, server: Server) -> _Pool:
         from triage.llama.client import LlamaClient
 
@@ -258,6 +282,8 @@ class LlamaReplayer:
         pool = self.pools.get(server.base_url)
         if pool is not None and pool.loop is loop:
             return pool
+        # The client's own limit (inspection calls, replays without a pace) stays
+        # `timeout`; a paced replay passes its own (triage.engine.pacing.timed_chat).
         client = LlamaClient(server.base_url, timeout=self.timeout, api_key=server.api_key)
         if self.concurrency is None and server.slots <= 1 and server.handle is not None:
             server.slots = await _server_slots(client, server.slots)
@@ -294,7 +320,9 @@ def crashed_replies(server: Server, replies: list[Reply]) -> list[Reply]:
     errored = [r for r in replies if r.error]
     if not errored:
         return replies
-    report = server.explain(errored[0].error, timed_out="timeout" in errored[0].kinds)
+    # A replay that stalled (no progress: "timeout") says more than one given up as slow.
+    first = next((r for r in errored if "timeout" in r.kinds), errored[0])
+    report = server.explain(first.error, timed_out="timeout" in first.kinds)
     if report is None:
         if not server.alive():
             raise ArmFailed(server.death_message(), server.log_tail())

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kb.runs import RunCandidate
-from triage.engine.servers import EngineError, safe_describe
+from triage.engine.servers import EngineError, safe_describe, server_label
 from triage.stackfile import Stack
 
 __all__ = [
@@ -49,12 +49,7 @@ def request_fingerprint(request: dict[str, Any]) -> str:
 
 def stack_label(stack: Stack) -> str:
     """One line naming the stack's server, no secrets: model file and args, or its URL."""
-    described = safe_describe(stack.server)
-    if described.get("model"):
-        name = str(described["model"]).rsplit("/", 1)[-1]
-        args = " ".join(str(a) for a in described.get("args") or [])
-        return (f"{name} {args}".strip())[:200]
-    return f"url {described.get('url') or '?'}"[:200]
+    return server_label(stack.server)[:200]
 
 
 def _fingerprints(candidate: RunCandidate) -> dict[str, Any]:

@@ -31,15 +31,17 @@ from triage import observe, probes
 from triage.engine import known_good, resuming
 from triage.engine.crashes import CRASH_KIND, crash_facts, report_of, startup_crash
 from triage.engine.diagnosis import arm_summary, build_diagnosis, server_seconds, stack_summary
+from triage.engine.eta import eta_bound
 from triage.engine.launches import LaunchPool, launch_rounds, memory_available
 from triage.engine.naming import (
     ModelIdentity,
     identity_from_file,
     url_model_identity,
 )
+from triage.engine.pacing import PaceOptions, ServerPace
 from triage.engine.replayer import ArmRoute, LaunchEachTime, LlamaReplayer
 from triage.engine.reproduction import Signature, gate_message
-from triage.engine.scheduler import ArmState, Scheduler
+from triage.engine.scheduler import ArmState, Scheduler, no_replies
 from triage.engine.servers import (
     EngineError,
     Server,
@@ -61,6 +63,7 @@ from triage.stats import DEFAULT_CAP, look_schedule
 __all__ = ["ACTOR", "DiagnoseOptions", "Diagnoser", "ProgressEvent", "ProgressFn"]
 
 ACTOR = "engine"
+QUIET_SECONDS = 30.0  # a progress line at least this often while replies come in
 
 
 @dataclass
@@ -68,7 +71,14 @@ class DiagnoseOptions:
     max_requests: int = DEFAULT_CAP  # per arm
     seed: int = 1000
     concurrency: int | None = None  # default: the server's slots, at most 4
+    # Replay time limits (triage.engine.pacing): `request_timeout` until the server's speed
+    # is measured, then SAFETY x the measured time of the requested tokens, within
+    # [replay_floor, replay_cap]; past it a replay is waited for while /slots moves, and is
+    # a hang only after `stall_seconds` without progress.
     request_timeout: float = 180.0
+    replay_floor: float = 30.0
+    replay_cap: float = 1800.0
+    stall_seconds: float = 120.0
     ready_timeout: float = 60.0
     divergence_seeds: int = 4
     log_dir: Path | None = None
@@ -84,6 +94,9 @@ class ProgressEvent:
     message: str
     done: int = 0
     total: int = 0
+    # An upper bound on the seconds left, from measured replay times (triage.engine.eta);
+    # None until a replay has been timed.
+    eta: float | None = None
 
 
 ProgressFn = Callable[[ProgressEvent], None]
@@ -136,15 +149,37 @@ class Diagnoser:
             [*stack.server.args, *(stack.known_good.args if stack.known_good else [])]
         )
         self.started = time.monotonic()
+        self.last_emit = self.started
         self.log_dir = self.options.log_dir or (data_dir() / "runs")
         self.replayer = LlamaReplayer(
-            self.request, self.options.seed, self.options.request_timeout, self.options.concurrency
+            self.request,
+            self.options.seed,
+            self.options.request_timeout,
+            self.options.concurrency,
+            pace_options=PaceOptions(
+                first=self.options.request_timeout,
+                floor=min(self.options.replay_floor, self.options.replay_cap),
+                cap=self.options.replay_cap,
+                stall=self.options.stall_seconds,
+            ),
         )
 
     # -- bookkeeping ---------------------------------------------------------------------
     def _emit(self, stage: str, message: str, done: int = 0, total: int = 0) -> None:
         self.recorder.heartbeat()  # a run that stops beating is taken as abandoned
-        self.progress(ProgressEvent(stage, message, done, total))
+        self.last_emit = time.monotonic()
+        eta = self._eta() if stage == "probe" else None
+        self.progress(ProgressEvent(stage, message, done, total, eta))
+
+    def _eta(self) -> float | None:
+        """The bound on the time left: replays still possible x measured time per replay /
+        the replays each server runs at once."""
+        slots = {
+            key: self.options.concurrency or max(1, min(server.slots, 4))
+            for key, server in self.servers.items()
+        }
+        bound = eta_bound(self.arms.values(), self.options.max_requests, slots)
+        return None if bound is None else bound.seconds
 
     def _prepare(self) -> None:
         from triage.catalogue import catalogue
@@ -232,7 +267,9 @@ class Diagnoser:
             )
         for reply in self.recorder.previous_replies():
             arm = self.arms.get(reply.arm)
-            if arm is not None and not arm.has(reply.index):
+            # A replay that ended without an answer (timeout, HTTP failure) is replayed
+            # again on resume; its errored reply stays in the evidence.
+            if arm is not None and not reply.error and not arm.has(reply.index):
                 arm.replies.append(reply)
 
     def _scheduler(self) -> Scheduler:
@@ -395,6 +432,7 @@ class Diagnoser:
             if crash is None:
                 report = report_of(exc)
                 why = report.sentence() if report is not None else str(exc)
+                why += startup_refusal(exc, report)
                 why = scrub_secrets(why, self.secrets)  # the launcher may quote its argv
                 raise EngineError(f"the incident's server did not start: {why}") from None
             crash = scrub_secrets(crash, self.secrets)
@@ -406,6 +444,9 @@ class Diagnoser:
         return base
 
     def _run_arms(self, base: Server, kg_dims: dict[str, tuple[Any, Any]], log_dir: Path) -> None:
+        if base.pace is None and self.replayer.pace_options is not None:
+            # The observation requests measure the server's speed first (pacing).
+            base.pace = ServerPace(self.replayer.pace_options)
         asyncio.run(
             observe.observe_server(
                 base,
@@ -658,18 +699,32 @@ class Diagnoser:
                 for r in replies
             ]
         self.recorder.record_replies(replies)
+        if replies and time.monotonic() - self.last_emit >= QUIET_SECONDS:
+            # A slow server: say what came in (and the updated bound) between looks.
+            arm = self.arms.get(replies[0].arm)
+            if arm is not None:
+                self._emit(
+                    "probe",
+                    f"{arm.name}: {len(arm.replies)} replays in ({arm.failures} failing, "
+                    f"{len(arm.replies) - arm.n} without an answer)",
+                )
 
     # -- results -----------------------------------------------------------------------------
     def _finish(self) -> dict[str, Any]:
         gate_failed = self.reproduction is not None and not self.reproduction["reproduced"]
+        for arm in self.arms.values():
+            no_replies(arm)  # replays that all ended without an answer: errored, with why
         obs = self._observations()
         verdicts = self._decide({n: a.outcome() for n, a in self.arms.items()})
         for arm in self.arms.values():  # an error or log tail may quote a launch argv
             arm.error = scrub_secrets(arm.error, self.secrets)
             arm.log_tail = scrub_secrets(arm.log_tail, self.secrets)
         self.facts = scrub_secrets(self.facts, self.secrets)
-        recorded = [a for a in self.arms.values() if a.n or a.error]
-        summaries = [arm_summary(a) for a in recorded]
+        for arm in self.arms.values():
+            if not arm.n and not arm.error:  # never silently 0/0 (issue 28)
+                arm.decision = "not-run"
+                arm.stopped = arm.stopped or "the run ended before this arm replayed"
+        summaries = [arm_summary(a) for a in self.arms.values()]
         if gate_failed:
             # A baseline that failed differently is not the incident's baseline: keep its
             # replies as a reproduction measurement, never as a `baseline` arm.
@@ -697,7 +752,9 @@ class Diagnoser:
             ]
         )
         errored = [a for a in self.arms.values() if a.error]
-        state = "not-reproduced" if gate_failed else ("partial" if errored else "done")
+        unrun = [] if gate_failed else [a for a in self.arms.values() if not a.n and not a.error]
+        # A run with an arm that got no reply did not finish its job: not "done".
+        state = "not-reproduced" if gate_failed else ("partial" if errored or unrun else "done")
 
         def build(changes: dict[str, Any], record: dict[str, Any]) -> tuple[str, dict[str, Any]]:
             keys = self.recorder.keys
@@ -718,7 +775,8 @@ class Diagnoser:
                 verdicts=shown,
                 changes=changes,
                 keys=keys,
-                errors=[f"arm {a.name} errored: {a.error}" for a in errored],
+                errors=[f"arm {a.name} errored: {a.error}" for a in errored]
+                + [f"arm {a.name} not run: {a.stopped}" for a in unrun],
                 graph=graph_mod.summary(graph_mod.build_graph(record)),
                 cost=self._cost(),
                 skipped=self.skipped,
@@ -775,6 +833,24 @@ class _Router:
 
     async def replay(self, arm: str, indices: Any) -> list[Any]:
         return list(await self.routes[arm].replay(arm, indices))
+
+
+def startup_refusal(exc: BaseException, report: Any) -> str:
+    """For a server that exited with an error code at startup (not a signal): the log line
+    where it refused its launch configuration, as a finding of the server-flags cause."""
+    from triage.llama.flags import flag_error_line
+
+    texts = [str(getattr(exc, "log_tail", "") or ""), str(exc)]
+    if report is not None:
+        texts += [str(line) for line in getattr(report, "log_tail", ()) or ()]
+        texts += [str(line) for line in getattr(report, "errors", ()) or ()]
+    line = flag_error_line("\n".join(texts))
+    if line is None:
+        return ""
+    return (
+        f"; server-flags: it refused its launch configuration ({line!r}): fix or remove that "
+        "flag (its --help lists what this build accepts)"
+    )
 
 
 def _host_workaround(stack: Stack) -> str | None:

@@ -38,6 +38,7 @@ __all__ = [
     "Replayer",
     "ReplyLike",
     "Scheduler",
+    "no_replies",
     "paired",
 ]
 
@@ -355,6 +356,7 @@ class _Pipeline:
                     await self.scheduler._top_up(self.replayer, arm, target)
                 except ArmFailed as failure:
                     self._failed(arm.group, failure)
+                no_replies(arm)
                 async with self.changed:
                     self.topped[name] = look
                     self.changed.notify_all()
@@ -491,6 +493,21 @@ class _Pipeline:
     async def _wake(self) -> None:
         async with self.changed:
             self.changed.notify_all()
+
+
+def no_replies(arm: ArmState) -> None:
+    """An arm whose every replay so far ended without an answer (timeouts, slow replies
+    given up, HTTP failures) stops, errored with the reason -- never left silently at 0/0
+    (issue 28); `--resume` replays what errored."""
+    if arm.error or not arm.replies or arm.n > 0:
+        return
+    first = next((r for r in arm.replies if "timeout" in r.kinds), arm.replies[0])
+    arm.error = (
+        f"no replies: {len(arm.replies)} of {len(arm.replies)} replays ended without an "
+        f"answer ({first.error or ', '.join(first.kinds)})"
+    )
+    arm.decision = "errored"
+    arm.stopped = "no replies"
 
 
 async def _all(tasks: Sequence[asyncio.Future[None]]) -> None:

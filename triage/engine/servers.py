@@ -15,6 +15,7 @@ __all__ = [
     "EngineError",
     "Server",
     "api_key_from_args",
+    "check_flags",
     "check_gateway",
     "gateway_server",
     "open_server",
@@ -44,6 +45,7 @@ class Server:
     # The server's `--api-key` (in memory only): replays send it as `Authorization: Bearer`.
     api_key: str | None = field(default=None, repr=False)
     failure: Any = None  # the CrashReport once it crashed mid-request or hung (explain)
+    pace: Any = None  # its measured speed and /slots progress (triage.engine.pacing)
 
     def alive(self) -> bool:
         return self.handle is None or bool(self.handle.alive())
@@ -59,9 +61,9 @@ class Server:
     def death_message(self) -> str:
         report = self.failure or self.crash_report()
         if report is not None:
-            return f"server {safe_describe(self.config)}: {report.sentence()}"
+            return f"server {server_label(self.config)}: {report.sentence()}"
         code = getattr(self.handle, "returncode", None) if self.handle else None
-        return f"server {safe_describe(self.config)} died (exit code {code})"
+        return f"server {server_label(self.config)} died (exit code {code})"
 
     def crash_report(self) -> Any | None:
         """The launcher's CrashReport of a server that has exited, else None."""
@@ -102,6 +104,17 @@ def safe_describe(config: ServerConfig) -> dict[str, Any]:
 
         described["url"] = redact_url(str(described["url"]))
     return described
+
+
+def server_label(config: ServerConfig) -> str:
+    """One line naming a server configuration for messages (never a Python dict): its
+    model file and args (secret values masked), or its URL."""
+    described = safe_describe(config)
+    if described.get("model"):
+        name = str(described["model"]).rsplit("/", 1)[-1]
+        args = " ".join(str(a) for a in described.get("args") or [])
+        return f"{name} {args}".strip()[:300]
+    return f"at {described.get('url') or '?'}"
 
 
 def safe_stack_raw(raw: Any) -> Any:
@@ -258,11 +271,27 @@ def check_config(config: ServerConfig, where: str) -> None:
         if flag in PATH_VALUE_FLAGS and flag != "--slot-save-path" and not Path(value).exists():
             raise EngineError(f"{where}: {flag} file not found: {value}")
     try:
-        resolve_binary(config.binary)
+        binary = resolve_binary(config.binary)
     except EngineError as exc:
         raise EngineError(f"{where}: {exc}") from None
     except Exception as exc:  # no built binary and no $LLAMA_SERVER_BIN
         raise EngineError(f"{where}: {exc}") from None
+    check_flags(binary, args, where)
+
+
+def check_flags(binary: Path, args: Sequence[str], where: str) -> None:
+    """Refuse args the binary's own `--help` does not list (named, with the closest known
+    spelling), before anything launches: such a server would exit at startup with
+    "invalid argument". Nothing is checked when the binary's usage cannot be read."""
+    from triage.llama.flags import binary_flags, unknown_flags
+
+    unknown = unknown_flags(args, binary_flags(binary))
+    if unknown:
+        raise EngineError(
+            f"{where}.args: {binary.name} ({binary}) does not know "
+            + ", ".join(u.text() for u in unknown)
+            + ": its --help lists no such flag, so it would exit at startup (server-flags)"
+        )
 
 
 def gateway_server(stack: Any, base: Server) -> Server:

@@ -57,7 +57,7 @@ def _error_message(payload: Any) -> str | None:
         return None
     error = payload["error"]
     if isinstance(error, dict):
-        return str(error.get("message") or error)
+        return str(error.get("message") or json.dumps(error, default=str)[:500])
     return str(error)
 
 
@@ -166,7 +166,7 @@ class StreamResult:
         if self.error is None:
             return _error_message(self.json)
         if isinstance(self.error, dict):
-            return str(self.error.get("message") or self.error)
+            return str(self.error.get("message") or json.dumps(self.error, default=str)[:500])
         return str(self.error)
 
 
@@ -316,7 +316,14 @@ class LlamaClient:
         started = time.monotonic()
         try:
             async with asyncio.timeout(limit):
-                response = await self._client.request(method, path, json=json_body)
+                # An explicit limit also bounds httpx's own read/write timeouts (set for the
+                # client's default limit), or a longer limit would end at the default one.
+                response = await self._client.request(
+                    method,
+                    path,
+                    json=json_body,
+                    timeout=httpx.Timeout(limit, connect=min(CONNECT_TIMEOUT, limit)),
+                )
                 raw = await response.aread()
         except (TimeoutError, httpx.HTTPError) as exc:
             raise self._fail(exc, path, limit) from exc

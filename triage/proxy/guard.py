@@ -19,7 +19,9 @@ header lines has them all parsed and forwarded. Hence `guarded_protocol`: uvicor
 - header fields counted and sized as they are parsed, and the bytes of an unfinished head
   counted as they arrive (one endless header line): past `max_header_count` or
   `max_header_bytes`, 431 and close;
-- at most `max_connections` open connections: one more is answered 503 at once and closed.
+- at most `max_connections` open connections (never more than half the process's open-file
+  limit: each connection is a file descriptor, and the upstream pool and the journal need
+  theirs): one more is answered 503 at once and closed.
 
 Each refusal is counted in `triage_proxy_refused_total{reason=...}`. On the hot path this
 costs two timer handles per request and a counter per header field.
@@ -30,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import resource
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,8 +76,22 @@ def _reply(status: int, message: str) -> bytes:
     ).encode() + body
 
 
+def connection_bound(wanted: int) -> int:
+    """`wanted`, lowered to half the soft open-file limit (at least 1)."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return wanted
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return wanted
+    return max(1, min(wanted, soft // 2))
+
+
 def guarded_protocol(limits: ClientLimits, metrics: ProxyMetrics) -> type[asyncio.Protocol]:
     """uvicorn's httptools protocol with `limits` (see the module docstring)."""
+    max_connections = connection_bound(limits.max_connections)
+    if max_connections < limits.max_connections:
+        log.info("at most %d client connections (half the open-file limit)", max_connections)
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -90,7 +107,7 @@ def guarded_protocol(limits: ClientLimits, metrics: ProxyMetrics) -> type[asynci
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            if len(self.connections) > limits.max_connections:
+            if len(self.connections) > max_connections:
                 self._refuse(503, "connections", "the proxy has too many open connections")
                 return
             self._arm(limits.header_timeout, self._head_timed_out)

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from triage.capture.redact import redact_headers, redact_text
+from triage.capture.redact import redact_headers, redact_json, redact_text
 
 log = logging.getLogger("triage.proxy")
 
@@ -69,8 +69,20 @@ _PAIR_FIELDS = ("request_headers", "response_headers")
 
 
 def _text(body: bytes) -> str:
-    """Bytes as redacted text; `_bytes` gives every byte back (surrogate escapes)."""
-    return redact_text(body.decode("utf-8", "surrogateescape"))
+    """A body as redacted text; `_bytes` gives every other byte back (surrogate escapes).
+
+    A JSON body is redacted as a capture's is (`redact_json`: secret-named fields, token-
+    shaped strings) and written back as JSON; anything else (an SSE stream, plain text) line
+    by line with `redact_text`. Both are ~10x cheaper than `redact_text` over the whole body:
+    every llama-server reply holds a redaction trigger (`tokens`), which sends the whole text
+    through every pattern."""
+    text = body.decode("utf-8", "surrogateescape")
+    if text.lstrip()[:1] in ("{", "["):
+        try:
+            return json.dumps(redact_json(json.loads(text)), ensure_ascii=False)
+        except (ValueError, RecursionError):
+            pass  # not JSON after all, or too deep: as text
+    return "\n".join(redact_text(line) for line in text.split("\n"))
 
 
 def _bytes(text: Any) -> bytes:
@@ -322,6 +334,7 @@ class JournaledRecorder:
         with self._synced:
             self._synced.notify()
         if self.skipped > skipped:
+            self._count("journal_skipped", self.skipped - skipped)
             log.warning(
                 "journal %s: %d exchange(s) not journaled (full or unwritable)",
                 self.folder,
@@ -392,6 +405,11 @@ class JournaledRecorder:
                 keep.append(segment)
         self._segments = keep
 
+    def _count(self, metric: str, amount: int) -> None:
+        metrics = getattr(self.recorder, "metrics", None)
+        if metrics is not None and amount:
+            getattr(metrics, metric).inc(amount)
+
     # ------------------------------------------------------------------ replay
 
     def _orphans(self) -> list[tuple[Path, int]]:
@@ -445,6 +463,7 @@ class JournaledRecorder:
             return False
         path.unlink(missing_ok=True)
         self.replayed += count
+        self._count("journal_replayed", count)
         if count:
             log.info("journal: %d exchange(s) replayed from %s", count, path.name)
         return True

@@ -110,6 +110,17 @@ class ProxyMetrics:
             ["reason"],
             registry=registry,
         )
+        self.journal_replayed = Counter(
+            "triage_proxy_journal_replayed",
+            "Exchanges replayed at start from the journal of a proxy that was killed.",
+            registry=registry,
+        )
+        self.journal_skipped = Counter(
+            "triage_proxy_journal_skipped",
+            "Exchanges not journaled (the journal folder was full or unwritable): a crash"
+            " before they are recorded loses them.",
+            registry=registry,
+        )
         self.upstream_cut = Counter(
             "triage_proxy_upstream_cut",
             "Responses the upstream cut off mid-body (it closed or went quiet): the client's"

@@ -40,8 +40,16 @@ from kb.models import Incident
 from kb.store import Store
 from triage.atlas.report import incident_references
 from triage.capture import CaptureError, exchange_from_http, redact_headers, redact_text
+from triage.proxy.grouping import (
+    OpeningRules,
+    client_limit,
+    group_of,
+    primary_symptom,
+    problem_key,
+    request_shape,
+)
 from triage.proxy.metrics import ProxyMetrics
-from triage.proxy.rates import detect, failure_signature
+from triage.proxy.rates import detect, failure_signature, signature_kinds
 from triage.symptoms import USER_FACING_KINDS, classify
 
 log = logging.getLogger("triage.proxy")
@@ -202,13 +210,22 @@ def prepare(record: dict[str, Any], *, keep_success: bool, replica: str) -> Prep
     if not model and exchange_dict and isinstance(exchange_dict.get("request"), dict):
         model = str(exchange_dict["request"].get("model") or "")
     failed = bool(signature)
+    request = exchange_dict.get("request") if isinstance(exchange_dict, dict) else None
+    shape = request_shape(str(record["path"]), request, stream=bool(record.get("stream")))
+    configured = ""
+    if failed and isinstance(exchange_dict, dict):
+        configured = client_limit(request, exchange_dict.get("response"), kinds)
     payload = {
         "exchange": exchange_dict,
-        "findings": finding_dicts,
+        # The failed findings only: the passed ones (a dozen per exchange) say nothing
+        # the symptoms do not, and were most of an exported live incident's size.
+        "findings": [f for f in finding_dicts if not f.get("passed", False)],
         "symptoms": kinds,
         "failed": failed,
         "live_key": record["key"],
         "signature": signature,
+        "shape": shape,
+        **({"client_limit": configured} if configured else {}),
         "upstream": identity,
         "client": redact_text(record.get("client") or "")[:200],
         "client_disconnected": bool(record.get("client_disconnected")),
@@ -232,6 +249,8 @@ def prepare(record: dict[str, Any], *, keep_success: bool, replica: str) -> Prep
         "findings": kinds,
         "body": live.compress_body(payload) if keep else None,
         "body_truncated": bool(record.get("body_truncated")),
+        "shape": shape[:100],
+        "client_limit": configured[:200],
     }
     example = None
     if failed:
@@ -241,8 +260,41 @@ def prepare(record: dict[str, Any], *, keep_success: bool, replica: str) -> Prep
             "payload": payload,
             "source": f"proxy:{replica}",
             "recorded_at": recorded_at,
+            "brief": _brief(payload, status),
         }
     return Prepared(row=row, kinds=kinds, example=example, usage=usage)
+
+
+def _brief(payload: dict[str, Any], status: int | None) -> dict[str, Any]:
+    """The short form of a failing exchange's evidence (kb.live keeps the first example of
+    an incident whole and these for the others): what failed and how the reply ended, the
+    body referenced by its live key instead of repeated (same prompt, same reply shape)."""
+    exchange = payload.get("exchange") if isinstance(payload.get("exchange"), dict) else {}
+    response = exchange.get("response") if isinstance(exchange, dict) else None
+    reply: dict[str, Any] = {"status": status}
+    choices = response.get("choices") if isinstance(response, dict) else None
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        choice = choices[0]
+        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        reply["finish_reason"] = choice.get("finish_reason")
+        for key in ("content", "reasoning_content"):
+            value = message.get(key) if isinstance(message, dict) else None
+            if isinstance(value, str):
+                reply[f"{key}_chars"] = len(value)
+        reply["tool_calls"] = len(message.get("tool_calls") or []) if message else 0
+    usage = response.get("usage") if isinstance(response, dict) else None
+    if isinstance(usage, dict):
+        reply["usage"] = {k: v for k, v in usage.items() if isinstance(v, int)}
+    keep = ("live_key", "signature", "symptoms", "shape", "client_limit", "client", "failed")
+    return {
+        **{key: payload[key] for key in keep if key in payload},
+        "findings": [
+            {"kind": f.get("kind"), "reason": f.get("reason")}
+            for f in payload.get("findings") or []
+        ],
+        "reply": reply,
+        "body": "not repeated here: stored by the proxy under live_key (liveexchange)",
+    }
 
 
 def spooled_count(spool_path: Path) -> int:
@@ -282,9 +334,11 @@ class Recorder:
         store_factory: Callable[[str | None], Store] = Store,
         rng: random.Random | None = None,
         max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES,
+        opening: OpeningRules | None = None,
     ) -> None:
         if not 0.0 <= sample_successes <= 1.0:
             raise ValueError("--sample-successes must be between 0 and 1")
+        self.opening = opening or OpeningRules()
         self.database_url = database_url
         self.spool_path = Path(spool_path)
         self.sample_successes = sample_successes
@@ -549,69 +603,120 @@ class Recorder:
                     log.exception("auto-diagnose hook failed for %s", incident["slug"])
 
     def _write_batch(self, session: Any, prepared: list[Prepared]) -> list[dict[str, Any]]:
+        """Insert the batch; then, per problem (model x request shape x primary symptom),
+        add its failing exchanges to its incident or run the change detection on it.
+        Failures the client configured are recorded only (unless the opening rules say
+        otherwise)."""
         inserted = set(live.insert_exchanges(session, [p.row for p in prepared]))
-        groups: dict[tuple[str, str], list[Prepared]] = defaultdict(list)
+        groups: dict[tuple[str, str, str], list[Prepared]] = defaultdict(list)
         for item in prepared:
-            if item.row["failed"] and item.row["key"] in inserted:
-                groups[(item.row["model"], item.row["signature"])].append(item)
+            row = item.row
+            if not row["failed"] or row["key"] not in inserted:
+                continue
+            if row["client_limit"] and not self.opening.open_on_client_limits:
+                continue
+            groups[(row["model"], row["shape"], group_of(row["signature"]))].append(item)
         opened = []
-        for (model, signature), items in sorted(groups.items()):
+        for (model, shape, group), items in sorted(groups.items()):
             items.sort(key=lambda p: p.row["recorded_at"])
-            result = self._signature_batch(session, model, signature, items)
+            result = self._problem_batch(session, model, shape, group, items)
             if result is not None:
                 opened.append(result)
         return opened
 
-    def _signature_batch(
-        self, session: Any, model: str, signature: str, items: list[Prepared]
+    def _problem_counts(
+        self, session: Any, model: str, shape: str, group: str, since: datetime, until: datetime
+    ) -> tuple[int, int, dict[str, int]]:
+        """(failures of the problem, exchanges of the model x shape, failures by variant)."""
+        counts = live.shape_counts(session, model, shape, since, until)
+        variants = {sig: k for sig, k in counts.failures.items() if group_of(sig) == group}
+        if self.opening.open_on_client_limits:
+            for sig, k in counts.configured.items():
+                if group_of(sig) == group:
+                    variants[sig] = variants.get(sig, 0) + k
+        return sum(variants.values()), counts.n, variants
+
+    def _problem_batch(
+        self, session: Any, model: str, shape: str, group: str, items: list[Prepared]
     ) -> dict[str, Any] | None:
         until = items[-1].row["recorded_at"] + timedelta(microseconds=1)
         since = until - self.current_window
-        k, n = live.signature_counts(session, model, signature, since, until)
-        k0, n0 = live.signature_counts(
-            session, model, signature, since - self.trailing_window, since
+        k, n, variants = self._problem_counts(session, model, shape, group, since, until)
+        k0, n0, _ = self._problem_counts(
+            session, model, shape, group, since - self.trailing_window, since
         )
         detection = detect(k, n, k0, n0)
+        minutes = int(self.current_window.total_seconds() // 60)
+        facts = {
+            **detection.to_dict(),
+            "as_of": items[-1].row["recorded_at"].isoformat(),
+            "window_minutes": minutes,
+            "shape": shape,
+            "variants": dict(sorted(variants.items())),
+        }
+        problem = problem_key(group, shape)
         examples = [p.example for p in items if p.example is not None]
-        existing = live.find_signature(session, model, signature)
+        existing = live.find_problem(session, model, problem)
+        if existing is None:  # a row from before problems were recorded
+            existing = live.find_signature(session, model, items[-1].row["signature"])
         if existing is not None:
-            live.add_examples(session, existing, examples)
-            live.update_detection(session, existing, detection.to_dict())
+            self._add_to_problem(session, existing, shape, items, examples)
+            live.update_detection(session, existing, facts)
             return None
-        if not detection.alarm:
+        if not detection.alarm or n + n0 < self.opening.min_exchanges:
             return None
-        first = self._first_example(session, model, signature, since, examples)
+        first = self._first_example(
+            session, model, items[0].row["signature"], since, examples, shape
+        )
         upstream = dict(items[-1].example["payload"].get("upstream") or {})  # type: ignore[index]
-        rate = detection.to_dict()["rate"]
-        low, high = rate["interval"]  # type: ignore[index]
-        kinds = items[-1].kinds
+        primary = primary_symptom(signature_kinds(group))
+        main = max(variants, key=lambda sig: (variants[sig], sig)) if variants else group
+        compared = (
+            f"trailing {int(self.trailing_window.total_seconds() // 60)} min {k0}/{n0}"
+            if n0
+            else "no exchange of this shape in the trailing "
+            f"{int(self.trailing_window.total_seconds() // 60)} min to compare with"
+        )
         what = "new failure" if detection.new else "failure rate rose"
         summary = (
-            f"{what}: {signature} in {k}/{n} exchanges of {model or 'unknown model'} in the last "
-            f"{int(self.current_window.total_seconds() // 60)} min (95% CI {low:.0%}-{high:.0%}; "
-            f"trailing {k0}/{n0}); upstream build {upstream.get('build') or '?'}, template "
+            f"{what}: {primary} ({', '.join(sorted(variants)) or main}) from "
+            f"{model or 'unknown model'}, requests shaped {shape}: "
+            f"{live.failing_text(facts)}; {compared}; upstream build "
+            f"{upstream.get('build') or '?'}, template "
             f"{(upstream.get('template_sha256') or '?')[:12]}"
         )
-        title = f"Live: {', '.join(kinds)} from {model or 'unknown model'} ({k}/{n} failing)"
+        # No counts in the title: they change, and the title would keep the first ones.
+        title = f"Live: {primary} from {model or 'unknown model'} ({shape} requests)"
+        kinds = sorted({kind for p in items for kind in p.kinds})
         sig_row, outcome = live.open_or_attach(
             session,
             model=model,
-            signature=signature,
+            signature=main,
             kinds=kinds,
             title=title,
             summary=summary,
             upstream=upstream,
-            detection=detection.to_dict(),
+            detection=facts,
             examples=[*first, *examples],
             opened_by=self.replica,
+            shape=shape,
+            problem=problem,
         )
         if outcome == "existing":  # a replica opened or attached it first
-            live.add_examples(session, sig_row, examples)
+            self._add_to_problem(session, sig_row, shape, items, examples)
             return None
+        for item in items:
+            if item.row["signature"] != main:
+                live.add_variant(
+                    session,
+                    sig_row,
+                    signature=item.row["signature"],
+                    kinds=item.kinds,
+                    shape=shape,
+                    opened_by=self.replica,
+                )
         if outcome == "attached":  # an open or parked incident of the same family
-            log.info(
-                "%s of %s: evidence added to incident %s", signature, model, sig_row.incident_id
-            )
+            log.info("%s of %s: evidence added to incident %s", problem, model, sig_row.incident_id)
             return None
         incident = session.get(Incident, sig_row.incident_id)
         example = examples[-1]["payload"] if examples else {}
@@ -620,10 +725,32 @@ class Recorder:
         return {
             "slug": incident.slug,
             "model": model,
-            "signature": signature,
-            "detection": detection.to_dict(),
+            "signature": main,
+            "problem": problem,
+            "detection": facts,
             "example": examples[-1]["payload"] if examples else None,
         }
+
+    def _add_to_problem(
+        self,
+        session: Any,
+        row: Any,
+        shape: str,
+        items: list[Prepared],
+        examples: list[dict[str, Any]],
+    ) -> None:
+        """Record the batch's symptom variants and examples on the problem's incident."""
+        for item in items:
+            if item.row["signature"] != row.signature:
+                live.add_variant(
+                    session,
+                    row,
+                    signature=item.row["signature"],
+                    kinds=item.kinds,
+                    shape=shape,
+                    opened_by=self.replica,
+                )
+        live.add_examples(session, row, examples)
 
     def _first_example(
         self,
@@ -632,9 +759,11 @@ class Recorder:
         signature: str,
         since: datetime,
         examples: list[dict[str, Any]],
+        shape: str | None = None,
     ) -> list[dict[str, Any]]:
-        """The earliest failing exchange of the window, when it came in an earlier batch."""
-        first = live.first_failing(session, model, signature, since)
+        """The earliest failing exchange of the window (of the problem's request shape, not
+        one the client configured), when it came in an earlier batch."""
+        first = live.first_failing(session, model, signature, since, shape)
         if first is None:
             return []
         key, recorded_at, payload = first
@@ -647,5 +776,6 @@ class Recorder:
                 "payload": payload,
                 "source": f"proxy:{self.replica}",
                 "recorded_at": recorded_at,
+                "brief": _brief(payload, payload.get("exchange", {}).get("status")),
             }
         ]

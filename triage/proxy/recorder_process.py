@@ -65,6 +65,7 @@ from typing import Any, cast
 from kb.store import Store, redact_url
 from triage.capture import redact_text
 from triage.proxy import recorder as _recorder
+from triage.proxy.grouping import OpeningRules
 from triage.proxy.metrics import ProxyMetrics, token_count
 from triage.proxy.recorder import (
     CURRENT_WINDOW,
@@ -335,6 +336,7 @@ class RecorderProcess:
         max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES,
         ready_timeout: float = READY_TIMEOUT_SECONDS,
         idle: bool = True,
+        opening: OpeningRules | None = None,
     ) -> None:
         if not 0.0 <= sample_successes <= 1.0:
             raise ValueError("--sample-successes must be between 0 and 1")
@@ -359,6 +361,7 @@ class RecorderProcess:
             "store_factory": store_factory,
             "rng": rng,
             "max_spool_bytes": max_spool_bytes,
+            "opening": opening,
         }
         self._context = multiprocessing.get_context("spawn")
         self._records: Any = self._context.Queue()

@@ -11,7 +11,7 @@ import streamlit as st
 from kb import live
 from kb.models import utcnow
 from triage.stats import wilson
-from triage.ui import data, nav
+from triage.ui import data, livechart, nav
 from triage.ui.text import md_escape
 
 WINDOWS = {
@@ -53,18 +53,12 @@ else:
 
 st.subheader("Failure rate over time")
 if points:
-    frame = pd.DataFrame(
-        {
-            "time": [p["bucket"] for p in points],
-            "signature": [f"{p['model']} · {p['signature']}" for p in points],
-            "rate": [p["failures"] / p["n"] for p in points],
-        }
-    )
-    chart = frame.pivot_table(index="time", columns="signature", values="rate", aggfunc="max")
-    st.line_chart(chart.fillna(0.0), y_label="failure rate", x_label="time (UTC)")
+    st.altair_chart(livechart.rate_chart(livechart.rate_frame(points)), width="stretch")
     st.caption(
         f"Share of each model's exchanges failing with the signature, per "
-        f"{int(bucket.total_seconds() // 60) or 1}-minute bucket."
+        f"{int(bucket.total_seconds() // 60) or 1}-minute bucket (a point per bucket). "
+        f"{live.CONFIGURED_MARK}: failures the client configured (its own max_tokens or "
+        "stop list), recorded but opening no incident."
     )
 else:
     st.success(f"No failing exchange in the {choice}.")
@@ -79,12 +73,13 @@ if cells:
                 "Model": cell.model,
                 "Client": cell.client,
                 "Signature": cell.signature,
+                "Client-configured": cell.client_limit or "-",
                 "k/n": f"{cell.failures}/{cell.n}",
                 "Rate": round(cell.failures / cell.n, 4) if cell.n else 0.0,
                 "95% interval": f"{interval.low:.1%} - {interval.high:.1%}",
             }
         )
-    st.dataframe(pd.DataFrame(rows), hide_index=True, use_container_width=True)
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
 else:
     st.caption("No failures recorded in the window.")
 
@@ -92,19 +87,22 @@ st.subheader("Incidents opened or matched by the proxy")
 if not opened:
     st.caption("None yet: a signature opens one when the sequential test finds it new or rising.")
 for item in opened:
-    rate = item["detection"].get("rate", {})
+    detection = item["detection"]
     by = str(item["opened_by"])
     if by.startswith(live.MATCHED_PREFIX):  # an incident opened by other means
         how = f"same failure family: evidence added by {by.removeprefix(live.MATCHED_PREFIX)}"
     else:
         how = f"opened by {by}"
+    variants = item.get("variants") or [item["signature"]]
     with st.container(border=True):
+        # One number, the problem's latest detection, with the time it holds for; the
+        # title carries none (it is written once, when the incident opens).
         st.markdown(
             f"**{md_escape(item['title'])}**  \n"
-            f"{md_escape(item['slug'])} · {md_escape(item['status'])} · signature "
-            f"{md_escape(item['signature'])} · at detection "
-            f"{rate.get('failures', '?')}/{rate.get('n', '?')} "
-            f"(95% CI {md_escape(rate.get('interval', '?'))}) · {md_escape(how)}"
+            f"{md_escape(item['slug'])} · {md_escape(item['status'])} · "
+            f"{md_escape(live.failing_text(detection))} · {md_escape(how)}  \n"
+            f"signature{'s' if len(variants) > 1 else ''}: "
+            + ", ".join(md_escape(v) for v in variants)
         )
         st.page_link(
             nav.INCIDENT,

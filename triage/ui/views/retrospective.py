@@ -61,15 +61,21 @@ else:
             query_params={"slug": record["slug"]},
         )
         markdown, html = retrospective(record)
+        # To paste: Markdown with linked citations (GitHub), plain Markdown (Jira, issues,
+        # wikis: no anchors) or Slack's markup (kb.retro.retro_text).
+        text_of = getattr(importlib.import_module("kb.retro"), "retro_text", None)
+        formats = ("markdown", "plain", "slack") if text_of else ("markdown",)
+        fmt = st.radio("Format to paste", formats, horizontal=True, key="retro_format")
+        pasted = markdown if fmt == "markdown" or text_of is None else str(text_of(record, fmt))
         st.download_button(
-            "Download Markdown",
-            markdown,
-            file_name=f"{record['slug']}-retrospective.md",
+            "Download Markdown" if fmt == "markdown" else f"Download for {fmt}",
+            pasted,
+            file_name=f"{record['slug']}-retrospective{'' if fmt == 'markdown' else '-' + fmt}.md",
             mime="text/markdown",
             key="download_retro",
         )
         # markdown-it with raw HTML off escapes any markup in recorded text; st.html then
         # sanitises again (DOMPurify) and never runs scripts.
         st.html(html)
-        with st.expander("Markdown source"):
-            st.code(markdown, language="markdown")
+        with st.expander(f"Text to paste ({fmt})"):
+            st.code(pasted, language="markdown")

@@ -24,8 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from datetime import date, datetime
 from functools import lru_cache
 from pathlib import Path
@@ -54,6 +53,7 @@ from kb.filerecord import (
     load_record,
     parse_timestamp,
 )
+from kb.importbatch import IMPORT_BATCH, ImportResult, already_imported, import_batches
 from kb.models import (
     Cause,
     Decision,
@@ -82,6 +82,7 @@ from kb.store import (
 )
 
 __all__ = [
+    "IMPORT_BATCH",
     "ExportError",
     "RecordError",
     "SCHEMA_PATH",
@@ -306,21 +307,6 @@ def incident_paths(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     return found
 
 
-# Incidents committed per transaction by `import` (a whole import in one transaction held
-# SQLite's write lock for its whole duration).
-IMPORT_BATCH = 200
-
-
-@dataclass
-class ImportResult:
-    """What an import did: the slugs stored now, the slugs already stored from the same file
-    (an import cut short and run again), and how many batches were committed."""
-
-    imported: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-    batches: int = 0
-
-
 def import_paths(
     store: Store,
     paths: Iterable[str | os.PathLike[str]],
@@ -381,7 +367,7 @@ def import_files(
             return result
         cause_ids: dict[tuple[str, str], int] = {}
         done = 0
-        for group in _batches(todo, batch):
+        for group in import_batches(todo, batch):
             with store.session() as session:
                 _write_batch(session, group, cause_ids)
             result.batches += 1
@@ -393,8 +379,7 @@ def import_files(
         # Typically the loser of two imports of the same file running at once.
         raise StoreError(
             f"the database refused the import: {describe_db_error(exc)} "
-            "(did another import store the same incident at the same time?)"
-            + _kept(result)
+            "(did another import store the same incident at the same time?)" + _kept(result)
         ) from None
     except SQLAlchemyError as exc:
         raise StoreError(
@@ -424,63 +409,6 @@ def _write_batch(
         _insert_family(session, record, cause_ids)
 
 
-def _batches(
-    records: list[tuple[str, dict[str, Any]]], size: int
-) -> Iterator[list[tuple[str, dict[str, Any]]]]:
-    """Batches of about `size` records, in file order; the records linked by `family` within
-    this list (directly or through others) always share a batch."""
-    index = {record["slug"]: n for n, (_file, record) in enumerate(records)}
-    parent = list(range(len(records)))
-
-    def root(n: int) -> int:
-        while parent[n] != n:
-            parent[n] = parent[parent[n]]
-            n = parent[n]
-        return n
-
-    for n, (_file, record) in enumerate(records):
-        for link in record.get("family", []):
-            other = index.get(link["incident"])
-            if other is not None:
-                parent[root(n)] = root(other)
-    groups: dict[int, list[int]] = {}
-    for n in range(len(records)):
-        groups.setdefault(root(n), []).append(n)
-    current: list[int] = []
-    for members in sorted(groups.values(), key=lambda m: m[0]):
-        if current and len(current) + len(members) > size:
-            yield [records[n] for n in sorted(current)]
-            current = []
-        current.extend(members)
-    if current:
-        yield [records[n] for n in sorted(current)]
-
-
-def _fingerprint(record: dict[str, Any]) -> tuple[Any, ...]:
-    """What must match for a stored incident to be this file's record imported before: the
-    text fields, and the ids, kinds and statuses of what it holds."""
-    return (
-        record["title"],
-        record["status"],
-        record.get("summary", ""),
-        record.get("impact", ""),
-        record.get("body", ""),
-        sorted((e["id"], e["kind"], e["summary"]) for e in record.get("evidence", [])),
-        sorted((c["id"], c["status"]) for c in record.get("causes", [])),
-        sorted(s["id"] for s in record.get("symptoms", [])),
-        len(record.get("decisions", [])),
-        len(record.get("references", [])),
-        sorted((f["cause"], f["incident"], f["other_cause"]) for f in record.get("family", [])),
-    )
-
-
-def _already_imported(session: Session, existing: Incident, file: str, record: Any) -> bool:
-    """Whether a stored incident is this file imported before (a resumed import)."""
-    if existing.source_file != file[-500:]:
-        return False
-    return _fingerprint(load_record(session, existing.slug)) == _fingerprint(record)
-
-
 def _check_against_database(
     session: Session,
     records: list[tuple[str, dict[str, Any]]],
@@ -492,7 +420,7 @@ def _check_against_database(
     for file, record in records:
         existing = get_incident(session, record["slug"])
         if existing is not None:
-            if _already_imported(session, existing, file, record):
+            if already_imported(session, existing, file, record):
                 stored.add(record["slug"])
                 continue
             where = f" (imported from {existing.source_file})" if existing.source_file else ""

@@ -422,9 +422,7 @@ def test_a_killed_import_keeps_whole_batches_and_a_rerun_imports_the_rest_once(
     assert sorted(summaries) == sorted(f"log line {n}" for n in range(IMPORTED))
 
 
-def test_a_reader_and_a_writer_succeed_while_an_import_runs(
-    store: Store, tmp_path: Path
-) -> None:
+def test_a_reader_and_a_writer_succeed_while_an_import_runs(store: Store, tmp_path: Path) -> None:
     folder = _incident_files(tmp_path / "incidents", IMPORTED)
     argv = [str(Path(sys.executable).parent / "triage"), "--database", store.url]
     process = subprocess.Popen(

@@ -109,6 +109,13 @@ FINDING_KINDS: tuple[Term, ...] = (
         "the request asked for a JSON schema and the content is not JSON or violates it "
         "(HTTP 200: the grammar did not enforce it)",
     ),
+    Term(
+        "stream-format-violation",
+        25,
+        "a streamed delta breaks the OpenAI chunk format: a tool call's first delta without "
+        "id/type/name, an index that jumps or changes, a resent name, arguments that do not "
+        "concatenate to JSON, no finish_reason before [DONE]",
+    ),
 )
 
 # Causes in today's catalogue (files, JSON schema enums and the engine use these).

@@ -116,6 +116,12 @@ FINDING_KINDS: tuple[Term, ...] = (
         "id/type/name, an index that jumps or changes, a resent name, arguments that do not "
         "concatenate to JSON, no finish_reason before [DONE]",
     ),
+    Term(
+        "unstable-prefix",
+        26,
+        "consecutive turns of a conversation share no (or a tiny) prompt prefix -- e.g. a "
+        "timestamp first in the system prompt -- so llama-server's prompt cache reuses nothing",
+    ),
 )
 
 # Causes in today's catalogue (files, JSON schema enums and the engine use these).

@@ -1,7 +1,7 @@
 """vocabulary: the stream-format-violation finding kind (25)
 
-Revision ID: 0009_stream_format
-Revises: 0008_newcauses_merge_heads
+Revision ID: 0010_stream_format
+Revises: 0009_prompt_cache_vocab
 Create Date: 2026-12-01
 
 kb.vocab gives bits to a new finding kind: every stored family
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0009_stream_format"
-down_revision = "0008_newcauses_merge_heads"
+revision = "0010_stream_format"
+down_revision = "0009_prompt_cache_vocab"
 branch_labels = None
 depends_on = None
 

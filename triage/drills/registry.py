@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from triage.drills import client, flags, gateway, gemma4, kv_cache, model_file, reason
-from triage.drills import schema as schema_drill
 from triage.drills import context as context_drill
+from triage.drills import schema as schema_drill
 from triage.drills.compiler import WEIGHT_FORMATS, compile_design
 from triage.drills.host import host_workaround_args, host_workaround_note
 from triage.drills.template import gemma4_template, template_sha256

@@ -109,6 +109,12 @@ FINDING_KINDS: tuple[Term, ...] = (
         "the request asked for a JSON schema and the content is not JSON or violates it "
         "(HTTP 200: the grammar did not enforce it)",
     ),
+    Term(
+        "unstable-prefix",
+        26,
+        "consecutive turns of a conversation share no (or a tiny) prompt prefix -- e.g. a "
+        "timestamp first in the system prompt -- so llama-server's prompt cache reuses nothing",
+    ),
 )
 
 # Causes in today's catalogue (files, JSON schema enums and the engine use these).

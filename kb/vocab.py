@@ -142,6 +142,11 @@ RESERVED_CAUSES: tuple[Term, ...] = (
     Term("cpu-threads", 16, "a multi-threaded CPU kernel crashes; one thread removes it"),
     Term("gateway-timeout", 18, "a gateway's deadline in front of llama-server; direct removes it"),
     Term("server-flags", 19, "a launch flag (--no-jinja, an invalid argument) breaks requests"),
+    Term(
+        "schema-not-enforced",
+        20,
+        "the JSON schema where llama-server ignores it; moved to response_format it is enforced",
+    ),
 )
 CAUSES: tuple[Term, ...] = CATALOGUE_CAUSES + RESERVED_CAUSES
 

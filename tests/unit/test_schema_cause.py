@@ -163,3 +163,10 @@ def test_never_confirmed_without_a_reproduced_baseline_or_the_arm() -> None:
     verdict = CAUSE.decide(read_but_violated, Observations(planned=("baseline",)))
     assert verdict.status == "suspected" and verdict.basis == "untested"
     assert "pattern" in verdict.rationale
+
+
+def test_an_empty_schema_in_an_ignored_field_is_no_schema_but_an_empty_read_one_still_is() -> None:
+    (none,) = _reply({"messages": MESSAGES, "format": {}}, "It is in Paris.")
+    assert none.passed and "no JSON schema" in none.reason
+    (finding,) = _reply({"messages": MESSAGES, "json_schema": {}}, "It is in Paris.")
+    assert not finding.passed and "$.request.json_schema" in finding.reason

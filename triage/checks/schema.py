@@ -36,10 +36,11 @@ def requested_schema(request: dict[str, Any]) -> tuple[str, dict[str, Any]] | No
         ("$.request.response_format.json_schema.schema", inner.get("schema")),
         ("$.request.response_format.schema", response_format.get("schema")),
         ("$.request.json_schema", request.get("json_schema")),
-        *((f"$.request.{field}", request.get(field)) for field, _ in IGNORED_FIELDS),
+        # Other servers' fields llama-server ignores: only a non-empty schema counts there.
+        *((f"$.request.{field}", request.get(field) or None) for field, _ in IGNORED_FIELDS),
     )
     for where, schema in candidates:
-        if isinstance(schema, dict) and schema:
+        if isinstance(schema, dict):
             return where, schema
     return None
 

@@ -109,6 +109,13 @@ FINDING_KINDS: tuple[Term, ...] = (
         "the request asked for a JSON schema and the content is not JSON or violates it "
         "(HTTP 200: the grammar did not enforce it)",
     ),
+    Term(
+        "embedding-failed",
+        27,
+        "an embeddings/rerank request refused for the physical batch ('input is too large "
+        "to process. increase the physical batch size'), or answered with missing, too few "
+        "or NaN vectors",
+    ),
 )
 
 # Causes in today's catalogue (files, JSON schema enums and the engine use these).

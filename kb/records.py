@@ -299,6 +299,11 @@ class Diagnosis:
     state: str = "done"  # done | partial | not-reproduced
     reproduction: dict[str, Any] | None = None
     schema_version: int = 1
+    # Arms not run because they cannot matter here (issue 23): {"arm", "reason"}.
+    skipped_arms: list[dict[str, str]] = field(default_factory=list)
+    # The run's overall verdict (issue 23): {"status": explained | unexplained | ...,
+    # "headline", and when unexplained "ruled_out" and "next_probes"}; absent in older ones.
+    verdict: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -320,6 +325,10 @@ class Diagnosis:
             data["generated_at"] = self.generated_at
         if self.reproduction is not None:
             data["reproduction"] = dict(self.reproduction)
+        if self.skipped_arms:
+            data["skipped_arms"] = [dict(s) for s in self.skipped_arms]
+        if self.verdict is not None:
+            data["verdict"] = dict(self.verdict)
         return data
 
     @classmethod
@@ -340,6 +349,8 @@ class Diagnosis:
             state=str(data.get("state", "done")),
             reproduction=data.get("reproduction"),
             schema_version=int(data.get("schema_version", 1)),
+            skipped_arms=[dict(s) for s in data.get("skipped_arms") or []],
+            verdict=data.get("verdict"),
         )
 
     def validated(self) -> dict[str, Any]:

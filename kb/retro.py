@@ -175,6 +175,15 @@ def _excerpt(text: Any, limit: int = _EXCERPT) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3].rstrip() + "..."
 
 
+def unexplained(record: dict[str, Any]) -> bool:
+    """Diagnosed (arm measurements on record), some cause ruled out with evidence -- a run
+    moves causes only when the failure reproduced -- and none confirmed."""
+    causes = record.get("causes") or []
+    if not _arms(record) or any(c.get("status") == "confirmed" for c in causes):
+        return False
+    return any(c.get("status") == "rejected" and _decisive_keys(c) for c in causes)
+
+
 def _summary(record: dict[str, Any]) -> list[str]:
     index = evidence_index(record)
     lines: list[str] = []
@@ -185,6 +194,19 @@ def _summary(record: dict[str, Any]) -> list[str]:
             + " ".join(
                 cited(s.get("description"), s.get("evidence") or [], index) for s in symptoms
             )
+        )
+    if unexplained(record):
+        ruled_out = sorted(
+            {
+                k
+                for c in record.get("causes") or []
+                if c.get("status") == "rejected"
+                for k in _decisive_keys(c)
+            }
+        )
+        lines.append(
+            "- **UNEXPLAINED:** the failure reproduced in the diagnosis and no cause in the "
+            f"catalogue is confirmed: the causes tested were ruled out. {cite(ruled_out)}"
         )
     rate = _live_rate(record)
     if rate:

@@ -54,6 +54,9 @@ class ArmOutcome:
     kind_counts: dict[str, int] = field(default_factory=dict)  # over failing replies
     raw_misplaced: int = 0  # failing replies whose raw text holds output the parse lost
     error: str = ""
+    # Completion tokens of the replies that ended on their own (finish_reason "stop"): the
+    # natural length of the answer where no limit cut it.
+    ended_tokens: tuple[int, ...] = ()
     # Seconds each reply took (errored replies left out), and those of the failing ones:
     # a deadline shows as failures that all end at one elapsed time.
     elapsed: tuple[float, ...] = ()

@@ -133,6 +133,17 @@ def observation_summary(name: str, facts: dict[str, Any]) -> str:
     return f"{name}: {json.dumps(facts, default=str)[:200]}"
 
 
+def request_limits(request: dict[str, Any], props: Any) -> dict[str, Any]:
+    """The request's token limit against the slot's context (/props `n_ctx`)."""
+    settings = props.get("default_generation_settings") if isinstance(props, dict) else None
+    n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
+    return {
+        "name": "request-limits",
+        "max_tokens": probes.max_tokens_of(request),
+        "n_ctx_slot": n_ctx if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) else None,
+    }
+
+
 async def observe_server(
     server: Any, request: dict[str, Any], observations: dict[str, Any], *, seed: int, timeout: float
 ) -> None:
@@ -156,6 +167,7 @@ async def observe_server(
                 "n_ctx_slot": _n_ctx(props),
                 **speculative_props(props),
             }
+            observations["request-limits"] = request_limits(request, props)
         except LlamaClientError as exc:
             observations["server-props"] = {"name": "server-props", "error": str(exc)}
         try:
@@ -166,6 +178,7 @@ async def observe_server(
                 "name": "template-render",
                 "thinking_on": probes.thinking_on_in_prompt(prompt),
                 "thinking_on_with_enable_thinking_false": probes.thinking_on_in_prompt(prompt_off),
+                "enable_thinking_false_changes_prompt": prompt != prompt_off,
                 "prompt_chars": len(prompt),
                 "prompt_tail": prompt[-300:],
             }

@@ -10,7 +10,7 @@ configurations in, request bodies and configurations out. The engine runs them
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -26,6 +26,10 @@ CLOSE_THINK_TAG = "</think>"
 
 
 ObserveHook = Callable[["ObserveContext"], Coroutine[Any, Any, "dict[str, Any] | None"]]
+# A precondition checked once the incident's server has been observed (template render,
+# props): (the observations so far, the captured exchange or None) -> None when the arm can
+# matter, else why it cannot (the arm is then skipped, and the plan says why).
+Requires = Callable[[Mapping[str, Any], "Mapping[str, Any] | None"], "str | None"]
 
 
 @dataclass
@@ -67,6 +71,8 @@ class PlannedArm:
     # observation-only arm -- no replays; its `observe` hook runs once on the incident's
     # server (request-level) and its facts reach the cause rules.
     when: str = "always"
+    # Checked after the incident's server is observed (see `Requires`); None: always runs.
+    requires: Requires | None = None
     # Where a request-level arm's replays go when the stack has a `[gateway]`: "client"
     # (what the client used: the gateway, else the server) or "server" (the server itself,
     # bypassing the gateway). `stream`: replay streamed (SSE) instead of non-streamed.
@@ -106,6 +112,10 @@ class RequestArm:
     order: int
     applies: Callable[[dict[str, Any]], bool] = lambda request: True
     level: str = "request"
+    # What the arm needs to matter (printed when it is skipped), and the check made once the
+    # server is observed.
+    precondition: str = ""
+    requires: Requires | None = None
 
     @property
     def name(self) -> str:
@@ -114,7 +124,62 @@ class RequestArm:
     def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
         if not self.applies(request):
             return None
-        return PlannedArm(self.id, self.variant, "request", self.decides, self.transform)
+        return PlannedArm(
+            self.id, self.variant, "request", self.decides, self.transform, requires=self.requires
+        )
+
+
+NOT_APPLICABLE = "does not apply to this stack and request"
+
+
+def skipped_arms(
+    stack: Stack, request: dict[str, Any], arms: Iterable[Any] | None = None
+) -> list[tuple[str, str]]:
+    """(arm, why) for every catalogue arm that this stack and request do not plan: the
+    arm's declared `precondition` (what it needs to matter), else a generic reason."""
+    if arms is None:
+        from triage.catalogue import catalogue
+
+        arms = list(catalogue().arms)
+    out = []
+    for arm in sorted(arms, key=lambda a: (a.level != "request", int(getattr(a, "order", 100)))):
+        if arm.plan(stack, request) is None:
+            why = str(getattr(arm, "precondition", "") or NOT_APPLICABLE)
+            out.append((str(arm.id), why))
+    return out
+
+
+def reasoning_in(exchange: Mapping[str, Any] | None) -> bool:
+    """Does the captured reply hold reasoning text (the model thought, whatever the
+    template says)?"""
+    response = (exchange or {}).get("response")
+    choices = response.get("choices") if isinstance(response, dict) else None
+    for choice in choices if isinstance(choices, list) else []:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if isinstance(message, dict) and str(message.get("reasoning_content") or "").strip():
+            return True
+    return False
+
+
+THINKING_PRECONDITION = "thinking on for the request (template render) or reasoning in the reply"
+
+
+def requires_thinking(facts: Mapping[str, Any], exchange: Mapping[str, Any] | None) -> str | None:
+    """An arm that switches or bounds thinking can matter only when the request thinks: the
+    template render shows thinking on, or enable_thinking=false renders another prompt, or
+    the captured reply holds reasoning. None (run it) when the render is unknown."""
+    render = facts.get("template-render") or {}
+    if render.get("error") or "thinking_on" not in render:
+        return None
+    if render.get("thinking_on") or render.get("enable_thinking_false_changes_prompt"):
+        return None
+    if reasoning_in(exchange):
+        return None
+    return (
+        "thinking is off for this request: the template render shows no thinking "
+        "marker, enable_thinking=false renders the same prompt, and the captured reply "
+        "has no reasoning"
+    )
 
 
 def max_tokens_of(request: dict[str, Any]) -> int | None:

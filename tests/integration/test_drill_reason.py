@@ -107,7 +107,7 @@ def test_structured_output_confirmed_on_its_drill_and_nothing_else(
     _assert_removes(arms["no-structured-output"], baseline)
     _assert_removes(arms["thinking-off"], baseline)
     # More tokens do not help: the reply stops, it is not cut.
-    assert arms["token-limit-x4"]["decision"] != "removes"
+    assert arms["token-limit-lifted"]["decision"] != "removes"
     verdict = _causes(diagnosis)["structured-output"]
     assert f"{baseline['failures']}/{baseline['n']} (95% CI" in verdict["rationale"]
     kinds = {f["kind"] for f in diagnosis["findings"] if not f.get("passed", True)}

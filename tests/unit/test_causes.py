@@ -19,7 +19,7 @@ def test_thinking_budget_shape() -> None:
         "baseline": _arm("baseline", 8, 8, "baseline", length_stop=8, empty_content=8),
         "thinking-off": _arm("thinking-off", 0, 8, "removes"),
         "reasoning-budget": _arm("reasoning-budget", 0, 8, "removes"),
-        "token-limit-x4": _arm("token-limit-x4", 0, 8, "removes"),
+        "token-limit-lifted": _arm("token-limit-lifted", 0, 8, "removes"),
         "spec-off": _arm("spec-off", 4, 4, "unchanged", length_stop=4),
         "alt-weights": _arm("alt-weights", 4, 4, "unchanged", length_stop=4),
     }
@@ -88,7 +88,7 @@ def test_answer_too_long_is_token_limit() -> None:
         "baseline": _arm("baseline", 8, 8, "baseline", length_stop=8),
         "thinking-off": _arm("thinking-off", 8, 8, "unchanged", length_stop=8),
         "reasoning-budget": _arm("reasoning-budget", 8, 8, "unchanged", length_stop=8),
-        "token-limit-x4": _arm("token-limit-x4", 0, 8, "removes"),
+        "token-limit-lifted": _arm("token-limit-lifted", 0, 8, "removes"),
     }
     verdicts = _by_id(decide(arms, Observations(thinking_on_by_default=False)))
     assert verdicts["token-limit"].status == "confirmed"

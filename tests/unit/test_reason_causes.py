@@ -156,7 +156,7 @@ def _verdicts(arms: dict[str, ArmOutcome], planned: tuple[str, ...]) -> dict[str
 
 
 STRUCTURED_BASE = _arm("baseline", 8, 8, "baseline", empty_content=8, structured_output_failed=8)
-STRUCTURED_PLAN = ("thinking-off", "no-structured-output", "token-limit-x4")
+STRUCTURED_PLAN = ("thinking-off", "no-structured-output", "token-limit-lifted")
 
 
 def test_structured_output_confirmed_when_both_halves_of_the_conflict_remove_it() -> None:
@@ -164,13 +164,15 @@ def test_structured_output_confirmed_when_both_halves_of_the_conflict_remove_it(
         "baseline": STRUCTURED_BASE,
         "thinking-off": _arm("thinking-off", 0, 8, "removes"),
         "no-structured-output": _arm("no-structured-output", 0, 8, "removes"),
-        "token-limit-x4": _arm("token-limit-x4", 4, 4, "unchanged", structured_output_failed=4),
+        "token-limit-lifted": _arm(
+            "token-limit-lifted", 4, 4, "unchanged", structured_output_failed=4
+        ),
     }
     verdicts = _verdicts(arms, STRUCTURED_PLAN)
     verdict = verdicts["structured-output"]
     assert verdict.status == "confirmed"
     assert "8/8" in verdict.rationale and "0/8" in verdict.rationale
-    assert "max_tokens x4 4/4" in verdict.rationale
+    assert "max_tokens lifted to the slot's context 4/4" in verdict.rationale
     assert verdict.supports == ["baseline", "no-structured-output", "thinking-off"]
     # The other reasoning causes are not confirmed by the same evidence.
     assert verdicts["reasoning-exhausts-budget"].status == "rejected"  # no length stop

@@ -22,6 +22,11 @@ def validate_diagnosis(diagnosis: dict[str, Any]) -> None:
 
 
 # The observations a diagnosis prints, as sentences (the rest stay in --json / the record).
+# A diagnosis whose failure reproduced but that confirmed no cause (issue 23): its own
+# verdict and exit status (1 = error / not reproduced / partial, 2 = usage, 3 = check).
+UNEXPLAINED = "unexplained"
+EXIT_UNEXPLAINED = 4
+
 _PRINTED_OBSERVATIONS = (
     "template-render",
     "spec-divergence",
@@ -156,12 +161,22 @@ def format_diagnosis(diagnosis: dict[str, Any]) -> str:
     reproduction = diagnosis.get("reproduction") or {}
     if reproduction and not reproduction.get("reproduced", True):
         lines += [f"NOT REPRODUCED: {reproduction.get('message')}", ""]
+    verdict = diagnosis.get("verdict") or {}
+    if verdict.get("status") == UNEXPLAINED:
+        lines += [str(verdict.get("headline")), f"  {verdict.get('ruled_out')}", "  next:"]
+        lines += [f"    - {probe}" for probe in verdict.get("next_probes") or []]
+        lines.append("")
     failed = [f for f in diagnosis.get("findings", []) if not f.get("passed", True)]
     if failed:
         lines.append("Findings in the failing exchange:")
         lines += [f"  - {f['kind']}: {f['reason']}" for f in failed]
         lines.append("")
     lines += _arm_lines(diagnosis.get("arms", []))
+    skipped = diagnosis.get("skipped_arms") or []
+    if skipped:
+        lines.append("Arms not run (they cannot matter here):")
+        lines += [f"  {s['arm']:<24} {s['reason']}" for s in skipped]
+        lines.append("")
     for status in ("confirmed", "rejected", "suspected"):
         group = [c for c in diagnosis.get("causes", []) if c["status"] == status]
         if not group:
@@ -367,8 +382,11 @@ def diagnose_command(
 
 
 def _exit_for_state(diagnosis: dict[str, Any]) -> None:
-    """A run that did not reproduce the failure or ended with errors exits non-zero."""
+    """A run that did not reproduce the failure or ended with errors exits non-zero (1); an
+    UNEXPLAINED verdict (reproduced, nothing confirmed) exits EXIT_UNEXPLAINED (4)."""
     state = diagnosis.get("state", "done")
+    if (diagnosis.get("verdict") or {}).get("status") == UNEXPLAINED:
+        sys.exit(EXIT_UNEXPLAINED)
     if state == "not-reproduced":
         message = (diagnosis.get("reproduction") or {}).get("message", "")
         raise click.ClickException(f"{message}")
@@ -498,6 +516,8 @@ def show_command(ctx: click.Context, slug: str, as_json: bool) -> None:
         click.echo(format_diagnosis(printable or diagnosis))
     if diagnosis.get("state") == "not-reproduced":
         sys.exit(1)
+    if (diagnosis.get("verdict") or {}).get("status") == UNEXPLAINED:
+        sys.exit(EXIT_UNEXPLAINED)
 
 
 @click.command("demo")

@@ -163,6 +163,7 @@ def drill_command(name: str, as_json: bool, out: Path | None, repeat: int) -> No
     """
     from kb.store import data_dir
     from triage.drills import TemplateNotFound, build_drill, list_drills
+    from triage.drills.real import RealModelMissing
     from triage.drills.run import format_summary, run_drill
 
     if name not in list_drills():
@@ -177,7 +178,13 @@ def drill_command(name: str, as_json: bool, out: Path | None, repeat: int) -> No
     try:
         drill = build_drill(name, folder)
         report = run_drill(drill, log_dir=folder / "logs", repeat=repeat)
-    except (BuildError, ServerStartError, TemplateNotFound, LlamaClientError) as exc:
+    except (
+        BuildError,
+        ServerStartError,
+        TemplateNotFound,
+        LlamaClientError,
+        RealModelMissing,
+    ) as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
         click.echo(json.dumps(report, indent=2))

@@ -36,6 +36,7 @@ OFF_DIAGONAL = "OFF-DIAG"
 MISSING = "MISSING"  # the manifest lists a cause the diagnosis has no verdict for
 NOT_RUN = "n/a"  # the cause was not part of this run (e.g. crash-only causes), not listed
 CONFIRMED = "confirmed"
+VERDICT = "(verdict)"  # the column of a drill whose manifest names an expected_verdict
 # Replays per arm: a deterministic failure is decided in a few, an intermittent one needs more.
 DETERMINISTIC_CAP = 16
 INTERMITTENT_CAP = 64
@@ -121,6 +122,13 @@ def evaluate(
         elif not status:
             cell.status, cell.mark = "", OK
         row.cells.append(cell)
+    expected_verdict = manifest.get("expected_verdict")
+    if expected_verdict:  # e.g. "unexplained": a real failure no catalogue cause explains
+        status = str((diagnosis.get("verdict") or {}).get("status", ""))
+        mark = OK if status == expected_verdict else MISMATCH
+        row.cells.append(
+            Cell(VERDICT, status, "", str(expected_verdict), (str(expected_verdict),), mark)
+        )
     return row
 
 

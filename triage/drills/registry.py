@@ -298,6 +298,12 @@ _BUILDERS: dict[str, Callable[[Path, str], Drill]] = {
 # (triage.drills.gateway.serve starts both, yields the stack and the client's capture).
 SERVED = frozenset(gateway.KINDS)
 
+# Real-model drills (issue 23): real GGUF files from PyPI packages, measured ground truth.
+# Imported here, after Drill: the module builds Drill records.
+from triage.drills import real_drills  # noqa: E402
+
+_BUILDERS.update(real_drills.BUILDERS)
+
 
 # Drills whose failure is in a capture, not only in a request (the client's view of a
 # stream): name -> recorder(drill, folder) -> the capture file, recorded on the real server.

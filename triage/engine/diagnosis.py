@@ -13,7 +13,24 @@ from triage.engine.servers import safe_describe
 from triage.stackfile import Stack
 from triage.stats import wilson
 
-__all__ = ["arm_summary", "build_diagnosis", "server_seconds", "stack_summary"]
+__all__ = [
+    "UNEXPLAINED",
+    "arm_summary",
+    "build_diagnosis",
+    "overall_verdict",
+    "server_seconds",
+    "stack_summary",
+]
+
+UNEXPLAINED = "unexplained"
+# What to try when nothing in the catalogue explains a reproduced failure (after the
+# suspected causes' own deciding probes).
+GENERIC_NEXT = (
+    "vary the request one field at a time (sampling settings, penalties, stop, the system "
+    "message) and replay it",
+    "try other weights or another build ([alternates] model / binary in stack.toml)",
+    "read the server log of the run for warnings about the model file or its template",
+)
 
 
 def _round(value: float | None) -> float | None:
@@ -78,6 +95,38 @@ def stack_summary(stack: Stack, speculative: bool) -> dict[str, Any]:
     }
 
 
+def overall_verdict(
+    state: str, causes: Sequence[DiagnosisCause], arms: Sequence[DiagnosisArm]
+) -> dict[str, Any]:
+    """The run's overall verdict: `explained` (a cause confirmed), `unexplained` (the failure
+    reproduced, the run finished, and no cause is confirmed: a verdict of its own, with what
+    was ruled out and what to try next), or the run's state (not-reproduced, partial)."""
+    confirmed = [c.id for c in causes if c.status == "confirmed"]
+    if confirmed:
+        return {"status": "explained", "headline": "explained by: " + ", ".join(confirmed)}
+    if state != "done":
+        return {"status": state, "headline": f"no verdict: the run is {state}"}
+    base = next((a for a in arms if a.name == BASELINE), None)
+    seen = f" (baseline {base.failures}/{base.n} failing)" if base is not None and base.n else ""
+    rejected = [
+        f"{c.id} ({c.deciding_probe or 'baseline'})" for c in causes if c.status == "rejected"
+    ]
+    probes = [
+        f"{c.id}: {c.deciding_probe}"
+        for c in causes
+        if c.status == "suspected" and c.deciding_probe
+    ]
+    return {
+        "status": UNEXPLAINED,
+        "headline": f"UNEXPLAINED: the failure reproduces{seen} and no cause in the catalogue "
+        "is confirmed",
+        "ruled_out": (
+            f"ruled out {len(rejected)}: " + ", ".join(rejected) if rejected else "ruled out none"
+        ),
+        "next_probes": [*probes, *GENERIC_NEXT],
+    }
+
+
 def build_diagnosis(
     *,
     slug: str,
@@ -93,6 +142,7 @@ def build_diagnosis(
     graph: dict[str, Any],
     cost: dict[str, Any],
     exchange_evidence: str | None,
+    skipped: Sequence[Mapping[str, str]] = (),
     state: str,
     reproduction: dict[str, Any] | None,
 ) -> dict[str, Any]:
@@ -127,12 +177,13 @@ def build_diagnosis(
         f"{c.id}: {c.undecided}" for c in causes if c.status == "suspected" and c.undecided
     ]
     undecided += list(errors)
+    summaries = [DiagnosisArm.from_summary(summary, key) for summary, key in arms]
     diagnosis = Diagnosis(
         incident=slug,
         run_id=run_id,
         generated_at=utcnow().isoformat(),
         findings=findings,
-        arms=[DiagnosisArm.from_summary(summary, key) for summary, key in arms],
+        arms=summaries,
         causes=causes,
         graph=graph,
         exchange_evidence=exchange_evidence,
@@ -142,5 +193,7 @@ def build_diagnosis(
         cost=cost,
         state=state,
         reproduction=reproduction,
+        skipped_arms=[{"arm": str(s["arm"]), "reason": str(s["reason"])} for s in skipped],
+        verdict=overall_verdict(state, causes, summaries),
     )
     return diagnosis.validated()

@@ -135,6 +135,8 @@ class Diagnoser:
         self.planned: dict[str, probes.PlannedArm] = {}
         # Observation-only arms (`when = "observe"`): a hook, no replays.
         self.observe_only: list[probes.PlannedArm] = []
+        # Arms that cannot matter for this stack and request: {"arm", "reason"} (issue 23).
+        self.skipped: list[dict[str, str]] = []
         self.facts: dict[str, dict[str, Any]] = {}
         self.servers: dict[str, Server] = {}
         self.signature = Signature.from_findings(self.findings, self.exchange)
@@ -237,6 +239,10 @@ class Diagnoser:
         incident_key = self.stack.server.key()
         crashed = self.crash is not None
         self.observe_only = []
+        self.skipped = [
+            {"arm": arm, "reason": why}
+            for arm, why in probes.skipped_arms(self.stack, self.request)
+        ]
         for planned in probes.plan_arms(self.stack, self.request):
             if planned.when == "observe":
                 if planned.observe is not None and not crashed:
@@ -246,7 +252,14 @@ class Diagnoser:
                 (planned.when == "crash" and not crashed)
                 or (crashed and planned.level == "request")
             ):
-                continue  # crash-only arms need a crash; a crashed server serves no request
+                # crash-only arms need a crash; a crashed server serves no request
+                why = (
+                    "runs only when the incident's server crashes"
+                    if planned.when == "crash"
+                    else "the incident's server crashed: it serves no request"
+                )
+                self.skipped.append({"arm": planned.name, "reason": why})
+                continue
             key = incident_key if planned.level == "request" else planned.config.key()  # type: ignore[union-attr]
             self.planned[planned.name] = planned
             self.arms[planned.name] = ArmState(
@@ -448,6 +461,7 @@ class Diagnoser:
         if self._base_failed(base):  # it crashed (or hung) on the observation requests
             self._crash_mode_after(base, log_dir)
             return
+        self._skip_unmet()
         request_arms = [p for p in self.planned.values() if p.level == "request"]
         client_side = gateway_server(self.stack, base)  # what the client used
         for planned in request_arms:
@@ -482,6 +496,21 @@ class Diagnoser:
                 kg_dims,
                 lambda name, variant, config: self._kg_arm(name, variant, config, base, log_dir),
             )
+
+    def _skip_unmet(self) -> None:
+        """Drop the arms whose precondition the observations refute (e.g. thinking-off when
+        the template render shows no thinking for the request): they cannot matter. An arm
+        with replies already recorded (a resumed run) keeps them and stays."""
+        for name, planned in list(self.planned.items()):
+            arm = self.arms[name]
+            if name == cause_rules.BASELINE or planned.requires is None or arm.replies:
+                continue
+            why = planned.requires(self.facts, self.exchange or None)
+            if why is None:
+                continue
+            del self.planned[name], self.arms[name]
+            self.skipped.append({"arm": name, "reason": why})
+            self._emit("plan", f"skipped {name}: {why}")
 
     def _server_rounds(self) -> list[list[str]]:
         """The server-level arms still to run, in rounds whose servers fit in memory together
@@ -750,6 +779,7 @@ class Diagnoser:
                 + [f"arm {a.name} not run: {a.stopped}" for a in unrun],
                 graph=graph_mod.summary(graph_mod.build_graph(record)),
                 cost=self._cost(),
+                skipped=self.skipped,
                 exchange_evidence=self.recorder.evidence_keys.get("exchange"),
                 state=state,
                 reproduction=self.reproduction,

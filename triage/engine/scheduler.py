@@ -120,12 +120,24 @@ class ArmState:
             kind_counts=self.kind_counts(),
             raw_misplaced=sum(1 for r in self.replies if r.failed and r.raw_misplaced),
             error=self.error,
+            ended_tokens=tuple(_ended_tokens(self.replies)),
             elapsed=tuple(_elapsed(r) for r in self.replies if not r.error),
             failure_elapsed=tuple(_elapsed(r) for r in self.replies if not r.error and r.failed),
         )
 
     def has(self, index: int) -> bool:
         return any(r.index == index for r in self.replies)
+
+
+def _ended_tokens(replies: Sequence[Any]) -> list[int]:
+    """Completion tokens of the replies that ended on their own (finish_reason "stop")."""
+    out = []
+    for reply in replies:
+        tokens = (getattr(reply, "timings", None) or {}).get("predicted_n")
+        if getattr(reply, "finish_reason", None) == "stop" and not reply.error:
+            if isinstance(tokens, int) and not isinstance(tokens, bool):
+                out.append(tokens)
+    return out
 
 
 def _elapsed(reply: Any) -> float:

@@ -82,3 +82,15 @@ def run_verdicts(runs: IncidentRuns, run_id: int | None) -> dict[str, str]:
         for c in run.result.get("causes") or []
         if isinstance(c, dict)
     }
+
+
+def unexplained_parts(runs: IncidentRuns, run_id: int | None) -> tuple[str, str, list[str]] | None:
+    """The UNEXPLAINED verdict of the run (default: the latest): (headline, what was ruled
+    out, the next probes), or None when that run has another verdict (or none: older
+    results)."""
+    run = runs.run(run_id or runs.latest)
+    verdict = run.result.get("verdict") if run is not None else None
+    if not isinstance(verdict, dict) or verdict.get("status") != "unexplained":
+        return None
+    probes = [str(p) for p in verdict.get("next_probes") or []]
+    return str(verdict.get("headline")), str(verdict.get("ruled_out") or ""), probes

@@ -12,6 +12,7 @@ from triage.stackfile import ServerConfig, Stack
 @dataclass(frozen=True)
 class AltBuild:
     id: str = "alt-build"
+    precondition: str = "an [alternates] binary in the stack"
     level: str = "server"
     order: int = 70
 

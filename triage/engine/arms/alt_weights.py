@@ -29,6 +29,7 @@ async def confounder(ctx: ObserveContext) -> dict[str, Any]:
 @dataclass(frozen=True)
 class AltWeights:
     id: str = "alt-weights"
+    precondition: str = "an [alternates] model in the stack"
     level: str = "server"
     order: int = 60
 

@@ -49,6 +49,7 @@ def with_max_tokens(request: dict[str, Any], value: int) -> dict[str, Any]:
 @dataclass(frozen=True)
 class ContextShiftOff:
     id: str = "context-shift-off"
+    precondition: str = "--context-shift in the server args and a request without max_tokens"
     level: str = "server"
     order: int = 57
 
@@ -70,6 +71,7 @@ class ContextShiftOff:
 @dataclass(frozen=True)
 class MaxTokensSet:
     id: str = "max-tokens-set"
+    precondition: str = "a request without max_tokens on a server with --context-shift (or a URL)"
     level: str = "request"
     order: int = 45
 

@@ -257,6 +257,9 @@ def fill_summary(facts: dict[str, Any]) -> str:
 @dataclass(frozen=True)
 class ContextLarger:
     id: str = ARM
+    precondition: str = (
+        "-c set in the server args and a request whose prompt + max_tokens can reach the slot"
+    )
     level: str = "server"
     order: int = 55
 

@@ -50,6 +50,7 @@ def _without(args: tuple[str, ...] | list[str], flags: tuple[str, ...]) -> list[
 @dataclass(frozen=True)
 class NoWarmup:
     id: str = "no-warmup"
+    precondition: str = "warm-up on (no --no-warmup) and a server that crashes"
     level: str = "server"
     order: int = 86
 
@@ -70,6 +71,7 @@ class NoWarmup:
 @dataclass(frozen=True)
 class OneThread:
     id: str = "one-thread"
+    precondition: str = "more than one thread and a server that crashes"
     level: str = "server"
     order: int = 87
 

@@ -179,6 +179,7 @@ class HistoryNormalised:
     """Request-level arm: the last turn replayed with the history normalised."""
 
     id, level, order = ARM, "request", 50
+    precondition = "assistant turns in the history that normalising would change"
 
     def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
         facts = history_facts(request)

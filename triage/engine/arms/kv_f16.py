@@ -23,6 +23,7 @@ CAUSE = "kv-cache-quant"
 @dataclass(frozen=True)
 class KvF16:
     id: str = ID
+    precondition: str = "a quantized KV cache (-ctk / -ctv) in the server args"
     level: str = "server"
     order: int = 65
 

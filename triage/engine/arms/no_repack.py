@@ -15,6 +15,7 @@ REPACK_FLAGS = ("--no-repack", "-nr", "--repack")
 @dataclass(frozen=True)
 class NoRepack:
     id: str = "no-repack"
+    precondition: str = "repacking on (no --no-repack) and a server that crashes"
     level: str = "server"
     order: int = 85
 

@@ -52,6 +52,7 @@ def reasoning_format_auto(request: dict[str, Any]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class ServerReasoningFormat:
     id: str = SERVER_ARM
+    precondition: str = "a --reasoning-format that leaks the thought into content"
     level: str = "server"
     order: int = 85
 
@@ -76,6 +77,7 @@ REQUEST = RequestArm(
     DECIDES,
     order=55,
     applies=request_leaks,
+    precondition="a reasoning_format in the request that leaks the thought into content",
 )
 
 

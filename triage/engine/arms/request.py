@@ -1,15 +1,28 @@
-"""The request-level arms: thinking off, `/no_think`, a reasoning budget, max_tokens x4."""
+"""The request-level arms: thinking off, `/no_think`, a reasoning budget, and the token
+limit lifted to the slot's context."""
 
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from triage.engine.arms.context_size import per_slot_context
 from triage.probes import (
+    THINKING_PRECONDITION,
+    PlannedArm,
     RequestArm,
     max_tokens_of,
     no_think_suffix,
     reasoning_budget,
+    requires_thinking,
     thinking_off,
-    token_limit_x4,
 )
+from triage.stackfile import Stack
+
+LIFTED = "token-limit-lifted"
+LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "n_predict")
 
 ARMS = (
     RequestArm(
@@ -18,6 +31,8 @@ ARMS = (
         thinking_off,
         ("reasoning-exhausts-budget", "token-limit", "output-parsing", "structured-output"),
         order=10,
+        precondition=THINKING_PRECONDITION,
+        requires=requires_thinking,
     ),
     # Informational (decides no cause): the seed's own attempt; on Gemma 4 it is plain text.
     RequestArm(
@@ -26,6 +41,8 @@ ARMS = (
         no_think_suffix,
         (),
         order=20,
+        precondition=THINKING_PRECONDITION,
+        requires=requires_thinking,
     ),
     RequestArm(
         "reasoning-budget",
@@ -33,18 +50,76 @@ ARMS = (
         reasoning_budget,
         ("reasoning-exhausts-budget",),
         order=30,
-    ),
-    RequestArm(
-        "token-limit-x4",
-        "max_tokens x4",
-        token_limit_x4,
-        ("token-limit",),
-        order=40,
-        applies=lambda request: max_tokens_of(request) is not None,
+        precondition=THINKING_PRECONDITION,
+        requires=requires_thinking,
     ),
 )
+
+
+def lift_bound(stack: Stack) -> int | None:
+    """How far the limit can be lifted: the per-slot context the server's `-c / -np` give,
+    else the model's trained context (what llama-server uses without `-c`), else None (a
+    running server by URL: the limit is removed and the slot alone bounds the reply)."""
+    slot = per_slot_context(stack.server.args)
+    if slot is not None:
+        return slot
+    model = stack.server.model
+    if model is None:
+        return None
+    from triage.llama.gguf_meta import read_gguf_meta
+
+    try:
+        context = read_gguf_meta(Path(str(model))).context_length
+    except Exception:  # noqa: BLE001 - unreadable metadata: the slot alone bounds it
+        return None
+    return context if isinstance(context, int) and context > 0 else None
+
+
+@dataclass(frozen=True)
+class Lift:
+    """The request with its token limit lifted to `bound` (None: removed)."""
+
+    bound: int | None
+
+    def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
+        body = copy.deepcopy(request)
+        for field in LIMIT_FIELDS:
+            body.pop(field, None)
+        if self.bound is not None:
+            body["max_tokens"] = self.bound
+        return body
+
+
+@dataclass(frozen=True)
+class TokenLimitLifted:
+    """The token limit lifted: does the reply then end on its own (finish `stop`)? Bounded
+    by the slot's context, never by a multiple of the limit: a reply that needs 500 tokens
+    under a 24-token limit still fails at 4x. Planned only when the request sets a limit
+    below that bound (otherwise lifting it changes nothing)."""
+
+    id: str = LIFTED
+    precondition: str = "a max_tokens below the slot's context"
+    level: str = "request"
+    order: int = 40
+
+    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+        limit = max_tokens_of(request)
+        if limit is None:
+            return None
+        bound = lift_bound(stack)
+        if bound is not None and limit >= bound:
+            return None
+        where = f"to the slot's context ({bound} tokens)" if bound else "(removed)"
+        return PlannedArm(
+            self.id,
+            f"max_tokens {limit} lifted {where}",
+            self.level,
+            ("token-limit",),
+            Lift(bound),
+        )
 
 
 def register(catalogue: object) -> None:
     for arm in ARMS:
         catalogue.arms.add(arm)  # type: ignore[attr-defined]
+    catalogue.arms.add(TokenLimitLifted())  # type: ignore[attr-defined]

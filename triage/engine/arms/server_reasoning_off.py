@@ -6,13 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from triage.probes import PlannedArm, relaunchable
+from triage.probes import PlannedArm, relaunchable, requires_thinking
 from triage.stackfile import Stack, set_flag
 
 
 @dataclass(frozen=True)
 class ServerReasoningOff:
     id: str = "server-reasoning-off"
+    precondition: str = "a server started from a model file, and thinking on for the request"
     level: str = "server"
     order: int = 80
 
@@ -26,6 +27,7 @@ class ServerReasoningOff:
             self.level,
             ("reasoning-exhausts-budget",),
             config=server.with_args(set_flag(server.args, "--reasoning", "off", "-rea")),
+            requires=requires_thinking,
         )
 
 

@@ -25,6 +25,7 @@ async def divergence(ctx: ObserveContext) -> dict[str, Any]:
 @dataclass(frozen=True)
 class SpecOff:
     id: str = "spec-off"
+    precondition: str = "speculative-decoding flags in the server args (a model file, not a URL)"
     level: str = "server"
     order: int = 50
 

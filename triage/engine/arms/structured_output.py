@@ -36,6 +36,7 @@ ARM = RequestArm(
     ("structured-output",),
     order=50,
     applies=lambda request: structured_output_requested(request) is not None,
+    precondition="response_format / json_schema / grammar in the request",
 )
 
 

@@ -65,8 +65,12 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
         )
     if removes(plain) and removes(off):
         assert off is not None
-        x4 = arms.get("token-limit-x4")
-        more = f"; max_tokens x4 {x4.kn()} does not" if x4 is not None and unchanged(x4) else ""
+        lifted = arms.get("token-limit-lifted")
+        more = (
+            f"; max_tokens lifted to the slot's context {lifted.kn()} does not"
+            if lifted is not None and unchanged(lifted)
+            else ""
+        )
         return Verdict(
             ID,
             "confirmed",

@@ -14,7 +14,14 @@ from kb.store import StoreError
 from triage.atlas.report import record_matches
 from triage.graph import arm_summaries, build_graph, summary, to_dot
 from triage.ui import actions, data, nav
-from triage.ui.runs import ALL_RUNS, IncidentRuns, load_runs, record_for_run, run_verdicts
+from triage.ui.runs import (
+    ALL_RUNS,
+    IncidentRuns,
+    load_runs,
+    record_for_run,
+    run_verdicts,
+    unexplained_parts,
+)
 from triage.ui.text import markdown_to_html, md_escape, md_link
 
 STATUS_ORDER = ("confirmed", "suspected", "rejected")
@@ -594,6 +601,13 @@ if slug:
         )
         runs = load_runs(store, slug)
         run_id = pick_run(runs)
+        unexplained = unexplained_parts(runs, run_id if run_id != ALL_RUNS else None)
+        if unexplained:
+            headline, ruled_out, probes = unexplained
+            st.warning(
+                f"**{md_escape(headline)}**  \n{md_escape(ruled_out)}  \nNext probes to try:  \n"
+                + "  \n".join(f"• {md_escape(probe)}" for probe in probes)
+            )
         tabs = st.tabs(
             [
                 "Diagnosis",

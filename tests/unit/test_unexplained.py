@@ -1,0 +1,123 @@
+"""UNEXPLAINED is a verdict (issue 23): a run whose failure reproduces and that confirms no
+cause says so -- headline, what was ruled out in one line, the next probes -- in the JSON,
+the CLI text and exit status, the UI and the retrospective."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+
+from kb.files import import_paths, load_record
+from kb.records import DiagnosisArm, DiagnosisCause
+from kb.retro import retro_markdown, unexplained
+from kb.store import Store
+from triage.commands.engine import EXIT_UNEXPLAINED, _exit_for_state, format_diagnosis
+from triage.engine.diagnosis import UNEXPLAINED, overall_verdict
+from triage.ui.runs import IncidentRuns, unexplained_parts
+
+INCIDENTS = Path(__file__).resolve().parents[2] / "incidents"
+
+
+def _arm(name: str, k: int, n: int) -> DiagnosisArm:
+    return DiagnosisArm.from_dict(
+        {
+            "name": name,
+            "variant": "",
+            "level": "request",
+            "n": n,
+            "failures": k,
+            "rate": k / n,
+            "ci95": [0, 1],
+            "p_value": None,
+            "decision": "baseline",
+        }
+    )
+
+
+def _cause(cause: str, status: str, probe: str) -> DiagnosisCause:
+    return DiagnosisCause(cause, status, "why", [], probe, None, None)
+
+
+CAUSES = [
+    _cause("token-limit", "rejected", "token-limit-lifted"),
+    _cause("context-size", "rejected", "context-x4"),
+    _cause("quantized-weights", "suspected", "alt-weights ([alternates] model)"),
+]
+
+
+def test_reproduced_and_nothing_confirmed_is_unexplained() -> None:
+    verdict = overall_verdict("done", CAUSES, [_arm("baseline", 8, 8)])
+    assert verdict["status"] == UNEXPLAINED
+    assert verdict["headline"].startswith("UNEXPLAINED")
+    assert "baseline 8/8 failing" in verdict["headline"]
+    assert verdict["ruled_out"] == (
+        "ruled out 2: token-limit (token-limit-lifted), context-size (context-x4)"
+    )
+    assert "\n" not in verdict["ruled_out"]  # one line
+    assert verdict["next_probes"][0] == "quantized-weights: alt-weights ([alternates] model)"
+
+
+def test_a_confirmed_cause_or_an_unfinished_run_is_not_unexplained() -> None:
+    confirmed = [*CAUSES, _cause("model-loop", "confirmed", "sampling")]
+    assert overall_verdict("done", confirmed, [])["status"] == "explained"
+    assert overall_verdict("not-reproduced", CAUSES, [])["status"] == "not-reproduced"
+    assert overall_verdict("partial", CAUSES, [])["status"] == "partial"
+
+
+def _diagnosis() -> dict[str, Any]:
+    verdict = overall_verdict("done", CAUSES, [_arm("baseline", 8, 8)])
+    return {"incident": "i", "run_id": 3, "arms": [], "causes": [], "verdict": verdict}
+
+
+def test_the_cli_prints_it_and_exits_with_its_own_status(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    text = format_diagnosis(_diagnosis())
+    assert text.splitlines()[2].startswith("UNEXPLAINED: the failure reproduces")
+    assert "ruled out 2: token-limit" in text and "next:" in text
+    with pytest.raises(SystemExit) as stopped:
+        _exit_for_state(_diagnosis())
+    assert stopped.value.code == EXIT_UNEXPLAINED == 4
+    explained = {**_diagnosis(), "verdict": {"status": "explained", "headline": "x"}}
+    _exit_for_state(explained)  # exit 0: returns
+    with pytest.raises(click.ClickException):
+        _exit_for_state({**_diagnosis(), "state": "not-reproduced", "verdict": None})
+
+
+def test_the_ui_shows_the_latest_runs_unexplained_verdict() -> None:
+    from kb.runlog import RunInfo
+
+    run = RunInfo(3, "done", "2026-12-01T16:00:00", "", _diagnosis())
+    parts = unexplained_parts(IncidentRuns([run]), None)
+    assert parts is not None
+    headline, ruled_out, probes = parts
+    assert headline.startswith("UNEXPLAINED") and "token-limit" in ruled_out and probes
+    explained = RunInfo(4, "done", "", "", {"verdict": {"status": "explained"}})
+    assert unexplained_parts(IncidentRuns([explained, run]), None) is None
+    assert unexplained_parts(IncidentRuns([explained, run]), 3) is not None
+
+
+def test_the_retrospective_says_unexplained_with_citations() -> None:
+    store = Store("sqlite://")
+    try:
+        import_paths(store, [INCIDENTS])
+        with store.session(readonly=True) as session:
+            record = load_record(session, "2026-06-10-gemma4-empty-response")
+    finally:
+        store.close()
+    assert not unexplained(record)  # the reference incident has a confirmed cause
+    assert "UNEXPLAINED" not in retro_markdown(record)
+    record = copy.deepcopy(record)
+    # As a diagnosis leaves it: an arm measurement on record, nothing confirmed.
+    arm = {"type": "arm", "arm": "baseline", "n": 8, "failures": 8, "decision": "baseline"}
+    record["evidence"].append({"id": "E99", "payload": arm, "summary": "baseline 8/8"})
+    for cause in record["causes"]:
+        if cause["status"] == "confirmed":
+            cause["status"] = "rejected"
+    assert unexplained(record)
+    line = next(li for li in retro_markdown(record).splitlines() if "UNEXPLAINED" in li)
+    assert "no cause in the catalogue is confirmed" in line and "](#" in line  # cited

@@ -1,0 +1,230 @@
+"""Real-model drills: real small GGUF models from PyPI packages (triage.drills.real), real
+prompts, and ground truth ESTABLISHED BY MEASUREMENT on llama-server b11434, not by design.
+
+Each drill's manifest says what was measured (`measured`: the command, the seeds, the
+finish reasons and completion-token counts of the unrestricted replies, what the replies
+contain) and, from that, which cause is real. Nothing here is tuned: the models are what the
+packages ship, the prompts are plain user prompts.
+
+- `real-smollm2-token-limit` (issue 23, case 1): SmolLM2-135M-Instruct, `-c 2048 -np 1`,
+  "Explain in detail how a bicycle gear system works.", max_tokens 24, temperature 0.8.
+  Every reply stops on length at 24 tokens; measured without the limit (seeds 1000-1007)
+  7 of 8 replies end on their own after 302-1238 tokens, one loops to the context end.
+- `real-smollm2-context-size`: the same question with no max_tokens on `-c 256 -np 1`: the
+  slot (256) is shorter than every answer measured (302+ tokens plus a 40-token prompt),
+  so every reply stops at the context end; four times the context lets most finish.
+- `real-smollm2-poem-loop`: "Write a long poem about the sea." at temperature 0, no
+  max_tokens, `-c 512 -np 1`: the reply falls into "Abe aria, aria of the sea," repeated
+  until the context ends (measured on -c 1024: 986 tokens, finish length, the loop from the
+  second line on; on -c 512 the same greedy text is cut at 474 tokens). No limit is the
+  cause.
+- `real-gemma3-base-chat`: Gemma 3 270M BASE (pretrained) served for chat: its GGUF has
+  no chat template, llama-server falls back to ChatML, and the model echoes the ChatML
+  markup back ("<|im_end|>\\n<|im_start|>admin\\n...") until max_tokens (200, measured:
+  finish length at 200 tokens, temperature 0). No catalogue cause of the engine explains
+  a base model served for chat.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from triage.drills.real import MODELS, model_path
+from triage.drills.registry import Drill, manifest_head
+
+# One compute thread, as for the other drills: several servers on 2 shared cores.
+THREADS = ["-t", "1", "-tb", "1"]
+BICYCLE = "Explain in detail how a bicycle gear system works."
+POEM = "Write a long poem about the sea."
+CAPITAL = "What is the capital of France? Answer in one word."
+MEASURED_WITH = "llama-server b11434, 1 thread, seeds 1000-1007 (the engine's first seeds)"
+NOT_CONFIRMED = ["rejected", "suspected"]
+
+
+def _cause(expected: str, why: str, accept: list[str] | None = None) -> dict[str, Any]:
+    accept = accept or ([expected] if expected != "not-confirmed" else NOT_CONFIRMED)
+    return {"real": expected == "confirmed", "expected": expected, "accept": accept, "why": why}
+
+
+def _write(
+    name: str,
+    out_dir: Path,
+    model: str,
+    args: list[str],
+    request: dict[str, Any],
+    manifest: dict[str, Any],
+) -> Drill:
+    """manifest.json, request-failing.json and stack.toml (the model stays in the cache)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = model_path(model)
+    server_args = [*args, *THREADS]
+    full = {
+        **manifest_head(name),
+        "real_model": {"name": model, "file": path.name, "sha256": MODELS[model].sha256},
+        "server_args": server_args,
+        **manifest,
+        "requests": [
+            {
+                "name": "failing",
+                "role": "failing",
+                "file": "request-failing.json",
+                **manifest["failing"],
+            }
+        ],
+    }
+    full.pop("failing")
+    (out_dir / "request-failing.json").write_text(json.dumps(request, indent=2) + "\n")
+    (out_dir / "manifest.json").write_text(json.dumps(full, indent=2) + "\n")
+    stack = [
+        f"# Real-model drill {name}: ground truth (measured) in manifest.json",
+        "[server]",
+        f"model = {json.dumps(str(path))}",
+        f"args = {json.dumps(server_args)}",
+        "",
+    ]
+    (out_dir / "stack.toml").write_text("\n".join(stack))
+    return Drill(name, out_dir, {"qat": path}, full, [request], server_args)
+
+
+def token_limit(out_dir: Path, template: str = "") -> Drill:
+    request = {
+        "messages": [{"role": "user", "content": BICYCLE}],
+        "max_tokens": 24,
+        "temperature": 0.8,
+    }
+    return _write(
+        "real-smollm2-token-limit",
+        out_dir,
+        "smollm2-135m-instruct",
+        ["-c", "2048", "-np", "1"],
+        request,
+        {
+            "failing": {"expect": {"finish_reason": "length", "failure_rate": 1.0}},
+            "measured": {
+                "with": MEASURED_WITH,
+                "request": "the same request without max_tokens",
+                "finish": ["stop"] * 7 + ["length"],
+                "completion_tokens": [377, 479, 514, 422, 1238, 302, 467, 2008],
+                "prompt_tokens": 40,
+                "natural_length_of_replies_that_ended": "302-1238 tokens (7 of 8)",
+                "contains": "an explanation of bicycle gears; seed 1007 loops on "
+                "'pulchery' until the context ends",
+            },
+            "causes": {
+                "token-limit": _cause(
+                    "confirmed",
+                    "Every reply stops at max_tokens 24; without the limit 7 of 8 end on "
+                    "their own after 302-1238 tokens.",
+                ),
+                "context-size": _cause(
+                    "not-confirmed", "24 tokens plus a 40-token prompt fit the 2048 slot."
+                ),
+            },
+        },
+    )
+
+
+def context_size(out_dir: Path, template: str = "") -> Drill:
+    request = {"messages": [{"role": "user", "content": BICYCLE}], "temperature": 0.8}
+    return _write(
+        "real-smollm2-context-size",
+        out_dir,
+        "smollm2-135m-instruct",
+        ["-c", "256", "-np", "1"],
+        request,
+        {
+            "failing": {"expect": {"finish_reason": "length", "failure_rate": 1.0}},
+            "measured": {
+                "with": MEASURED_WITH + ", on -c 2048 -np 1",
+                "completion_tokens": [377, 479, 514, 422, 1238, 302, 467, 2008],
+                "prompt_tokens": 40,
+                "slot_tokens": 256,
+                "why": "every measured answer (302+ tokens) plus the prompt exceeds the "
+                "256-token slot; with -c 1024, 6 of 8 (those of 302-514 tokens) fit",
+            },
+            "causes": {
+                "context-size": _cause(
+                    "confirmed",
+                    "The answer (302+ tokens) does not fit the 256-token slot; four times "
+                    "the context lets most replies end.",
+                ),
+                "token-limit": _cause("not-confirmed", "The request sets no max_tokens."),
+            },
+        },
+    )
+
+
+def poem_loop(out_dir: Path, template: str = "") -> Drill:
+    request = {"messages": [{"role": "user", "content": POEM}], "temperature": 0.0}
+    return _write(
+        "real-smollm2-poem-loop",
+        out_dir,
+        "smollm2-135m-instruct",
+        ["-c", "512", "-np", "1"],
+        request,
+        {
+            "failing": {"expect": {"finish_reason": "length", "failure_rate": 1.0}},
+            # No catalogue cause names a model loop until model-loop (issue 23, E).
+            "expected_verdict": "unexplained",
+            "measured": {
+                "with": "llama-server b11434, 1 thread, temperature 0, -c 1024 -np 1",
+                "finish": "length",
+                "completion_tokens": 986,
+                "prompt_tokens": 38,
+                "contains": "'Abe aria, aria of the sea,' repeated until the context ends, "
+                "from the second line on (94% of the word 5-grams of the first 474 tokens "
+                "repeat)",
+            },
+            "causes": {
+                "token-limit": _cause("not-confirmed", "The request sets no max_tokens."),
+                "context-size": _cause(
+                    "not-confirmed",
+                    "The loop never ends: a larger context only holds a longer loop.",
+                ),
+            },
+        },
+    )
+
+
+def gemma_base_chat(out_dir: Path, template: str = "") -> Drill:
+    request = {
+        "messages": [{"role": "user", "content": CAPITAL}],
+        "max_tokens": 200,
+        "temperature": 0.0,
+    }
+    return _write(
+        "real-gemma3-base-chat",
+        out_dir,
+        "gemma3-270m",
+        ["-c", "1024", "-np", "1"],
+        request,
+        {
+            "failing": {"expect": {"finish_reason": "length", "failure_rate": 1.0}},
+            "expected_verdict": "unexplained",
+            "measured": {
+                "with": "llama-server b11434, 1 thread, temperature 0",
+                "finish": "length",
+                "completion_tokens": 200,
+                "contains": "the question and ChatML markup echoed back "
+                "('<|im_end|>\\n<|im_start|>admin\\n...'): the GGUF has no chat template, the "
+                "server falls back to ChatML, and the base model continues the transcript",
+            },
+            "causes": {
+                "token-limit": _cause(
+                    "not-confirmed",
+                    "The model never ends its turn: lifting the limit only lengthens the echo.",
+                ),
+            },
+        },
+    )
+
+
+BUILDERS: dict[str, Callable[[Path, str], Drill]] = {
+    "real-smollm2-token-limit": token_limit,
+    "real-smollm2-context-size": context_size,
+    "real-smollm2-poem-loop": poem_loop,
+    "real-gemma3-base-chat": gemma_base_chat,
+}

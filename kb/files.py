@@ -2,8 +2,9 @@
 
 A file is YAML front matter between two `---` lines (the structured record, validated by
 `kb/schemas/incident.schema.json` and the referential checks below) followed by the
-Markdown narrative. Import validates every file of a batch before writing anything and
-writes the whole batch in one transaction. Export writes the canonical form:
+Markdown narrative. Import validates every file before writing anything, then writes in
+atomic batches (`IMPORT_BATCH` incidents each; an import cut short resumes when run again,
+see `import_files`). Export writes the canonical form:
 
 - front matter keys in a fixed order; free-form maps (stack extras, payload, observed,
   trigger extras) keep their stored order;
@@ -23,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import date, datetime
 from functools import lru_cache
 from pathlib import Path
@@ -52,6 +53,7 @@ from kb.filerecord import (
     load_record,
     parse_timestamp,
 )
+from kb.importbatch import IMPORT_BATCH, ImportResult, already_imported, import_batches
 from kb.models import (
     Cause,
     Decision,
@@ -80,6 +82,7 @@ from kb.store import (
 )
 
 __all__ = [
+    "IMPORT_BATCH",
     "ExportError",
     "RecordError",
     "SCHEMA_PATH",
@@ -88,6 +91,8 @@ __all__ = [
     "export_incident",
     "export_incidents",
     "format_timestamp",
+    "ImportResult",
+    "import_files",
     "import_paths",
     "incident_paths",
     "list_records",
@@ -303,13 +308,38 @@ def incident_paths(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
 
 
 def import_paths(
-    store: Store, paths: Iterable[str | os.PathLike[str]], *, dry_run: bool = False
+    store: Store,
+    paths: Iterable[str | os.PathLike[str]],
+    *,
+    dry_run: bool = False,
+    batch: int = IMPORT_BATCH,
 ) -> list[str]:
-    """Validate then import incident files in one transaction; the slugs imported, in order.
+    """Validate then import incident files (see `import_files`); the slugs imported."""
+    return import_files(store, paths, dry_run=dry_run, batch=batch).imported
 
-    Any error raises (RecordError names the file and field) and leaves the database as it
-    was. `dry_run` runs every check and the inserts, then rolls back.
+
+def import_files(
+    store: Store,
+    paths: Iterable[str | os.PathLike[str]],
+    *,
+    dry_run: bool = False,
+    batch: int = IMPORT_BATCH,
+    progress: Callable[[int, int], None] | None = None,
+) -> ImportResult:
+    """Validate every file, then import them `batch` incidents per transaction.
+
+    Validation is all-or-nothing: any error raises (RecordError names the file and field)
+    before anything is stored. The writes are then committed in atomic batches: incidents
+    linked by `family` within the import share a batch (an incident is never split), so a
+    batch may exceed `batch` to keep such a group whole. An import cut short (killed, a
+    full disk) keeps its whole batches; running it again skips each incident already stored
+    from the same file with the same content and stores the rest, each once. An incident
+    already stored that differs (or came from another file) is an error, as before.
+    `dry_run` runs every check and the inserts in one transaction, then rolls back.
+    `progress(done, total)` is called after each committed batch.
     """
+    if batch < 1:
+        raise ValueError("batch must be at least 1")
     files = incident_paths(paths)
     records = [(str(path), parse_file(path)) for path in files]
     by_slug: dict[str, tuple[str, dict[str, Any]]] = {}
@@ -320,37 +350,79 @@ def import_paths(
                 file, "$.slug", f"duplicate slug {record['slug']!r} (also in {other})"
             )
         by_slug[record["slug"]] = (file, record)
+    result = ImportResult()
     try:
-        with store.session() as session:
-            _check_against_database(session, records, by_slug)
-            cause_ids: dict[tuple[str, str], int] = {}
-            for file, record in records:
-                cause_ids.update(_insert_record(session, record, file))
-            for _file, record in records:
-                _insert_family(session, record, cause_ids)
-            if dry_run:
-                raise _DryRun
-    except _DryRun:
-        pass
+        with store.session(readonly=True) as session:
+            stored = _check_against_database(session, records, by_slug)
+        result.skipped = [r["slug"] for _f, r in records if r["slug"] in stored]
+        todo = [(file, record) for file, record in records if record["slug"] not in stored]
+        if dry_run:
+            try:
+                with store.session() as session:
+                    _write_batch(session, todo, {})
+                    raise _DryRun
+            except _DryRun:
+                pass
+            result.imported = [record["slug"] for _file, record in todo]
+            return result
+        cause_ids: dict[tuple[str, str], int] = {}
+        done = 0
+        for group in import_batches(todo, batch):
+            with store.session() as session:
+                _write_batch(session, group, cause_ids)
+            result.batches += 1
+            result.imported.extend(record["slug"] for _file, record in group)
+            done += len(group)
+            if progress is not None:
+                progress(done, len(todo))
     except IntegrityError as exc:
         # Typically the loser of two imports of the same file running at once.
         raise StoreError(
             f"the database refused the import: {describe_db_error(exc)} "
-            "(did another import store the same incident at the same time?)"
+            "(did another import store the same incident at the same time?)" + _kept(result)
         ) from None
     except SQLAlchemyError as exc:
-        raise StoreError(f"the database refused the import: {describe_db_error(exc)}") from None
-    return [record["slug"] for _file, record in records]
+        raise StoreError(
+            f"the database refused the import: {describe_db_error(exc)}" + _kept(result)
+        ) from None
+    return result
+
+
+def _kept(result: ImportResult) -> str:
+    if not result.batches:
+        return ""
+    return (
+        f"; {len(result.imported)} incident(s) of {result.batches} earlier batch(es) are "
+        "stored: run the import again to store the rest"
+    )
+
+
+def _write_batch(
+    session: Session,
+    group: list[tuple[str, dict[str, Any]]],
+    cause_ids: dict[tuple[str, str], int],
+) -> None:
+    """One batch in the caller's transaction: the incidents, then their family links."""
+    for file, record in group:
+        cause_ids.update(_insert_record(session, record, file))
+    for _file, record in group:
+        _insert_family(session, record, cause_ids)
 
 
 def _check_against_database(
     session: Session,
     records: list[tuple[str, dict[str, Any]]],
     by_slug: dict[str, tuple[str, dict[str, Any]]],
-) -> None:
+) -> set[str]:
+    """Check the records against what is stored; the slugs already imported from the same
+    files (to skip)."""
+    stored: set[str] = set()
     for file, record in records:
         existing = get_incident(session, record["slug"])
         if existing is not None:
+            if already_imported(session, existing, file, record):
+                stored.add(record["slug"])
+                continue
             where = f" (imported from {existing.source_file})" if existing.source_file else ""
             raise RecordError(
                 file, "$.slug", f"an incident with slug {record['slug']!r} is already stored{where}"
@@ -378,6 +450,7 @@ def _check_against_database(
                     f"{path}.other_cause",
                     f"incident {target!r} has no cause {link['other_cause']!r}",
                 )
+    return stored
 
 
 def _insert_incident(session: Session, record: dict[str, Any], file: str) -> int:

@@ -110,6 +110,19 @@ FINDING_KINDS: tuple[Term, ...] = (
         "(HTTP 200: the grammar did not enforce it)",
     ),
     Term(
+        "stream-format-violation",
+        25,
+        "a streamed delta breaks the OpenAI chunk format: a tool call's first delta without "
+        "id/type/name, an index that jumps or changes, a resent name, arguments that do not "
+        "concatenate to JSON, no finish_reason before [DONE]",
+    ),
+    Term(
+        "unstable-prefix",
+        26,
+        "consecutive turns of a conversation share no (or a tiny) prompt prefix -- e.g. a "
+        "timestamp first in the system prompt -- so llama-server's prompt cache reuses nothing",
+    ),
+    Term(
         "embedding-failed",
         27,
         "an embeddings/rerank request refused for the physical batch ('input is too large "
@@ -143,6 +156,11 @@ RESERVED_CAUSES: tuple[Term, ...] = (
     Term("cpu-threads", 16, "a multi-threaded CPU kernel crashes; one thread removes it"),
     Term("gateway-timeout", 18, "a gateway's deadline in front of llama-server; direct removes it"),
     Term("server-flags", 19, "a launch flag (--no-jinja, an invalid argument) breaks requests"),
+    Term(
+        "schema-not-enforced",
+        20,
+        "the JSON schema where llama-server ignores it; moved to response_format it is enforced",
+    ),
 )
 CAUSES: tuple[Term, ...] = CATALOGUE_CAUSES + RESERVED_CAUSES
 

@@ -162,10 +162,28 @@ def test_bad_files_give_a_message_naming_file_and_field_and_change_nothing(
         assert _counts(store) == before
 
 
-def test_duplicate_import_is_refused_and_changes_nothing(store: Store, tmp_path: Path) -> None:
+def test_reimporting_the_same_files_skips_them_and_changes_nothing(
+    store: Store, tmp_path: Path
+) -> None:
     assert _run(store, tmp_path, "import", str(INCIDENTS)).exit_code == 0
     before = _counts(store)
     again = _run(store, tmp_path, "import", str(INCIDENTS))
+    assert again.exit_code == 0, again.output
+    assert again.stdout.startswith("imported 0 incident(s)")
+    assert "3 incident(s) already stored from the same file(s)" in again.stdout
+    assert _counts(store) == before
+
+
+def test_an_incident_stored_from_another_file_is_refused_and_changes_nothing(
+    store: Store, tmp_path: Path
+) -> None:
+    assert _run(store, tmp_path, "import", str(INCIDENTS)).exit_code == 0
+    before = _counts(store)
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for path in INCIDENTS.glob("*.md"):
+        (copy / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    again = _run(store, tmp_path, "import", str(copy))
     assert again.exit_code != 0
     assert "$.slug: an incident with slug" in again.stderr
     assert "already stored" in again.stderr

@@ -353,3 +353,116 @@ def test_the_ui_reads_a_read_only_knowledge_base(
             assert data.get_store().readonly
         finally:
             data.forget_stores()
+
+
+IMPORTED = 60
+IMPORT_BATCH = 5
+
+
+def _incident_files(folder: Path, count: int) -> Path:
+    """`count` small valid incident files (one evidence item each, no family links)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for n in range(count):
+        slug = f"2026-07-01-imported-{n:05d}"
+        (folder / f"{slug}.md").write_text(
+            f"---\nslug: {slug}\ntitle: Imported incident {n}\nstatus: open\n"
+            "opened: 2026-07-01\nevidence:\n  - id: E1\n    kind: log\n"
+            f"    summary: log line {n}\n    recorded_at: 2026-07-01T10:00:00Z\n---\n"
+            f"Narrative of incident {n}.\n",
+            encoding="utf-8",
+        )
+    return folder
+
+
+def _incident_count(store: Store) -> int:
+    with store.session(readonly=True) as session:
+        return int(session.exec(select(func.count()).select_from(Incident)).one())
+
+
+def test_a_killed_import_keeps_whole_batches_and_a_rerun_imports_the_rest_once(
+    store: Store, tmp_path: Path
+) -> None:
+    folder = _incident_files(tmp_path / "incidents", IMPORTED)
+    argv = [
+        str(Path(sys.executable).parent / "triage"),
+        "--database",
+        store.url,
+        "import",
+        "--batch",
+        str(IMPORT_BATCH),
+        str(folder),
+    ]
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        stored = 0
+        while process.poll() is None and stored == 0:  # until the first batch is committed
+            stored = _incident_count(store)
+            time.sleep(0.005)
+        process.send_signal(signal.SIGKILL)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=60)
+        assert process.stderr is not None
+        process.stderr.close()
+    kept = _incident_count(store)
+    assert 0 < kept < IMPORTED, f"kill landed outside the import: {kept} of {IMPORTED} stored"
+    assert kept % IMPORT_BATCH == 0  # whole batches only
+    with store.session(readonly=True) as session:  # and each kept incident whole
+        evidence = int(session.exec(select(func.count()).select_from(Evidence)).one())
+    assert evidence == kept
+    rerun = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"imported {IMPORTED - kept} incident(s)" in rerun.stdout
+    assert f"{kept} incident(s) already stored from the same file(s)" in rerun.stdout
+    with store.session(readonly=True) as session:
+        slugs = session.exec(select(Incident.slug)).all()
+        summaries = session.exec(select(Evidence.summary)).all()
+    assert sorted(slugs) == [f"2026-07-01-imported-{n:05d}" for n in range(IMPORTED)]
+    assert sorted(summaries) == sorted(f"log line {n}" for n in range(IMPORTED))
+
+
+def test_a_reader_and_a_writer_succeed_while_an_import_runs(store: Store, tmp_path: Path) -> None:
+    folder = _incident_files(tmp_path / "incidents", IMPORTED)
+    argv = [str(Path(sys.executable).parent / "triage"), "--database", store.url]
+    process = subprocess.Popen(
+        [*argv, "import", "--batch", str(IMPORT_BATCH), str(folder)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        while process.poll() is None and _incident_count(store) == 0:
+            time.sleep(0.005)
+        listed = _cli(store.url, "incidents", "list")
+        # A writer gets the lock between two batches instead of waiting for the whole import.
+        created = _cli(store.url, "incidents", "new", "Opened while an import runs")
+    finally:
+        if process.poll() is None:
+            process.wait(timeout=600)
+    assert process.returncode == 0
+    assert listed.exit_code == 0, listed.output
+    assert "2026-07-01-imported-00000" in listed.output
+    assert created.exit_code == 0, created.output
+    assert _incident_count(store) == IMPORTED + 1
+
+
+def test_an_edited_file_already_stored_is_refused_and_stores_nothing(
+    store: Store, tmp_path: Path
+) -> None:
+    folder = _incident_files(tmp_path / "incidents", 3)
+    assert _cli(store.url, "import", str(folder)).exit_code == 0
+    edited = folder / "2026-07-01-imported-00001.md"
+    edited.write_text(
+        edited.read_text(encoding="utf-8").replace("Imported incident 1", "Edited"), "utf-8"
+    )
+    (folder / "2026-07-01-imported-00009.md").write_text(
+        (folder / "2026-07-01-imported-00000.md")
+        .read_text(encoding="utf-8")
+        .replace("imported-00000", "imported-00009"),
+        encoding="utf-8",
+    )
+    again = _cli(store.url, "import", str(folder))
+    assert again.exit_code == 1
+    assert "2026-07-01-imported-00001.md: $.slug" in again.output
+    assert "already stored" in again.output
+    assert _incident_count(store) == 3  # the new file was not stored either

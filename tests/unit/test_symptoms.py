@@ -124,7 +124,7 @@ def tool_call(arguments: Any, name: str = "get_weather") -> dict[str, Any]:
 def test_registry_covers_every_kind_in_order():
     assert list(CHECKS) == list(KINDS)
     assert USER_FACING_KINDS | DIAGNOSTIC_KINDS == set(KINDS)
-    assert DIAGNOSTIC_KINDS == {"runaway-reasoning"}
+    assert DIAGNOSTIC_KINDS == {"runaway-reasoning", "unstable-prefix"}
     for name in symptoms.__all__:
         assert hasattr(symptoms, name)
     with pytest.raises(ValueError):

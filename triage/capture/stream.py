@@ -28,6 +28,7 @@ from triage.capture.common import (
 )
 from triage.capture.model import MAX_JSON_DEPTH, CaptureError
 from triage.capture.redact import redact_json
+from triage.capture.stream_format import STREAM_FORMAT_KEY, StreamFormat
 
 __all__ = ["looks_like_sse", "reassemble_sse", "reassemble_sse_streams"]
 
@@ -157,9 +158,11 @@ class StreamState:
     error: dict[str, Any] | None = None
     chunks: int = 0
     cut_mid_event: bool = False
+    format: StreamFormat = field(default_factory=StreamFormat)
 
-    def apply(self, chunk: dict[str, Any]) -> None:
+    def apply(self, chunk: dict[str, Any], line: int | None = None) -> None:
         self.chunks += 1
+        self.format.feed(chunk, self.chunks, line)
         if len(self.meta) < 4:
             for key in ("id", "model", "created", "system_fingerprint"):
                 if key in chunk and key not in self.meta:
@@ -203,6 +206,9 @@ class StreamState:
             response["timings"] = self.timings
         if self.verbose is not None:
             response["__verbose"] = self.verbose
+        stream_format = self.format.record(done=self.done, last_event=self.chunks)
+        if stream_format is not None:
+            response[STREAM_FORMAT_KEY] = stream_format
         return response
 
 
@@ -276,7 +282,7 @@ def _handle_value(reader: _Reader, value: Any, number: int) -> None:
     if reader.event_name == "error" or ("error" in value and value["error"] is not None):
         stream.error = normalise_error(value.get("error", value), in_stream=True)
         return
-    stream.apply(value)
+    stream.apply(value, number)
 
 
 def _bare_error(reader: _Reader, value: str, number: int) -> None:

@@ -22,6 +22,7 @@ from jsonschema.exceptions import SchemaError, best_match
 
 from triage.catalogue import Catalogue
 from triage.checks.base import Finding, View, _dict_or_empty, _pass, check
+from triage.llama.schema_fields import IGNORED_FIELDS, schema_placement, unsupported_patterns
 
 KIND = "schema-violation"
 MAX_CONTENT_CHARS = 1_000_000
@@ -35,11 +36,32 @@ def requested_schema(request: dict[str, Any]) -> tuple[str, dict[str, Any]] | No
         ("$.request.response_format.json_schema.schema", inner.get("schema")),
         ("$.request.response_format.schema", response_format.get("schema")),
         ("$.request.json_schema", request.get("json_schema")),
+        # Other servers' fields llama-server ignores: only a non-empty schema counts there.
+        *((f"$.request.{field}", request.get(field) or None) for field, _ in IGNORED_FIELDS),
     )
     for where, schema in candidates:
         if isinstance(schema, dict):
             return where, schema
     return None
+
+
+def _unread_note(request: dict[str, Any]) -> str:
+    """Why the grammar failed open, when the request shows it: a place llama-server does not
+    read the schema from, or patterns its converter accepts any string for."""
+    placement = schema_placement(request)
+    if placement is not None and not placement.read:
+        return (
+            f"; llama-server does not read a schema from {placement.where} "
+            f"({placement.label}): nothing constrained the output (schema-not-enforced)"
+        )
+    patterns = unsupported_patterns(placement.schema if placement else {})
+    if patterns:
+        pattern, why = patterns[0]
+        return (
+            f"; its converter accepts any string for pattern {pattern[:80]!r} ({why}), "
+            "so the grammar does not enforce it (schema-not-enforced)"
+        )
+    return ""
 
 
 @check(KIND)
@@ -71,7 +93,8 @@ def check_schema_violation(view: View) -> list[Finding]:
                     False,
                     1.0,
                     f"the request sets a JSON schema ({where}) and the content is not JSON "
-                    f"({type(exc).__name__}: {str(exc)[:120]}): nothing enforced the schema",
+                    f"({type(exc).__name__}: {str(exc)[:120]}): nothing enforced the schema"
+                    + _unread_note(view.request),
                     choice.content_path,
                 )
             )
@@ -87,7 +110,7 @@ def check_schema_violation(view: View) -> list[Finding]:
                     False,
                     1.0,
                     f"the content violates the request's JSON schema ({where}) at "
-                    f"{error.json_path}: {error.message[:200]}",
+                    f"{error.json_path}: {error.message[:200]}" + _unread_note(view.request),
                     choice.content_path,
                 )
             )

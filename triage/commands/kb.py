@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from kb.files import export_incidents, import_paths, list_records, load_record
+from kb.files import IMPORT_BATCH, export_incidents, import_files, list_records, load_record
 from kb.models import CAUSE_STATUSES, INCIDENT_STATUSES
 from kb.sidecar import sidecar_paths
 from kb.store import StoreError, count_orphan_evidence, open_incident
@@ -22,19 +22,44 @@ LIST_TITLE = 100
 @click.command("import")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--dry-run", is_flag=True, help="Validate and roll back: nothing is stored.")
+@click.option(
+    "--batch",
+    type=click.IntRange(min=1, max=100_000),
+    default=IMPORT_BATCH,
+    show_default=True,
+    metavar="N",
+    help="Commit the incidents N at a time (each batch atomic; incidents linked by family "
+    "share a batch; an import cut short keeps its whole batches and running it again stores "
+    "the rest, never twice).",
+)
 @click.pass_context
-def import_command(ctx: click.Context, paths: tuple[Path, ...], dry_run: bool) -> None:
-    """Import incident files (and every *.md in given directories) in one transaction.
+def import_command(ctx: click.Context, paths: tuple[Path, ...], dry_run: bool, batch: int) -> None:
+    """Import incident files (and every *.md in given directories).
 
     Every file is validated first; on any error nothing is stored and the message names
-    the file and the field.
+    the file and the field. The incidents are then committed --batch at a time (readers
+    and other writers wait for one batch at most). An import cut short keeps its whole
+    batches; running it again skips each incident already stored from the same file with
+    the same content, and stores the rest.
     """
+
+    def progress(done: int, total: int) -> None:
+        if total > batch:
+            click.echo(f"imported {done}/{total} incident(s) (batch committed)", err=True)
+
     with open_store(ctx) as store:
-        slugs = import_paths(store, paths, dry_run=dry_run)
+        result = import_files(store, paths, dry_run=dry_run, batch=batch, progress=progress)
     verb = "would import" if dry_run else "imported"
-    click.echo(f"{verb} {len(slugs)} incident(s)")
-    for slug in slugs:
+    click.echo(f"{verb} {len(result.imported)} incident(s)")
+    for slug in result.imported:
         click.echo(f"  {slug}")
+    if result.skipped:
+        click.echo(
+            f"{len(result.skipped)} incident(s) already stored from the same file(s), "
+            "not imported again"
+        )
+        for slug in result.skipped:
+            click.echo(f"  {slug}")
 
 
 @click.command("export")

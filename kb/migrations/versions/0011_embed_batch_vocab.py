@@ -1,7 +1,7 @@
 """vocabulary: the embedding-failed finding kind (27)
 
-Revision ID: 0009_embed_batch_vocab
-Revises: 0008_newcauses_merge_heads
+Revision ID: 0011_embed_batch_vocab
+Revises: 0010_stream_format
 Create Date: 2026-12-01
 
 kb.vocab gives a bit to a new finding kind: every stored family signature is marked stale,
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0009_embed_batch_vocab"
-down_revision = "0008_newcauses_merge_heads"
+revision = "0011_embed_batch_vocab"
+down_revision = "0010_stream_format"
 branch_labels = None
 depends_on = None
 

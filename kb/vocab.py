@@ -127,6 +127,13 @@ FINDING_KINDS: tuple[Term, ...] = (
         "consecutive turns of a conversation share no (or a tiny) prompt prefix -- e.g. a "
         "timestamp first in the system prompt -- so llama-server's prompt cache reuses nothing",
     ),
+    Term(
+        "embedding-failed",
+        27,
+        "an embeddings/rerank request refused for the physical batch ('input is too large "
+        "to process. increase the physical batch size'), or answered with missing, too few "
+        "or NaN vectors",
+    ),
 )
 
 # Causes in today's catalogue (files, JSON schema enums and the engine use these).

@@ -75,6 +75,7 @@ def test_builtin_checks_are_registered_through_entry_points() -> None:
         "checks-gateway",
         "checks-server-flags",
         "checks-schema",
+        "checks-embeddings",
         "checks-stream-format",
         "checks-prompt-prefix",
         "checks-repetition-loop",

@@ -92,6 +92,11 @@ FINDING_KINDS: tuple[Term, ...] = (
     Term("client-lost-reply", 16, "the client's view lost tool calls or content the wire carried"),
     Term("mojibake", 17, "UTF-8 read as Latin-1/cp1252, or U+FFFD, in the visible output"),
     Term(
+        "repetition-loop",
+        18,
+        "the answer repeats itself (word n-grams, digits as one token) up to where a limit cut it",
+    ),
+    Term(
         "gateway-error",
         22,
         "a gateway's own error page (nginx, LiteLLM, ...): 502/504, or a timeout in front of "
@@ -122,6 +127,13 @@ FINDING_KINDS: tuple[Term, ...] = (
         "consecutive turns of a conversation share no (or a tiny) prompt prefix -- e.g. a "
         "timestamp first in the system prompt -- so llama-server's prompt cache reuses nothing",
     ),
+    Term(
+        "embedding-failed",
+        27,
+        "an embeddings/rerank request refused for the physical batch ('input is too large "
+        "to process. increase the physical batch size'), or answered with missing, too few "
+        "or NaN vectors",
+    ),
 )
 
 # Causes in today's catalogue (files, JSON schema enums and the engine use these).
@@ -147,6 +159,7 @@ RESERVED_CAUSES: tuple[Term, ...] = (
     Term("model-file", 14, "a broken or mismatched GGUF"),
     Term("warmup-decode", 15, "only the warm-up decode crashes; --no-warmup removes it"),
     Term("cpu-threads", 16, "a multi-threaded CPU kernel crashes; one thread removes it"),
+    Term("model-loop", 17, "the model loops; anti-repetition sampling removes it"),
     Term("gateway-timeout", 18, "a gateway's deadline in front of llama-server; direct removes it"),
     Term("server-flags", 19, "a launch flag (--no-jinja, an invalid argument) breaks requests"),
     Term(

@@ -1,6 +1,6 @@
 """Issue 28 item 3: an arm that got no replies is reported with its reason -- in the table
 and the JSON -- and the run does not claim `done` for it (a resumed URL run left
-`token-limit-x4 0/0` out of the table, JSON state `done`, no error)."""
+`token-limit-lifted 0/0` out of the table, JSON state `done`, no error)."""
 
 from __future__ import annotations
 
@@ -45,11 +45,13 @@ class TimeoutsFor:
 def test_an_arm_whose_replays_all_end_without_an_answer_stops_with_the_reason() -> None:
     arms = {
         "baseline": ArmState("baseline", "as sent", "request", "g"),
-        "token-limit-x4": ArmState("token-limit-x4", "x4", "request", "g", ("token-limit",)),
+        "token-limit-lifted": ArmState(
+            "token-limit-lifted", "x4", "request", "g", ("token-limit",)
+        ),
     }
-    replayer = TimeoutsFor("token-limit-x4")
-    asyncio.run(Scheduler([4, 8], 8).run(arms, ["token-limit-x4"], replayer))
-    x4 = arms["token-limit-x4"]
+    replayer = TimeoutsFor("token-limit-lifted")
+    asyncio.run(Scheduler([4, 8], 8).run(arms, ["token-limit-lifted"], replayer))
+    x4 = arms["token-limit-lifted"]
     assert x4.decision == "errored" and x4.n == 0
     assert x4.error.startswith("no replies: 4 of 4 replays ended without an answer")
     assert TIMEOUT in x4.error
@@ -67,27 +69,27 @@ def test_a_run_with_an_arm_without_replies_reports_it_and_is_not_done(
     diagnoser.identity = ModelIdentity("SmolLM2-135M-Instruct")  # no server to ask here
     diagnoser._prepare()
     diagnoser._plan()
-    assert "token-limit-x4" in diagnoser.arms
+    assert "token-limit-lifted" in diagnoser.arms
     diagnoser.arms["baseline"].replies = [_reply("baseline", i) for i in range(8)]
     # What the resumed run recorded for the arm: 8 replays, none answered.
-    diagnoser.arms["token-limit-x4"].replies = [
-        _reply("token-limit-x4", i, error=TIMEOUT) for i in range(8)
+    diagnoser.arms["token-limit-lifted"].replies = [
+        _reply("token-limit-lifted", i, error=TIMEOUT) for i in range(8)
     ]
     diagnoser.reproduction = {"reproduced": True, "message": "reproduced", "signature": {}}
     diagnosis = diagnoser._finish()
     validate_diagnosis(diagnosis)
     arms = {a["name"]: a for a in diagnosis["arms"]}
-    x4 = arms["token-limit-x4"]
+    x4 = arms["token-limit-lifted"]
     assert (x4["n"], x4["decision"]) == (0, "errored")
     assert x4["error"].startswith("no replies: 8 of 8 replays ended without an answer")
     assert diagnosis["state"] == "partial"
     undecided = diagnosis["undecided"]
-    assert any(e.startswith("arm token-limit-x4 errored: no replies") for e in undecided)
+    assert any(e.startswith("arm token-limit-lifted errored: no replies") for e in undecided)
     # Arms that never replayed are in the table too, with why.
     unrun = [a for a in arms.values() if a["n"] == 0 and a["decision"] == "not-run"]
     assert all(a["stopped"] for a in unrun)
     text = format_diagnosis(diagnosis)
-    assert "token-limit-x4" in text and "ERROR: no replies: 8 of 8" in text
+    assert "token-limit-lifted" in text and "ERROR: no replies: 8 of 8" in text
     assert all(f"NOT RUN: {a['stopped']}" in text for a in unrun)
     token_limit = {c["id"]: c for c in diagnosis["causes"]}["token-limit"]
     assert token_limit["status"] == "suspected"

@@ -75,8 +75,10 @@ def test_builtin_checks_are_registered_through_entry_points() -> None:
         "checks-gateway",
         "checks-server-flags",
         "checks-schema",
+        "checks-embeddings",
         "checks-stream-format",
         "checks-prompt-prefix",
+        "checks-repetition-loop",
     }
     assert {entry.id: entry.number for entry in checks} == vocab.KIND_NUMBERS
     assert [c.id for c in checks if not c.user_facing] == ["runaway-reasoning", "unstable-prefix"]

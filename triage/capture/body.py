@@ -164,11 +164,44 @@ def json_body(value: Any, file: str, *, status: int | None, path: str) -> Body:
         raw_error = value.get("error", value.get("detail", value))
         error = normalise_error(raw_error, in_stream=False)
         return Body(response=response, error=error, status=status or status_from_error(error))
+    if "choices" not in value and isinstance(value.get("data"), list):
+        _check_embeddings(value["data"], file, path)
+        return Body(response=response, status=status)
+    if "choices" not in value and isinstance(value.get("results"), list):
+        _check_rerank(value["results"], file, path)
+        return Body(response=response, status=status)
     choices = value.get("choices")
     if choices is None:
-        raise CaptureError(file, path, "response has no `choices` (and is not an HTTP error body)")
+        raise CaptureError(
+            file,
+            path,
+            "response has no `choices` (chat), `data` (embeddings) or `results` (rerank) "
+            "and is not an HTTP error body",
+        )
     _check_choices(choices, file, path)
     return Body(response=response, status=status)
+
+
+def _check_embeddings(data: list[Any], file: str, path: str) -> None:
+    """An `/v1/embeddings` list: objects whose `embedding` (when present) is an array --
+    a missing or wrong vector is evidence for the embedding-batch check, not bad input."""
+    for i, item in enumerate(data):
+        if not isinstance(item, dict):
+            raise CaptureError(file, f"{path}.data[{i}]", "an embeddings item must be an object")
+        vector = item.get("embedding")
+        if vector is not None and not isinstance(vector, (list, str)):  # str: base64
+            raise CaptureError(
+                file,
+                f"{path}.data[{i}].embedding",
+                f"`embedding` must be an array, got {json_type(vector)}",
+            )
+
+
+def _check_rerank(results: list[Any], file: str, path: str) -> None:
+    """A `/v1/rerank` list: objects with an `index` and a `relevance_score`."""
+    for i, item in enumerate(results):
+        if not isinstance(item, dict):
+            raise CaptureError(file, f"{path}.results[{i}]", "a rerank result must be an object")
 
 
 def _check_choices(choices: Any, file: str, path: str) -> None:

@@ -13,7 +13,7 @@ packages ship, the prompts are plain user prompts.
 - `real-smollm2-context-size`: the same question with no max_tokens on `-c 256 -np 1`: the
   slot (256) is shorter than every answer measured (302+ tokens plus a 40-token prompt),
   so every reply stops at the context end; four times the context lets most finish.
-- `real-smollm2-poem-loop`: "Write a long poem about the sea." at temperature 0, no
+- `real-smollm2-poem-loop` (model-loop): "Write a long poem about the sea." at temperature 0, no
   max_tokens, `-c 512 -np 1`: the reply falls into "Abe aria, aria of the sea," repeated
   until the context ends (measured on -c 1024: 986 tokens, finish length, the loop from the
   second line on; on -c 512 the same greedy text is cut at 474 tokens). No limit is the
@@ -167,8 +167,6 @@ def poem_loop(out_dir: Path, template: str = "") -> Drill:
         request,
         {
             "failing": {"expect": {"finish_reason": "length", "failure_rate": 1.0}},
-            # No catalogue cause names a model loop until model-loop (issue 23, E).
-            "expected_verdict": "unexplained",
             "measured": {
                 "with": "llama-server b11434, 1 thread, temperature 0, -c 1024 -np 1",
                 "finish": "length",
@@ -177,8 +175,14 @@ def poem_loop(out_dir: Path, template: str = "") -> Drill:
                 "contains": "'Abe aria, aria of the sea,' repeated until the context ends, "
                 "from the second line on (94% of the word 5-grams of the first 474 tokens "
                 "repeat)",
+                "with_anti_repetition": "DRY 0.8/1.75/2 + repeat_penalty 1.1: the poem ends on "
+                "its own after 257 tokens (finish stop), inside the 474 the slot leaves",
             },
             "causes": {
+                "model-loop": _cause(
+                    "confirmed",
+                    "The answer loops from its second line; penalising repetition lets it end.",
+                ),
                 "token-limit": _cause("not-confirmed", "The request sets no max_tokens."),
                 "context-size": _cause(
                     "not-confirmed",
@@ -216,6 +220,11 @@ def gemma_base_chat(out_dir: Path, template: str = "") -> Drill:
                 "token-limit": _cause(
                     "not-confirmed",
                     "The model never ends its turn: lifting the limit only lengthens the echo.",
+                ),
+                "model-loop": _cause(
+                    "not-confirmed",
+                    "A base model continuing a transcript, not a loop to break: with DRY and "
+                    "repeat_penalty it still runs to max_tokens (measured, 2 of 2).",
                 ),
             },
         },

@@ -36,7 +36,9 @@ def pair_role(text: str) -> str:
             return "pair"
         if "choices" in value or "error" in value:
             return "response"
-        if "messages" in value or "model" in value:
+        if isinstance(value.get("data"), list) or isinstance(value.get("results"), list):
+            return "response"  # /v1/embeddings, /v1/rerank
+        if "messages" in value or "model" in value or "input" in value:
             return "request"
     return "pair"
 

@@ -139,50 +139,9 @@ class StreamFormat:
             )
         current = state.calls.get(index)
         if current is None:
-            expected = len(state.calls)
-            if index != expected and moved is None:
-                self._add(
-                    event,
-                    line,
-                    "tool-index-jump",
-                    f"{at}: a new tool call at index {index}, expected {expected}",
-                )
-            missing = [
-                label
-                for label, ok in (
-                    ("id", call_id is not None),
-                    ("type", delta.get("type") == "function"),
-                    ("function.name", isinstance(name, str) and bool(name)),
-                )
-                if not ok
-            ]
-            if missing:
-                self._add(
-                    event,
-                    line,
-                    "tool-first-delta",
-                    f"{at}: the first delta of the call at index {index} lacks "
-                    + ", ".join(missing),
-                )
-            current = state.calls[index] = _Call(call_id, index, first_event=event, first_line=line)
+            current = self._new_call(state, at, index, call_id, delta, name, moved, event, line)
         else:
-            if call_id is not None and current.id is not None and call_id != current.id:
-                self._add(
-                    event,
-                    line,
-                    "tool-index-reused",
-                    f"{at}: index {index} holds call {current.id}, this delta sends {call_id}",
-                )
-            if isinstance(name, str) and name:
-                self._add(
-                    event,
-                    line,
-                    "tool-name-repeated",
-                    f"{at}: function.name {name[:80]!r} sent again (first sent at event "
-                    f"{current.first_event}); clients concatenate it",
-                )
-            if current.id is None and call_id is not None:
-                current.id = call_id
+            self._next_delta(current, at, index, call_id, name, event, line)
         arguments = function.get("arguments")
         if arguments is None:
             return
@@ -198,6 +157,75 @@ class StreamFormat:
         if current.arguments_chars <= MAX_ARGUMENT_CHARS:
             current.arguments.append(arguments)
             current.arguments_chars += len(arguments)
+
+    def _new_call(
+        self,
+        state: _ChoiceFormat,
+        at: str,
+        index: int,
+        call_id: str | None,
+        delta: dict[str, Any],
+        name: Any,
+        moved: _Call | None,
+        event: int,
+        line: int | None,
+    ) -> _Call:
+        """The first delta of a call: its index comes next and it names id, type and name."""
+        expected = len(state.calls)
+        if index != expected and moved is None:
+            self._add(
+                event,
+                line,
+                "tool-index-jump",
+                f"{at}: a new tool call at index {index}, expected {expected}",
+            )
+        missing = [
+            label
+            for label, ok in (
+                ("id", call_id is not None),
+                ("type", delta.get("type") == "function"),
+                ("function.name", isinstance(name, str) and bool(name)),
+            )
+            if not ok
+        ]
+        if missing:
+            self._add(
+                event,
+                line,
+                "tool-first-delta",
+                f"{at}: the first delta of the call at index {index} lacks " + ", ".join(missing),
+            )
+        call = state.calls[index] = _Call(call_id, index, first_event=event, first_line=line)
+        return call
+
+    def _next_delta(
+        self,
+        current: _Call,
+        at: str,
+        index: int,
+        call_id: str | None,
+        name: Any,
+        event: int,
+        line: int | None,
+    ) -> None:
+        """A later delta of a call: same id, and no name sent again (clients concatenate it)."""
+        if call_id is not None and current.id is not None and call_id != current.id:
+            self._add(
+                event,
+                line,
+                "tool-index-reused",
+                f"{at}: index {index} holds call {current.id}, this delta sends {call_id}",
+            )
+        if isinstance(name, str) and name:
+            self._add(
+                event,
+                line,
+                "tool-name-repeated",
+                f"{at}: function.name {name[:80]!r} sent again (first sent at event "
+                f"{current.first_event}); clients concatenate it",
+            )
+        if current.id is None and call_id is not None:
+            current.id = call_id
 
     def finish(self, *, done: bool, last_event: int) -> list[Violation]:
         """The violations of a stream that ended (`done`: it reached `[DONE]`); idempotent."""

@@ -134,7 +134,9 @@ class _DrillCommand(click.Command):
         from triage.drills import list_drills
 
         with formatter.section("Drills"):
-            formatter.write_text(", ".join(list_drills()))
+            # One name a line: wrapped text breaks names at their hyphens.
+            for name in list_drills():
+                formatter.write(f"{'':>{formatter.current_indent}}{name}\n")
         super().format_epilog(ctx, formatter)
 
 

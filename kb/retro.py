@@ -245,6 +245,12 @@ def _summary(record: dict[str, Any]) -> list[str]:
 OBSERVING_PROBES = ("baseline", "template-render", "stack")
 
 
+_NOT_APPLICABLE_WHY = {
+    "baseline": "none of the failing baseline replies shows what these causes produce",
+    "template-render": "the template render shows they cannot apply to this request",
+}
+
+
 def _summary_status(cause: dict[str, Any]) -> str:
     status = str(cause.get("status"))
     if status == "rejected" and str(cause.get("deciding_probe") or "") in OBSERVING_PROBES:
@@ -450,6 +456,17 @@ def _represented(
     return False
 
 
+def _cause_head(cause: dict[str, Any]) -> str:
+    return (
+        f"{escape(cause.get('title'))} ({code(cause.get('id'))}), "
+        f"{escape(cause.get('status'))}, {escape(cause.get('basis', 'untested'))}"
+    )
+
+
+def _cause_line(head: str, cause: dict[str, Any], keys: list[str], index: dict[str, str]) -> str:
+    return f"- **{head}**: {cited(_rationale(cause), _link_keys(cause) or keys, index)}"
+
+
 def _causes(record: dict[str, Any]) -> list[str]:
     """One line per cause: status, basis, and the rationale with its deciding numbers."""
     index = evidence_index(record)
@@ -457,18 +474,33 @@ def _causes(record: dict[str, Any]) -> list[str]:
         record.get("causes") or [], key=lambda c: _STATUS_ORDER.get(str(c.get("status")), 3)
     )
     lines, unevidenced = [], []
+    # Causes that one observation showed did not apply share one line (the page stays one
+    # page as the catalogue grows; each rationale is still in the record and `triage show`).
+    not_applicable: dict[tuple[str, tuple[str, ...]], list[dict[str, Any]]] = {}
     for cause in causes:
-        head = (
-            f"{escape(cause.get('title'))} ({code(cause.get('id'))}), "
-            f"{escape(cause.get('status'))}, {escape(cause.get('basis', 'untested'))}"
-        )
+        head = _cause_head(cause)
         keys = _decisive_keys(cause)
         if not keys:  # a statement about the record, in italics: nothing to cite
             probe = cause.get("deciding_probe")
             pending = f"; deciding probe not run: {code(probe)}" if probe else ""
             unevidenced.append((cause, f"- *{head}: no evidence on record{pending}.*"))
             continue
-        lines.append(f"- **{head}**: {cited(_rationale(cause), _link_keys(cause) or keys, index)}")
+        if _summary_status(cause) == "not-applicable":
+            group = (str(cause.get("deciding_probe")), tuple(keys))
+            not_applicable.setdefault(group, []).append(cause)
+            continue
+        lines.append(_cause_line(head, cause, keys, index))
+    for (probe, shared), members in not_applicable.items():
+        if len(members) == 1:
+            (cause,) = members
+            lines.append(_cause_line(_cause_head(cause), cause, list(shared), index))
+            continue
+        names = ", ".join(code(c.get("id")) for c in members)
+        lines.append(
+            f"- **Did not apply** ({names}), rejected by the {escape(probe)} observation: "
+            f"{_NOT_APPLICABLE_WHY.get(probe, 'the observation shows they did not apply')}; "
+            f"each rationale is in the record {cite(shared)}"
+        )
     if len(unevidenced) > 1:  # one line for all of them: each named with what would decide it
         named = "; ".join(
             f"{code(c.get('id'))} {escape(c.get('status'))}"

@@ -57,6 +57,7 @@ from triage.engine.servers import (
     scrub_secrets,
     secret_values,
 )
+from triage.llama.model_lint import lint_findings
 from triage.stackfile import ServerConfig, Stack
 from triage.stats import DEFAULT_CAP, look_schedule
 
@@ -329,6 +330,7 @@ class Diagnoser:
             # The incident's server starts before anything is recorded: a launch that fails
             # leaves no incident and no run behind.
             base = self._launch_base(servers)
+            self._lint_model(base)  # model-file lint, before any replay (issue 23)
             # From here on the run row exists: whatever stops the run -- Ctrl-C in any
             # phase (plan, observation, reproduction gate, arms, recording the result) or
             # an unexpected error -- leaves it interrupted, hence resumable.
@@ -362,6 +364,14 @@ class Diagnoser:
         except BaseException:
             self.recorder.set_state("interrupted")  # the result was not recorded
             raise
+
+    def _lint_model(self, base: Server | None) -> None:
+        """The model-file lint findings (GGUF metadata and the server's own log) join the
+        diagnosis's findings; the reproduction signature stays the captured exchange's."""
+        log = getattr(getattr(base, "handle", None), "log_path", None) if base else None
+        extra = lint_findings(self.stack.server, self.request, log)
+        known = {f.get("kind") for f in self.findings}
+        self.findings = [*self.findings, *(f for f in extra if f["kind"] not in known)]
 
     def _note_failures(self) -> None:
         """Each server that crashed mid-request or hung: its CrashReport as an observation

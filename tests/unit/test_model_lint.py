@@ -190,7 +190,9 @@ def _reply(content: str, question: str = "What is the capital of France?") -> di
     ],
 )
 def test_template_markup_in_content_is_found(content: str) -> None:
-    found = [f for f in symptoms.classify(_reply(content)) if f.kind == "template-markup-in-content"]
+    found = [
+        f for f in symptoms.classify(_reply(content)) if f.kind == "template-markup-in-content"
+    ]
     assert len(found) == 1 and not found[0].passed
     assert found[0].where == "$.response.choices[0].message.content"
     assert found[0].offset == content.index("<" if "<" in content else "[")

@@ -9,14 +9,14 @@ from typing import Any
 
 import click
 
-from kb.store import Store
+from kb.repo.store import Store
 from triage.atlas.report import diagnosis_matches, format_match_dicts, format_matches
 from triage.commands import open_store, with_options
 
 
 def validate_diagnosis(diagnosis: dict[str, Any]) -> None:
     """Raise ValueError naming the JSON path if the diagnosis breaks its schema."""
-    from kb.records import validate_diagnosis as validate
+    from kb.domain.records import validate_diagnosis as validate
 
     validate(diagnosis)
 
@@ -87,7 +87,7 @@ def with_one_sided_p(store: Store, diagnosis: dict[str, Any]) -> dict[str, Any]:
     """A copy of the diagnosis for printing, each arm with the one-sided p (`p_less`) its
     decision used, read from the arm's stored measurement (the diagnosis JSON keeps the
     two-sided `p_value` only)."""
-    from kb.store import evidence_payloads
+    from kb.repo.store import evidence_payloads
 
     arms = [dict(arm) for arm in diagnosis.get("arms", [])]
     keys = [str(arm["evidence"]) for arm in arms if arm.get("evidence")]
@@ -420,7 +420,7 @@ def _run_diagnosis(
             run = run_to_resume(store, stack, request=wanted, incident=incident)
             label = (run.plan or {}).get("stack_label") or "stack not recorded"
             with store.session(readonly=True) as session:
-                from kb.runs import run_incident_slug
+                from kb.repo.runs import run_incident_slug
 
                 slug = run_incident_slug(session, run)
             click.echo(f"resuming run {run.id} of {slug} (stack: {label})", err=True)
@@ -465,7 +465,7 @@ def _print_atlas_before(stack: Any, exchange: dict[str, Any], findings: list[Any
 def _interrupted_message(store: Store) -> str:
     """What a Ctrl-C left behind: the run to resume, or nothing when it came before the
     run was recorded (the incident's server was still starting)."""
-    from kb.runs import RunOwner, resumable_runs
+    from kb.repo.runs import RunOwner, resumable_runs
 
     me = RunOwner.current()
     try:

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kb import runs
-from kb.records import Reply
-from kb.store import Store, data_dir
+from kb.domain.records import Reply
+from kb.repo import runs
+from kb.repo.store import Store, data_dir
 from triage import causes as cause_rules
 from triage import graph as graph_mod
 from triage import observe, probes

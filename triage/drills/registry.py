@@ -11,6 +11,7 @@ from typing import Any
 
 from triage.drills import client, flags, gateway, gemma4, kv_cache, model_file, reason
 from triage.drills import context as context_drill
+from triage.drills import embedding as embedding_drill
 from triage.drills import schema as schema_drill
 from triage.drills.compiler import WEIGHT_FORMATS, compile_design
 from triage.drills.host import host_workaround_args, host_workaround_note
@@ -294,6 +295,7 @@ _BUILDERS: dict[str, Callable[[Path, str], Drill]] = {
     gateway.LITELLM: gateway.build_litellm,
     flags.NAME: flags.build,
     schema_drill.NAME: schema_drill.build,
+    embedding_drill.NAME: embedding_drill.build,
 }
 
 # Drills that are served, not only built: a running llama-server behind a real gateway

@@ -13,13 +13,11 @@ served with mean pooling exercises the same check a BERT-style embedder does.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from triage.drills import gemma4
+from triage.drills.drill import Drill, finish
 from triage.llama.batching import split_request
-
-if TYPE_CHECKING:
-    from triage.drills.registry import Drill
 
 NAME = "embedding-batch-ubatch"
 UBATCH = 256
@@ -60,8 +58,6 @@ def manifest_causes() -> dict[str, Any]:
 def build(out_dir: Path, template: str) -> Drill:
     """Generate the embedding-batch-ubatch drill into `out_dir` (the thinking-budget model,
     served for embeddings)."""
-    from triage.drills.registry import _finish
-
     spec = gemma4.thinking_budget_design()
     body: dict[str, Any] = {"model": NAME, "input": [SHORT_INPUT, LONG_INPUT]}
     manifest = {
@@ -86,7 +82,7 @@ def build(out_dir: Path, template: str) -> Drill:
         ],
         "contrasts": [{"name": "split", "expect": {"status": 200, "failure_rate": 0.0}}],
     }
-    return _finish(
+    return finish(
         NAME,
         spec,
         out_dir,

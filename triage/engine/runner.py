@@ -517,7 +517,7 @@ class Diagnoser:
                     continue
                 del self.planned[name], self.arms[name]
                 self.skipped.append({"arm": name, "reason": outcome})
-                self._emit("plan", f"skipped {name}: {outcome}")
+                self._emit(ArmSkipped(name, outcome))
                 continue
             check_config(outcome, f"arm {name}")
             self.planned[name] = dataclasses.replace(planned, config=outcome)

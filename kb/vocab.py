@@ -167,6 +167,11 @@ RESERVED_CAUSES: tuple[Term, ...] = (
         20,
         "the JSON schema where llama-server ignores it; moved to response_format it is enforced",
     ),
+    Term(
+        "embedding-batch",
+        23,
+        "an embeddings/rerank input longer than the physical batch (-ub); a larger one removes it",
+    ),
 )
 CAUSES: tuple[Term, ...] = CATALOGUE_CAUSES + RESERVED_CAUSES
 

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kb import runs
-from kb.records import Reply
-from kb.store import Store, data_dir
+from kb.domain.records import Reply
+from kb.repo import runs
+from kb.repo.store import Store, data_dir
 from triage import causes as cause_rules
 from triage import graph as graph_mod
 from triage import observe, probes
@@ -67,6 +67,7 @@ from triage.engine.servers import (
     scrub_secrets,
     secret_values,
 )
+from triage.llama.endpoints import body_problem
 from triage.llama.model_lint import lint_findings
 from triage.stackfile import ServerConfig, Stack
 from triage.stats import DEFAULT_CAP, look_schedule
@@ -390,12 +391,9 @@ class Diagnoser:
 
     def _preflight(self) -> None:
         """Refuse what cannot work before launching or recording anything."""
-        messages = self.request.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise EngineError(
-                "request: $.messages is required (a non-empty list of chat "
-                "messages); llama-server refuses a chat request without it"
-            )
+        problem = body_problem(self.request)
+        if problem is not None:
+            raise EngineError(f"request: {problem}")
         if self.incident_slug and not self.recorder.incident_exists(self.incident_slug):
             raise EngineError(
                 f"--incident {self.incident_slug!r}: no such incident (omit "
@@ -474,6 +472,7 @@ class Diagnoser:
             self._crash_mode_after(base, log_dir)
             return
         self._skip_unmet()
+        self._configure()
         request_arms = [p for p in self.planned.values() if p.level == "request"]
         client_side = gateway_server(self.stack, base)  # what the client used
         for planned in request_arms:
@@ -549,6 +548,24 @@ class Diagnoser:
             del self.planned[name], self.arms[name]
             self.skipped.append({"arm": name, "reason": why})
             self._emit(ArmSkipped(name, why))
+
+    def _configure(self) -> None:
+        """Server-level arms whose launch depends on the observations (PlannedArm.configure,
+        e.g. -ub from the measured input tokens): launched as configured, or skipped."""
+        for name, planned in list(self.planned.items()):
+            if planned.configure is None:
+                continue
+            outcome = planned.configure(self.facts)
+            if isinstance(outcome, str):
+                if self.arms[name].replies:  # a resumed run keeps what it recorded
+                    continue
+                del self.planned[name], self.arms[name]
+                self.skipped.append({"arm": name, "reason": outcome})
+                self._emit(ArmSkipped(name, outcome))
+                continue
+            check_config(outcome, f"arm {name}")
+            self.planned[name] = dataclasses.replace(planned, config=outcome)
+            self.arms[name].group = outcome.key()
 
     def _server_rounds(self) -> list[list[str]]:
         """The server-level arms still to run, in rounds whose servers fit in memory together

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from kb.records import Reply
-from kb.store import Store
+from kb.domain.records import Reply
+from kb.repo.store import Store
 from triage import probes
 from triage.causes import Verdict
 from triage.commands.engine import format_diagnosis, validate_diagnosis

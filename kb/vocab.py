@@ -167,6 +167,11 @@ RESERVED_CAUSES: tuple[Term, ...] = (
         20,
         "the JSON schema where llama-server ignores it; moved to response_format it is enforced",
     ),
+    Term(
+        "stream-format",
+        22,
+        "streamed deltas break the OpenAI chunk format; the same request unstreamed is well formed",
+    ),
 )
 CAUSES: tuple[Term, ...] = CATALOGUE_CAUSES + RESERVED_CAUSES
 

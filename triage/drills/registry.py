@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 from triage.drills import client, flags, gateway, gemma4, kv_cache, model_file, reason
 from triage.drills import context as context_drill
 from triage.drills import schema as schema_drill
+from triage.drills import stream_format as stream_drill
 from triage.drills.compiler import WEIGHT_FORMATS, compile_design
 from triage.drills.host import host_workaround_args, host_workaround_note
 from triage.drills.template import gemma4_template, template_sha256
@@ -294,11 +296,16 @@ _BUILDERS: dict[str, Callable[[Path, str], Drill]] = {
     gateway.LITELLM: gateway.build_litellm,
     flags.NAME: flags.build,
     schema_drill.NAME: schema_drill.build,
+    stream_drill.NAME: stream_drill.build,
 }
 
 # Drills that are served, not only built: a running llama-server behind a real gateway
-# (triage.drills.gateway.serve starts both, yields the stack and the client's capture).
-SERVED = frozenset(gateway.KINDS)
+# (triage.drills.gateway.serve starts both, yields the stack and the client's capture) or
+# behind the stream-rewriting proxy (triage.drills.stream_format.serve, the same shape).
+SERVED: dict[str, Callable[[Drill, Path], AbstractContextManager[Any]]] = {
+    **{name: gateway.serve for name in gateway.KINDS},
+    stream_drill.NAME: stream_drill.serve,
+}
 
 # Real-model drills (issue 23): real GGUF files from PyPI packages, measured ground truth.
 # Imported here, after Drill: the module builds Drill records.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kb.store import Store
+from kb.repo.store import Store
 from triage.commands.engine import validate_diagnosis
 from triage.drills import build_drill
 from triage.drills.stream_format import NAME, serve

@@ -25,19 +25,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kb.jsontypes import JsonObject
 from triage.capture import exchange_from_http
 from triage.drills import gemma4
+from triage.drills.drill import Drill, finish
 from triage.drills.stream_proxy import REPEAT_NAME, RunningProxy, running_proxy
 from triage.llama.build import find_server_binary
 from triage.llama.client import LlamaClient
 from triage.llama.launcher import ServerSpec, launch
 from triage.symptoms import classify
-
-if TYPE_CHECKING:
-    from triage.drills.registry import Drill
 
 NAME = "stream-format-proxy"
 PROXY_NAME = "stream-rewriting-proxy"
@@ -85,8 +83,6 @@ def request() -> JsonObject:
 
 def build(out_dir: Path, template: str) -> Drill:
     """Generate the stream-format-proxy drill into `out_dir` (serve it with `serve`)."""
-    from triage.drills.registry import _finish
-
     manifest: JsonObject = {
         "parameters": {"proxy_mode": REPEAT_NAME, "temperature": 0.0},
         "served": True,
@@ -105,7 +101,7 @@ def build(out_dir: Path, template: str) -> Drill:
             }
         ],
     }
-    return _finish(NAME, gemma4.toolcall_design(), out_dir, template, manifest, [request()], {})
+    return finish(NAME, gemma4.toolcall_design(), out_dir, template, manifest, [request()], {})
 
 
 @dataclass

@@ -5,7 +5,7 @@ Revises: 0011_embed_batch_vocab
 Create Date: 2026-12-01
 
 kb.vocab gives a bit to a new cause: every stored family signature is marked stale, so
-kb.family recomputes it on the next refresh (as 0007 did). Self-contained (no imports from
+kb.repo.family recomputes it on the next refresh (as 0007 did). Self-contained (no imports from
 kb).
 """
 

@@ -80,6 +80,8 @@ def test_an_input_longer_than_ubatch_is_confirmed_by_the_raised_batch(
     observed = {o["name"]: o for o in diagnosis["observations"]}
     inputs = observed["embedding-inputs"]
     assert inputs["longest_tokens"] > UBATCH and inputs["physical_batch"] == UBATCH
+    # No chat template is rendered for an embeddings request (it has no messages).
+    assert "template-render" not in observed and "determinism" not in observed
     skipped = {s["arm"]: s["reason"] for s in diagnosis["skipped_arms"]}
     assert "/v1/embeddings" in skipped["thinking-off"]
     assert running_servers() == []

@@ -1,7 +1,7 @@
 """vocabulary: the model-file lint kinds (19-21) and template-markup-in-content (28)
 
-Revision ID: 0012_real23_lint_vocab
-Revises: 0011_embed_batch_vocab
+Revision ID: 0013_real23_lint_vocab
+Revises: 0012_cause24_stream_format
 Create Date: 2026-12-01
 
 kb.vocab gives bits to four new finding kinds: every stored family signature is marked stale,
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0012_real23_lint_vocab"
-down_revision = "0011_embed_batch_vocab"
+revision = "0013_real23_lint_vocab"
+down_revision = "0012_cause24_stream_format"
 branch_labels = None
 depends_on = None
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import click
 
-from kb.files import import_paths
-from kb.store import Store, data_dir, get_incident
+from kb.repo.files import import_paths
+from kb.repo.store import Store, data_dir, get_incident
 from triage.capture import load_file
 from triage.drills import build_drill
 from triage.engine import (

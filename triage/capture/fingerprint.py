@@ -17,7 +17,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from kb.store import data_dir
+from kb.repo.store import data_dir
 
 __all__ = ["KEY_FILE_NAME", "fingerprint", "key_path"]
 
@@ -31,7 +31,7 @@ _process_key = secrets.token_bytes(_KEY_BYTES)
 
 
 def key_path() -> Path:
-    """Where this installation's key lives (the data directory of kb.store)."""
+    """Where this installation's key lives (the data directory of kb.repo.store)."""
     return data_dir() / KEY_FILE_NAME
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
-from kb.bisect import bisect_incident, record_bisect_step
-from kb.store import data_dir
+from kb.repo.bisect import bisect_incident, record_bisect_step
+from kb.repo.store import data_dir
 from triage.bisect import (
     BisectError,
     BisectOptions,

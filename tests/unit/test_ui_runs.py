@@ -16,6 +16,7 @@ from kb import runs as kb_runs
 from kb.files import load_record
 from kb.records import ArmSummary
 from kb.runlog import evidence_runs, incident_runs
+from kb.service import KnowledgeBase
 from kb.store import Store, add_evidence
 from triage.graph import LABEL_WIDTH, build_graph, to_dot
 from triage.ui import data
@@ -154,7 +155,7 @@ def test_record_for_run_keeps_one_runs_evidence_and_the_shared_exchange(two_runs
     store, slug, first, second = two_runs
     with store.session(readonly=True) as session:
         record = load_record(session, slug)
-    runs = load_runs(store, slug)
+    runs = load_runs(KnowledgeBase(store), slug)
     assert runs.latest == second and "latest" in runs.label(second)
     narrowed = record_for_run(record, runs, first)
     summaries = [e["summary"] for e in narrowed["evidence"]]
@@ -173,7 +174,7 @@ def test_graph_attaches_every_arm_to_what_it_decides_one_run_at_a_time(two_runs:
     store, slug, _, second = two_runs
     with store.session(readonly=True) as session:
         record = load_record(session, slug)
-    graph = build_graph(record_for_run(record, load_runs(store, slug), second))
+    graph = build_graph(record_for_run(record, load_runs(KnowledgeBase(store), slug), second))
     without_evidence = graph.subgraph(
         [n for n, d in graph.nodes(data=True) if d.get("kind") != "evidence"]
     )

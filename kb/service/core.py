@@ -16,11 +16,20 @@ from types import TracebackType
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session
 
-from kb import decisions as kb_decisions
-from kb import live as kb_live
-from kb.filerecord import load_record
 from kb.jsontypes import JsonObject
-from kb.runlog import evidence_runs, incident_runs
+from kb.repo import decisions as kb_decisions
+from kb.repo import live as kb_live
+from kb.repo.filerecord import load_record
+from kb.repo.runlog import evidence_runs, incident_runs
+from kb.repo.store import (
+    Store,
+    StoreError,
+    database_url,
+    describe_db_error,
+    get_incident,
+    record_status_change,
+    redact_url,
+)
 from kb.service import incidents as queries
 from kb.service.errors import NotFoundError, OpenError, database_errors
 from kb.service.records import (
@@ -35,15 +44,6 @@ from kb.service.records import (
     RecordedDecision,
     StatusChange,
     Upstream,
-)
-from kb.store import (
-    Store,
-    StoreError,
-    database_url,
-    describe_db_error,
-    get_incident,
-    record_status_change,
-    redact_url,
 )
 from kb.triggers import KindLookup
 
@@ -174,7 +174,7 @@ class KnowledgeBase:
     def record_decision(
         self, slug: str, decision: DecisionRequest, trigger_kinds: KindLookup | None = None
     ) -> RecordedDecision:
-        """Record PARKED / FIXED / REOPENED (kb.decisions' rules; the incident's status
+        """Record PARKED / FIXED / REOPENED (kb.repo.decisions' rules; the incident's status
         moves with it). A refused decision is a DecisionError saying what is missing."""
         with self.transaction() as session:
             row = kb_decisions.record_decision(
@@ -212,7 +212,7 @@ class KnowledgeBase:
         at: datetime | None = None,
     ) -> StatusChange:
         """A person moves a cause to another status; kept in the cause's history like an
-        engine change (kb.store.record_status_change checks the status, actor, rationale
+        engine change (kb.repo.store.record_status_change checks the status, actor, rationale
         and evidence ids). Moving a cause to the status it has is refused."""
         with self.transaction() as session:
             incident = get_incident(session, slug)

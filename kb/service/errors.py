@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from kb.store import StoreError, describe_db_error, redact_url
+from kb.repo.store import StoreError, describe_db_error, redact_url
 
 __all__ = [
     "ConflictError",

@@ -13,8 +13,8 @@ from sqlalchemy import func, or_
 from sqlalchemy import select as sa_select  # typed for wide column lists
 from sqlmodel import Session, col, select
 
-from kb import search as kb_search
 from kb.models import Cause, Decision, FamilyLink, Incident, Symptom
+from kb.repo import search as kb_search
 from kb.service.records import (
     DecisionRow,
     Family,
@@ -24,7 +24,7 @@ from kb.service.records import (
     IncidentTitle,
 )
 
-# A search lists its best hits only (kb.search builds a snippet for every hit it returns).
+# A search lists its best hits only (kb.repo.search builds a snippet for every hit it returns).
 SEARCH_LIMIT = 200
 
 
@@ -41,7 +41,7 @@ def _latest_decision_kind() -> Any:
 
 
 def _search(session: Session, query: str) -> dict[int, str]:
-    """Incident id -> matching snippet for a free-text query, best first (kb.search)."""
+    """Incident id -> matching snippet for a free-text query, best first (kb.repo.search)."""
     hits = kb_search.search(session, query, limit=SEARCH_LIMIT)
     slugs = [hit.slug for hit in hits]
     found = dict(

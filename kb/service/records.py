@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any
 
-from kb.live import CellCount
-from kb.runlog import RunInfo
+from kb.repo.live import CellCount
+from kb.repo.runlog import RunInfo
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class DecisionRow:
 @dataclass(frozen=True)
 class DecisionRequest:
     """A decision to record: PARKED / FIXED / REOPENED and what it rests on (the same
-    rules as `triage decide`; kb.decisions checks them)."""
+    rules as `triage decide`; kb.repo.decisions checks them)."""
 
     kind: str
     by: str = ""
@@ -96,7 +96,7 @@ class DecisionRequest:
     tradeoff: str = ""
     fix: str = ""
     revisit_on: date | None = None
-    # Triggers in the CLI's syntax (kb.decisions.TRIGGER_SYNTAX), one per entry.
+    # Triggers in the CLI's syntax (kb.repo.decisions.TRIGGER_SYNTAX), one per entry.
     triggers: tuple[str, ...] = ()
     evidence_keys: tuple[str, ...] = ()
     # Record a FIXED decision even when the evidence does not verify it (labelled unverified).
@@ -149,7 +149,7 @@ class Upstream:
 @dataclass(frozen=True)
 class LiveOverview:
     """What the proxy recorded in a window: the upstream, the rate series, the cells and
-    the incidents it opened (kb.live's shapes)."""
+    the incidents it opened (kb.repo.live's shapes)."""
 
     upstream: Upstream | None
     points: list[dict[str, Any]]

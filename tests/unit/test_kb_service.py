@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kb.models import Cause
+from kb.repo.store import add_evidence, open_incident, record_status_change
 from kb.service import (
     DatabaseError,
     DecisionRequest,
@@ -21,7 +22,6 @@ from kb.service import (
     OpenError,
     StoreError,
 )
-from kb.store import add_evidence, open_incident, record_status_change
 
 OPENED = date(2026, 7, 1)
 

@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 
 import click
 
+from kb.repo.store import Store, StoreError
 from kb.service import DatabaseError, KnowledgeBase, OpenError
-from kb.store import Store, StoreError
 from triage.catalogue import CatalogueError
 from triage.catalogue.numbering import check_store_numbering
 

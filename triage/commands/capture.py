@@ -11,8 +11,7 @@ from typing import Any, NoReturn
 
 import click
 
-from kb.service import KnowledgeBase, OpenError
-from kb.store import (
+from kb.repo.store import (
     CONTENT_HASH,
     Store,
     StoreError,
@@ -24,6 +23,7 @@ from kb.store import (
     last_evidence_id,
     orphan_evidence,
 )
+from kb.service import KnowledgeBase, OpenError
 from triage.atlas.report import check_lines, check_matches
 from triage.capture import (
     CaptureError,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import click
 
+from kb.repo.store import StoreError, database_url, redact_url
 from kb.service import KnowledgeBase, OpenError
-from kb.store import StoreError, database_url, redact_url
 from triage.ui.auth import (
     UiConfigError,
     UiSettings,

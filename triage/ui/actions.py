@@ -1,7 +1,7 @@
 """What the UI writes, and its calls into the engine and the revisit.
 
 Pages call these; each write is one call of the knowledge-base service
-(`kb.service.KnowledgeBase`). A decision is `record_decision` (kb.decisions' rules, the same
+(`kb.service.KnowledgeBase`). A decision is `record_decision` (kb.repo.decisions' rules, the same
 as `triage decide`); a status override is `change_cause_status`, so it lands in the cause's
 history like an engine change; a revisit is `triage.revisit.revisit_incident`, the function
 `triage revisit` uses. The knowledge base checks what it stores and its `StoreError` says
@@ -16,9 +16,9 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from kb import decisions as kb_decisions
+from kb.repo import decisions as kb_decisions
+from kb.repo.store import StoreError
 from kb.service import DecisionRequest, KnowledgeBase, RecordedDecision, StatusChange
-from kb.store import StoreError
 from triage import capture, engine, stackfile, symptoms
 from triage.catalogue import catalogue
 from triage.revisit import ReplayRate, RevisitResult, revisit_incident
@@ -38,7 +38,7 @@ class DecisionInput:
     tradeoff: str = ""
     fix: str = ""
     revisit_on: date | None = None
-    # Triggers in the CLI's syntax (kb.decisions.TRIGGER_SYNTAX), one per entry.
+    # Triggers in the CLI's syntax (kb.repo.decisions.TRIGGER_SYNTAX), one per entry.
     triggers: list[str] = field(default_factory=list)
     evidence_keys: list[str] = field(default_factory=list)
     # Record a FIXED decision even when the evidence does not verify it (labelled unverified).

@@ -14,7 +14,6 @@ from typing import Any
 
 import streamlit as st
 
-from kb import decisions as kb_decisions
 from kb.jsontypes import JsonObject
 from kb.models import (
     CAUSE_CATALOGUE_IDS,
@@ -22,6 +21,8 @@ from kb.models import (
     DECISION_KINDS,
     INCIDENT_STATUSES,
 )
+from kb.repo import decisions as kb_decisions
+from kb.repo.store import database_url
 from kb.service import (
     PAGE_SIZE,
     SEARCH_LIMIT,
@@ -32,7 +33,6 @@ from kb.service import (
     IncidentTitle,
     KnowledgeBase,
 )
-from kb.store import database_url
 from triage.catalogue import CatalogueError
 from triage.catalogue import catalogue as process_catalogue
 from triage.catalogue.numbering import check_store_numbering
@@ -149,7 +149,7 @@ class DecisionEntry:
     triggers: list[dict[str, Any]]
     latest: bool = False
     overdue: bool = False
-    state: str = ""  # for the latest PARKED decision: waiting | due | overdue (kb.decisions)
+    state: str = ""  # for the latest PARKED decision: waiting | due | overdue (kb.repo.decisions)
     reasons: list[str] = field(default_factory=list)
 
 
@@ -160,7 +160,7 @@ def describe_trigger(trigger: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class ParkedState:
-    """Whether a parked incident is due for a revisit, and why (from kb.decisions)."""
+    """Whether a parked incident is due for a revisit, and why (from kb.repo.decisions)."""
 
     state: str  # waiting | due | overdue
     due: bool
@@ -169,7 +169,7 @@ class ParkedState:
 
 @st.cache_data(ttl=30, show_spinner="Checking parked incidents' revisit dates and triggers...")
 def parked_state(url: str, on: date) -> dict[str, ParkedState]:
-    """kb.decisions' verdict on every parked incident as of `on`, by slug.
+    """kb.repo.decisions' verdict on every parked incident as of `on`, by slug.
 
     Cached for 30 s: it reads every parked incident's evidence. Writes made from this UI
     clear it (`parked_changed`); writes from the CLI show up within the TTL.
@@ -189,7 +189,7 @@ def decision_log(kb: KnowledgeBase, *, on: date | None = None) -> list[DecisionE
     """Every decision in time order, with due/overdue parked incidents moved to the front.
 
     A parked incident is overdue when its revisit date has passed or a trigger fired
-    (kb.decisions.parked decides, from the recorded evidence, as of `on`).
+    (kb.repo.decisions.parked decides, from the recorded evidence, as of `on`).
     """
     on = on or today()
     rows = kb.decisions()
@@ -227,5 +227,5 @@ def decision_log(kb: KnowledgeBase, *, on: date | None = None) -> list[DecisionE
 def incident_parked_state(
     kb: KnowledgeBase, slug: str, on: date | None = None
 ) -> kb_decisions.ParkedIncident | None:
-    """kb.decisions' ParkedIncident for one incident (None unless it is parked)."""
+    """kb.repo.decisions' ParkedIncident for one incident (None unless it is parked)."""
     return kb.parked_incident(slug, on or today(), process_catalogue().triggers)

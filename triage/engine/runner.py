@@ -684,6 +684,7 @@ class Diagnoser:
             self.options.request_timeout,
             self.options.divergence_seeds,
             exchange=self.exchange or None,
+            client_side=gateway_server(self.stack, base),
         )
         facts: dict[str, Any] | None
         try:

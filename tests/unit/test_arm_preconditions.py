@@ -26,7 +26,7 @@ def test_every_arm_not_planned_is_listed_with_what_it_needs() -> None:
     assert "[alternates] model" in skipped["alt-weights"]
     assert "response_format" in skipped["no-structured-output"]
     # 24 tokens cannot reach a 2048-token slot: a larger context cannot matter.
-    assert "-c set" in skipped["context-x4"]
+    assert "-c set" in skipped["context-lifted"]
     assert all(why for why in skipped.values())
 
 

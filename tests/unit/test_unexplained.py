@@ -44,7 +44,7 @@ def _cause(cause: str, status: str, probe: str) -> DiagnosisCause:
 
 CAUSES = [
     _cause("token-limit", "rejected", "token-limit-lifted"),
-    _cause("context-size", "rejected", "context-x4"),
+    _cause("context-size", "rejected", "context-lifted"),
     _cause("quantized-weights", "suspected", "alt-weights ([alternates] model)"),
 ]
 
@@ -55,7 +55,7 @@ def test_reproduced_and_nothing_confirmed_is_unexplained() -> None:
     assert verdict["headline"].startswith("UNEXPLAINED")
     assert "baseline 8/8 failing" in verdict["headline"]
     assert verdict["ruled_out"] == (
-        "ruled out 2: token-limit (token-limit-lifted), context-size (context-x4)"
+        "ruled out 2: token-limit (token-limit-lifted), context-size (context-lifted)"
     )
     assert "\n" not in verdict["ruled_out"]  # one line
     assert verdict["next_probes"][0] == "quantized-weights: alt-weights ([alternates] model)"

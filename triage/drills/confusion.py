@@ -46,6 +46,7 @@ MISSING = "MISSING"  # the manifest lists a cause the diagnosis has no verdict f
 NOT_RUN = "n/a"  # the cause was not part of this run (e.g. crash-only causes), not listed
 CONFIRMED = "confirmed"
 VERDICT = "(verdict)"  # the column of a drill whose manifest names an expected_verdict
+FIELDS = "(request fields)"  # ... and of one that names expected_request_fields
 # Replays per arm: a deterministic failure is decided in a few, an intermittent one needs more.
 DETERMINISTIC_CAP = 16
 INTERMITTENT_CAP = 64
@@ -138,6 +139,14 @@ def evaluate(
         row.cells.append(
             Cell(VERDICT, status, "", str(expected_verdict), (str(expected_verdict),), mark)
         )
+    expected_fields = manifest.get("expected_request_fields")
+    if expected_fields:  # the request fields whose ablation removes the failure (issue 23)
+        named = (diagnosis.get("verdict") or {}).get("request_fields") or []
+        found = sorted({str(f).split(" ", 1)[0] for f in named})
+        want = sorted(str(f) for f in expected_fields)
+        mark = OK if found == want else MISMATCH
+        text = ", ".join(found) or "none"
+        row.cells.append(Cell(FIELDS, text, "", ", ".join(want), (text,), mark))
     return row
 
 

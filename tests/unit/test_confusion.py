@@ -181,7 +181,7 @@ def test_main_prints_the_table_writes_json_and_exits_nonzero_on_off_diagonal(
             "d", MANIFEST, _diagnosis(model_file="confirmed", quantized_weights="confirmed"), CAUSES
         )
     ]
-    monkeypatch.setattr(confusion, "run", lambda names, cap=None: rows)
+    monkeypatch.setattr(confusion, "run", lambda names, cap=None, preconditions=True: rows)
     monkeypatch.setattr(confusion, "catalogue_causes", lambda: CAUSES)
     out = tmp_path / "rows.json"
     assert confusion.main(["--drills", "gemma4-toolcall", "--json", str(out)]) == 1

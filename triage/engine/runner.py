@@ -98,6 +98,9 @@ class DiagnoseOptions:
     # Cumulative replays at which arms are examined; default: stats.look_schedule(cap).
     # A single look (e.g. [30]) is a fixed-sample design, for comparison benchmarks.
     looks: list[int] | None = None
+    # False runs every planned arm even when the observations show it cannot matter (the
+    # runtime `requires` preconditions, issue 23): only to measure what they save.
+    check_preconditions: bool = True
 
 
 class Diagnoser:
@@ -538,6 +541,8 @@ class Diagnoser:
         """Drop the arms whose precondition the observations refute (e.g. thinking-off when
         the template render shows no thinking for the request): they cannot matter. An arm
         with replies already recorded (a resumed run) keeps them and stays."""
+        if not self.options.check_preconditions:
+            return
         for name, planned in list(self.planned.items()):
             arm = self.arms[name]
             if name == cause_rules.BASELINE or planned.requires is None or arm.replies:

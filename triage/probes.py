@@ -84,8 +84,9 @@ class PlannedArm:
     stream: bool = False
     # A server-level arm whose launch depends on what the incident's server measured (the
     # tokens of the longest embeddings input): called with the observations before the arm
-    # launches; returns the configuration to launch, or why the arm cannot matter (skipped).
-    configure: Callable[[Mapping[str, Any]], ServerConfig | str] | None = None
+    # launches; returns the arm as it launches (its config and variant), or why the arm
+    # cannot matter (it is then skipped).
+    configure: Callable[[Mapping[str, Any]], PlannedArm | str] | None = None
 
 
 @runtime_checkable

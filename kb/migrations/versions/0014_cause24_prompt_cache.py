@@ -1,7 +1,7 @@
 """vocabulary: the prompt-cache cause (21)
 
-Revision ID: 0013_cause24_prompt_cache
-Revises: 0012_cause24_stream_format
+Revision ID: 0014_cause24_prompt_cache
+Revises: 0013_real23_lint_vocab
 Create Date: 2026-12-01
 
 kb.vocab gives a bit to a new cause: every stored family signature is marked stale, so
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0013_cause24_prompt_cache"
-down_revision = "0012_cause24_stream_format"
+revision = "0014_cause24_prompt_cache"
+down_revision = "0013_real23_lint_vocab"
 branch_labels = None
 depends_on = None
 

@@ -568,9 +568,12 @@ class Diagnoser:
                 self.skipped.append({"arm": name, "reason": outcome})
                 self._emit(ArmSkipped(name, outcome))
                 continue
-            check_config(outcome, f"arm {name}")
-            self.planned[name] = dataclasses.replace(planned, config=outcome)
-            self.arms[name].group = outcome.key()
+            if outcome.config is None:
+                raise EngineError(f"arm {name}: configured without a server configuration")
+            check_config(outcome.config, f"arm {name}")
+            self.planned[name] = outcome
+            self.arms[name].group = outcome.config.key()
+            self.arms[name].variant = outcome.variant
 
     def _server_rounds(self) -> list[list[str]]:
         """The server-level arms still to run, in rounds whose servers fit in memory together

@@ -41,7 +41,7 @@ from triage.engine.reproduction import Signature, gate_message
 from triage.engine.scheduler import ArmState, Replayer, Scheduler
 from triage.engine.servers import Server, gateway_server, scrub_secrets
 
-__all__ = ["ExecuteOptions", "Executor", "Progress"]
+__all__ = ["ExecuteOptions", "Executor", "Progress", "mark_died", "note_failures"]
 
 QUIET_SECONDS = 30.0  # a progress line at least this often while replies come in
 
@@ -290,7 +290,7 @@ class Executor:
                 await self._observe(planned, base, server)
             self.replayer.routes[name] = ArmRoute(server, planned.transform)
         except Exception as exc:  # noqa: BLE001 - a failed launch is an errored arm
-            self._mark_died(arm, exc)
+            mark_died(arm, exc, self.execution.facts)
             return False
         return True
 
@@ -386,23 +386,6 @@ class Executor:
         return message is None
 
     # -- servers and observations -------------------------------------------------------------
-    def _mark_died(self, arm: ArmState, exc: BaseException) -> None:
-        """An arm whose server failed to start (or died) is errored; its CrashReport, when
-        the launcher has one, is the error's text and an observation of its own."""
-        report = report_of(exc)
-        if report is not None:
-            facts = crash_facts(report)
-            self.execution.facts[f"{arm.name}-{facts['name']}"] = {
-                **facts,
-                "name": f"{arm.name}-{facts['name']}",
-                "arm": arm.name,
-            }
-        if not arm.error:
-            arm.error = report.sentence() if report is not None else f"{type(exc).__name__}: {exc}"
-            arm.log_tail = str(getattr(exc, "log_tail", ""))
-            arm.decision = "errored"
-            arm.stopped = "server failed"
-
     async def _observe(self, planned: probes.PlannedArm, base: Server, server: Server) -> None:
         assert planned.observe is not None
         context = probes.ObserveContext(
@@ -422,21 +405,6 @@ class Executor:
         if facts:
             facts = {"name": planned.name, **facts}
             self.execution.facts[str(facts["name"])] = facts
-
-    def note_failures(self) -> None:
-        """Each server that crashed mid-request or hung: its CrashReport as an observation
-        (signal, backtrace symbol, CPU flags, log tail, the report's sentence)."""
-        for server in self.execution.servers.values():
-            if server.failure is None:
-                continue
-            facts = crash_facts(server.failure)
-            arms = sorted(a.name for a in self.arms.values() if a.group == server.key)
-            name = (
-                facts["name"]
-                if server.config is self.plan.stack.server
-                else f"{'+'.join(arms) or server.key}-{facts['name']}"
-            )
-            self.execution.facts[name] = {**facts, "name": name, "arms": arms}
 
 
 def _base_failed(base: Server) -> bool:
@@ -458,3 +426,34 @@ class _Router:
 
 def _safe(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
+
+
+def mark_died(arm: ArmState, exc: BaseException, facts: dict[str, dict[str, Any]]) -> None:
+    """An arm whose server failed to start (or died) is errored; its CrashReport, when
+    the launcher has one, is the error's text and an observation of its own."""
+    report = report_of(exc)
+    if report is not None:
+        crash = crash_facts(report)
+        name = f"{arm.name}-{crash['name']}"
+        facts[name] = {**crash, "name": name, "arm": arm.name}
+    if not arm.error:
+        arm.error = report.sentence() if report is not None else f"{type(exc).__name__}: {exc}"
+        arm.log_tail = str(getattr(exc, "log_tail", ""))
+        arm.decision = "errored"
+        arm.stopped = "server failed"
+
+
+def note_failures(execution: Execution) -> None:
+    """Each server that crashed mid-request or hung: its CrashReport as an observation
+    (signal, backtrace symbol, CPU flags, log tail, the report's sentence)."""
+    for server in execution.servers.values():
+        if server.failure is None:
+            continue
+        facts = crash_facts(server.failure)
+        arms = sorted(a.name for a in execution.arms.values() if a.group == server.key)
+        name = (
+            facts["name"]
+            if server.config is execution.plan.stack.server
+            else f"{'+'.join(arms) or server.key}-{facts['name']}"
+        )
+        execution.facts[name] = {**facts, "name": name, "arms": arms}

@@ -27,7 +27,7 @@ from triage.engine import resuming
 from triage.engine.crashes import report_of, startup_crash
 from triage.engine.decide import decide
 from triage.engine.events import ArmsPlanned, Event, ProgressEvent, ProgressFn
-from triage.engine.execute import ExecuteOptions, Executor, Progress
+from triage.engine.execute import ExecuteOptions, Executor, Progress, note_failures
 from triage.engine.naming import ModelIdentity, identity_from_file, url_model_identity
 from triage.engine.pacing import PaceOptions, ServerPace
 from triage.engine.plan import Plan, plan
@@ -170,7 +170,7 @@ class Diagnoser:
                 self.recorder.set_state("interrupted")
                 raise
         try:
-            executor.note_failures()
+            note_failures(execution)
             decision = decide(execution, self.secrets, time.monotonic() - started)
             result = record(self.recorder, decision, self.findings, execution.plan.skipped)
             self._emit(

@@ -167,6 +167,11 @@ RESERVED_CAUSES: tuple[Term, ...] = (
         20,
         "the JSON schema where llama-server ignores it; moved to response_format it is enforced",
     ),
+    Term(
+        "embedding-batch",
+        23,
+        "an embeddings/rerank input longer than the physical batch (-ub); a larger one removes it",
+    ),
 )
 CAUSES: tuple[Term, ...] = CATALOGUE_CAUSES + RESERVED_CAUSES
 
@@ -174,7 +179,7 @@ KIND_NUMBERS: dict[str, int] = {term.id: term.number for term in FINDING_KINDS}
 CAUSE_NUMBERS: dict[str, int] = {term.id: term.number for term in CAUSES}
 
 # Keys of a stack dict or an evidence payload that carry a llama-server build ("b11434-abc",
-# 11434) or a weights-file hash, in order of preference (kb.family reads the first present;
+# 11434) or a weights-file hash, in order of preference (kb.repo.family reads the first present;
 # kb.triggers searches payloads for all). `sha256` alone is not one: captures use it for
 # the hash of the raw capture.
 BUILD_KEYS = ("server_build", "build", "build_info", "build_number", "system_fingerprint")
@@ -270,7 +275,9 @@ def builtin_numbers() -> dict[str, dict[str, int]]:
 def record_builtin(session: Session) -> None:
     """Record kb's vocabulary the first time its numbers are used (a signature write), and
     refuse a kb whose numbers moved since: its bit masks would mis-read the stored ones."""
-    from kb.store import StoreError  # kb.store imports kb.models, which imports this module
+    from kb.repo.store import (
+        StoreError,  # kb.repo.store imports kb.models, which imports this module
+    )
 
     stored = stored_numbers(session)
     for section, numbers in builtin_numbers().items():

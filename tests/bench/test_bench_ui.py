@@ -20,7 +20,7 @@ from sqlalchemy import insert, select
 from streamlit.testing.v1 import AppTest
 
 from kb.models import CAUSE_CATALOGUE_IDS, Cause, Decision, FamilyLink, Incident, Symptom
-from kb.store import Store
+from kb.repo.store import Store
 from triage.ui import data
 
 pytestmark = pytest.mark.bench

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kb.records import Reply
+from kb.domain.records import Reply
 from triage.commands.engine import (
     TOK_S_NOTE,
     ProgressPrinter,
@@ -177,7 +177,7 @@ def test_the_one_sided_p_is_read_from_the_stored_arm(tmp_path: Any) -> None:
     from datetime import date
 
     from kb.models import Incident
-    from kb.store import Store, add_evidence
+    from kb.repo.store import Store, add_evidence
     from triage.commands.engine import with_one_sided_p
 
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")

@@ -16,8 +16,19 @@ from jsonschema import Draft202012Validator
 from sqlalchemy import func
 from sqlmodel import SQLModel, select
 
-import kb.files as files
-from kb.files import (
+import kb.repo.files as files
+from kb.models import (
+    CAUSE_BASES,
+    CAUSE_CATALOGUE_IDS,
+    CAUSE_STATUSES,
+    DECISION_KINDS,
+    EVIDENCE_KINDS,
+    INCIDENT_STATUSES,
+    LINK_RELATIONS,
+    Cause,
+    CauseStatusChange,
+)
+from kb.repo.files import (
     RecordError,
     dump_yaml,
     export_all,
@@ -30,18 +41,7 @@ from kb.files import (
     parse_text,
     render_record,
 )
-from kb.models import (
-    CAUSE_BASES,
-    CAUSE_CATALOGUE_IDS,
-    CAUSE_STATUSES,
-    DECISION_KINDS,
-    EVIDENCE_KINDS,
-    INCIDENT_STATUSES,
-    LINK_RELATIONS,
-    Cause,
-    CauseStatusChange,
-)
-from kb.store import Store, StoreError, add_evidence, get_incident, record_status_change
+from kb.repo.store import Store, StoreError, add_evidence, get_incident, record_status_change
 
 INCIDENTS = Path(__file__).resolve().parents[2] / "incidents"
 COMMITTED = sorted(INCIDENTS.glob("*.md"))

@@ -11,7 +11,8 @@ from click.testing import CliRunner
 from sqlmodel import select
 
 from kb import vocab
-from kb.family import (
+from kb.models import CAUSE_CATALOGUE_IDS, Cause, Incident, Symptom
+from kb.repo.family import (
     CAUSE_BITS,
     KIND_BITS,
     IncidentSignature,
@@ -19,8 +20,7 @@ from kb.family import (
     signature,
     similar_incidents,
 )
-from kb.models import CAUSE_CATALOGUE_IDS, Cause, Incident, Symptom
-from kb.store import Store
+from kb.repo.store import Store
 from triage.catalogue import Catalogue, CatalogueError
 from triage.catalogue.numbering import check_numbering, check_store_numbering
 
@@ -182,7 +182,7 @@ def _incident(session, slug: str, kinds: list[str], causes: list[str]) -> None:
 def test_the_first_signature_write_records_kb_numbers_and_refuses_moved_ones(
     db_url: str,
 ) -> None:
-    from kb.store import StoreError
+    from kb.repo.store import StoreError
 
     store = Store(db_url)
     try:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kb import vocab
-from kb.store import Store
+from kb.repo.store import Store
 from triage.catalogue.registry import Catalogue, CatalogueError, Section
 
 __all__ = ["check_numbering", "check_store_numbering", "check_vocab"]

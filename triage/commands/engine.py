@@ -11,9 +11,9 @@ from typing import Any
 
 import click
 
-from kb.records import validate_diagnosis
-from kb.runs import RunOwner, resumable_runs, run_incident_slug
-from kb.store import Store, evidence_payloads
+from kb.domain.records import validate_diagnosis
+from kb.repo.runs import RunOwner, resumable_runs, run_incident_slug
+from kb.repo.store import Store, evidence_payloads
 from triage.atlas.report import diagnosis_matches, format_match_dicts, format_matches
 from triage.capture import CaptureError, load_file, read_file
 from triage.commands import open_store, with_options

@@ -207,7 +207,7 @@ def run_drill(name: str, work: Path, causes: Sequence[str], max_requests: int | 
     """Build drill `name` in `work`, diagnose its failing request, return its row."""
     import time
 
-    from kb.store import Store
+    from kb.repo.store import Store
     from triage.drills import gateway as gateway_drill
     from triage.drills.registry import SERVED, build_drill
     from triage.engine import DiagnoseOptions, diagnose

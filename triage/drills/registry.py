@@ -16,6 +16,7 @@ from triage.drills import (
     reason,
 )
 from triage.drills import context as context_drill
+from triage.drills import embedding as embedding_drill
 from triage.drills import schema as schema_drill
 from triage.drills.drill import (
     DRAFT_THREAD_ARGS,
@@ -160,6 +161,7 @@ _BUILDERS: dict[str, Callable[[Path, str], Drill]] = {
     gateway.LITELLM: gateway.build_litellm,
     flags.NAME: flags.build,
     schema_drill.NAME: schema_drill.build,
+    embedding_drill.NAME: embedding_drill.build,
 }
 
 # Drills that are served, not only built: a running llama-server behind a real gateway

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import Any, Literal, overload
 
-from kb import runs as _runs
+from kb.domain.records import RAW_TEXT_LIMIT, Reply
 from kb.models import TriageRun
-from kb.records import RAW_TEXT_LIMIT, Reply
-from kb.store import Store, get_incident
+from kb.repo import runs as _runs
+from kb.repo.store import Store, get_incident
 from triage.engine.events import (
     ArmSkipped,
     ArmsPlanned,

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kb import runs
-from kb.records import ArmSummary
+from kb.domain.records import ArmSummary
+from kb.repo import runs
 from triage import causes as cause_rules
 from triage.causes import BASELINE, ArmOutcome, Verdict
 from triage.drills.host import stack_host_note

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kb import runs
-from kb.records import Reply
+from kb.domain.records import Reply
+from kb.repo import runs
 from triage import observe, probes
 from triage.causes import BASELINE
 from triage.engine import known_good
@@ -39,9 +39,17 @@ from triage.engine.recorder import Recorder
 from triage.engine.replayer import ArmRoute, LaunchEachTime, LlamaReplayer
 from triage.engine.reproduction import Signature, gate_message
 from triage.engine.scheduler import ArmState, Replayer, Scheduler
-from triage.engine.servers import Server, gateway_server, scrub_secrets
+from triage.engine.servers import Server, check_config, gateway_server, scrub_secrets
 
-__all__ = ["ExecuteOptions", "Executor", "Progress", "mark_died", "note_failures"]
+__all__ = [
+    "ExecuteOptions",
+    "Executor",
+    "Progress",
+    "gate",
+    "mark_died",
+    "note_failures",
+    "observe_arm",
+]
 
 QUIET_SECONDS = 30.0  # a progress line at least this often while replies come in
 
@@ -198,6 +206,7 @@ class Executor:
             await self._crash_mode_after(base, log_dir)
             return
         self._skip_unmet()
+        self._configure()
         request_arms = self.plan.request_arms
         client_side = gateway_server(self.plan.stack, base)  # what the client used
         for planned in request_arms:
@@ -235,16 +244,37 @@ class Executor:
         plan = self.plan
         arms, skipped = dict(plan.arms), list(plan.skipped)
         for name, planned in plan.arms.items():
-            arm = self.arms[name]
-            if name == BASELINE or planned.requires is None or arm.replies:
+            if name == BASELINE or planned.requires is None or self.arms[name].replies:
                 continue
             why = planned.requires(self.execution.facts, self.exchange or None)
-            if why is None:
-                continue
-            del arms[name], self.arms[name]
-            skipped.append(Skipped(name, why))
-            self.progress.emit(ArmSkipped(name, why))
+            if why is not None:
+                self._drop(arms, skipped, name, why)
         self.execution.plan = dataclasses.replace(plan, arms=arms, skipped=tuple(skipped))
+
+    def _configure(self) -> None:
+        """Server-level arms whose launch depends on the observations (PlannedArm.configure,
+        e.g. -ub from the measured input tokens): launched as configured, or skipped."""
+        plan = self.plan
+        arms, skipped = dict(plan.arms), list(plan.skipped)
+        for name, planned in plan.arms.items():
+            if planned.configure is None:
+                continue
+            outcome = planned.configure(self.execution.facts)
+            if isinstance(outcome, str):
+                if not self.arms[name].replies:  # a resumed run keeps what it recorded
+                    self._drop(arms, skipped, name, outcome)
+                continue
+            check_config(outcome, f"arm {name}")
+            arms[name] = dataclasses.replace(planned, config=outcome)
+            self.arms[name].group = outcome.key()
+        self.execution.plan = dataclasses.replace(plan, arms=arms, skipped=tuple(skipped))
+
+    def _drop(
+        self, arms: dict[str, probes.PlannedArm], skipped: list[Skipped], name: str, why: str
+    ) -> None:
+        del arms[name], self.arms[name]
+        skipped.append(Skipped(name, why))
+        self.progress.emit(ArmSkipped(name, why))
 
     def _server_rounds(self) -> list[list[str]]:
         """The server-level arms still to run, in rounds whose servers fit in memory together
@@ -371,23 +401,13 @@ class Executor:
 
     def _gate(self) -> bool:
         """Apply the reproduction gate to the baseline's replies so far."""
-        baseline = self.arms[BASELINE]
-        message = gate_message(self.signature, baseline)
-        self.execution.reproduction = {
-            "reproduced": message is None,
-            "message": message or "the baseline reproduces the captured failure",
-            "signature": self.signature.to_dict(),
-        }
-        if message is not None:
-            self.progress.emit(ProgressEvent("gate", message))
-            for arm in self.arms.values():
-                if arm.name != BASELINE:
-                    arm.stopped = "not run: the failure did not reproduce"
-        return message is None
+        reproduction = self.execution.reproduction = gate(self.signature, self.arms)
+        if not reproduction["reproduced"]:
+            self.progress.emit(ProgressEvent("gate", str(reproduction["message"])))
+        return bool(reproduction["reproduced"])
 
     # -- servers and observations -------------------------------------------------------------
     async def _observe(self, planned: probes.PlannedArm, base: Server, server: Server) -> None:
-        assert planned.observe is not None
         context = probes.ObserveContext(
             base,
             server,
@@ -397,13 +417,8 @@ class Executor:
             self.options.divergence_seeds,
             exchange=self.exchange or None,
         )
-        facts: dict[str, Any] | None
-        try:
-            facts = await planned.observe(context)
-        except Exception as exc:  # noqa: BLE001 - an observation is recorded, not fatal
-            facts = {"name": f"{planned.name}-observation", "error": f"{type(exc).__name__}: {exc}"}
+        facts = await observe_arm(planned, context)
         if facts:
-            facts = {"name": planned.name, **facts}
             self.execution.facts[str(facts["name"])] = facts
 
 
@@ -457,3 +472,32 @@ def note_failures(execution: Execution) -> None:
             else f"{'+'.join(arms) or server.key}-{facts['name']}"
         )
         execution.facts[name] = {**facts, "name": name, "arms": arms}
+
+
+def gate(signature: Signature, arms: dict[str, ArmState]) -> dict[str, Any]:
+    """The reproduction gate over the baseline's replies so far: the baseline must show the
+    captured failure signature; otherwise no other arm runs."""
+    message = gate_message(signature, arms[BASELINE])
+    if message is not None:
+        for arm in arms.values():
+            if arm.name != BASELINE:
+                arm.stopped = "not run: the failure did not reproduce"
+    return {
+        "reproduced": message is None,
+        "message": message or "the baseline reproduces the captured failure",
+        "signature": signature.to_dict(),
+    }
+
+
+async def observe_arm(
+    planned: probes.PlannedArm, context: probes.ObserveContext
+) -> dict[str, Any] | None:
+    """The arm's observation hook's facts (named after the arm); a hook that fails is
+    recorded as an observation with its error, not fatal."""
+    assert planned.observe is not None
+    facts: dict[str, Any] | None
+    try:
+        facts = await planned.observe(context)
+    except Exception as exc:  # noqa: BLE001 - an observation is recorded, not fatal
+        facts = {"name": f"{planned.name}-observation", "error": f"{type(exc).__name__}: {exc}"}
+    return {"name": planned.name, **facts} if facts else None

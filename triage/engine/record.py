@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kb import runs
-from kb.files import load_record
-from kb.store import add_evidence
+from kb.repo import runs
+from kb.repo.files import load_record
+from kb.repo.store import add_evidence
 from triage import graph as graph_mod
 from triage.engine.decide import Decision
 from triage.engine.diagnosis import build_diagnosis

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kb import runs
-from kb.records import Reply
-from kb.store import Store, get_incident
+from kb.domain.records import Reply
+from kb.repo import runs
+from kb.repo.store import Store, get_incident
 from triage.engine.servers import EngineError
 
 __all__ = ["Recorder"]

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kb import runs
-from kb.store import Store, data_dir
+from kb.repo import runs
+from kb.repo.store import Store, data_dir
 from triage.capture.redact import redact_url
 from triage.catalogue import catalogue
 from triage.engine import resuming
@@ -49,6 +49,7 @@ from triage.engine.servers import (
     scrub_secrets,
     secret_values,
 )
+from triage.llama.endpoints import body_problem
 from triage.llama.flags import flag_error_line
 from triage.stackfile import Stack
 from triage.stats import DEFAULT_CAP, look_schedule
@@ -267,12 +268,9 @@ class Diagnoser:
 
     def _preflight(self) -> None:
         """Refuse what cannot work before launching or recording anything."""
-        messages = self.request.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise EngineError(
-                "request: $.messages is required (a non-empty list of chat "
-                "messages); llama-server refuses a chat request without it"
-            )
+        problem = body_problem(self.request)
+        if problem is not None:
+            raise EngineError(f"request: {problem}")
         if self.incident_slug and not self.recorder.incident_exists(self.incident_slug):
             raise EngineError(
                 f"--incident {self.incident_slug!r}: no such incident (omit "

@@ -168,6 +168,11 @@ RESERVED_CAUSES: tuple[Term, ...] = (
         "the JSON schema where llama-server ignores it; moved to response_format it is enforced",
     ),
     Term(
+        "stream-format",
+        22,
+        "streamed deltas break the OpenAI chunk format; the same request unstreamed is well formed",
+    ),
+    Term(
         "embedding-batch",
         23,
         "an embeddings/rerank input longer than the physical batch (-ub); a larger one removes it",

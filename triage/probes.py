@@ -47,6 +47,9 @@ class ObserveContext:
     # The captured exchange (its stored dict form) when the run has one: observation
     # hooks may compare it with what the server answers (client-handling does).
     exchange: dict[str, Any] | None = None
+    # Where the client's requests went: the stack's `[gateway]` when it has one (a
+    # triage.engine.servers.Server), else None (the incident's server itself).
+    client_side: Any = None
 
 
 @dataclass(frozen=True)

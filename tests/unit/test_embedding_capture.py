@@ -8,8 +8,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from proxy_fakes import raw_record
+
 from triage.capture import load_file
 from triage.llama.endpoints import Endpoint, endpoint_of
+from triage.proxy import prepare
 from triage.symptoms import classify
 
 REFUSAL = (
@@ -88,3 +91,16 @@ def test_a_har_holds_embeddings_and_rerank_entries(tmp_path: Path) -> None:
     assert "physical batch" in _failed(embeddings)["embedding-failed"]
     assert endpoint_of(rerank.request) is Endpoint.RERANK
     assert _failed(rerank)["embedding-failed"] == "1 rerank result(s) for 2 document(s)"
+
+
+def test_the_proxy_records_an_embeddings_refusal_as_a_failing_exchange() -> None:
+    record = raw_record("e1", "unused", at=1_780_000_000.0)
+    record["path"] = "/v1/embeddings"
+    record["request_body"] = json.dumps({"model": "m", "input": ["hello", "long"]}).encode()
+    record["status"] = 500
+    record["response_chunks"] = [json.dumps(ERROR).encode()]
+    prepared = prepare(record, keep_success=False, replica="r")
+    assert "embedding-failed" in prepared.kinds
+    assert prepared.example is not None
+    exchange = prepared.example["payload"]["exchange"]
+    assert endpoint_of(exchange["request"]) is Endpoint.EMBEDDINGS

@@ -416,6 +416,7 @@ class Executor:
             self.options.request_timeout,
             self.options.divergence_seeds,
             exchange=self.exchange or None,
+            client_side=gateway_server(self.plan.stack, base),
         )
         facts = await observe_arm(planned, context)
         if facts:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.llama.batching import (
     SPECIAL_TOKENS,
     flag_value,
@@ -139,7 +140,7 @@ class EmbeddingInputs:
     endpoints: tuple[str, ...] = ("embeddings", "rerank")
     precondition: str = "an /v1/embeddings or /v1/rerank request"
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         if not is_embedding_request(request):
             return None
         return PlannedArm(
@@ -173,7 +174,7 @@ class UbatchRaised:
     endpoints: tuple[str, ...] = ("embeddings", "rerank")
     precondition: str = "an /v1/embeddings or /v1/rerank request on a server triage launches"
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         if not relaunchable(stack) or not is_embedding_request(request):
             return None
         server = stack.server
@@ -203,7 +204,7 @@ class BatchSplit:
         "whose args are known"
     )
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         server = stack.server
         if not is_embedding_request(request) or (server.url and server.model is None):
             return None  # a running server's -ub is not known: no limit to split to

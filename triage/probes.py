@@ -164,13 +164,25 @@ def skipped_arms(
 
         arms = list(catalogue().arms)
     out = []
+    # Arms of one family (the request-field ablation arms) not planned share one line.
+    families: dict[str, list[str]] = {}
     for arm in sorted(arms, key=lambda a: (a.level != "request", int(getattr(a, "order", 100)))):
         if not serves_endpoint(arm, request):
             out.append((str(arm.id), _chat_only(request)))
         elif arm.plan(stack, request) is None:
+            family = getattr(arm, "family", None)
+            if isinstance(family, str) and family:
+                if family not in families:
+                    families[family] = []
+                    out.append((family, ""))
+                families[family].append(str(arm.id))
+                continue
             why = str(getattr(arm, "precondition", "") or NOT_APPLICABLE)
             out.append((str(arm.id), why))
-    return out
+    return [
+        (arm, why or f"the request sets none of their fields: {', '.join(families[arm])}")
+        for arm, why in out
+    ]
 
 
 def reasoning_in(exchange: Mapping[str, Any] | None) -> bool:

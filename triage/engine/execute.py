@@ -16,10 +16,8 @@ sink; the known-good search says which configuration to run next. Nothing calls 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,100 +25,23 @@ from typing import Any
 from kb.domain.records import Reply
 from kb.repo import runs
 from triage import observe, probes
-from triage.causes import BASELINE
+from triage.causes import BASELINE, reproduces
 from triage.engine import known_good
-from triage.engine.crashes import CRASH_KIND, crash_facts, report_of
+from triage.engine.crashes import CRASH_KIND, crash_facts
 from triage.engine.decide import Execution, Rules
-from triage.engine.eta import eta_bound
-from triage.engine.events import ArmSkipped, Event, LookStarted, ProgressEvent, RepliesIn
-from triage.engine.launches import LaunchPool, launch_rounds, memory_available
+from triage.engine.events import ArmSkipped, ProgressEvent
+from triage.engine.held_back import not_needed
+from triage.engine.launches import LaunchPool
 from triage.engine.plan import Plan, Skipped
+from triage.engine.progress import ExecuteOptions, Journal, Progress
 from triage.engine.recorder import Recorder
 from triage.engine.replayer import ArmRoute, LaunchEachTime, LlamaReplayer
 from triage.engine.reproduction import Signature, gate_message
-from triage.engine.scheduler import ArmState, Replayer, Scheduler
-from triage.engine.servers import Server, check_config, gateway_server, scrub_secrets
+from triage.engine.rounds import Rounds, safe_name
+from triage.engine.scheduler import ArmState, Replayer
+from triage.engine.servers import Server, check_config, gateway_server
 
-__all__ = [
-    "ExecuteOptions",
-    "Executor",
-    "Progress",
-    "gate",
-    "mark_died",
-    "note_failures",
-    "observe_arm",
-]
-
-QUIET_SECONDS = 30.0  # a progress line at least this often while replies come in
-
-
-@dataclass(frozen=True)
-class ExecuteOptions:
-    """What the executor needs of DiagnoseOptions."""
-
-    max_requests: int
-    seed: int
-    concurrency: int | None
-    request_timeout: float
-    ready_timeout: float
-    divergence_seeds: int
-    schedule: tuple[int, ...]
-
-
-class Progress:
-    """The progress sink: every event also beats the run's heartbeat (a run that stops
-    beating is taken as abandoned); probe events carry the bound on the time left."""
-
-    def __init__(self, fn: Callable[[Event], None], recorder: Recorder, options: ExecuteOptions):
-        self.fn = fn
-        self.recorder = recorder
-        self.options = options
-        self.execution: Execution | None = None
-        self.last_emit = time.monotonic()
-
-    def emit(self, event: Event) -> None:
-        self.recorder.heartbeat()
-        self.last_emit = time.monotonic()
-        if isinstance(event, LookStarted | RepliesIn):
-            event = dataclasses.replace(event, eta=self._eta())
-        self.fn(event)
-
-    def _eta(self) -> float | None:
-        """The bound on the time left: replays still possible x measured time per replay /
-        the replays each server runs at once."""
-        if self.execution is None:
-            return None
-        slots = {
-            key: self.options.concurrency or max(1, min(server.slots, 4))
-            for key, server in self.execution.servers.items()
-        }
-        bound = eta_bound(self.execution.arms.values(), self.options.max_requests, slots)
-        return None if bound is None else bound.seconds
-
-
-@dataclass
-class Journal:
-    """Stores each look's replies as they come in, their error text scrubbed of secret flag
-    values (a failed launch quotes its argv); says what came in when a server is slow."""
-
-    recorder: Recorder
-    secrets: list[str]
-    progress: Progress
-    execution: Execution
-
-    def write(self, replies: Sequence[Reply]) -> None:
-        if self.secrets:
-            replies = [
-                dataclasses.replace(r, error=scrub_secrets(r.error, self.secrets)) if r.error else r
-                for r in replies
-            ]
-        self.recorder.record_replies(replies)
-        if replies and time.monotonic() - self.progress.last_emit >= QUIET_SECONDS:
-            arm = self.execution.arms.get(replies[0].arm)
-            if arm is not None:
-                self.progress.emit(
-                    RepliesIn(arm.name, len(arm.replies), arm.failures, len(arm.replies) - arm.n)
-                )
+__all__ = ["Executor", "gate", "note_failures"]
 
 
 class Executor:
@@ -147,8 +68,16 @@ class Executor:
         self.progress = progress
         self.execution = Execution(plan, self._states(plan), crash=crash)
         progress.execution = self.execution
-        self.journal = Journal(recorder, secrets, progress, self.execution)
         self.rules = Rules(self.execution)
+        self.rounds = Rounds(
+            self.execution,
+            options,
+            replayer,
+            self.rules,
+            Journal(recorder, secrets, progress, self.execution),
+            progress,
+            exchange,
+        )
 
     @property
     def plan(self) -> Plan:
@@ -169,20 +98,6 @@ class Executor:
                 arm.replies.append(reply)
         return arms
 
-    def _scheduler(self) -> Scheduler:
-        looks = len(self.options.schedule)
-
-        def on_look(look: int, target: int, active: list[str]) -> None:
-            self.progress.emit(LookStarted(look + 1, looks, target, tuple(active)))
-
-        return Scheduler(
-            list(self.options.schedule),
-            self.options.max_requests,
-            judge=self.rules,
-            on_replies=self.journal.write,
-            on_look=on_look,
-        )
-
     # -- the run -----------------------------------------------------------------------------
     async def run(self, base: Server | None, log_dir: Path) -> Execution:
         if base is None:
@@ -201,7 +116,7 @@ class Executor:
             timeout=self.options.request_timeout,
         )
         for planned in self.plan.observe_only:
-            await self._observe(planned, base, base)
+            await self.rounds.observe(planned, base, base)
         if _base_failed(base):  # it crashed (or hung) on the observation requests
             await self._crash_mode_after(base, log_dir)
             return
@@ -215,11 +130,11 @@ class Executor:
             self.replayer.routes[planned.name] = ArmRoute(
                 target, planned.transform, stream=planned.stream
             )
-        rounds = self._server_rounds()
+        rounds = self.rounds.server_rounds()
         with LaunchPool(log_dir, self.options.ready_timeout) as pool:
             # The first round's servers start now, while the baseline and the request-level
             # arms replay on the incident's server; none replays before the gate passed.
-            self._start_round(pool, rounds[0] if rounds else [])
+            self.rounds.start_round(pool, rounds[0] if rounds else [])
             if not await self._reproduce(self.replayer):
                 return
             crashed = _base_failed(base)  # the baseline's replays crashed or hung it
@@ -227,15 +142,43 @@ class Executor:
                 # One run: the request-level arms and the first round's server-level arms,
                 # each joining as soon as its server is up, all busy at the same time.
                 first = rounds[0] if rounds else []
-                await self._run_round(pool, first, base, [p.name for p in request_arms])
+                await self.rounds.run_round(pool, first, base, [p.name for p in request_arms])
                 for names in rounds[1:]:
-                    self._start_round(pool, names)
-                    await self._run_round(pool, names, base)
+                    self.rounds.start_round(pool, names)
+                    await self.rounds.run_round(pool, names, base)
+                await self._run_held_back(pool, base)
         if crashed:
             await self._crash_mode_after(base, log_dir)
             return
         if self.plan.known_good:
             await self._known_good(base, log_dir)
+
+    async def _run_held_back(self, pool: LaunchPool, base: Server) -> None:
+        """The held-back arms (request-field ablation), only when the baseline reproduced
+        and no cause is confirmed after every other arm; else each is listed as skipped."""
+        plan = self.plan
+        if not plan.held_back:
+            return
+        outcomes = {n: a.outcome() for n, a in self.arms.items()}
+        why = not_needed(self.rules.verdicts(outcomes), reproduces(outcomes))
+        if why is not None or _base_failed(base):
+            why = why or "the incident's server crashed or hung"
+            skipped = [*plan.skipped, *(Skipped(p.name, why) for p in plan.held_back)]
+            self.execution.plan = dataclasses.replace(plan, skipped=tuple(skipped))
+            return
+        previous = self.recorder.previous_replies()
+        for planned in plan.held_back:
+            arm = ArmState(planned.name, planned.variant, "request", base.key, planned.decides)
+            arm.replies = [r for r in previous if r.arm == planned.name and not r.error]
+            arm.launch_seconds = base.launch_seconds
+            self.arms[planned.name] = arm
+            self.replayer.routes[planned.name] = ArmRoute(base, planned.transform)
+        held = {p.name: p for p in plan.held_back}
+        self.execution.plan = dataclasses.replace(plan, arms={**plan.arms, **held})
+        self.progress.emit(
+            ProgressEvent("plan", "no cause confirmed: request-field ablation: " + ", ".join(held))
+        )
+        await self.rounds.run_round(pool, [], base, list(held))
 
     def _skip_unmet(self) -> None:
         """Drop the arms whose precondition the observations refute (e.g. thinking-off when
@@ -276,54 +219,6 @@ class Executor:
         skipped.append(Skipped(name, why))
         self.progress.emit(ArmSkipped(name, why))
 
-    def _server_rounds(self) -> list[list[str]]:
-        """The server-level arms still to run, in rounds whose servers fit in memory together
-        (launches.launch_rounds)."""
-        todo = [
-            (planned.name, planned.config)
-            for planned in self.plan.server_arms
-            if planned.config is not None
-            and self.arms[planned.name].decision in ("not-run", "undecided")
-            and not self.arms[planned.name].error
-        ]
-        return launch_rounds(todo, memory_available())
-
-    def _start_round(self, pool: LaunchPool, names: Sequence[str]) -> None:
-        for name in names:
-            config = self.plan.arms[name].config
-            assert config is not None
-            self.progress.emit(ProgressEvent("launch", f"starting server for {name}"))
-            pool.start(name, config, _safe(name))
-
-    async def _run_round(
-        self, pool: LaunchPool, names: Sequence[str], base: Server, request: Sequence[str] = ()
-    ) -> None:
-        """One scheduler run of the `request` arms and of the server-level arms `names`
-        (started in `pool`), each joining when its server is up; an arm whose server failed
-        to start is errored. Their servers are stopped when the run ends."""
-        joining = {name: self._join(pool, name, base) for name in names}
-        try:
-            if request or names:
-                await self._scheduler().run(self.arms, [*request, *names], self.replayer, joining)
-        finally:
-            for name in names:
-                pool.launches[name].stop()
-
-    async def _join(self, pool: LaunchPool, name: str, base: Server) -> bool:
-        """Wait for the arm's server, observe it (the arm's hook), route the arm to it."""
-        planned, arm = self.plan.arms[name], self.arms[name]
-        try:
-            server = await asyncio.wrap_future(pool.launches[name].future)
-            arm.launch_seconds = server.launch_seconds
-            self.execution.servers[server.key] = server
-            if planned.observe is not None:
-                await self._observe(planned, base, server)
-            self.replayer.routes[name] = ArmRoute(server, planned.transform)
-        except Exception as exc:  # noqa: BLE001 - a failed launch is an errored arm
-            mark_died(arm, exc, self.execution.facts)
-            return False
-        return True
-
     async def _known_good(self, base: Server, log_dir: Path) -> None:
         """Delta debugging towards the known-good configuration, one arm at a time, each
         decided like any server-level arm (triage.engine.known_good says which is next)."""
@@ -336,8 +231,8 @@ class Executor:
                 self.plan, arms={**self.plan.arms, step.name: planned}
             )
             with LaunchPool(log_dir, self.options.ready_timeout) as pool:
-                self._start_round(pool, [step.name])
-                await self._run_round(pool, [step.name], base)
+                self.rounds.start_round(pool, [step.name])
+                await self.rounds.run_round(pool, [step.name], base)
             decisions[step.name] = self.arms[step.name].decision
         self.execution.facts["known-good-search"] = known_good.result(dims, decisions)
 
@@ -379,7 +274,7 @@ class Executor:
             config = stack.server if name == BASELINE else planned.config
             router.routes[name] = LaunchEachTime(
                 config,
-                log_dir / _safe(name),
+                log_dir / safe_name(name),
                 self.options.ready_timeout,
                 self.plan.request,
                 self.options.seed,
@@ -390,13 +285,13 @@ class Executor:
             return
         for planned in self.plan.server_arms:
             self.progress.emit(ProgressEvent("launch", f"launching {planned.name} once per replay"))
-            await self._scheduler().run(self.arms, [planned.name], router)
+            await self.rounds.scheduler().run(self.arms, [planned.name], router)
 
     # -- the reproduction gate ----------------------------------------------------------------
     async def _reproduce(self, replayer: Replayer, gate: bool = True) -> bool:
         """The reproduction gate: the baseline's first look must show the captured failure
         signature; otherwise no arm runs and no cause moves."""
-        await self._scheduler().baseline_look(self.arms, self.options.schedule[0], replayer)
+        await self.rounds.scheduler().baseline_look(self.arms, self.options.schedule[0], replayer)
         return self._gate() if gate else True
 
     def _gate(self) -> bool:
@@ -407,20 +302,6 @@ class Executor:
         return bool(reproduction["reproduced"])
 
     # -- servers and observations -------------------------------------------------------------
-    async def _observe(self, planned: probes.PlannedArm, base: Server, server: Server) -> None:
-        context = probes.ObserveContext(
-            base,
-            server,
-            self.plan.request,
-            self.options.seed,
-            self.options.request_timeout,
-            self.options.divergence_seeds,
-            exchange=self.exchange or None,
-            client_side=gateway_server(self.plan.stack, base),
-        )
-        facts = await observe_arm(planned, context)
-        if facts:
-            self.execution.facts[str(facts["name"])] = facts
 
 
 def _base_failed(base: Server) -> bool:
@@ -438,25 +319,6 @@ class _Router:
 
     async def replay(self, arm: str, indices: Sequence[int]) -> list[Reply]:
         return list(await self.routes[arm].replay(arm, indices))
-
-
-def _safe(name: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
-
-
-def mark_died(arm: ArmState, exc: BaseException, facts: dict[str, dict[str, Any]]) -> None:
-    """An arm whose server failed to start (or died) is errored; its CrashReport, when
-    the launcher has one, is the error's text and an observation of its own."""
-    report = report_of(exc)
-    if report is not None:
-        crash = crash_facts(report)
-        name = f"{arm.name}-{crash['name']}"
-        facts[name] = {**crash, "name": name, "arm": arm.name}
-    if not arm.error:
-        arm.error = report.sentence() if report is not None else f"{type(exc).__name__}: {exc}"
-        arm.log_tail = str(getattr(exc, "log_tail", ""))
-        arm.decision = "errored"
-        arm.stopped = "server failed"
 
 
 def note_failures(execution: Execution) -> None:
@@ -488,17 +350,3 @@ def gate(signature: Signature, arms: dict[str, ArmState]) -> dict[str, Any]:
         "message": message or "the baseline reproduces the captured failure",
         "signature": signature.to_dict(),
     }
-
-
-async def observe_arm(
-    planned: probes.PlannedArm, context: probes.ObserveContext
-) -> dict[str, Any] | None:
-    """The arm's observation hook's facts (named after the arm); a hook that fails is
-    recorded as an observation with its error, not fatal."""
-    assert planned.observe is not None
-    facts: dict[str, Any] | None
-    try:
-        facts = await planned.observe(context)
-    except Exception as exc:  # noqa: BLE001 - an observation is recorded, not fatal
-        facts = {"name": f"{planned.name}-observation", "error": f"{type(exc).__name__}: {exc}"}
-    return {"name": planned.name, **facts} if facts else None

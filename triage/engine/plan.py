@@ -13,6 +13,7 @@ from typing import Any
 from kb.jsontypes import JsonObject
 from triage import probes
 from triage.causes import BASELINE
+from triage.engine.held_back import is_held_back
 from triage.engine.scheduler import ArmState
 from triage.stackfile import Stack
 
@@ -42,6 +43,8 @@ class Plan:
     crashed: bool = False
     arms: dict[str, probes.PlannedArm] = field(default_factory=dict)  # the arms to replay
     observe_only: tuple[probes.PlannedArm, ...] = ()  # `when = "observe"`: a hook, no replays
+    # Arms run only when nothing else explains the failure (request-field ablation).
+    held_back: tuple[probes.PlannedArm, ...] = ()
     skipped: tuple[Skipped, ...] = ()
     # Dimensions where the failing and the known-good configuration differ.
     known_good: dict[str, tuple[Any, Any]] = field(default_factory=dict)
@@ -100,11 +103,16 @@ def _arrange(
 ) -> Plan:
     chosen: dict[str, probes.PlannedArm] = {}
     observe_only: list[probes.PlannedArm] = []
+    held_back: list[probes.PlannedArm] = []
     skipped = list(not_planned)
     for planned in every:
         if planned.when == "observe":
             if planned.observe is not None and not crashed:
                 observe_only.append(planned)
+            continue
+        if is_held_back(planned):
+            if not crashed:
+                held_back.append(planned)
             continue
         if planned.name != BASELINE and (
             (planned.when == "crash" and not crashed) or (crashed and planned.level == "request")
@@ -127,6 +135,7 @@ def _arrange(
         crashed=crashed,
         arms=chosen,
         observe_only=tuple(observe_only),
+        held_back=tuple(held_back),
         skipped=tuple(skipped),
         known_good={} if crashed else probes.known_good_dimensions(stack),
     )

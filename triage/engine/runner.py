@@ -27,10 +27,11 @@ from triage.engine import resuming
 from triage.engine.crashes import report_of, startup_crash
 from triage.engine.decide import decide
 from triage.engine.events import ArmsPlanned, Event, ProgressEvent, ProgressFn
-from triage.engine.execute import ExecuteOptions, Executor, Progress, note_failures
+from triage.engine.execute import Executor, note_failures
 from triage.engine.naming import ModelIdentity, identity_from_file, url_model_identity
 from triage.engine.pacing import PaceOptions, ServerPace
 from triage.engine.plan import Plan, plan
+from triage.engine.progress import ExecuteOptions, Progress
 from triage.engine.record import record
 from triage.engine.recorder import Recorder
 from triage.engine.replayer import LlamaReplayer
@@ -51,6 +52,7 @@ from triage.engine.servers import (
 )
 from triage.llama.endpoints import body_problem
 from triage.llama.flags import flag_error_line
+from triage.llama.model_lint import lint_findings
 from triage.stackfile import Stack
 from triage.stats import DEFAULT_CAP, look_schedule
 
@@ -102,6 +104,9 @@ class Diagnoser:
         self.request = copy.deepcopy(request)
         self.exchange = exchange or {}
         self.findings = findings or []
+        # The captured failure the baseline must reproduce (the model-file lint's findings,
+        # added once the server started, do not change it).
+        self.signature = Signature.from_findings(self.findings, self.exchange)
         self.incident_slug = incident
         self.options = options or DiagnoseOptions()
         if stack.max_requests and self.options.max_requests == DEFAULT_CAP:
@@ -146,6 +151,7 @@ class Diagnoser:
             # The incident's server starts before anything is recorded: a launch that fails
             # leaves no incident and no run behind.
             base = self._launch_base(servers)
+            self._lint_model(base)  # model-file lint, before any replay (issue 23)
             chosen = self.plan if base is not None else self.plan.for_crash()
             # From here on the run row exists: whatever stops the run -- Ctrl-C in any
             # phase (plan, observation, reproduction gate, arms, recording the result) or
@@ -199,7 +205,7 @@ class Diagnoser:
         executor = Executor(
             chosen,
             exchange=self.exchange,
-            signature=Signature.from_findings(self.findings, self.exchange),
+            signature=self.signature,
             options=self.progress.options,
             replayer=replayer,
             recorder=self.recorder,
@@ -213,6 +219,14 @@ class Diagnoser:
                 # The observation requests measure the server's speed first (pacing).
                 base.pace = ServerPace(replayer.pace_options)
         return executor
+
+    def _lint_model(self, base: Server | None) -> None:
+        """The model-file lint findings (GGUF metadata and the server's own log) join the
+        diagnosis's findings; the reproduction signature stays the captured exchange's."""
+        log = getattr(getattr(base, "handle", None), "log_path", None) if base else None
+        extra = lint_findings(self.stack.server, self.request, log)
+        known = {f.get("kind") for f in self.findings}
+        self.findings = [*self.findings, *(f for f in extra if f["kind"] not in known)]
 
     def _prepare(self, plan: Plan) -> None:
         server = self.stack.server

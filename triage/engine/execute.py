@@ -39,7 +39,7 @@ from triage.engine.replayer import ArmRoute, LaunchEachTime, LlamaReplayer
 from triage.engine.reproduction import Signature, gate_message
 from triage.engine.rounds import Rounds, safe_name
 from triage.engine.scheduler import ArmState, Replayer
-from triage.engine.servers import Server, check_config, gateway_server
+from triage.engine.servers import EngineError, Server, check_config, gateway_server
 
 __all__ = ["Executor", "gate", "note_failures"]
 
@@ -207,9 +207,12 @@ class Executor:
                 if not self.arms[name].replies:  # a resumed run keeps what it recorded
                     self._drop(arms, skipped, name, outcome)
                 continue
-            check_config(outcome, f"arm {name}")
-            arms[name] = dataclasses.replace(planned, config=outcome)
-            self.arms[name].group = outcome.key()
+            if outcome.config is None:
+                raise EngineError(f"arm {name}: configured without a server configuration")
+            check_config(outcome.config, f"arm {name}")
+            arms[name] = outcome
+            self.arms[name].group = outcome.config.key()
+            self.arms[name].variant = outcome.variant
         self.execution.plan = dataclasses.replace(plan, arms=arms, skipped=tuple(skipped))
 
     def _drop(

@@ -130,6 +130,25 @@ def raised_config(server: ServerConfig, facts: Mapping[str, Any]) -> ServerConfi
     return server.with_args(raised_args(server.args, size, context))
 
 
+def raised_arm(server: ServerConfig, facts: Mapping[str, Any]) -> PlannedArm | str:
+    """The ubatch-raised arm as it launches (raised_config), its variant naming the sizes."""
+    config = raised_config(server, facts)
+    if isinstance(config, str):
+        return config
+    tokens = (facts.get(INPUTS) or {}).get("longest_tokens")
+    size = physical_batch(config.args)
+    context = flag_value(config.args, ("-c", "--ctx-size"))
+    raised_ctx = context != flag_value(server.args, ("-c", "--ctx-size"))
+    return PlannedArm(
+        RAISED,
+        f"-ub/-b {size} (the longest input is {tokens} tokens)"
+        + (f", -c {context} (the slot's context was smaller)" if raised_ctx else ""),
+        "server",
+        (CAUSE,),
+        config=config,
+    )
+
+
 @dataclass(frozen=True)
 class EmbeddingInputs:
     """Observation-only arm: the inputs' tokens on the incident's server."""
@@ -187,7 +206,7 @@ class UbatchRaised:
             "server",
             (CAUSE,),
             config=server.with_args(raised_args(server.args, guess, None)),
-            configure=partial(raised_config, server),
+            configure=partial(raised_arm, server),
         )
 
 

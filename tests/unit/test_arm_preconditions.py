@@ -85,13 +85,13 @@ def test_preconditions_can_be_switched_off_to_measure_what_they_save(
     off = {"template-render": {"name": "template-render", "thinking_on": False}}
     kept = []
     for check in (True, False):
-        diagnoser = Diagnoser(
-            store, stack, CHAT, options=DiagnoseOptions(check_preconditions=check)
-        )
+        options = DiagnoseOptions(check_preconditions=check)
+        diagnoser = Diagnoser(store, stack, CHAT, options=options)
         diagnoser.identity = ModelIdentity("m")
-        diagnoser._prepare()
-        diagnoser._plan()
-        diagnoser.facts.update(off)
-        diagnoser._skip_unmet()
-        kept.append("thinking-off" in diagnoser.arms)
+        assert "thinking-off" in diagnoser.plan.arms
+        diagnoser._prepare(diagnoser.plan)
+        executor = diagnoser._executor(diagnoser.plan, None)
+        executor.execution.facts.update(off)
+        executor._skip_unmet()
+        kept.append("thinking-off" in executor.plan.arms)
     assert kept == [False, True]

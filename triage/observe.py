@@ -14,8 +14,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage import probes
+from triage.llama.client import LlamaClient, LlamaClientError
 from triage.llama.endpoints import Endpoint, endpoint_of
+from triage.llama.gguf_meta import read_gguf_meta
 
 
 def message_of(body: Any) -> dict[str, Any]:
@@ -134,7 +137,7 @@ def observation_summary(name: str, facts: dict[str, Any]) -> str:
     return f"{name}: {json.dumps(facts, default=str)[:200]}"
 
 
-def request_limits(request: dict[str, Any], props: Any) -> dict[str, Any]:
+def request_limits(request: JsonObject, props: Any) -> dict[str, Any]:
     """The request's token limit against the slot's context (/props `n_ctx`)."""
     settings = props.get("default_generation_settings") if isinstance(props, dict) else None
     n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
@@ -146,11 +149,9 @@ def request_limits(request: dict[str, Any], props: Any) -> dict[str, Any]:
 
 
 async def observe_server(
-    server: Any, request: dict[str, Any], observations: dict[str, Any], *, seed: int, timeout: float
+    server: Any, request: JsonObject, observations: dict[str, Any], *, seed: int, timeout: float
 ) -> None:
     """Server props, the template render of the request, and a determinism check."""
-    from triage.llama.client import LlamaClient, LlamaClientError
-
     client = LlamaClient(server.base_url, timeout=timeout, api_key=getattr(server, "api_key", None))
     try:
         try:
@@ -193,6 +194,8 @@ async def observe_server(
         texts = []
         # With the server's pace (triage.engine.pacing), these two replies are also its
         # first speed measurement, and a slow server is waited for while it progresses.
+        # Imported here: triage.engine (its package __init__ loads the runner) imports this
+        # module, so a top-level import would close a circle.
         from triage.engine.pacing import ReplayTimeout, timed_chat
 
         pace = getattr(server, "pace", None)
@@ -218,15 +221,13 @@ async def observe_server(
 async def spec_divergence(
     spec_server: Any,
     plain_server: Any,
-    request: dict[str, Any],
+    request: JsonObject,
     *,
     seed: int,
     seeds: int,
     timeout: float,
 ) -> dict[str, Any]:
     """Committed token streams with and without speculative decoding at fixed seeds."""
-    from triage.llama.client import LlamaClient, LlamaClientError
-
     clients = [
         LlamaClient(s.base_url, timeout=timeout, api_key=getattr(s, "api_key", None))
         for s in (spec_server, plain_server)
@@ -264,12 +265,9 @@ async def spec_divergence(
 
 
 async def weights_confounder(
-    incident_server: Any, alt_server: Any, request: dict[str, Any], *, timeout: float
+    incident_server: Any, alt_server: Any, request: JsonObject, *, timeout: float
 ) -> dict[str, Any]:
     """What else differs between the incident weights and the alternate weights."""
-    from triage.llama.client import LlamaClient, LlamaClientError
-    from triage.llama.gguf_meta import read_gguf_meta
-
     facts: dict[str, Any] = {"name": "weights-confounder"}
     differs: list[str] = []
     metas: list[Any] = []

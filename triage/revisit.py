@@ -21,12 +21,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from kb.jsontypes import JsonObject
 from kb.models import utcnow
 from kb.repo import decisions as kb_decisions
 from kb.repo.decisions import DecisionError
 from kb.repo.store import Store, add_evidence, require_incident
 from triage.engine import replay_rate as engine_replay_rate
 from triage.engine.servers import safe_describe
+from triage.llama.build import binary_build_info, find_server_binary
 from triage.probes import request_arms
 from triage.stackfile import Stack, load_stack
 
@@ -59,7 +61,7 @@ class ReplayRate(Protocol):
     def __call__(
         self,
         stack: Stack,
-        request_bodies: list[dict[str, Any]],
+        request_bodies: list[JsonObject],
         *,
         max_requests: int,
         baseline: tuple[int, int] | None = None,
@@ -169,8 +171,6 @@ def _stack_facts(stack: Stack) -> dict[str, Any]:
     if stack.server.url and model is None:
         return facts  # a running server: its build comes from the replies, if at all
     try:
-        from triage.llama.build import binary_build_info, find_server_binary
-
         binary = stack.server.binary
         if binary is None or "/" not in str(binary):
             found = shutil.which(str(binary)) if binary is not None else None
@@ -264,7 +264,7 @@ def _plan(store: Store, slug: str, stack_path: Path | None) -> _Plan:
 def _probe_payloads(
     replay: ReplayRate,
     stack: Stack,
-    bodies: list[dict[str, Any]],
+    bodies: list[JsonObject],
     plan: _Plan,
     after: dict[str, Any],
     *,

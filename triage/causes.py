@@ -118,7 +118,8 @@ class Cause(Protocol):
     """What a cause plugin implements (register it with `catalogue.causes.add(obj)`).
 
     - `id`: stable string id (files, JSON, tests); `number`: stable bit position in stored
-      family bit sets (never reuse or move one; plugins pick numbers >= 64);
+      family bit sets, declared in the cause's own file (never reuse or move one;
+      built-ins 0..31, plugins from 32: triage/plugin_api.py);
     - `title`, `mechanism`, `decided_by`: text for the diagnosis, UI and retrospective;
     - `retrospective`: how a retrospective words the cause once confirmed ("what happened");
     - `decide(arms, observations) -> Verdict`: the rule. `arms` maps arm names (the baseline

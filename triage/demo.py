@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from kb.store import Store, data_dir
+from triage.catalogue import catalogue
 from triage.engine import DiagnoseOptions, ProgressFn, diagnose, open_server
 from triage.llama.crash import CrashReport
 from triage.stackfile import load_stack
@@ -162,7 +163,7 @@ def _run(
             with store.session(readonly=True) as session:
                 have = get_incident(session, "2026-06-10-gemma4-empty-response") is not None
             if not have:
-                import_paths(store, [REPO_INCIDENTS])
+                import_paths(store, [REPO_INCIDENTS], causes=catalogue().causes.ids())
         return diagnose(
             store,
             load_stack(stack_path),

@@ -14,7 +14,7 @@ import click
 from sqlalchemy.exc import SQLAlchemyError
 
 from kb.store import Store, StoreError, database_url, describe_db_error, redact_url
-from triage.catalogue import CatalogueError
+from triage.catalogue import CatalogueError, catalogue
 from triage.catalogue.numbering import check_store_numbering
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -34,7 +34,7 @@ def open_store(ctx: click.Context) -> Iterator[Store]:
             f"{describe_db_error(exc)}"
         ) from None
     try:
-        check_store_numbering(store)  # before any stored bit mask is read or written
+        check_store_numbering(store, catalogue())  # before any stored bit mask is read or written
     except CatalogueError as exc:
         store.close()
         raise click.ClickException(

@@ -23,6 +23,8 @@ from kb.family import (
 from kb.models import INCIDENT_STATUSES
 from kb.search import HIGHLIGHT_END, HIGHLIGHT_START, SearchHit, search
 from kb.store import Store, StoreError, get_incident
+from triage.catalogue import catalogue
+from triage.catalogue.numbering import vocabulary
 from triage.commands import echo_json, open_store
 
 _HIGHLIGHT = re.compile(f"{HIGHLIGHT_START}(.*?){HIGHLIGHT_END}", re.S)
@@ -300,7 +302,7 @@ def _check_target(store: Store, target: str, link: bool) -> bool:
     with store.session() as session:
         incident = get_incident(session, target)
         # Signatures stay correct without this; a refresh makes matching one SQL scan.
-        refresh_signatures(session)
+        refresh_signatures(session, vocabulary=vocabulary(catalogue()))
     if incident is None and not Path(target).is_file():
         raise click.ClickException(f"{target!r} is neither a stored incident nor a file")
     if incident is None and link:

@@ -22,7 +22,6 @@ from sqlmodel import Session, col, select
 from kb import decisions as kb_decisions
 from kb import search as kb_search
 from kb.models import (
-    CAUSE_CATALOGUE_IDS,
     CAUSE_STATUSES,
     DECISION_KINDS,
     INCIDENT_STATUSES,
@@ -53,7 +52,7 @@ def _store_for(url: str) -> Store:
     try:
         # The installed catalogue (plugins included) must agree with the numbers this
         # database recorded before any stored bit mask is read: as the CLI checks.
-        check_store_numbering(store)
+        check_store_numbering(store, process_catalogue())
     except Exception:
         store.close()
         raise
@@ -293,11 +292,11 @@ def family_members(session: Session, key: str) -> set[int]:
     return set()
 
 
-def filter_choices() -> dict[str, tuple[str, ...]]:
-    """The fixed vocabularies the filters offer."""
+def filter_choices(causes: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """The vocabularies the filters offer; `causes` is the catalogue's full list."""
     return {
         "statuses": INCIDENT_STATUSES,
-        "causes": CAUSE_CATALOGUE_IDS,
+        "causes": causes,
         "cause_statuses": CAUSE_STATUSES,
         "decisions": DECISION_KINDS,
     }

@@ -6,7 +6,7 @@ server crashes or hangs (triage/engine/arms/crash_variants.py):
 - cpu-threads: a multi-threaded CPU kernel (a race between compute threads); with one
   thread the server starts and serves.
 
-Built-in numbers 15 and 16 (kb.vocab); plugins number from 32.
+Built-in numbers 15 and 16, declared below (triage/plugin_api.py).
 """
 
 from __future__ import annotations

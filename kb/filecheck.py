@@ -1,6 +1,6 @@
 """Checks of an incident record that JSON Schema cannot express (ids, links, history,
 dates, plain data), and the error every incident-file check raises. Split from
-kb/files.py; `kb.files.RecordError` is the same class."""
+kb/files.py; `kb.repo.files.RecordError` is the same class."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from datetime import date, datetime
 from functools import partial
 from typing import Any
 
-from kb.filerecord import parse_timestamp
-from kb.store import StoreError
+from kb.repo.filerecord import parse_timestamp
+from kb.repo.store import StoreError
 
 
 class RecordError(StoreError):

@@ -11,7 +11,7 @@ A trigger is a dict as in the incident files (`kind` first, extra keys kept), e.
     pin         at PARKED time, fill in what "new" means now (the build, the weights hash)
     check       -> TriggerState: has it fired, given the evidence before and after?
 
-`TriggerKinds` is the registry kb.decisions reads; `BUILTIN_KINDS` holds the four kinds
+`TriggerKinds` is the registry kb.repo.decisions reads; `BUILTIN_KINDS` holds the four kinds
 below. triage's catalogue exposes the same registry as `catalogue().triggers`: this module's
 `register(catalogue)` is the entry point that adds the built-ins, and a plugin adds a kind
 with one module of its own. kb functions take the registry as `trigger_kinds` (default:
@@ -30,7 +30,7 @@ from sqlmodel import Session, col, select
 
 from kb import vocab
 from kb.models import Evidence, Incident
-from kb.store import StoreError
+from kb.repo.store import StoreError
 
 __all__ = [
     "BUILTIN_KINDS",

@@ -5,7 +5,7 @@ check's number in the entry's own file (triage/plugin_api.py) and passes them in
 `Vocabulary`; kb keeps the record and the bits:
 
 - `record_vocabulary` records the numbers not stored yet (table `vocabnumber`) in the
-  transaction that uses them (`kb.family.refresh_signatures(..., vocabulary=...)`), after
+  transaction that uses them (`kb.repo.family.refresh_signatures(..., vocabulary=...)`), after
   refusing a vocabulary whose numbers moved against the record (`check_numbers`). Rows of
   `incidentsignature` that hold a newly numbered id as text are marked stale, so a new id
   needs no migration.
@@ -41,7 +41,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Field, Session, SQLModel, select
 
 from kb.models import utcnow
-from kb.store import StoreError
+from kb.repo.store import StoreError
 
 __all__ = [
     "BIT_LIMIT",
@@ -64,7 +64,7 @@ SECTIONS = ("cause", "check")
 BIT_LIMIT = 63
 
 # Keys of a stack dict or an evidence payload that carry a llama-server build ("b11434-abc",
-# 11434) or a weights-file hash, in order of preference (kb.family reads the first present;
+# 11434) or a weights-file hash, in order of preference (kb.repo.family reads the first present;
 # kb.triggers searches payloads for all). `sha256` alone is not one: captures use it for
 # the hash of the raw capture.
 BUILD_KEYS = ("server_build", "build", "build_info", "build_number", "system_fingerprint")
@@ -98,7 +98,7 @@ class VocabNumber(SQLModel, table=True):
 
 
 _TABLE = VocabNumber.__table__  # type: ignore[attr-defined]
-# The columns of kb.family's signature table that this module marks stale (kb.family
+# The columns of kb.repo.family's signature table that this module marks stale (it
 # imports this module, not the reverse).
 _SIGNATURES = table(
     "incidentsignature",

@@ -164,7 +164,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 @pytest.fixture
 def store(db_url: str):  # type: ignore[no-untyped-def]
     """A migrated Store on `db_url`, disposed after the test."""
-    from kb.store import Store
+    from kb.repo.store import Store
 
     kb_store = Store(db_url)
     try:

@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from kb.store import Store, data_dir
+from kb.repo.store import Store, data_dir
 from triage.catalogue import catalogue
 from triage.engine import DiagnoseOptions, ProgressFn, diagnose, open_server
 from triage.llama.crash import CrashReport
@@ -157,8 +157,8 @@ def _run(
     store = Store(database)
     try:
         if REPO_INCIDENTS.is_dir():
-            from kb.files import import_paths
-            from kb.store import get_incident
+            from kb.repo.files import import_paths
+            from kb.repo.store import get_incident
 
             with store.session(readonly=True) as session:
                 have = get_incident(session, "2026-06-10-gemma4-empty-response") is not None

@@ -1,6 +1,6 @@
 """The cause graph: incidents, symptoms, causes, probes, evidence and decisions (networkx).
 
-Pure: built from an incident record (the dict `kb.files.load_record` returns, the same
+Pure: built from an incident record (the dict `kb.repo.files.load_record` returns, the same
 shape as an incident file's front matter), exported to DOT for the UI and summarised
 for the diagnosis.
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from triage import probes
+from triage.llama.endpoints import Endpoint, endpoint_of
 
 
 def message_of(body: Any) -> dict[str, Any]:
@@ -170,6 +171,8 @@ async def observe_server(
             observations["request-limits"] = request_limits(request, props)
         except LlamaClientError as exc:
             observations["server-props"] = {"name": "server-props", "error": str(exc)}
+        if endpoint_of(request) is not Endpoint.CHAT:
+            return  # an embeddings/rerank request renders no chat template, generates no text
         try:
             rendered = await client.apply_template(probes.template_body(request))
             off = await client.apply_template(probes.template_body(probes.thinking_off(request)))

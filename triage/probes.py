@@ -15,7 +15,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from triage.catalogue import catalogue
+# The module, not its function: `catalogue()` is read at call time (tests swap it).
+import triage.catalogue
+from triage.llama.endpoints import Endpoint, endpoint_of
 from triage.stackfile import ServerConfig, Stack, split_spec_flags
 
 NO_THINK_SUFFIX = " /no_think"
@@ -47,6 +49,9 @@ class ObserveContext:
     # The captured exchange (its stored dict form) when the run has one: observation
     # hooks may compare it with what the server answers (client-handling does).
     exchange: dict[str, Any] | None = None
+    # Where the client's requests went: the stack's `[gateway]` when it has one (a
+    # triage.engine.servers.Server), else None (the incident's server itself).
+    client_side: Any = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,10 @@ class PlannedArm:
     # bypassing the gateway). `stream`: replay streamed (SSE) instead of non-streamed.
     endpoint: str = "client"
     stream: bool = False
+    # A server-level arm whose launch depends on what the incident's server measured (the
+    # tokens of the longest embeddings input): called with the observations before the arm
+    # launches; returns the configuration to launch, or why the arm cannot matter (skipped).
+    configure: Callable[[Mapping[str, Any]], ServerConfig | str] | None = None
 
 
 @runtime_checkable
@@ -133,16 +142,32 @@ class RequestArm:
 NOT_APPLICABLE = "does not apply to this stack and request"
 
 
+def serves_endpoint(arm: Any, request: Mapping[str, Any]) -> bool:
+    """Can a request-level arm vary this request? An /v1/embeddings or /v1/rerank request
+    only by the arms that say so (`endpoints`): the others vary what only a chat completion
+    has (thinking, max_tokens, tools, history)."""
+    endpoint = endpoint_of(request)
+    if endpoint is Endpoint.CHAT or arm.level != "request":
+        return True
+    return endpoint.name.lower() in tuple(getattr(arm, "endpoints", ()) or ())
+
+
+def _chat_only(request: Mapping[str, Any]) -> str:
+    return f"varies a chat completion; the request is for {endpoint_of(request).path}"
+
+
 def skipped_arms(
     stack: Stack, request: dict[str, Any], arms: Iterable[Any] | None = None
 ) -> list[tuple[str, str]]:
     """(arm, why) for every catalogue arm that this stack and request do not plan: the
     arm's declared `precondition` (what it needs to matter), else a generic reason."""
     if arms is None:
-        arms = list(catalogue().arms)
+        arms = list(triage.catalogue.catalogue().arms)
     out = []
     for arm in sorted(arms, key=lambda a: (a.level != "request", int(getattr(a, "order", 100)))):
-        if arm.plan(stack, request) is None:
+        if not serves_endpoint(arm, request):
+            out.append((str(arm.id), _chat_only(request)))
+        elif arm.plan(stack, request) is None:
             why = str(getattr(arm, "precondition", "") or NOT_APPLICABLE)
             out.append((str(arm.id), why))
     return out
@@ -246,14 +271,16 @@ def plan_arms(
     baseline; request-level arms first. An arm also decides every cause that declares
     itself `removed_by` it (triage.causes.CauseRule), whether or not the arm names it."""
     if arms is None:
-        arms = list(catalogue().arms)
+        arms = list(triage.catalogue.catalogue().arms)
     removed_by: dict[str, list[str]] = {}
-    for cause in catalogue().causes if causes is None else causes:
+    for cause in triage.catalogue.catalogue().causes if causes is None else causes:
         for arm_id in getattr(cause, "removed_by", ()):
             removed_by.setdefault(arm_id, []).append(cause.id)
     chosen = sorted(arms, key=lambda a: (a.level != "request", int(getattr(a, "order", 100))))
     planned = [BASELINE_ARM]
     for arm in chosen:
+        if not serves_endpoint(arm, request):
+            continue
         item = arm.plan(stack, request)
         if item is not None:
             if item.level == "server" and item.config is None:

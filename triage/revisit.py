@@ -21,10 +21,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from kb import decisions as kb_decisions
-from kb.decisions import DecisionError
 from kb.models import utcnow
-from kb.store import Store, add_evidence, require_incident
+from kb.repo import decisions as kb_decisions
+from kb.repo.decisions import DecisionError
+from kb.repo.store import Store, add_evidence, require_incident
 from triage.engine import replay_rate as engine_replay_rate
 from triage.engine.servers import safe_describe
 from triage.probes import request_arms

@@ -22,10 +22,11 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from kb.flags import DRAFT_MODEL_FLAGS, SPEC_PREFIXES, SPEC_SWITCH_FLAGS, SPEC_VALUE_FLAGS
+from kb.domain.flags import DRAFT_MODEL_FLAGS, SPEC_PREFIXES, SPEC_SWITCH_FLAGS, SPEC_VALUE_FLAGS
 
 # Flags that switch speculative decoding on or configure it: `spec-off` strips them. The
-# vocabulary lives in kb.flags (kb.family reads it too); the names stay importable from here.
+# vocabulary lives in kb.domain.flags (kb.repo.family reads it too); the names stay importable
+# from here.
 # Flags whose value is a file: relative values resolve against the stack file's folder.
 PATH_VALUE_FLAGS = {
     "-md",

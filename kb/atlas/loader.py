@@ -24,8 +24,8 @@ import yaml
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from kb.fileio import InputTooLarge, load_yaml, read_bounded, write_atomic
-from kb.store import data_dir
+from kb.repo.fileio import InputTooLarge, load_yaml, read_bounded, write_atomic
+from kb.repo.store import data_dir
 
 __all__ = [
     "ATLAS_PATH_ENV",
@@ -337,7 +337,7 @@ def load_atlas(paths: Sequence[str | os.PathLike[str]] | None = None) -> tuple[A
 # --------------------------------------------------------------------------- import
 # `triage atlas import DIR`: every file of DIR is read and schema-checked first; one bad file
 # refuses the whole import (the error names it) and nothing is written. Each file is then
-# written through `kb.fileio.write_atomic` (exclusive temporary file, rename), so a reader
+# written through `kb.repo.fileio.write_atomic` (exclusive temporary file, rename), so a reader
 # of the team folder never sees half a file.
 
 

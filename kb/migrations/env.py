@@ -1,4 +1,4 @@
-"""Alembic environment: uses the engine handed over by kb.migrate (no alembic.ini)."""
+"""Alembic environment: uses the engine handed over by kb.repo.migrate (no alembic.ini)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 `generate(store, incidents=100_000, evidence=1_000_000)` writes incidents with symptoms
 (finding kinds), causes (catalogue ids, statuses, rationales, status history, evidence
 links), evidence (probe results, measurements, log lines with numbers), decisions and some
-family links, in batches through kb.bench_data (SQLAlchemy core executemany), then builds
+family links, in batches through kb.repo.bench_data (SQLAlchemy core executemany), then builds
 the search index and family signatures. Deterministic for a given seed.
 
 Also a script: `python tests/bench/datagen.py --url sqlite:///bench.db --incidents 10000`.
@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 from datetime import date, datetime, timedelta, timezone
 from typing import Any
 
-from kb.bench_data import Batch, empty_batch, load
-from kb.store import Store
+from kb.repo.bench_data import Batch, empty_batch, load
+from kb.repo.store import Store
 from triage import symptoms
 from triage.catalogue import catalogue
 from triage.catalogue.numbering import vocabulary
@@ -503,7 +503,7 @@ def generate(
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, float]:
-    """Fill an empty store (see kb.bench_data.load); seconds spent per phase."""
+    """Fill an empty store (see kb.repo.bench_data.load); seconds spent per phase."""
     return load(
         store,
         batches(incidents, evidence, seed=seed),

@@ -18,7 +18,7 @@ from sqlalchemy import func
 from sqlmodel import select
 
 from kb.models import Evidence
-from kb.store import Store, add_evidence, add_evidence_many
+from kb.repo.store import Store, add_evidence, add_evidence_many
 
 pytestmark = pytest.mark.bench
 

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from kb.store import Store
+from kb.repo.store import Store
 from triage import probes
 from triage.drills import build_drill
 from triage.engine import DiagnoseOptions, diagnose

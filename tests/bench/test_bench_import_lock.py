@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from kb.store import Store
+from kb.repo.store import Store
 
 pytestmark = pytest.mark.bench
 

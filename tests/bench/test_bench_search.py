@@ -23,10 +23,10 @@ from typing import Any
 import datagen
 import pytest
 
-from kb.bench_data import database_size, server_version
-from kb.family import signature, similar_incidents
-from kb.search import search
-from kb.store import Store
+from kb.repo.bench_data import database_size, server_version
+from kb.repo.family import signature, similar_incidents
+from kb.repo.search import search
+from kb.repo.store import Store
 
 # Generating the full-scale data takes minutes per database, far over the suite's timeout.
 pytestmark = [pytest.mark.bench, pytest.mark.timeout(3600)]
@@ -185,8 +185,8 @@ def test_bench_search_load_graph_family(bench_store: tuple[Store, dict[str, floa
 
 
 def _record_and_graph() -> tuple[Callable[..., dict[str, Any]], Callable[..., Any]]:
-    """kb.files.load_record and triage.graph.build_graph (networkx directly if absent)."""
-    from kb.files import load_record
+    """kb.repo.files.load_record and triage.graph.build_graph (networkx directly if absent)."""
+    from kb.repo.files import load_record
 
     try:
         from triage.graph import build_graph

@@ -20,7 +20,7 @@ from sqlalchemy import insert, select
 from streamlit.testing.v1 import AppTest
 
 from kb.models import Cause, Decision, FamilyLink, Incident, Symptom
-from kb.store import Store
+from kb.repo.store import Store
 from triage.catalogue import catalogue as process_catalogue
 from triage.ui import data
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from uiserver import CHROMIUM, CHROMIUM_ARGS, REPO, require_chromium, running_ui
 
-from kb.files import import_paths
-from kb.store import Store
+from kb.repo.files import import_paths
+from kb.repo.store import Store
 
 pytestmark = pytest.mark.browser
 

@@ -13,8 +13,8 @@ from bigrecord import SLUG as LARGE
 from bigrecord import record as large_record
 from uiserver import CHROMIUM, CHROMIUM_ARGS, REPO, require_chromium, running_ui
 
-from kb.files import import_paths, render_record
-from kb.store import Store
+from kb.repo.files import import_paths, render_record
+from kb.repo.store import Store
 
 pytestmark = pytest.mark.browser
 

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from sqlmodel import select
 
 from kb.models import Evidence
-from kb.store import Store, get_incident
+from kb.repo.store import Store, get_incident
 from triage.bisect import BisectOptions, Bisector, ServerOracle
 from triage.cli import cli
 from triage.drills import Drill, build_drill

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from kb.store import Store
+from kb.repo.store import Store
 from triage.capture import load_file
 from triage.commands.engine import validate_diagnosis
 from triage.drills import build_drill

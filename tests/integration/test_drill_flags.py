@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kb.store import Store
+from kb.repo.store import Store
 from triage.capture import exchange_from_http
 from triage.commands.engine import validate_diagnosis
 from triage.drills import build_drill

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from kb.store import Store
+from kb.repo.store import Store
 from triage.commands.engine import validate_diagnosis
 from triage.drills import build_drill
 from triage.drills import gateway as gateway_drill

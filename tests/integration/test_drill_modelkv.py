@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from kb.files import load_record
-from kb.store import Store
+from kb.repo.files import load_record
+from kb.repo.store import Store
 from triage.commands.engine import validate_diagnosis
 from triage.drills import Drill, build_drill
 from triage.drills.confusion import catalogue_causes, evaluate, exit_code

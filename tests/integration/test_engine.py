@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from kb.store import Store
+from kb.repo.store import Store
 from triage.commands.engine import validate_diagnosis
 from triage.drills import build_drill
 from triage.engine import DiagnoseOptions, diagnose
@@ -84,7 +84,7 @@ def test_thinking_budget_drill_verdicts_match_the_manifest(
     assert observations["template-render"]["thinking_on_with_enable_thinking_false"] is False
     assert observations["weights-confounder"]["differs"] == []
     # Every verdict that is not "untestable" cites evidence that exists in the KB.
-    from kb.files import load_record
+    from kb.repo.files import load_record
 
     with store.session(readonly=True) as session:
         record = load_record(session, diagnosis["incident"])

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kb.store import Store
+from kb.repo.store import Store
 from triage.commands.engine import format_diagnosis
 from triage.drills import build_drill
 from triage.drills.standin import write_amx_crash_standin

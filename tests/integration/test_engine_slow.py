@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from kb.store import Store
+from kb.repo.store import Store
 from triage.commands.engine import format_diagnosis, validate_diagnosis
 from triage.drills import build_drill
 from triage.engine import DiagnoseOptions, diagnose

@@ -10,9 +10,9 @@ import pytest
 from sqlalchemy import func
 from sqlmodel import select
 
-from kb.files import load_record
 from kb.models import Incident
-from kb.store import Store
+from kb.repo.files import load_record
+from kb.repo.store import Store
 from triage.capture import exchange_from_http
 from triage.drills import build_drill
 from triage.engine import DiagnoseOptions, EngineError, diagnose

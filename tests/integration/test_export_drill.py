@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kb.files import export_incident, import_paths, load_record
-from kb.store import Store
+from kb.repo.files import export_incident, import_paths, load_record
+from kb.repo.store import Store
 
 pytestmark = pytest.mark.integration
 

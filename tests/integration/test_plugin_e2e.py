@@ -136,8 +136,8 @@ def _gateway_log(request_path: Path, response_path: Path, out: Path) -> Path:
 
 
 def _record(db: Path, slug: str) -> dict[str, Any]:
-    from kb.files import load_record
-    from kb.store import Store
+    from kb.repo.files import load_record
+    from kb.repo.store import Store
 
     store = Store(f"sqlite:///{db}")
     try:

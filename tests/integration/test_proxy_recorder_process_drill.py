@@ -22,9 +22,9 @@ import httpx
 import pytest
 from sqlmodel import select
 
-from kb import live
 from kb.models import Incident, utcnow
-from kb.store import Store
+from kb.repo import live
+from kb.repo.store import Store
 from triage.drills import Drill
 from triage.llama.launcher import RunningServer
 from triage.proxy import detect

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from kb.store import Store
+from kb.repo.store import Store
 from triage.drills import build_drill
 from triage.drills.real import RealModelMissing, model_path
 from triage.engine import DiagnoseOptions, diagnose

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from kb.decisions import record_decision
-from kb.files import load_record
+from kb.domain.retro import FACT_SECTIONS, retro_html, retro_markdown
 from kb.models import utcnow
-from kb.retro import FACT_SECTIONS, retro_html, retro_markdown
-from kb.store import Store
+from kb.repo.decisions import record_decision
+from kb.repo.files import load_record
+from kb.repo.store import Store
 
 pytestmark = pytest.mark.integration
 

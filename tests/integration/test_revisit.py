@@ -18,8 +18,8 @@ import httpx
 import pytest
 from click.testing import CliRunner, Result
 
-from kb.files import load_record
-from kb.store import Store, add_evidence, require_incident
+from kb.repo.files import load_record
+from kb.repo.store import Store, add_evidence, require_incident
 from triage.cli import cli
 from triage.drills import build_drill
 from triage.stackfile import load_stack

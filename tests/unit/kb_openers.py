@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kb.store import Store
+from kb.repo.store import Store
 
 
 def open_fresh(url: str, ready: Any, results: Any) -> None:

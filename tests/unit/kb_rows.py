@@ -12,7 +12,7 @@ from typing import Any
 from sqlmodel import Session
 
 from kb.models import Cause, Decision, Incident, Symptom
-from kb.store import add_evidence, record_status_change
+from kb.repo.store import add_evidence, record_status_change
 
 REFERENCE = "2026-06-10-gemma4-empty-response"
 QWEN = ("2025-11-03-qwen3-empty-content", "2026-02-17-qwen3-retry-spiral")

@@ -8,8 +8,8 @@ import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
-from kb.records import Reply
-from kb.store import Store
+from kb.domain.records import Reply
+from kb.repo.store import Store
 from triage.commands.engine import format_diagnosis, validate_diagnosis
 from triage.engine import Diagnoser
 from triage.engine.naming import ModelIdentity

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from kb.atlas import load_atlas, match_atlas, team_dir
-from kb.records import validate_diagnosis
+from kb.domain.records import validate_diagnosis
 from triage.atlas.facts import facts_from_log
 from triage.atlas.report import diagnosis_matches, format_match_dicts
 from triage.capture import load_file

@@ -15,7 +15,7 @@ from sqlmodel import select
 from streamlit.testing.v1 import AppTest
 
 from kb.models import Incident, Reference
-from kb.store import Store
+from kb.repo.store import Store
 from triage.cli import cli
 from triage.proxy import Recorder
 from triage.ui import data

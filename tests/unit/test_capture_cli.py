@@ -15,7 +15,7 @@ from click.testing import CliRunner, Result
 from sqlmodel import select
 
 from kb.models import Evidence, Incident
-from kb.store import Store
+from kb.repo.store import Store
 from triage.cli import cli
 from triage.symptoms import KINDS as FINDING_KINDS
 
@@ -389,8 +389,8 @@ def test_canary_secret_never_reaches_the_database_output_logs_or_exports(tmp_pat
 
     exported = tmp_path / "export"
     try:
-        from kb.files import export_all
-    except ImportError:  # pragma: no cover - kb.files is another engineer's module
+        from kb.repo.files import export_all
+    except ImportError:  # pragma: no cover - kb.repo.files is another engineer's module
         return
     store = Store(db)
     try:

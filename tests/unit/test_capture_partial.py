@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from sqlmodel import select
 
 from kb.models import Evidence
-from kb.store import Store
+from kb.repo.store import Store
 from triage.capture import CaptureError, PartialCapture, parse, parse_pair, parse_sse
 from triage.cli import cli
 

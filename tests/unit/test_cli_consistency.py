@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from kb.slugs import SLUG_RE
+from kb.domain.slugs import SLUG_RE
 from triage.cli import cli
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "captures"

@@ -11,10 +11,10 @@ from datetime import date
 from sqlalchemy import func
 from sqlmodel import select
 
-from kb.family import IncidentSignature, incident_signature, refresh_signatures
 from kb.models import Cause, Evidence, Incident, Symptom
-from kb.search import search
-from kb.store import Store, add_evidence, record_status_change, require_incident
+from kb.repo.family import IncidentSignature, incident_signature, refresh_signatures
+from kb.repo.search import search
+from kb.repo.store import Store, add_evidence, record_status_change, require_incident
 
 SHARED = "2026-09-01-shared"
 PROCESSES = 2

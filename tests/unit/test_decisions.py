@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from sqlmodel import select
 
-from kb.decisions import (
+from kb.models import Decision, Incident
+from kb.repo.decisions import (
     DecisionError,
     build_number,
     capture_failed,
@@ -19,9 +20,8 @@ from kb.decisions import (
     parse_trigger,
     record_decision,
 )
-from kb.files import import_paths
-from kb.models import Decision, Incident
-from kb.store import Store, add_evidence, get_incident, require_incident
+from kb.repo.files import import_paths
+from kb.repo.store import Store, add_evidence, get_incident, require_incident
 
 INCIDENTS = Path(__file__).resolve().parents[2] / "incidents"
 REFERENCE = "2026-06-10-gemma4-empty-response"

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from kb.decisions import record_decision
-from kb.files import load_record
 from kb.models import Cause, Incident
-from kb.store import Store, add_evidence
+from kb.repo.decisions import record_decision
+from kb.repo.files import load_record
+from kb.repo.store import Store, add_evidence
 from triage.cli import cli
 
 INCIDENTS = Path(__file__).resolve().parents[2] / "incidents"

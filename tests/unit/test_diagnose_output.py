@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kb.records import Reply
+from kb.domain.records import Reply
 from triage.commands.engine import (
     TOK_S_NOTE,
     ProgressPrinter,
@@ -15,7 +15,7 @@ from triage.commands.engine import (
     observation_sentence,
 )
 from triage.engine.eta import eta_bound
-from triage.engine.runner import ProgressEvent
+from triage.engine.events import ArmsPlanned, LookStarted, ProgressEvent
 from triage.engine.scheduler import ArmState
 
 
@@ -62,14 +62,14 @@ def test_progress_lines_carry_elapsed_time_and_the_engines_eta_bound(
     show = ProgressPrinter(clock)
     show(ProgressEvent("launch", "starting the incident's server"))
     clock.now += 5
-    show(ProgressEvent("plan", "5 request arms, 2 server arms"))
+    show(ArmsPlanned(5, 2))
     clock.now += 10
-    show(ProgressEvent("probe", "look 1/4: 4 replays for a, b", 1, 4, eta=None))
+    show(LookStarted(1, 4, 4, ("a", "b"), eta=None))
     clock.now += 10
-    show(ProgressEvent("probe", "look 2/4: 8 replays for a", 2, 4, eta=110.0))
+    show(LookStarted(2, 4, 8, ("a",), eta=110.0))
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].endswith("starting the incident's server  (0:00 elapsed)")
-    assert lines[1].endswith("(0:05 elapsed)")
+    assert lines[1].endswith("5 request arms, 2 server arms  (0:05 elapsed)")
     # Nothing measured yet: no bound is promised.
     assert lines[2].endswith("look 1/4: 4 replays for a, b  (0:15 elapsed)")
     assert lines[3].endswith("(0:25 elapsed, at most ~1:50 left at the measured pace)")
@@ -79,10 +79,11 @@ def test_progress_lines_carry_elapsed_time_and_the_engines_eta_bound(
 def test_a_known_good_search_is_named_in_the_eta(capsys: pytest.CaptureFixture[str]) -> None:
     clock = FakeClock()
     show = ProgressPrinter(clock)
-    show(ProgressEvent("plan", "2 request arms, 0 server arms, known-good search over ['model']"))
+    show(ArmsPlanned(2, 0, known_good=("model",)))
     clock.now += 6
     show(ProgressEvent("probe", "look 1/2", 1, 2, eta=6.0))
-    line = capsys.readouterr().err.splitlines()[1]
+    first, line = capsys.readouterr().err.splitlines()
+    assert "2 request arms, 0 server arms, known-good search over ['model']" in first
     assert line.endswith(
         "(0:06 elapsed, at most ~0:06 left at the measured pace + the known-good search)"
     )
@@ -176,7 +177,7 @@ def test_the_one_sided_p_is_read_from_the_stored_arm(tmp_path: Any) -> None:
     from datetime import date
 
     from kb.models import Incident
-    from kb.store import Store, add_evidence
+    from kb.repo.store import Store, add_evidence
     from triage.commands.engine import with_one_sided_p
 
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")

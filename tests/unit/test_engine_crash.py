@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kb.records import Reply
+from kb.domain.records import Reply
 from triage.capture import exchange_from_http
 from triage.drills.standin import AMX_CRASH_LOG
 from triage.engine.crashes import (

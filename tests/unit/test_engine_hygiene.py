@@ -13,9 +13,9 @@ from click.testing import CliRunner, Result
 from sqlalchemy import func
 from sqlmodel import select
 
-from kb import runs
 from kb.models import Cause, Incident, TriageRun, utcnow
-from kb.store import Store, add_evidence
+from kb.repo import runs
+from kb.repo.store import Store, add_evidence
 from triage.cli import cli
 from triage.engine import EngineError, diagnose, unfinished_run
 from triage.stackfile import parse_stack

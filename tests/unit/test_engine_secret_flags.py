@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from kb import runs
-from kb.files import export_incident
-from kb.slugs import SLUG_RE
-from kb.store import Store
+from kb.domain.slugs import SLUG_RE
+from kb.repo import runs
+from kb.repo.files import export_incident
+from kb.repo.store import Store
 from triage.engine.servers import (
     EngineError,
     api_key_from_args,

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from kb.files import RecordError, export_all, import_paths, parse_file
 from kb.models import Cause
-from kb.sidecar import GZIP_FROM_BYTES
-from kb.store import Store, add_evidence_many, get_incident, record_status_change
+from kb.repo.files import RecordError, export_all, import_paths, parse_file
+from kb.repo.sidecar import GZIP_FROM_BYTES
+from kb.repo.store import Store, add_evidence_many, get_incident, record_status_change
 
 SLUG = "2026-07-01-replayed"
 
@@ -184,9 +184,9 @@ def test_both_sidecar_forms_at_once_are_refused(store: Store, tmp_path: Path) ->
 
 
 def test_a_gzip_bomb_sidecar_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import kb.sidecar
+    import kb.repo.sidecar
 
-    monkeypatch.setattr(kb.sidecar, "MAX_SIDECAR_BYTES", 1 << 20)
+    monkeypatch.setattr(kb.repo.sidecar, "MAX_SIDECAR_BYTES", 1 << 20)
     path = _incident(tmp_path / "in")
     path.with_name(f"{SLUG}.evidence.jsonl.gz").write_bytes(gzip.compress(b" " * (4 << 20)))
     with pytest.raises(RecordError, match="decompresses to more than"):

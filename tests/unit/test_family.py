@@ -10,8 +10,9 @@ import pytest
 from kb_rows import QWEN, REFERENCE, add_incident, add_reference_incidents
 from sqlmodel import select
 
-from kb import flags
-from kb.family import (
+from kb.domain import flags
+from kb.models import FamilyLink, Incident, Symptom
+from kb.repo.family import (
     IncidentSignature,
     Signature,
     incident_signature,
@@ -22,8 +23,7 @@ from kb.family import (
     similarity,
     stack_fingerprint,
 )
-from kb.models import FamilyLink, Incident, Symptom
-from kb.store import Store, StoreError
+from kb.repo.store import Store, StoreError
 
 INCIDENTS_DIR = Path(__file__).resolve().parents[2] / "incidents"
 # What a capture of the Gemma 4 thinking-budget drill shows: no content, a length stop,
@@ -87,7 +87,7 @@ def test_server_build(stack: dict[str, Any], expected: str) -> None:
         ({"args": ["--spec-type", "draft-mtp", "-md", "d.gguf"]}, "on", ""),
         ({"args": ["--spec-type=none", "-c", "8192"]}, "off", ""),
         ({"flags": ["-md", "draft.gguf"]}, "on", ""),
-        # Every spelling of a draft model llama-server accepts (kb.flags, shared with
+        # Every spelling of a draft model llama-server accepts (kb.domain.flags, shared with
         # triage.stackfile): the current long names were read as "off" before.
         ({"args": ["--spec-draft-model", "draft.gguf"]}, "on", ""),
         ({"args": ["--spec-draft-model=draft.gguf"]}, "on", ""),
@@ -110,7 +110,7 @@ def test_spec_and_thinking(stack: dict[str, Any], spec: str, thinking: str) -> N
 
 
 def test_family_and_the_spec_off_arm_read_one_flag_vocabulary() -> None:
-    """What kb.family calls speculative decoding is what the spec-off arm strips."""
+    """What kb.repo.family calls speculative decoding is what the spec-off arm strips."""
     from triage import stackfile
 
     assert stackfile.SPEC_VALUE_FLAGS is flags.SPEC_VALUE_FLAGS
@@ -122,7 +122,7 @@ def test_family_and_the_spec_off_arm_read_one_flag_vocabulary() -> None:
 
 
 def test_findings_that_name_a_mechanism_imply_a_registered_cause() -> None:
-    from kb.family import IMPLIED_CAUSES
+    from kb.repo.family import IMPLIED_CAUSES
     from triage.catalogue import catalogue
 
     for kind, cause in IMPLIED_CAUSES.items():
@@ -155,7 +155,7 @@ def test_similarity_is_a_weighted_jaccard_over_what_the_query_knows() -> None:
 
 
 def _all_signatures(session: Any) -> dict[int, Signature]:
-    from kb.family import _computed
+    from kb.repo.family import _computed
 
     ids = list(session.exec(select(Incident.id)).all())
     return _computed(session, ids)
@@ -221,7 +221,7 @@ def test_qwen_incidents_are_the_family_of_a_new_drill_capture(family_store: Stor
 
 
 def test_imported_qwen_incidents_are_the_family_of_a_new_drill_capture(store: Store) -> None:
-    from kb.files import import_paths
+    from kb.repo.files import import_paths
     from triage.symptoms import failure_kinds
 
     import_paths(store, [INCIDENTS_DIR])
@@ -355,7 +355,7 @@ def _cli(store: Store, *args: str) -> Any:
 def test_family_command_on_a_real_drill_capture_lists_the_qwen_incidents(store: Store) -> None:
     import json
 
-    from kb.files import import_paths
+    from kb.repo.files import import_paths
 
     import_paths(store, [INCIDENTS_DIR])
     result = _cli(store, "family", str(CAPTURES / "budget-greedy.response.json"), "--json")

@@ -16,8 +16,18 @@ from jsonschema import Draft202012Validator
 from sqlalchemy import func
 from sqlmodel import SQLModel, select
 
-import kb.files as files
-from kb.files import (
+import kb.repo.files as files
+from kb.models import (
+    CAUSE_BASES,
+    CAUSE_STATUSES,
+    DECISION_KINDS,
+    EVIDENCE_KINDS,
+    INCIDENT_STATUSES,
+    LINK_RELATIONS,
+    Cause,
+    CauseStatusChange,
+)
+from kb.repo.files import (
     RecordError,
     dump_yaml,
     export_all,
@@ -30,17 +40,7 @@ from kb.files import (
     parse_text,
     render_record,
 )
-from kb.models import (
-    CAUSE_BASES,
-    CAUSE_STATUSES,
-    DECISION_KINDS,
-    EVIDENCE_KINDS,
-    INCIDENT_STATUSES,
-    LINK_RELATIONS,
-    Cause,
-    CauseStatusChange,
-)
-from kb.store import Store, StoreError, add_evidence, get_incident, record_status_change
+from kb.repo.store import Store, StoreError, add_evidence, get_incident, record_status_change
 from triage.catalogue import catalogue
 
 # The catalogue's full list of cause ids, passed in as triage's import does (kb has none).

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kb.records import Reply
+from kb.domain.records import Reply
 from triage.capture import exchange_from_http
 from triage.causes import ArmOutcome, Observations
 from triage.engine.arms.gateway import GatewayDirect, GatewayStreamed

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from kb.files import import_paths, load_record
-from kb.store import Store
+from kb.repo.files import import_paths, load_record
+from kb.repo.store import Store
 from triage.graph import LABEL_WIDTH, build_graph, to_dot
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "browser"))

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from kb.files import (
+from kb.domain.slugs import SLUG_RE, ascii_slug, incident_slug, unique_incident_slug
+from kb.models import Incident
+from kb.repo.files import (
     ExportError,
     RecordError,
     export_all,
@@ -26,9 +28,7 @@ from kb.files import (
     load_yaml,
     parse_file,
 )
-from kb.models import Incident
-from kb.slugs import SLUG_RE, ascii_slug, incident_slug, unique_incident_slug
-from kb.store import Store
+from kb.repo.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 MEMORY_LIMIT = 1536 * 1024 * 1024  # bytes of address space for the child
@@ -59,7 +59,7 @@ CHILD = textwrap.dedent(
     """
     import json, resource, sys
     resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}))
-    from kb.files import RecordError, parse_file
+    from kb.repo.files import RecordError, parse_file
     try:
         parse_file(sys.argv[1])
     except RecordError as exc:

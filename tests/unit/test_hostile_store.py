@@ -14,9 +14,9 @@ from sqlalchemy import event, func
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import select
 
-from kb.files import import_paths
 from kb.models import Evidence, Incident
-from kb.store import (
+from kb.repo.files import import_paths
+from kb.repo.store import (
     Store,
     StoreError,
     add_evidence,

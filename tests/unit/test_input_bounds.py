@@ -13,7 +13,7 @@ from sqlalchemy import func
 from sqlmodel import select
 
 from kb.models import Cause, CauseStatusChange, Evidence, Incident
-from kb.store import Store, StoreError, open_incident, record_status_change
+from kb.repo.store import Store, StoreError, open_incident, record_status_change
 from triage.cli import cli
 from triage.stackfile import StackError, load_stack, parse_stack
 

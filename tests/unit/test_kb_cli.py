@@ -10,7 +10,7 @@ from click.testing import CliRunner, Result
 from sqlalchemy import func
 from sqlmodel import SQLModel, select
 
-from kb.store import Store
+from kb.repo.store import Store
 from triage.cli import cli
 
 INCIDENTS = Path(__file__).resolve().parents[2] / "incidents"

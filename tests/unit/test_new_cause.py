@@ -17,10 +17,10 @@ from sqlmodel import select
 
 import triage.engine.causes as builtin_causes
 from kb import vocab
-from kb.family import IncidentSignature, refresh_signatures, signature, similar_incidents
 from kb.models import Cause, Incident
-from kb.runs import CauseSpec, VerdictRow, apply_verdicts, ensure_causes
-from kb.store import Store
+from kb.repo.family import IncidentSignature, refresh_signatures, signature, similar_incidents
+from kb.repo.runs import CauseSpec, VerdictRow, apply_verdicts, ensure_causes
+from kb.repo.store import Store
 from triage.catalogue import Catalogue
 from triage.catalogue.numbering import vocabulary
 from triage.causes import ArmOutcome, Observations, decide

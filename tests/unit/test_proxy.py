@@ -21,9 +21,9 @@ import pytest
 from proxy_fakes import FakeUpstream, chat_reply
 from sqlmodel import select
 
-from kb import live
 from kb.models import Evidence, Incident, LiveExchange
-from kb.store import Store
+from kb.repo import live
+from kb.repo.store import Store
 from triage.proxy import ProxyApp, ProxyConfig, ProxyMetrics, Recorder, serving
 from triage.proxy.server import ThreadedServer
 
@@ -417,8 +417,8 @@ def test_failures_after_parking_fire_the_parked_incidents_capture_trigger(
 
     from proxy_fakes import raw_record
 
-    from kb.decisions import parked, record_decision
     from kb.models import utcnow
+    from kb.repo.decisions import parked, record_decision
 
     recorder = Recorder(db_file, spool_path=tmp_path / "spool.jsonl", replica="r")
     recorder.start()

@@ -20,7 +20,7 @@ from proxy_fakes import FakeUpstream
 from sqlmodel import select
 
 from kb.models import LiveExchange
-from kb.store import Store
+from kb.repo.store import Store
 from triage.cli import cli
 from triage.proxy import serving
 from triage.proxy.diagnose import AutoDiagnose, AutoDiagnoseError, check_stack

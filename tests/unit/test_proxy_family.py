@@ -15,9 +15,9 @@ from kb_rows import add_incident
 from proxy_fakes import raw_record
 from sqlmodel import select
 
-from kb import live
 from kb.models import Evidence, Incident, LiveSignature, utcnow
-from kb.store import Store
+from kb.repo import live
+from kb.repo.store import Store
 from triage.proxy import Recorder
 
 GEMMA = "gemma-4-e2b-it-Q4_K_M.gguf"

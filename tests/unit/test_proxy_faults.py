@@ -19,7 +19,7 @@ import pytest
 from proxy_fakes import FakeUpstream
 from test_proxy import rows
 
-from kb import live
+from kb.repo import live
 from triage.proxy import ProxyApp, ProxyConfig, ProxyMetrics, Recorder, serving
 from triage.proxy.guard import ClientLimits, connection_bound
 from triage.proxy.server import ThreadedServer

@@ -12,9 +12,9 @@ import pytest
 from live_records import budget, ok, stop_emptied, tiny_limit
 from sqlmodel import select
 
-from kb import live
 from kb.models import Incident, LiveExchange, LiveSignature, Symptom, utcnow
-from kb.store import Store
+from kb.repo import live
+from kb.repo.store import Store
 from triage.proxy import Recorder
 from triage.proxy.grouping import (
     OpeningRules,

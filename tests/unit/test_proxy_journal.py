@@ -23,7 +23,7 @@ import pytest
 from proxy_fakes import FakeUpstream, raw_record
 from test_proxy import rows
 
-from kb import live
+from kb.repo import live
 from triage.proxy import Recorder, serving
 from triage.proxy.journal import SUFFIX, JournaledRecorder, encode_record, read_segment
 

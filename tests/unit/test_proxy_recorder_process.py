@@ -26,9 +26,9 @@ import pytest
 from proxy_fakes import FakeUpstream, raw_record
 from sqlmodel import select
 
-from kb import live
 from kb.models import Incident, LiveExchange, LiveSignature
-from kb.store import Store
+from kb.repo import live
+from kb.repo.store import Store
 from triage.proxy import (
     ProxyApp,
     ProxyConfig,

@@ -11,9 +11,9 @@ import pytest
 from proxy_fakes import raw_record
 from sqlmodel import select
 
-from kb import live
 from kb.models import Incident, LiveSignature
-from kb.store import Store
+from kb.repo import live
+from kb.repo.store import Store
 from triage.proxy import Recorder
 
 pytestmark = pytest.mark.postgres

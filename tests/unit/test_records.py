@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kb.records import ArmSummary, Diagnosis, DiagnosisError, Reply
+from kb.domain.records import ArmSummary, Diagnosis, DiagnosisError, Reply
 
 
 def test_a_reply_round_trips_and_keeps_its_text_bounded() -> None:
@@ -50,7 +50,7 @@ def test_an_arm_summary_round_trips_and_reads_old_payloads() -> None:
 
 
 def test_a_diagnosis_arm_carries_the_one_sided_p_its_decision_used() -> None:
-    from kb.records import DiagnosisArm
+    from kb.domain.records import DiagnosisArm
 
     summary = ArmSummary(
         "thinking-off", "off", "request", 8, 0, 0.0, [0.0, 0.32], 1.6e-4, 7.8e-5, "removes"

@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner, Result
 from sqlmodel import select
 
-from kb import runs
 from kb.models import Incident, TriageRun
-from kb.store import Store
+from kb.repo import runs
+from kb.repo.store import Store
 from triage.cli import cli
 from triage.engine import EngineError, run_to_resume
 from triage.engine.resuming import (

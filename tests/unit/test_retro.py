@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from kb.files import import_paths, load_record, parse_text, render_record
-from kb.retro import (
+from kb.domain.retro import (
     FACT_SECTIONS,
     NO_EVIDENCE,
     SECTION_END,
@@ -24,7 +23,8 @@ from kb.retro import (
     retro_section,
     strip_retro_section,
 )
-from kb.store import Store
+from kb.repo.files import import_paths, load_record, parse_text, render_record
+from kb.repo.store import Store
 
 INCIDENTS = Path(__file__).resolve().parents[2] / "incidents"
 REFERENCE = "2026-06-10-gemma4-empty-response"
@@ -413,7 +413,7 @@ def test_generated_section_is_replaced_not_duplicated(reference: dict[str, Any])
 
 
 def test_generated_markers_render_as_nothing() -> None:
-    from kb.retro import markdown_renderer
+    from kb.domain.retro import markdown_renderer
 
     html = markdown_renderer().render(f"before\n\n{SECTION_START}\n\n{SECTION_END}\n\nafter\n")
     assert html == "<p>before</p>\n<p>after</p>\n"

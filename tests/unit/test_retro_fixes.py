@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from kb.retro import retro_markdown
+from kb.domain.retro import retro_markdown
 
 AT = "2026-07-01T10:00:00Z"
 LATER = "2026-07-02T10:00:00Z"

@@ -18,11 +18,11 @@ from click.testing import CliRunner
 from live_records import budget, ok
 from sqlmodel import select
 
-from kb import live
-from kb.files import export_incident, import_paths, load_record, parse_file
+from kb.domain.retro import retro_markdown, retro_text
 from kb.models import Evidence
-from kb.retro import retro_markdown, retro_text
-from kb.store import Store
+from kb.repo import live
+from kb.repo.files import export_incident, import_paths, load_record, parse_file
+from kb.repo.store import Store
 from triage.cli import cli
 from triage.proxy import Recorder
 

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from sqlmodel import select
 
-from kb.decisions import DecisionError, record_decision
 from kb.models import Cause, Evidence, Incident
-from kb.store import Store, add_evidence
+from kb.repo.decisions import DecisionError, record_decision
+from kb.repo.store import Store, add_evidence
 from triage.revisit import ProbeOutcome, Rate, revisit_incident
 
 SLUG = "2026-07-01-drill"

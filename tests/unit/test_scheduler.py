@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from kb.records import Reply
+from kb.domain.records import Reply
 from triage.causes import ArmOutcome
 from triage.engine.reproduction import Signature, gate_message
 from triage.engine.scheduler import ArmFailed, ArmState, Scheduler

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Sequence
 
 import pytest
 
-from kb.records import Reply
+from kb.domain.records import Reply
 from triage.causes import ArmOutcome
 from triage.engine.scheduler import DECIDED, ArmFailed, ArmState, Scheduler, paired
 from triage.stats import compare, look_schedule

@@ -13,8 +13,8 @@ from kb_rows import QWEN, REFERENCE, add_incident, add_reference_incidents
 from sqlmodel import select
 
 from kb.models import Cause, Evidence, Incident, Symptom
-from kb.search import HIGHLIGHT_END, HIGHLIGHT_START, SearchHit, query_terms, search
-from kb.store import Store, add_evidence
+from kb.repo.search import HIGHLIGHT_END, HIGHLIGHT_START, SearchHit, query_terms, search
+from kb.repo.store import Store, add_evidence
 
 INCIDENTS_DIR = Path(__file__).resolve().parents[2] / "incidents"
 HOSTILE = [
@@ -108,7 +108,7 @@ def test_reference_query_finds_the_reference_incident(reference_store: Store) ->
 
 
 def test_reference_query_finds_the_imported_reference_file(store: Store) -> None:
-    from kb.files import import_paths
+    from kb.repo.files import import_paths
 
     import_paths(store, [INCIDENTS_DIR])
     with store.session(readonly=True) as session:

@@ -8,9 +8,9 @@ import pytest
 from sqlalchemy import inspect
 from sqlmodel import select
 
-from kb.migrate import current_revision
 from kb.models import Cause, CauseStatusChange, Incident
-from kb.store import (
+from kb.repo.migrate import current_revision
+from kb.repo.store import (
     Store,
     StoreError,
     add_evidence,
@@ -156,7 +156,7 @@ def test_database_url_defaults_to_sqlite_in_data_dir_and_env_overrides(
 
 
 def test_add_evidence_many_numbers_after_existing_keys_and_validates_first(store: Store) -> None:
-    from kb.store import add_evidence_many
+    from kb.repo.store import add_evidence_many
 
     incident_id = _incident(store)
     with store.session() as session:

@@ -23,10 +23,10 @@ from kb_openers import open_fresh
 from sqlalchemy import func, inspect, text
 from sqlmodel import select
 
-from kb import runs
-from kb.migrate import current_revision, head_revision
 from kb.models import Evidence, Incident
-from kb.store import (
+from kb.repo import runs
+from kb.repo.migrate import current_revision, head_revision
+from kb.repo.store import (
     ReadOnlyError,
     Store,
     add_evidence_many,
@@ -322,7 +322,7 @@ def test_the_ui_reads_a_read_only_knowledge_base(
 ) -> None:
     from streamlit.testing.v1 import AppTest
 
-    from kb.files import import_paths
+    from kb.repo.files import import_paths
     from triage.ui import data
 
     repo = Path(__file__).resolve().parents[2]

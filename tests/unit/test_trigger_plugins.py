@@ -12,9 +12,9 @@ from click.testing import CliRunner, Result
 from plugin_dist import installed
 
 from kb import triggers
-from kb.decisions import DecisionError, parse_trigger
 from kb.models import Incident
-from kb.store import Store, add_evidence, require_incident
+from kb.repo.decisions import DecisionError, parse_trigger
+from kb.repo.store import Store, add_evidence, require_incident
 from triage.catalogue import catalogue
 from triage.cli import cli
 

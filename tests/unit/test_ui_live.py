@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from kb import live
 from kb.models import utcnow
-from kb.store import Store
+from kb.repo import live
+from kb.repo.store import Store
 from triage.ui import data
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from kb.files import import_paths
-from kb.store import Store
+from kb.repo.files import import_paths
+from kb.repo.store import Store
 from triage.graph import STATUS_COLOURS
 from triage.ui import actions, data
 from triage.ui.text import md_unescape
@@ -578,7 +578,7 @@ def test_decision_log_marks_a_parked_incident_whose_trigger_fired(
 ) -> None:
     from datetime import datetime, timezone
 
-    from kb.store import add_evidence, require_incident
+    from kb.repo.store import add_evidence, require_incident
 
     store = Store(kb_url)
     try:

@@ -1,6 +1,6 @@
-"""One engine run at a time in the UI: kb.runlog, triage.ui.runs, the cause graph's arm
+"""One engine run at a time in the UI: kb.repo.runlog, triage.ui.runs, the cause graph's arm
 nodes, and the Incident page's run selector -- over a real SQLite knowledge base written
-through the same kb.runs functions the engine's recorder uses."""
+through the same kb.repo.runs functions the engine's recorder uses."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from kb import runs as kb_runs
-from kb.files import load_record
-from kb.records import ArmSummary
-from kb.runlog import evidence_runs, incident_runs
-from kb.store import Store, add_evidence
+from kb.domain.records import ArmSummary
+from kb.repo import runs as kb_runs
+from kb.repo.files import load_record
+from kb.repo.runlog import evidence_runs, incident_runs
+from kb.repo.store import Store, add_evidence
 from triage.graph import LABEL_WIDTH, build_graph, to_dot
 from triage.ui import data
 from triage.ui.runs import ALL_RUNS, load_runs, record_for_run

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from kb.files import import_paths
-from kb.store import Store
+from kb.repo.files import import_paths
+from kb.repo.store import Store
 from triage.ui import data
 from triage.ui.text import markdown_to_html, md_escape, md_link, md_unescape, safe_url
 

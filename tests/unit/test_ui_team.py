@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner, Result
 from streamlit.testing.v1 import AppTest
 
-from kb.files import import_paths
-from kb.store import Store
+from kb.repo.files import import_paths
+from kb.repo.store import Store
 from triage.cli import cli
 from triage.commands import ui
 from triage.ui import data, gate

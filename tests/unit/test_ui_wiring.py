@@ -25,7 +25,7 @@ from test_ui_pages import (
 )
 
 from kb import vocab
-from kb.store import Store
+from kb.repo.store import Store
 from triage.capture import format_ids
 from triage.cli import cli
 from triage.ui import actions

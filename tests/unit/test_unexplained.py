@@ -11,10 +11,10 @@ from typing import Any
 import click
 import pytest
 
-from kb.files import import_paths, load_record
-from kb.records import DiagnosisArm, DiagnosisCause
-from kb.retro import retro_markdown, unexplained
-from kb.store import Store
+from kb.domain.records import DiagnosisArm, DiagnosisCause
+from kb.domain.retro import retro_markdown, unexplained
+from kb.repo.files import import_paths, load_record
+from kb.repo.store import Store
 from triage.commands.engine import EXIT_UNEXPLAINED, _exit_for_state, format_diagnosis
 from triage.engine.diagnosis import UNEXPLAINED, overall_verdict
 from triage.ui.runs import IncidentRuns, unexplained_parts
@@ -89,7 +89,7 @@ def test_the_cli_prints_it_and_exits_with_its_own_status(
 
 
 def test_the_ui_shows_the_latest_runs_unexplained_verdict() -> None:
-    from kb.runlog import RunInfo
+    from kb.repo.runlog import RunInfo
 
     run = RunInfo(3, "done", "2026-12-01T16:00:00", "", _diagnosis())
     parts = unexplained_parts(IncidentRuns([run]), None)

@@ -13,9 +13,9 @@ from click.testing import CliRunner
 from sqlmodel import select
 
 from kb import vocab
-from kb.family import IncidentSignature, refresh_signatures, signature, similar_incidents
 from kb.models import Cause, Incident, Symptom
-from kb.store import Store, StoreError
+from kb.repo.family import IncidentSignature, refresh_signatures, signature, similar_incidents
+from kb.repo.store import Store, StoreError
 from triage import plugin_api
 from triage.catalogue import Catalogue, CatalogueError, catalogue
 from triage.catalogue.numbering import check_store_numbering, vocabulary
@@ -28,7 +28,7 @@ STORED_CAUSES = {
     "kv-cache-quant": 7, "context-size": 8, "context-shift": 9, "structured-output": 10,
     "reasoning-leak": 11, "client-handling": 12, "conversation-shape": 13, "model-file": 14,
     "warmup-decode": 15, "cpu-threads": 16, "model-loop": 17, "gateway-timeout": 18,
-    "server-flags": 19, "schema-not-enforced": 20,
+    "server-flags": 19, "schema-not-enforced": 20, "stream-format": 22, "embedding-batch": 23,
 }  # fmt: skip
 STORED_KINDS = {
     "empty-content": 0, "length-stop": 1, "reasoning-exhausted-budget": 2,
@@ -91,7 +91,7 @@ def test_a_plugin_numbers_from_32_and_a_built_in_below() -> None:
 
 def test_kb_imports_no_vocabulary_and_the_plugin_api_nothing_of_the_project() -> None:
     code = (
-        "import sys, kb.models, kb.store, triage.plugin_api\n"
+        "import sys, kb.models, kb.repo.store, triage.plugin_api\n"
         "mine = sorted(m for m in sys.modules if m.split('.')[0] in ('kb', 'triage'))\n"
         "print(' '.join(mine))\n"
     )

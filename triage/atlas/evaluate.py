@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from kb.atlas import AtlasEntry, AtlasError, Facts, atlas_dirs, load_atlas, match_atlas
-from kb.fileio import InputTooLarge, load_yaml, read_bounded
+from kb.repo.fileio import InputTooLarge, load_yaml, read_bounded
 from triage.atlas.facts import facts_from_exchange, facts_from_log, facts_from_stack, merge_facts
 from triage.atlas.report import read_log_file
 from triage.capture import CaptureError, load_file

@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from triage.capture.model import MAX_JSON_DEPTH, CaptureError, Exchange, validate_exchange
+from triage.capture.model import (
+    MAX_JSON_DEPTH,
+    CaptureError,
+    Exchange,
+    reject_constant,
+    validate_exchange,
+)
 from triage.capture.redact import redact_json, redact_text, redact_url
 
 __all__ = [
@@ -67,10 +73,6 @@ def sha256_of(*parts: bytes) -> str:
             digest.update(b"\0")
         digest.update(part)
     return digest.hexdigest()
-
-
-def reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
 
 
 def loads(text: str, file: str, line_offset: int = 0, what: str = "JSON") -> Any:

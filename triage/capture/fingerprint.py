@@ -29,8 +29,8 @@ _process_key = secrets.token_bytes(_KEY_BYTES)
 
 
 def key_path() -> Path:
-    """Where this installation's key lives (the data directory of kb.store)."""
-    from kb.store import data_dir
+    """Where this installation's key lives (the data directory of kb.repo.store)."""
+    from kb.repo.store import data_dir
 
     return data_dir() / KEY_FILE_NAME
 

@@ -12,6 +12,10 @@ from typing import Any
 import jsonschema
 from jsonschema.exceptions import best_match
 
+import kb
+
+# The package, not its function: the catalogue is looked up per call (tests swap it).
+from triage import catalogue as plugins
 from triage.capture.redact import redact_text
 
 __all__ = [
@@ -37,6 +41,11 @@ MAX_JSON_DEPTH = 100
 MAX_RESPONSE_TEXT_CHARS = 8192
 # Exchanges built from live HTTP calls (probe replies) rather than from a capture file.
 LIVE_FORMAT = "live"
+
+
+def reject_constant(name: str) -> Any:
+    """`parse_constant` for json.loads: NaN and Infinity are not JSON."""
+    raise ValueError(f"{name} is not valid JSON")
 
 
 class CaptureError(Exception):
@@ -155,8 +164,6 @@ class Exchange:
 
 @functools.lru_cache(maxsize=1)
 def _exchange_validator() -> jsonschema.protocols.Validator:
-    import kb
-
     path = Path(kb.__file__).parent / "schemas" / "exchange.schema.json"
     schema = json.loads(path.read_text(encoding="utf-8"))
     cls = jsonschema.validators.validator_for(schema)
@@ -166,9 +173,10 @@ def _exchange_validator() -> jsonschema.protocols.Validator:
 
 def _known_formats() -> tuple[str, ...]:
     # The registry, not the schema, says which formats exist: a plugin format is valid.
-    from triage.capture.formats import format_ids
-
-    return (*format_ids(), LIVE_FORMAT)
+    # Read from the catalogue here (in sniff order, as triage.capture.formats.format_ids
+    # lists them): the formats package imports this module, not the other way round.
+    registered = sorted(plugins.catalogue().formats, key=lambda f: (f.priority, f.id))
+    return (*(f.id for f in registered), LIVE_FORMAT)
 
 
 def validate_exchange(data: Any) -> list[tuple[str, str]]:

@@ -10,7 +10,7 @@ whose numbers moved (kb/vocab.py). This module only hands the catalogue's number
 from __future__ import annotations
 
 from kb import vocab
-from kb.store import Store
+from kb.repo.store import Store
 from triage.catalogue.registry import Catalogue, CatalogueError
 
 __all__ = ["check_store_numbering", "vocabulary"]

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import click
 from sqlalchemy.exc import SQLAlchemyError
 
-from kb.store import Store, StoreError, database_url, describe_db_error, redact_url
+from kb.repo.store import Store, StoreError, database_url, describe_db_error, redact_url
 from triage.catalogue import CatalogueError, catalogue
 from triage.catalogue.numbering import check_store_numbering
 

@@ -144,8 +144,8 @@ def _log(line: str) -> None:
 
 def _bisect(store: Any, incident_id: int, slug: str, plan: _Plan) -> Any:
     """Run (or resume) the bisection, recording every tested build on the incident."""
-    from kb.bisect import record_bisect_step
-    from kb.store import data_dir
+    from kb.repo.bisect import record_bisect_step
+    from kb.repo.store import data_dir
     from triage.bisect import BisectError, BisectOptions, Bisector, BuildResult, ServerOracle
     from triage.llama.build import server_binary_for
 
@@ -189,7 +189,7 @@ def _bisect(store: Any, incident_id: int, slug: str, plan: _Plan) -> Any:
 
 def _record_outcome(store: Any, incident_id: int, plan: _Plan, report: Any) -> Any:
     """Record the bisection's outcome (with the commits between the neighbours, if any)."""
-    from kb.bisect import record_bisect_step
+    from kb.repo.bisect import record_bisect_step
     from triage.bisect import commits_between
 
     commits = None
@@ -279,8 +279,8 @@ def bisect_command(
     """Find the first published build that fails the request: noisy bisection, each build
     judged by the engine's sequential test (never one sample), resumable, every tested build
     recorded as evidence on the incident."""
-    from kb.bisect import bisect_incident
-    from kb.store import data_dir
+    from kb.repo.bisect import bisect_incident
+    from kb.repo.store import data_dir
     from triage.bisect import saved_meta, state_file, state_key
     from triage.engine.servers import safe_args, safe_describe
 

@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 import click
 from sqlalchemy.exc import SQLAlchemyError
 
-from kb.store import (
+from kb.repo.store import (
     CONTENT_HASH,
     Store,
     StoreError,

@@ -13,9 +13,9 @@ from typing import Any
 
 import click
 
-from kb import decisions as kb_decisions
-from kb.decisions import DecisionError
 from kb.models import Decision
+from kb.repo import decisions as kb_decisions
+from kb.repo.decisions import DecisionError
 from triage.catalogue import catalogue
 from triage.commands import echo_json, open_store
 from triage.engine import EngineError
@@ -348,8 +348,8 @@ def retro_command(
 ) -> None:
     """The incident's retrospective, generated from its record; every claim cites its
     evidence once. Markup in recorded text is inert in the HTML."""
-    from kb.files import load_record
-    from kb.retro import retro_html, retro_text
+    from kb.domain.retro import retro_html, retro_text
+    from kb.repo.files import load_record
 
     if as_html and fmt != "markdown":
         raise click.UsageError("--html renders the markdown format; leave out --format")

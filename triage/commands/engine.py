@@ -4,21 +4,37 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
-from kb.store import Store
+from kb.domain.records import validate_diagnosis
+from kb.repo.runs import RunOwner, resumable_runs, run_incident_slug
+from kb.repo.store import Store, evidence_payloads
 from triage.atlas.report import diagnosis_matches, format_match_dicts, format_matches
+from triage.capture import CaptureError, load_file, read_file
 from triage.commands import open_store, with_options
+from triage.commands.ui import start_ui
+from triage.demo import run_demo
+from triage.engine import (
+    ArmsPlanned,
+    DiagnoseOptions,
+    EngineError,
+    Event,
+    diagnose,
+    latest_diagnosis,
+    latest_run_state,
+    run_to_resume,
+)
+from triage.engine import resume as resume_run
+from triage.observe import observation_summary
+from triage.stackfile import Stack, StackError, load_stack
+from triage.symptoms import classify
 
-
-def validate_diagnosis(diagnosis: dict[str, Any]) -> None:
-    """Raise ValueError naming the JSON path if the diagnosis breaks its schema."""
-    from kb.records import validate_diagnosis as validate
-
-    validate(diagnosis)
+__all__ = ["ProgressPrinter", "format_diagnosis", "register", "validate_diagnosis"]
 
 
 # The observations a diagnosis prints, as sentences (the rest stay in --json / the record).
@@ -53,20 +69,18 @@ class ProgressPrinter:
     usually decide sooner, so the run usually ends well before it. No bound is printed
     until one was measured. `clock` is injectable for tests."""
 
-    def __init__(self, clock: Any = None) -> None:
-        import time
-
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
         self.clock = clock or time.monotonic
         self.started: float | None = None
         self.known_good = False
 
-    def __call__(self, event: Any) -> None:
+    def __call__(self, event: Event) -> None:
         now = self.clock()
         if self.started is None:
             self.started = now
-        if event.stage == "plan":
-            self.known_good = "known-good" in str(event.message)  # arms planned later
-        eta = getattr(event, "eta", None)
+        if isinstance(event, ArmsPlanned):
+            self.known_good = bool(event.known_good)  # its arms are planned later
+        eta = event.eta
         bar = ""
         if event.total:
             filled = int(20 * event.done / event.total)
@@ -79,7 +93,7 @@ class ProgressPrinter:
         click.echo(f"  {event.stage:7} {bar}{event.message}{timing}", err=True)
 
 
-def _progress_printer() -> Any:
+def _progress_printer() -> ProgressPrinter:
     return ProgressPrinter()
 
 
@@ -87,8 +101,6 @@ def with_one_sided_p(store: Store, diagnosis: dict[str, Any]) -> dict[str, Any]:
     """A copy of the diagnosis for printing, each arm with the one-sided p (`p_less`) its
     decision used, read from the arm's stored measurement (the diagnosis JSON keeps the
     two-sided `p_value` only)."""
-    from kb.store import evidence_payloads
-
     arms = [dict(arm) for arm in diagnosis.get("arms", [])]
     keys = [str(arm["evidence"]) for arm in arms if arm.get("evidence")]
     try:
@@ -115,8 +127,6 @@ def _p_text(arm: dict[str, Any]) -> str:
 
 def observation_sentence(obs: dict[str, Any]) -> str:
     """One observation as a sentence for people, with the evidence id it was stored as."""
-    from triage.observe import observation_summary
-
     name = str(obs.get("name"))
     facts = {k: v for k, v in obs.items() if k not in ("name", "prompt_tail", "evidence")}
     if name in _PRINTED_OBSERVATIONS or facts.get("error"):
@@ -237,9 +247,6 @@ def _arm_lines(arms: list[dict[str, Any]]) -> list[str]:
 def _load_exchange(
     request: Path, response: Path | None, fmt: str
 ) -> tuple[dict[str, Any], list[Any], dict[str, Any]]:
-    from triage.capture import CaptureError, load_file, read_file
-    from triage.symptoms import classify
-
     try:
         if response is not None:
             exchanges = load_file(request, format=fmt, response=response)
@@ -349,9 +356,6 @@ def diagnose_command(
     resume: bool,
 ) -> None:
     """Reproduce a failing exchange against its stack and decide which causes are real."""
-    from triage.engine import DiagnoseOptions
-    from triage.stackfile import StackError, load_stack
-
     if stack_path is None:
         raise click.UsageError("--stack STACK.toml is required")
     try:
@@ -402,14 +406,11 @@ def _run_diagnosis(
     request_path: Path | None,
     response_path: Path | None,
     fmt: str,
-    stack: Any,
+    stack: Stack,
     incident: str | None,
-    options: Any,
+    options: DiagnoseOptions,
     resume: bool,
 ) -> dict[str, Any]:
-    from triage.engine import EngineError, diagnose, run_to_resume
-    from triage.engine import resume as resume_run
-
     try:
         if resume:
             # The caller's own run: same stack (and request, incident when given), never one
@@ -420,8 +421,6 @@ def _run_diagnosis(
             run = run_to_resume(store, stack, request=wanted, incident=incident)
             label = (run.plan or {}).get("stack_label") or "stack not recorded"
             with store.session(readonly=True) as session:
-                from kb.runs import run_incident_slug
-
                 slug = run_incident_slug(session, run)
             click.echo(f"resuming run {run.id} of {slug} (stack: {label})", err=True)
             diagnosis = resume_run(store, run, stack, options=options, progress=_progress_printer())
@@ -453,7 +452,7 @@ def _run_diagnosis(
     return diagnosis
 
 
-def _print_atlas_before(stack: Any, exchange: dict[str, Any], findings: list[Any]) -> None:
+def _print_atlas_before(stack: Stack, exchange: dict[str, Any], findings: list[Any]) -> None:
     """Before probing: what the atlas says about the capture and the stack (on stderr, with
     the progress lines)."""
     matches, checked, warning = diagnosis_matches(stack, exchange, findings)
@@ -465,8 +464,6 @@ def _print_atlas_before(stack: Any, exchange: dict[str, Any], findings: list[Any
 def _interrupted_message(store: Store) -> str:
     """What a Ctrl-C left behind: the run to resume, or nothing when it came before the
     run was recorded (the incident's server was still starting)."""
-    from kb.runs import RunOwner, resumable_runs
-
     me = RunOwner.current()
     try:
         with store.session() as session:
@@ -493,8 +490,6 @@ def _interrupted_message(store: Store) -> str:
 @click.pass_context
 def show_command(ctx: click.Context, slug: str, as_json: bool) -> None:
     """Print the latest diagnosis of an incident."""
-    from triage.engine import latest_diagnosis, latest_run_state
-
     with open_store(ctx) as store:
         diagnosis = latest_diagnosis(store, slug)
         exists, state, label = latest_run_state(store, slug, with_stack=True)
@@ -533,8 +528,6 @@ def show_command(ctx: click.Context, slug: str, as_json: bool) -> None:
 @click.pass_context
 def demo_command(ctx: click.Context, work_dir: Path | None, ui: bool, max_requests: int) -> None:
     """Diagnose the gemma4-thinking-budget drill (speculative draft + alternate weights)."""
-    from triage.demo import run_demo
-
     database = ctx.obj.get("database") if ctx.obj else None
     diagnosis = run_demo(
         database, work_dir, max_requests=max_requests, progress=_progress_printer()
@@ -542,6 +535,4 @@ def demo_command(ctx: click.Context, work_dir: Path | None, ui: bool, max_reques
     with open_store(ctx) as store:
         click.echo(format_diagnosis(with_one_sided_p(store, diagnosis)))
     if ui:
-        from triage.commands.ui import start_ui
-
         start_ui(database)

@@ -8,11 +8,11 @@ from typing import Any
 
 import click
 
-from kb.files import IMPORT_BATCH, export_incidents, import_files, list_records, load_record
+from kb.domain.textguard import shorten
 from kb.models import CAUSE_STATUSES, INCIDENT_STATUSES
-from kb.sidecar import sidecar_paths
-from kb.store import StoreError, count_orphan_evidence, open_incident
-from kb.textguard import shorten
+from kb.repo.files import IMPORT_BATCH, export_incidents, import_files, list_records, load_record
+from kb.repo.sidecar import sidecar_paths
+from kb.repo.store import StoreError, count_orphan_evidence, open_incident
 from triage.catalogue import catalogue
 from triage.commands import echo_json, open_store
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import click
 
-from kb.family import (
+from kb.models import INCIDENT_STATUSES
+from kb.repo.family import (
     FamilyMatch,
     Signature,
     incident_signature,
@@ -20,9 +21,8 @@ from kb.family import (
     similar_incidents,
     stack_fingerprint,
 )
-from kb.models import INCIDENT_STATUSES
-from kb.search import HIGHLIGHT_END, HIGHLIGHT_START, SearchHit, search
-from kb.store import Store, StoreError, get_incident
+from kb.repo.search import HIGHLIGHT_END, HIGHLIGHT_START, SearchHit, search
+from kb.repo.store import Store, StoreError, get_incident
 from triage.catalogue import catalogue
 from triage.catalogue.numbering import vocabulary
 from triage.commands import echo_json, open_store
@@ -274,7 +274,7 @@ def family_command(
 
     The signature is the failed finding kinds, the confirmed causes and the stack
     fingerprint (model family, server build, speculative decoding, thinking default);
-    matches are ranked by a weighted Jaccard similarity (see kb.family). For a capture
+    matches are ranked by a weighted Jaccard similarity (see kb.repo.family). For a capture
     file the findings come from the symptom checks and the stack from the replies
     themselves (model, system_fingerprint, timings) plus --stack.
     """

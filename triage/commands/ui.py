@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 from sqlalchemy.exc import SQLAlchemyError
 
-from kb.store import Store, StoreError, database_url, describe_db_error, redact_url
+from kb.repo.store import Store, StoreError, database_url, describe_db_error, redact_url
 from triage.ui.auth import (
     UiConfigError,
     UiSettings,

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from triage.drills import gemma4
+from triage.drills.drill import Drill, finish
 
 __all__ = [
     "CONVERSATION_DRILL",
@@ -72,7 +73,7 @@ def client_view_capture(request: dict[str, Any], stream: str) -> dict[str, Any]:
     return {"request": request, "stream": stream, "client_view": {"content": "".join(content)}}
 
 
-def record_capture(drill: Any, folder: Path, timeout: float = 120.0) -> Path:
+def record_capture(drill: Drill, folder: Path, timeout: float = 120.0) -> Path:
     """Record the client-view capture of the `client-content-only` drill: the drill
     server's real streamed answer to its `streamed` request (seed 7) and a content-only
     client's view of it, written to `folder/client-view.json`. The server is stopped on
@@ -102,9 +103,7 @@ def record_capture(drill: Any, folder: Path, timeout: float = 120.0) -> Path:
     return path
 
 
-def client_content_only(out_dir: Path, template: str) -> Any:
-    from triage.drills.registry import _finish
-
+def client_content_only(out_dir: Path, template: str) -> Drill:
     spec = gemma4.toolcall_design()
     messages = [{"role": "user", "content": gemma4.WEATHER_PROMPT}]
     streamed = {
@@ -147,7 +146,7 @@ def client_content_only(out_dir: Path, template: str) -> Any:
             }
         ],
     }
-    return _finish(STREAM_DRILL, spec, out_dir, template, manifest, [streamed], {})
+    return finish(STREAM_DRILL, spec, out_dir, template, manifest, [streamed], {})
 
 
 def conversation_request() -> dict[str, Any]:
@@ -171,9 +170,7 @@ def conversation_request() -> dict[str, Any]:
     }
 
 
-def conversation_python_args(out_dir: Path, template: str) -> Any:
-    from triage.drills.registry import _finish
-
+def conversation_python_args(out_dir: Path, template: str) -> Drill:
     spec = gemma4.toolcall_design()
     unchanged = "The history is refused before any token is sampled: HTTP 500 in every arm "
     causes = _seed_causes(
@@ -227,4 +224,4 @@ def conversation_python_args(out_dir: Path, template: str) -> Any:
         ],
     }
     request = conversation_request()
-    return _finish(CONVERSATION_DRILL, spec, out_dir, template, manifest, [request], {})
+    return finish(CONVERSATION_DRILL, spec, out_dir, template, manifest, [request], {})

@@ -207,8 +207,7 @@ def run_drill(name: str, work: Path, causes: Sequence[str], max_requests: int | 
     """Build drill `name` in `work`, diagnose its failing request, return its row."""
     import time
 
-    from kb.store import Store
-    from triage.drills import gateway as gateway_drill
+    from kb.repo.store import Store
     from triage.drills.registry import SERVED, build_drill
     from triage.engine import DiagnoseOptions, diagnose
     from triage.stackfile import load_stack
@@ -219,8 +218,8 @@ def run_drill(name: str, work: Path, causes: Sequence[str], max_requests: int | 
         request, cap = failing_request(drill.manifest)
         with ExitStack() as services:
             stack_path, capture = drill.out_dir / "stack.toml", _recorded_capture(drill, work)
-            if drill.name in SERVED:  # a running server behind a real gateway
-                served = services.enter_context(gateway_drill.serve(drill, work / "served"))
+            if drill.name in SERVED:  # a running server behind a real gateway or proxy
+                served = services.enter_context(SERVED[drill.name](drill, work / "served"))
                 stack_path = served.stack_path
                 capture = {
                     "request": served.request,

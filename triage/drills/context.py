@@ -28,15 +28,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from triage.drills import gemma4
 from triage.drills.compiler import compile_design
+from triage.drills.drill import Drill, manifest_head, weight_facts
 from triage.drills.host import host_workaround_args, host_workaround_note
 from triage.drills.language import Design
-
-if TYPE_CHECKING:
-    from triage.drills.registry import Drill
 
 NAME = "context-size"
 SHIFT_NAME = "context-shift"
@@ -173,8 +171,6 @@ def _write(
     requests: list[dict[str, Any]],
 ) -> Drill:
     """Compile the model, write request files, manifest.json and stack.toml."""
-    from triage.drills.registry import Drill, manifest_head, weight_facts
-
     out_dir.mkdir(parents=True, exist_ok=True)
     model = compile_design(
         design,

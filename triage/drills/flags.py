@@ -11,12 +11,10 @@ a stack naming that line.)
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from triage.drills import gemma4, reason
-
-if TYPE_CHECKING:
-    from triage.drills.registry import Drill
+from triage.drills.drill import Drill, finish, request_body
 
 NAME = "server-flags-no-jinja"
 
@@ -54,11 +52,10 @@ def manifest_causes() -> dict[str, Any]:
 def build(out_dir: Path, template: str) -> Drill:
     """Generate the server-flags-no-jinja drill into `out_dir` (the Qwen3.5 template from the
     sdist, which llama-server also knows without Jinja as ChatML, so the server starts)."""
-    from triage.drills.registry import _finish, _request_body
 
     spec = reason.structured_design()
     messages = [{"role": "user", "content": reason.CITY_PROMPT}]
-    body = _request_body(
+    body = request_body(
         messages, tools=[gemma4.WEATHER_TOOL], max_tokens=256, temperature=0.0, seed=42
     )
     manifest = {
@@ -76,7 +73,7 @@ def build(out_dir: Path, template: str) -> Drill:
             }
         ],
     }
-    return _finish(
+    return finish(
         NAME,
         spec,
         out_dir,

@@ -26,15 +26,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from triage.drills import gemma4
 from triage.drills.context import _write
+from triage.drills.drill import Drill
 from triage.drills.gateways import LITELLM_KEY_ENV, LITELLM_MODEL, running_gateway
 from triage.drills.language import Design
-
-if TYPE_CHECKING:
-    from triage.drills.registry import Drill
 
 NGINX = "gateway-timeout-nginx"
 LITELLM = "gateway-timeout-litellm"

@@ -32,8 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from triage.drills.drill import Drill, manifest_head
 from triage.drills.real import MODELS, model_path
-from triage.drills.registry import Drill, manifest_head
 
 # One compute thread, as for the other drills: several servers on 2 shared cores.
 THREADS = ["-t", "1", "-tb", "1"]

@@ -31,15 +31,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from triage.drills import gemma4
+from triage.drills.drill import Drill, finish
 from triage.drills.language import Design, TokenKind, Vocabulary
 from triage.drills.template import TemplateNotFound
 from triage.llama.build import source_dir
-
-if TYPE_CHECKING:
-    from triage.drills.registry import Drill
 
 LEAK_PROMPT = "What is the capital of France?"
 LEAK_THOUGHT = "\nThe user asks for the capital of France. That is Paris."
@@ -154,8 +152,6 @@ def _seed_verdicts(weights_why: str, parsing_why: str) -> dict[str, Any]:
 
 def reasoning_leak(out_dir: Path, template: str) -> Drill:
     """Gemma 4 served with --reasoning-format none: the thought is returned in content."""
-    from triage.drills.registry import _finish
-
     spec = leak_design()
     body = {
         "messages": [{"role": "user", "content": LEAK_PROMPT}],
@@ -198,7 +194,7 @@ def reasoning_leak(out_dir: Path, template: str) -> Drill:
         ],
     }
     contrasts = {"greedy-reasoning-format-auto": {**body, "reasoning_format": "auto"}}
-    return _finish(
+    return finish(
         "gemma4-reasoning-leak",
         spec,
         out_dir,
@@ -212,8 +208,6 @@ def reasoning_leak(out_dir: Path, template: str) -> Drill:
 
 def structured_output(out_dir: Path, template: str) -> Drill:
     """A GBNF grammar on a thinking model whose template opens the thought in the prompt."""
-    from triage.drills.registry import _finish
-
     spec = structured_design()
     body = {
         "messages": [{"role": "user", "content": CITY_PROMPT}],
@@ -263,7 +257,7 @@ def structured_output(out_dir: Path, template: str) -> Drill:
         "no-grammar": plain,
         "thinking-off": {**body, "chat_template_kwargs": {"enable_thinking": False}},
     }
-    return _finish(
+    return finish(
         "qwen35-structured-output",
         spec,
         out_dir,

@@ -2,143 +2,68 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from triage.drills import client, flags, gateway, gemma4, kv_cache, model_file, reason
+from triage.drills import (
+    client,
+    flags,
+    gateway,
+    gemma4,
+    kv_cache,
+    model_file,
+    real_drills,
+    reason,
+)
 from triage.drills import context as context_drill
+from triage.drills import embedding as embedding_drill
 from triage.drills import schema as schema_drill
-from triage.drills.compiler import WEIGHT_FORMATS, compile_design
-from triage.drills.host import host_workaround_args, host_workaround_note
-from triage.drills.template import gemma4_template, template_sha256
-from triage.llama.build import BUILD_NUMBER
+from triage.drills import stream_format as stream_drill
+from triage.drills.drill import (
+    DRAFT_THREAD_ARGS,
+    GEMMA4_TEMPLATE_SOURCE,
+    MANIFEST_VERSION,
+    SERVER_ARGS,
+    Drill,
+    finish,
+    manifest_head,
+    request_body,
+    spec_args,
+    toml_value,
+    weight_facts,
+    write_stack,
+)
+from triage.drills.template import gemma4_template
 
-MANIFEST_VERSION = 1
-# 4 slots of 4096 tokens: room for a token-limit probe at 4x max_tokens (3200 + prompt).
-# One compute thread: the drill models are tiny, and several multi-threaded servers on a
-# busy 2-core machine spin against each other (measured: 228 vs 5600 tokens/s).
-SERVER_ARGS = ["-c", "16384", "-np", "4", "-t", "1", "-tb", "1"]
-DRAFT_THREAD_ARGS = ["-td", "1", "-tbd", "1"]
-
-
-def spec_args(draft: Path | str) -> list[str]:
-    """The speculative-decoding flags of a drill server (what a spec-off probe removes)."""
-    return ["--spec-type", "draft-simple", "-md", str(draft), *DRAFT_THREAD_ARGS]
-
-
-@dataclass
-class Drill:
-    """A generated drill: model files, ground truth and the scripted failing requests."""
-
-    name: str
-    out_dir: Path
-    models: dict[str, Path]
-    manifest: dict[str, Any]
-    requests: list[dict[str, Any]]
-    server_args: list[str]
-    contrasts: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # Set when the server args carry a host workaround (--no-repack on an AMX host).
-    host_note: str | None = None
-
-    @property
-    def model(self) -> Path:
-        """The incident's weights file ("qat")."""
-        return self.models["qat"]
-
-    def request(self, name: str) -> dict[str, Any]:
-        """A scripted request (or contrast) by its manifest name."""
-        for described, body in zip(self.manifest["requests"], self.requests, strict=True):
-            if described["name"] == name:
-                return body
-        if name in self.contrasts:
-            return self.contrasts[name]
-        raise KeyError(f"drill {self.name} has no request {name!r}")
-
-    def expected(self, cause_id: str) -> str:
-        """Expected verdict of a catalogue cause."""
-        return str(self.manifest["causes"][cause_id]["expected"])
-
-
-GEMMA4_TEMPLATE_SOURCE = "llama.cpp/models/templates/google-gemma-4-31B-it.jinja"
-
-
-def manifest_head(
-    name: str, template: str | None = None, template_source: str = GEMMA4_TEMPLATE_SOURCE
-) -> dict[str, Any]:
-    """The fields every drill manifest starts with (the template's when it embeds one)."""
-    head: dict[str, Any] = {
-        "manifest_version": MANIFEST_VERSION,
-        "drill": name,
-        "designed_for_build": BUILD_NUMBER,
-    }
-    if template is not None:
-        head["template"] = {"source": template_source, "sha256": template_sha256(template)}
-    return head
-
-
-def weight_facts(path: Path, fmt: str) -> dict[str, Any]:
-    """What a manifest says about one weight file: name, format, GGUF file type, sha256."""
-    return {
-        "file": path.name,
-        "format": fmt,
-        "file_type": WEIGHT_FORMATS[fmt].file_type.name,
-        "sha256": _sha256(path),
-    }
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid TOML basic string
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
-    raise TypeError(f"no TOML form for {value!r}")
-
-
-def write_stack(drill: Drill, path: Path | None = None) -> Path:
-    """stack.toml for the engine: the incident server (qat + draft) and its alternates."""
-    path = path or drill.out_dir / "stack.toml"
-    # Paths relative to the stack file's folder, as stack.toml specifies.
-    args = [Path(arg).name if arg.endswith(".gguf") else arg for arg in drill.server_args]
-    lines = [
-        f"# Drill {drill.name}: generated by triage.drills; ground truth in manifest.json",
-        *(
-            [f"# {drill.host_note} -- added for this drill, not part of the incident"]
-            if drill.host_note
-            else []
-        ),
-        "[server]",
-        f"model = {_toml_value(drill.models['qat'].name)}",
-        f"args = {_toml_value(args)}",
-        "",
-        "[alternates]",
-        f"model = {_toml_value(drill.models['mxfp4'].name)}",
-        "",
-    ]
-    path.write_text("\n".join(lines))
-    return path
-
-
-def _request_body(messages: list[dict[str, Any]], **settings: Any) -> dict[str, Any]:
-    return {"messages": messages, **settings}
+# The shared drill pieces live in triage.drills.drill (below the builders, so no builder
+# imports this registry); re-exported here, where callers have always found them.
+__all__ = [
+    "CAPTURE_RECORDERS",
+    "DRAFT_THREAD_ARGS",
+    "GEMMA4_TEMPLATE_SOURCE",
+    "MANIFEST_VERSION",
+    "SERVED",
+    "SERVER_ARGS",
+    "Drill",
+    "build_drill",
+    "finish",
+    "list_drills",
+    "manifest_head",
+    "request_body",
+    "spec_args",
+    "toml_value",
+    "weight_facts",
+    "write_stack",
+]
 
 
 def _thinking_budget(out_dir: Path, template: str) -> Drill:
     spec = gemma4.thinking_budget_design()
     messages = [{"role": "user", "content": gemma4.HARBOUR_PROMPT}]
-    greedy = _request_body(messages, max_tokens=800, temperature=0.0, seed=42)
-    sampled = _request_body(messages, max_tokens=800, temperature=1.0)
+    greedy = request_body(messages, max_tokens=800, temperature=0.0, seed=42)
+    sampled = request_body(messages, max_tokens=800, temperature=1.0)
     reasoning_chars = gemma4.expected_reasoning_chars(spec.design, 800)
     manifest = gemma4.thinking_budget_manifest(spec.facts, max_tokens=800)
     answer_chars = len(gemma4.HARBOUR_PARAGRAPH)
@@ -178,7 +103,7 @@ def _thinking_budget(out_dir: Path, template: str) -> Drill:
             },
         },
     ]
-    return _finish(
+    return finish(
         "gemma4-thinking-budget", spec, out_dir, template, manifest, [greedy, sampled], contrasts
     )
 
@@ -186,7 +111,7 @@ def _thinking_budget(out_dir: Path, template: str) -> Drill:
 def _toolcall(out_dir: Path, template: str) -> Drill:
     spec = gemma4.toolcall_design()
     messages = [{"role": "user", "content": gemma4.WEATHER_PROMPT}]
-    sampled = _request_body(messages, tools=[gemma4.WEATHER_TOOL], max_tokens=256, temperature=1.0)
+    sampled = request_body(messages, tools=[gemma4.WEATHER_TOOL], max_tokens=256, temperature=1.0)
     manifest = gemma4.toolcall_manifest(spec.facts)
     manifest["requests"] = [
         {
@@ -222,62 +147,7 @@ def _toolcall(out_dir: Path, template: str) -> Drill:
             "expect": {"finish_reason": "tool_calls", "failure_rate": 0.0},
         },
     ]
-    return _finish("gemma4-toolcall", spec, out_dir, template, manifest, [sampled], contrasts)
-
-
-def _finish(
-    name: str,
-    spec: gemma4.DrillDesign,
-    out_dir: Path,
-    template: str,
-    manifest: dict[str, Any],
-    requests: list[dict[str, Any]],
-    contrasts: dict[str, dict[str, Any]],
-    *,
-    extra_args: tuple[str, ...] = (),
-    template_source: str = GEMMA4_TEMPLATE_SOURCE,
-) -> Drill:
-    """Compile the design's weight files and write manifest, requests and stack.toml;
-    `extra_args` are incident server flags beyond the shared ones (part of the incident)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    models: dict[str, Path] = {}
-    model_facts: dict[str, Any] = {}
-    for label, fmt in {**gemma4.WEIGHT_FILES, "draft": gemma4.DRAFT_FORMAT}.items():
-        design = spec.draft if label == "draft" else spec.design
-        path = compile_design(
-            design,
-            out_dir / f"{name}-{label}.gguf",
-            weight_format=fmt,
-            chat_template=template,
-            model_name=f"{name}-{label}",
-        )
-        models[label] = path
-        model_facts[label] = {**weight_facts(path, fmt), "bytes": path.stat().st_size}
-    # On an AMX host the drill servers avoid the crashing repacked AMX path (see drills.host).
-    host_args = host_workaround_args()
-    host_note = host_workaround_note() if host_args else None
-    server_args = [*SERVER_ARGS, *extra_args, *host_args, *spec_args(models["draft"])]
-    full_manifest = {
-        **manifest_head(name, template, template_source),
-        "vocab_size": len(spec.design.vocab),
-        "models": model_facts,
-        "server_args": [
-            *SERVER_ARGS,
-            *extra_args,
-            *host_args,
-            *spec_args(models["draft"].name),
-        ],
-        "spec_args": spec_args(models["draft"].name),
-        "host_workaround": host_note,
-        **manifest,
-    }
-    for described, body in zip(full_manifest["requests"], requests, strict=True):
-        described["file"] = f"request-{described['name']}.json"
-        (out_dir / described["file"]).write_text(json.dumps(body, indent=2) + "\n")
-    (out_dir / "manifest.json").write_text(json.dumps(full_manifest, indent=2) + "\n")
-    drill = Drill(name, out_dir, models, full_manifest, requests, server_args, contrasts, host_note)
-    write_stack(drill)
-    return drill
+    return finish("gemma4-toolcall", spec, out_dir, template, manifest, [sampled], contrasts)
 
 
 _BUILDERS: dict[str, Callable[[Path, str], Drill]] = {
@@ -294,16 +164,19 @@ _BUILDERS: dict[str, Callable[[Path, str], Drill]] = {
     gateway.LITELLM: gateway.build_litellm,
     flags.NAME: flags.build,
     schema_drill.NAME: schema_drill.build,
+    embedding_drill.NAME: embedding_drill.build,
+    stream_drill.NAME: stream_drill.build,
 }
 
 # Drills that are served, not only built: a running llama-server behind a real gateway
-# (triage.drills.gateway.serve starts both, yields the stack and the client's capture).
-SERVED = frozenset(gateway.KINDS)
+# (triage.drills.gateway.serve starts both, yields the stack and the client's capture) or
+# behind the stream-rewriting proxy (triage.drills.stream_format.serve, the same shape).
+SERVED: dict[str, Callable[[Drill, Path], AbstractContextManager[Any]]] = {
+    **{name: gateway.serve for name in gateway.KINDS},
+    stream_drill.NAME: stream_drill.serve,
+}
 
 # Real-model drills (issue 23): real GGUF files from PyPI packages, measured ground truth.
-# Imported here, after Drill: the module builds Drill records.
-from triage.drills import real_drills  # noqa: E402
-
 _BUILDERS.update(real_drills.BUILDERS)
 
 

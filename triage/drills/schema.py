@@ -12,13 +12,11 @@ server reads is llama-server's own request parsing, whatever the model.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from triage.drills import gemma4, reason
+from triage.drills.drill import Drill, finish
 from triage.drills.language import Design, TokenKind, Vocabulary
-
-if TYPE_CHECKING:
-    from triage.drills.registry import Drill
 
 NAME = "schema-not-enforced"
 PLAIN_PIECES = ("It", " is", " in", " Paris", ".")
@@ -99,8 +97,6 @@ def manifest_causes() -> dict[str, Any]:
 
 def build(out_dir: Path, template: str) -> Drill:
     """Generate the schema-not-enforced drill into `out_dir` (the Qwen3.5 template)."""
-    from triage.drills.registry import _finish
-
     spec = design()
     body: dict[str, Any] = {
         "messages": [{"role": "user", "content": reason.CITY_PROMPT}],
@@ -129,7 +125,7 @@ def build(out_dir: Path, template: str) -> Drill:
         "type": "json_schema",
         "json_schema": {"name": "city", "schema": CITY_SCHEMA},
     }
-    return _finish(
+    return finish(
         NAME,
         spec,
         out_dir,

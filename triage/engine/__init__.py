@@ -15,13 +15,22 @@ from __future__ import annotations
 
 from typing import Any, Literal, overload
 
-from kb import runs as _runs
+from kb.domain.records import RAW_TEXT_LIMIT, Reply
 from kb.models import TriageRun
-from kb.records import RAW_TEXT_LIMIT, Reply
-from kb.store import Store, get_incident
+from kb.repo import runs as _runs
+from kb.repo.store import Store, get_incident
+from triage.engine.events import (
+    ArmSkipped,
+    ArmsPlanned,
+    Event,
+    LookStarted,
+    ProgressEvent,
+    ProgressFn,
+    RepliesIn,
+)
 from triage.engine.replay import ArmResult, replay_rate
 from triage.engine.replayer import classify_reply
-from triage.engine.runner import ACTOR, DiagnoseOptions, Diagnoser, ProgressEvent, ProgressFn
+from triage.engine.runner import ACTOR, DiagnoseOptions, Diagnoser
 from triage.engine.scheduler import ArmState
 from triage.engine.servers import EngineError, Server, open_server
 
@@ -29,12 +38,17 @@ __all__ = [
     "ACTOR",
     "RAW_TEXT_LIMIT",
     "ArmResult",
+    "ArmSkipped",
     "ArmState",
+    "ArmsPlanned",
     "DiagnoseOptions",
     "Diagnoser",
     "EngineError",
+    "Event",
+    "LookStarted",
     "ProgressEvent",
     "ProgressFn",
+    "RepliesIn",
     "Reply",
     "Server",
     "classify_reply",

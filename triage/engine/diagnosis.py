@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kb.domain.records import ArmSummary, Diagnosis, DiagnosisArm, DiagnosisCause
 from kb.models import utcnow
-from kb.records import ArmSummary, Diagnosis, DiagnosisArm, DiagnosisCause
 from triage.causes import BASELINE, Verdict
 from triage.engine.scheduler import ArmState
 from triage.engine.servers import safe_describe

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kb import runs
-from kb.files import load_record
-from kb.records import ArmSummary, Reply
-from kb.store import Store, add_evidence, get_incident
+from kb.domain.records import ArmSummary, Reply
+from kb.repo import runs
+from kb.repo.files import load_record
+from kb.repo.store import Store, add_evidence, get_incident
 
 __all__ = ["Recorder"]
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kb.records import Reply
-from kb.store import data_dir
+from kb.domain.records import Reply
+from kb.repo.store import data_dir
 from triage import probes
 from triage.engine.diagnosis import arm_summary
 from triage.engine.replayer import score_one

@@ -13,7 +13,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-from kb.records import Reply
+from kb.domain.records import Reply
 from triage import probes
 from triage.causes import BASELINE
 from triage.engine.pacing import PaceOptions, ReplayTimeout, ServerPace, timed_chat

@@ -5,7 +5,7 @@ A run belongs to one incident and one stack. Each run stores the fingerprints of
 and a short label of the stack. `--resume` continues the interrupted run whose stack
 fingerprint matches the stack given on the command line -- and whose request matches
 `--request` and whose incident is `--incident`, when given. It never takes over a run that
-a live process is still running (kb.runs.owner_alive), and it refuses to guess: when runs
+a live process is still running (kb.repo.runs.owner_alive), and it refuses to guess: when runs
 of more than one incident (or request) match, it lists them (slug, started, stack) and asks
 for `--incident`.
 """
@@ -17,7 +17,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from kb.runs import RunCandidate
+from kb.repo.runs import RunCandidate
 from triage.engine.servers import EngineError, safe_describe, server_label
 from triage.stackfile import Stack
 
@@ -78,7 +78,7 @@ def choose_run(
 ) -> RunCandidate:
     """The one run to resume, or EngineError saying why none is (with the runs it saw).
 
-    `candidates`: the unfinished runs, newest first (kb.runs.resumable_runs, already limited
+    `candidates`: the unfinished runs, newest first (kb.repo.runs.resumable_runs, already limited
     to `incident` when given). A run of an older version (no fingerprints) matches only
     when its incident was named."""
     stack_fp = stack_fingerprint(stack)

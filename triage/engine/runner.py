@@ -16,15 +16,15 @@ import copy
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kb import runs
-from kb.records import Reply
-from kb.store import Store, data_dir
+from kb.domain.records import Reply
+from kb.repo import runs
+from kb.repo.store import Store, data_dir
 from triage import causes as cause_rules
 from triage import graph as graph_mod
 from triage import observe, probes
@@ -32,6 +32,15 @@ from triage.engine import known_good, resuming
 from triage.engine.crashes import CRASH_KIND, crash_facts, report_of, startup_crash
 from triage.engine.diagnosis import arm_summary, build_diagnosis, server_seconds, stack_summary
 from triage.engine.eta import eta_bound
+from triage.engine.events import (
+    ArmSkipped,
+    ArmsPlanned,
+    Event,
+    LookStarted,
+    ProgressEvent,
+    ProgressFn,
+    RepliesIn,
+)
 from triage.engine.launches import LaunchPool, launch_rounds, memory_available
 from triage.engine.naming import (
     ModelIdentity,
@@ -57,10 +66,11 @@ from triage.engine.servers import (
     scrub_secrets,
     secret_values,
 )
+from triage.llama.endpoints import body_problem
 from triage.stackfile import ServerConfig, Stack
 from triage.stats import DEFAULT_CAP, look_schedule
 
-__all__ = ["ACTOR", "DiagnoseOptions", "Diagnoser", "ProgressEvent", "ProgressFn"]
+__all__ = ["ACTOR", "DiagnoseOptions", "Diagnoser"]
 
 ACTOR = "engine"
 QUIET_SECONDS = 30.0  # a progress line at least this often while replies come in
@@ -86,20 +96,6 @@ class DiagnoseOptions:
     # Cumulative replays at which arms are examined; default: stats.look_schedule(cap).
     # A single look (e.g. [30]) is a fixed-sample design, for comparison benchmarks.
     looks: list[int] | None = None
-
-
-@dataclass
-class ProgressEvent:
-    stage: str
-    message: str
-    done: int = 0
-    total: int = 0
-    # An upper bound on the seconds left, from measured replay times (triage.engine.eta);
-    # None until a replay has been timed.
-    eta: float | None = None
-
-
-ProgressFn = Callable[[ProgressEvent], None]
 
 
 class Diagnoser:
@@ -165,11 +161,12 @@ class Diagnoser:
         )
 
     # -- bookkeeping ---------------------------------------------------------------------
-    def _emit(self, stage: str, message: str, done: int = 0, total: int = 0) -> None:
+    def _emit(self, event: Event) -> None:
         self.recorder.heartbeat()  # a run that stops beating is taken as abandoned
         self.last_emit = time.monotonic()
-        eta = self._eta() if stage == "probe" else None
-        self.progress(ProgressEvent(stage, message, done, total, eta))
+        if isinstance(event, LookStarted | RepliesIn):
+            event = dataclasses.replace(event, eta=self._eta())
+        self.progress(event)
 
     def _eta(self) -> float | None:
         """The bound on the time left: replays still possible x measured time per replay /
@@ -274,12 +271,7 @@ class Diagnoser:
 
     def _scheduler(self) -> Scheduler:
         def on_look(look: int, target: int, active: list[str]) -> None:
-            self._emit(
-                "probe",
-                f"look {look + 1}/{len(self.schedule)}: {target} replays for " + ", ".join(active),
-                look + 1,
-                len(self.schedule),
-            )
+            self._emit(LookStarted(look + 1, len(self.schedule), target, tuple(active)))
 
         return Scheduler(
             self.schedule,
@@ -338,10 +330,11 @@ class Diagnoser:
                 kg_dims = probes.known_good_dimensions(self.stack) if base is not None else {}
                 server_arms = [p for p in self.planned.values() if p.level == "server"]
                 self._emit(
-                    "plan",
-                    f"{len(self.planned) - len(server_arms)} request arms, "
-                    f"{len(server_arms)} server arms"
-                    + (f", known-good search over {sorted(kg_dims)}" if kg_dims else ""),
+                    ArmsPlanned(
+                        len(self.planned) - len(server_arms),
+                        len(server_arms),
+                        tuple(sorted(kg_dims)),
+                    )
                 )
                 assert self.recorder.run_id is not None
                 log_dir = self.log_dir / f"run-{self.recorder.run_id}"
@@ -380,12 +373,9 @@ class Diagnoser:
 
     def _preflight(self) -> None:
         """Refuse what cannot work before launching or recording anything."""
-        messages = self.request.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise EngineError(
-                "request: $.messages is required (a non-empty list of chat "
-                "messages); llama-server refuses a chat request without it"
-            )
+        problem = body_problem(self.request)
+        if problem is not None:
+            raise EngineError(f"request: {problem}")
         if self.incident_slug and not self.recorder.incident_exists(self.incident_slug):
             raise EngineError(
                 f"--incident {self.incident_slug!r}: no such incident (omit "
@@ -408,12 +398,14 @@ class Diagnoser:
             from triage.capture.redact import redact_url
 
             self._emit(
-                "launch",
-                f"using the running server at {redact_url(server.url)} (a URL stack: "
-                "triage neither starts nor stops it)",
+                ProgressEvent(
+                    "launch",
+                    f"using the running server at {redact_url(server.url)} (a URL stack: "
+                    "triage neither starts nor stops it)",
+                )
             )
         else:
-            self._emit("launch", "starting the incident's server")
+            self._emit(ProgressEvent("launch", "starting the incident's server"))
         stamp = (
             f"run-{self.recorder.run_id}"
             if self.recorder.run_id
@@ -438,7 +430,7 @@ class Diagnoser:
             crash = scrub_secrets(crash, self.secrets)
             # A crash at startup is the failure to diagnose, not an error (issue 12).
             self.crash = crash
-            self._emit("crash", crash["summary"] + "; diagnosing the crash")
+            self._emit(ProgressEvent("crash", crash["summary"] + "; diagnosing the crash"))
             return None
         self.servers[base.key] = base
         return base
@@ -462,6 +454,7 @@ class Diagnoser:
             self._crash_mode_after(base, log_dir)
             return
         self._skip_unmet()
+        self._configure()
         request_arms = [p for p in self.planned.values() if p.level == "request"]
         client_side = gateway_server(self.stack, base)  # what the client used
         for planned in request_arms:
@@ -510,7 +503,25 @@ class Diagnoser:
                 continue
             del self.planned[name], self.arms[name]
             self.skipped.append({"arm": name, "reason": why})
-            self._emit("plan", f"skipped {name}: {why}")
+            self._emit(ArmSkipped(name, why))
+
+    def _configure(self) -> None:
+        """Server-level arms whose launch depends on the observations (PlannedArm.configure,
+        e.g. -ub from the measured input tokens): launched as configured, or skipped."""
+        for name, planned in list(self.planned.items()):
+            if planned.configure is None:
+                continue
+            outcome = planned.configure(self.facts)
+            if isinstance(outcome, str):
+                if self.arms[name].replies:  # a resumed run keeps what it recorded
+                    continue
+                del self.planned[name], self.arms[name]
+                self.skipped.append({"arm": name, "reason": outcome})
+                self._emit(ArmSkipped(name, outcome))
+                continue
+            check_config(outcome, f"arm {name}")
+            self.planned[name] = dataclasses.replace(planned, config=outcome)
+            self.arms[name].group = outcome.key()
 
     def _server_rounds(self) -> list[list[str]]:
         """The server-level arms still to run, in rounds whose servers fit in memory together
@@ -529,7 +540,7 @@ class Diagnoser:
         for name in names:
             config = self.planned[name].config
             assert config is not None
-            self._emit("launch", f"starting server for {name}")
+            self._emit(ProgressEvent("launch", f"starting server for {name}"))
             pool.start(name, config, _safe(name))
 
     def _run_round(
@@ -574,7 +585,11 @@ class Diagnoser:
         failure to diagnose (issue 12), probed like a startup crash -- every replay is a
         launch plus one request -- by the crash-only arms (no-repack, ...)."""
         self.crash = crash_facts(base.failure)
-        self._emit("crash", self.crash["summary"] + "; diagnosing the crash, one launch per replay")
+        self._emit(
+            ProgressEvent(
+                "crash", self.crash["summary"] + "; diagnosing the crash, one launch per replay"
+            )
+        )
         self._prepare()  # the crash-only causes (cpu-backend) join the incident's causes
         self.arms.clear()
         self.planned.clear()
@@ -612,7 +627,7 @@ class Diagnoser:
             return
         for name, planned in self.planned.items():
             if planned.level == "server":
-                self._emit("launch", f"launching {name} once per replay")
+                self._emit(ProgressEvent("launch", f"launching {name} once per replay"))
                 asyncio.run(scheduler.run(self.arms, [name], router))
 
     def _reproduce(self, scheduler: Scheduler) -> bool:
@@ -631,7 +646,7 @@ class Diagnoser:
             "signature": self.signature.to_dict(),
         }
         if message is not None:
-            self._emit("gate", message)
+            self._emit(ProgressEvent("gate", message))
             for arm in self.arms.values():
                 if arm.name != cause_rules.BASELINE:
                     arm.stopped = "not run: the failure did not reproduce"
@@ -669,6 +684,7 @@ class Diagnoser:
             self.options.request_timeout,
             self.options.divergence_seeds,
             exchange=self.exchange or None,
+            client_side=gateway_server(self.stack, base),
         )
         facts: dict[str, Any] | None
         try:
@@ -704,9 +720,7 @@ class Diagnoser:
             arm = self.arms.get(replies[0].arm)
             if arm is not None:
                 self._emit(
-                    "probe",
-                    f"{arm.name}: {len(arm.replies)} replays in ({arm.failures} failing, "
-                    f"{len(arm.replies) - arm.n} without an answer)",
+                    RepliesIn(arm.name, len(arm.replies), arm.failures, len(arm.replies) - arm.n)
                 )
 
     # -- results -----------------------------------------------------------------------------
@@ -791,7 +805,7 @@ class Diagnoser:
         result: dict[str, Any] = self.recorder.record_results(
             summaries, self.facts, observe.observation_summary, rows, build
         )
-        self._emit("done", f"diagnosis of {self.recorder.incident_slug} recorded")
+        self._emit(ProgressEvent("done", f"diagnosis of {self.recorder.incident_slug} recorded"))
         return result
 
     def _cost(self) -> dict[str, Any]:

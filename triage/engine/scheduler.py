@@ -47,7 +47,7 @@ OPEN = ("not-run", "undecided")
 
 
 class ReplyLike(Protocol):
-    """What the scheduler reads of a reply (kb.records.Reply is one)."""
+    """What the scheduler reads of a reply (kb.domain.records.Reply is one)."""
 
     index: int
     failed: bool

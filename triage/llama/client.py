@@ -19,6 +19,7 @@ import httpx
 from httpx_sse import EventSource
 
 from triage.capture.redact import is_secret_header
+from triage.llama.endpoints import endpoint_of
 
 DEFAULT_TIMEOUT = 120.0
 CONNECT_TIMEOUT = 10.0
@@ -352,9 +353,13 @@ class LlamaClient:
     # --- chat ---------------------------------------------------------------------------
 
     async def chat(self, body: dict[str, Any], *, timeout: float | None = None) -> ChatResult:
-        """POST /v1/chat/completions (non-streaming); HTTP errors are returned, not raised."""
+        """POST /v1/chat/completions (non-streaming); HTTP errors are returned, not raised.
+        An embeddings or rerank body (`input`, `query` + `documents`: see
+        triage.llama.endpoints) goes to /v1/embeddings or /v1/rerank instead, so a replay
+        reaches the endpoint its captured request was for."""
         payload = {**body, "stream": False}
-        result = await self.request("POST", CHAT_PATH, json_body=payload, timeout=timeout)
+        path = endpoint_of(payload).path
+        result = await self.request("POST", path, json_body=payload, timeout=timeout)
         return ChatResult(**vars(result))
 
     async def chat_stream(

@@ -6,7 +6,7 @@ each one: builds the exchange the same way captures are built
 (`triage.capture.exchange_from_http`: request and response redacted), classifies it with the
 same symptom checks (`triage.symptoms.classify`), derives its failure signature, compresses
 the body (successes are kept with probability `sample_successes`; failures always), and
-writes the batch through `kb.live` in one transaction, where the change detection may open
+writes the batch through `kb.repo.live` in one transaction, where the change detection may open
 an incident.
 
 Database unavailable: the batch goes to a local JSONL spool (already redacted, each line
@@ -34,10 +34,10 @@ from typing import Any
 from filelock import FileLock
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from kb import live
 from kb.atlas.refs import add_references
 from kb.models import Incident
-from kb.store import Store
+from kb.repo import live
+from kb.repo.store import Store
 from triage.atlas.report import incident_references
 from triage.capture import CaptureError, exchange_from_http, redact_headers, redact_text
 from triage.proxy.grouping import (
@@ -266,7 +266,7 @@ def prepare(record: dict[str, Any], *, keep_success: bool, replica: str) -> Prep
 
 
 def _brief(payload: dict[str, Any], status: int | None) -> dict[str, Any]:
-    """The short form of a failing exchange's evidence (kb.live keeps the first example of
+    """The short form of a failing exchange's evidence (kb.repo.live keeps the first example of
     an incident whole and these for the others): what failed and how the reply ended, the
     body referenced by its live key instead of repeated (same prompt, same reply shape)."""
     exchange = payload.get("exchange") if isinstance(payload.get("exchange"), dict) else {}

@@ -1,8 +1,8 @@
 """What the UI writes, and its calls into the engine and the revisit.
 
 Pages call these; each write is one `kb` transaction. Decisions go through
-`kb.decisions.record_decision` (the same rules as `triage decide`); a status override goes
-through `kb.store.record_status_change`, so it lands in the cause's history like an engine
+`kb.repo.decisions.record_decision` (the same rules as `triage decide`); a status override goes
+through `kb.repo.store.record_status_change`, so it lands in the cause's history like an engine
 change; a revisit is `triage.revisit.revisit_incident`, the function `triage revisit` uses.
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 
 from sqlmodel import col, select
 
-from kb import decisions as kb_decisions
 from kb.models import CAUSE_STATUSES, DECISION_KINDS, Cause
-from kb.store import Store, StoreError, record_status_change, require_incident
+from kb.repo import decisions as kb_decisions
+from kb.repo.store import Store, StoreError, record_status_change, require_incident
 from triage import capture, engine, stackfile, symptoms
 from triage.catalogue import catalogue
 from triage.revisit import ReplayRate, RevisitResult, revisit_incident
@@ -38,7 +38,7 @@ class DecisionInput:
     tradeoff: str = ""
     fix: str = ""
     revisit_on: date | None = None
-    # Triggers in the CLI's syntax (kb.decisions.TRIGGER_SYNTAX), one per entry.
+    # Triggers in the CLI's syntax (kb.repo.decisions.TRIGGER_SYNTAX), one per entry.
     triggers: list[str] = field(default_factory=list)
     evidence_keys: list[str] = field(default_factory=list)
     # Record a FIXED decision even when the evidence does not verify it (labelled unverified).
@@ -57,7 +57,7 @@ class DecisionInput:
 
 
 def record_decision(store: Store, slug: str, decision: DecisionInput) -> None:
-    """Record PARKED / FIXED / REOPENED through kb.decisions (which moves the incident status)."""
+    """Record PARKED / FIXED / REOPENED through kb.repo.decisions (it moves the incident status)."""
     problems = decision.problems()
     if problems:
         raise ActionError("; ".join(problems))

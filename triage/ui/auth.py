@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kb.fileio import read_bounded
+from kb.repo.fileio import read_bounded
 
 __all__ = [
     "AUTH_MODES",
@@ -123,7 +123,7 @@ class UiSettings:
 
 def config_path(env: Mapping[str, str] | None = None) -> Path:
     """`TRIAGE_UI_CONFIG`, else `ui.toml` in the data directory."""
-    from kb.store import data_dir
+    from kb.repo.store import data_dir
 
     env = os.environ if env is None else env
     explicit = env.get(ENV_CONFIG)

@@ -2,7 +2,7 @@
 
 Pages never touch SQL or the ORM; they call these functions. The list queries push every
 filter and the page window into SQL, so the Incidents page costs the same with ten or ten
-thousand incidents. Incident detail comes from `kb.files.load_record` (the same dict shape
+thousand incidents. Incident detail comes from `kb.repo.files.load_record` (the same dict shape
 as an incident file's front matter), so the pages and the graph work on one shape.
 """
 
@@ -19,8 +19,6 @@ from sqlalchemy import func, or_
 from sqlalchemy import select as sa_select  # typed for wide column lists
 from sqlmodel import Session, col, select
 
-from kb import decisions as kb_decisions
-from kb import search as kb_search
 from kb.models import (
     CAUSE_STATUSES,
     DECISION_KINDS,
@@ -31,14 +29,16 @@ from kb.models import (
     Incident,
     Symptom,
 )
-from kb.store import Store, database_url, get_incident
+from kb.repo import decisions as kb_decisions
+from kb.repo import search as kb_search
+from kb.repo.store import Store, database_url, get_incident
 from triage.catalogue import CatalogueError
 from triage.catalogue import catalogue as process_catalogue
 from triage.catalogue.numbering import check_store_numbering
 from triage.ui.text import md_escape
 
 PAGE_SIZE = 50
-# A search lists its best hits only (kb.search builds a snippet for every hit it returns).
+# A search lists its best hits only (kb.repo.search builds a snippet for every hit it returns).
 SEARCH_LIMIT = 200
 
 
@@ -135,7 +135,7 @@ def _latest_decision_kind() -> Any:
 
 
 def _search(session: Session, query: str) -> dict[int, str]:
-    """Incident id -> matching snippet for a free-text query, best first (kb.search)."""
+    """Incident id -> matching snippet for a free-text query, best first (kb.repo.search)."""
     hits = kb_search.search(session, query, limit=SEARCH_LIMIT)
     slugs = [hit.slug for hit in hits]
     found = dict(
@@ -307,8 +307,8 @@ def filter_choices(causes: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
 
 def load_incident(store: Store, slug: str) -> dict[str, Any] | None:
     """The incident record (front-matter shape) or None when there is no such slug."""
-    from kb.files import load_record
-    from kb.store import get_incident
+    from kb.repo.files import load_record
+    from kb.repo.store import get_incident
 
     with store.session(readonly=True) as session:
         if get_incident(session, slug) is None:
@@ -346,7 +346,7 @@ class DecisionEntry:
     triggers: list[dict[str, Any]]
     latest: bool = False
     overdue: bool = False
-    state: str = ""  # for the latest PARKED decision: waiting | due | overdue (kb.decisions)
+    state: str = ""  # for the latest PARKED decision: waiting | due | overdue (kb.repo.decisions)
     reasons: list[str] = field(default_factory=list)
 
 
@@ -357,7 +357,7 @@ def describe_trigger(trigger: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class ParkedState:
-    """Whether a parked incident is due for a revisit, and why (from kb.decisions)."""
+    """Whether a parked incident is due for a revisit, and why (from kb.repo.decisions)."""
 
     state: str  # waiting | due | overdue
     due: bool
@@ -366,7 +366,7 @@ class ParkedState:
 
 @st.cache_data(ttl=30, show_spinner="Checking parked incidents' revisit dates and triggers...")
 def parked_state(url: str, on: date) -> dict[str, ParkedState]:
-    """kb.decisions' verdict on every parked incident as of `on`, by slug.
+    """kb.repo.decisions' verdict on every parked incident as of `on`, by slug.
 
     Cached for 30 s: it reads every parked incident's evidence. Writes made from this UI
     clear it (`parked_changed`); writes from the CLI show up within the TTL.
@@ -387,7 +387,7 @@ def decision_log(store: Store, *, on: date | None = None) -> list[DecisionEntry]
     """Every decision in time order, with due/overdue parked incidents moved to the front.
 
     A parked incident is overdue when its revisit date has passed or a trigger fired
-    (kb.decisions.parked decides, from the recorded evidence, as of `on`).
+    (kb.repo.decisions.parked decides, from the recorded evidence, as of `on`).
     """
     on = on or today()
     with store.session(readonly=True) as session:
@@ -454,7 +454,7 @@ def decision_log(store: Store, *, on: date | None = None) -> list[DecisionEntry]
 
 
 def incident_parked_state(store: Store, slug: str, on: date | None = None) -> Any | None:
-    """kb.decisions' ParkedIncident for one incident (None unless it is parked)."""
+    """kb.repo.decisions' ParkedIncident for one incident (None unless it is parked)."""
     with store.session(readonly=True) as session:
         incident = get_incident(session, slug)
         if incident is None or incident.status != "parked":

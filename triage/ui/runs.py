@@ -1,6 +1,6 @@
 """Engine runs of an incident for the UI: load them, and narrow a record to one run.
 
-A record (kb.files.load_record) holds the evidence of every run; the Diagnosis, Probe arms
+A record (kb.repo.files.load_record) holds the evidence of every run; the Diagnosis, Probe arms
 and Cause graph tabs show one run at a time. Evidence recorded outside any run (the captured
 exchange, imported files) belongs to every run.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kb.runlog import RunInfo, evidence_runs, incident_runs
-from kb.store import Store
+from kb.repo.runlog import RunInfo, evidence_runs, incident_runs
+from kb.repo.store import Store
 
 ALL_RUNS = 0  # the selector's "all runs" choice (run ids start at 1)
 

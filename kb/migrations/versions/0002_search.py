@@ -18,8 +18,8 @@ that two concurrent writers cannot overwrite each other's text with a stale aggr
 
 `incidentsignature` holds one compact family signature per incident (bit masks of finding
 kinds and confirmed causes plus the stack fingerprint). It is computed in Python
-(kb.family.refresh_signatures); the triggers here only mark it `stale` when an incident's
-stack, symptoms or causes change, and kb.family scores stale rows on the fly.
+(kb.repo.family.refresh_signatures); the triggers here only mark it `stale` when an incident's
+stack, symptoms or causes change, and kb.repo.family scores stale rows on the fly.
 
 The upgrade indexes existing rows in bulk; the downgrade drops everything it created.
 This file is deliberately self-contained (no imports from kb): a migration must keep
@@ -245,7 +245,7 @@ def _sqlite_downgrade() -> None:
 # order. Writers of one incident's rows then queue on the incident and take the search and
 # signature rows in one order (incident, incidentsearch, incidentsignature: triggers
 # fire in name order), so concurrent writers cannot deadlock on those rows.
-# kb.store.next_evidence_key takes the same incident lock before numbering evidence.
+# kb.repo.store.next_evidence_key takes the same incident lock before numbering evidence.
 PG_LOCK_INCIDENTS = (
     "IF TG_OP = 'INSERT' THEN "
     "PERFORM 1 FROM incident WHERE id = NEW.incident_id FOR NO KEY UPDATE; "
@@ -347,7 +347,7 @@ def _pg_upgrade() -> None:
         "FOR EACH ROW EXECUTE FUNCTION incidentsignature_incident()"
     )
     # Always an unconditional UPDATE (never `AND NOT stale`): it waits for a concurrent
-    # kb.family.refresh_signatures holding the row, so a refresh that read the old rows
+    # kb.repo.family.refresh_signatures holding the row, so a refresh that read the old rows
     # cannot leave the signature marked fresh.
     op.execute(
         "CREATE FUNCTION incidentsignature_child() RETURNS trigger LANGUAGE plpgsql AS $$ "

@@ -10,7 +10,7 @@ it mis-reads stored bit masks (kb/vocab.py, triage/catalogue/numbering.py).
 
 Bits in `incidentsignature` now come from kb.vocab's explicit numbers, which also gives
 bits to the reserved cause ids (cpu-backend ... model-file) that were matched by text
-before: every signature is marked stale, so kb.family recomputes it on the next refresh
+before: every signature is marked stale, so kb.repo.family recomputes it on the next refresh
 (and scores it from its rows until then).
 
 Self-contained (no imports from kb): a migration must keep doing what it did when it shipped.

@@ -5,7 +5,7 @@ Revises: 0008_newcauses_merge_heads
 Create Date: 2026-12-01
 
 kb.vocab gives bits to a new finding kind: every stored family
-signature is marked stale, so kb.family recomputes it on the next refresh (as 0003_vocab
+signature is marked stale, so kb.repo.family recomputes it on the next refresh (as 0003_vocab
 did). Self-contained (no imports from kb).
 """
 

@@ -5,7 +5,7 @@ Revises: 0010_stream_format
 Create Date: 2026-12-01
 
 kb.vocab gives a bit to a new finding kind: every stored family signature is marked stale,
-so kb.family recomputes it on the next refresh (as 0006 did). Self-contained (no imports
+so kb.repo.family recomputes it on the next refresh (as 0006 did). Self-contained (no imports
 from kb).
 """
 

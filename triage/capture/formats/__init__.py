@@ -26,12 +26,11 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from triage.capture.common import reject_constant
-
-if TYPE_CHECKING:
-    from triage.capture.model import Exchange
+# The package, not its function: the catalogue is looked up per call (tests swap it).
+from triage import catalogue as plugins
+from triage.capture.model import Exchange, reject_constant
 
 __all__ = [
     "CaptureFormat",
@@ -60,9 +59,7 @@ class CaptureFormat:
 
 
 def _section() -> Any:
-    from triage.catalogue import catalogue
-
-    return catalogue().formats
+    return plugins.catalogue().formats
 
 
 def formats_by_priority() -> list[CaptureFormat]:

@@ -8,8 +8,8 @@ from datetime import timedelta
 import pandas as pd
 import streamlit as st
 
-from kb import live
 from kb.models import utcnow
+from kb.repo import live
 from triage.stats import wilson
 from triage.ui import data, livechart, nav
 from triage.ui.text import md_escape

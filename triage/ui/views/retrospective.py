@@ -14,11 +14,11 @@ store = data.get_store()
 
 
 def retrospective(record: dict[str, Any]) -> tuple[str, str]:
-    """(markdown, html fragment) from kb.retro, else the recorded narrative."""
+    """(markdown, html fragment) from kb.domain.retro, else the recorded narrative."""
     try:
-        retro = importlib.import_module("kb.retro")
+        retro = importlib.import_module("kb.domain.retro")
     except ModuleNotFoundError as exc:
-        if exc.name != "kb.retro":
+        if exc.name != "kb.domain.retro":
             raise
         retro = None
     generate = getattr(retro, "retro_markdown", None) or getattr(
@@ -27,11 +27,11 @@ def retrospective(record: dict[str, Any]) -> tuple[str, str]:
     if generate is not None:
         markdown = str(generate(record))
         renderer = getattr(retro, "markdown_renderer", None)
-        # kb.retro's renderer: raw HTML off, links limited to http(s)/mailto/anchors.
+        # kb.domain.retro's renderer: raw HTML off, links limited to http(s)/mailto/anchors.
         html = renderer().render(markdown) if renderer else markdown_to_html(markdown)
         return markdown, html
     st.warning(
-        "The retrospective generator (kb.retro) is not installed in this build; "
+        "The retrospective generator (kb.domain.retro) is not installed in this build; "
         "showing the incident's recorded narrative instead."
     )
     markdown = f"# {record.get('title', record['slug'])}\n\n{record.get('body', '')}"
@@ -62,8 +62,8 @@ else:
         )
         markdown, html = retrospective(record)
         # To paste: Markdown with linked citations (GitHub), plain Markdown (Jira, issues,
-        # wikis: no anchors) or Slack's markup (kb.retro.retro_text).
-        text_of = getattr(importlib.import_module("kb.retro"), "retro_text", None)
+        # wikis: no anchors) or Slack's markup (kb.domain.retro.retro_text).
+        text_of = getattr(importlib.import_module("kb.domain.retro"), "retro_text", None)
         formats = ("markdown", "plain", "slack") if text_of else ("markdown",)
         fmt = st.radio("Format to paste", formats, horizontal=True, key="retro_format")
         pasted = markdown if fmt == "markdown" or text_of is None else str(text_of(record, fmt))

@@ -1,6 +1,6 @@
 """Retrospectives generated from an incident record, and their safe HTML rendering.
 
-Input is the record dict of `kb.files.load_record` (the shape of an incident file's front
+Input is the record dict of `kb.repo.files.load_record` (the shape of an incident file's front
 matter). One page to paste into a postmortem (issue 17): summary, impact, the client's
 error text, a timeline of real changes only, one line per cause with its deciding numbers,
 the decision and its way back, and the fix options with their measured cost. Nothing is
@@ -26,8 +26,8 @@ from typing import Any
 from markdown_it import MarkdownIt
 from mdit_py_plugins.anchors import anchors_plugin
 
-from kb.retrofix import fix_option_lines, p_text
-from kb.retrotext import (
+from kb.domain.retrofix import fix_option_lines, p_text
+from kb.domain.retrotext import (
     NO_EVIDENCE,
     _key_sort,
     _timestamp,
@@ -165,7 +165,7 @@ def _arm_text(arm: dict[str, Any]) -> str:
 
 # --------------------------------------------------------------------------- sections
 
-_REVISIT_ARM = "revisit"  # kb.decisions.REVISIT_ARM: a re-measurement on a later stack
+_REVISIT_ARM = "revisit"  # kb.repo.decisions.REVISIT_ARM: a re-measurement on a later stack
 _STATUS_ORDER = {"confirmed": 0, "rejected": 1, "suspected": 2}
 _EXCERPT = 200  # characters of a client's reply or an evidence summary shown inline
 

@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from kb.fileio import InputTooLarge, read_bounded
+from kb.repo.fileio import InputTooLarge, read_bounded
 
 __all__ = [
     "GZIP_FROM_BYTES",

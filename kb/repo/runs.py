@@ -15,6 +15,8 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
+from kb.domain.records import Reply
+from kb.domain.slugs import unique_incident_slug
 from kb.models import (
     Cause,
     Evidence,
@@ -24,9 +26,7 @@ from kb.models import (
     TriageRun,
     utcnow,
 )
-from kb.records import Reply
-from kb.slugs import unique_incident_slug
-from kb.store import (
+from kb.repo.store import (
     CONTENT_HASH,
     StoreError,
     add_evidence,

@@ -29,9 +29,9 @@ from scipy.stats import fisher_exact
 from sqlmodel import Session, col, select
 
 from kb import triggers as kb_triggers
-from kb.live import incident_live_counts
 from kb.models import DECISION_KINDS, Cause, Decision, Evidence, Incident, TriageRun, utcnow
-from kb.store import get_incident
+from kb.repo.live import incident_live_counts
+from kb.repo.store import get_incident
 from kb.triggers import KindLookup, TriggerContext
 from kb.triggers import aware as _aware
 from kb.triggers import incident_evidence as _incident_evidence

@@ -18,9 +18,9 @@ from sqlalchemy import insert, text
 from sqlmodel import SQLModel
 
 import kb.models  # noqa: F401  (registers the tables)
-from kb.family import refresh_signatures
-from kb.migrate import current_revision
-from kb.store import Store, StoreError
+from kb.repo.family import refresh_signatures
+from kb.repo.migrate import current_revision
+from kb.repo.store import Store, StoreError
 from kb.vocab import Vocabulary
 
 # Insert order (foreign keys); a batch maps each name to its rows (explicit ids).

@@ -13,7 +13,7 @@ insert and the spool truncation) stores each exchange once.
 Duplicate incidents: `livesignature` is unique on (model, signature); on PostgreSQL the
 opener also takes a transaction-level advisory lock on that key first, so a second replica
 waits for the first to commit and then finds its incident instead of failing on the
-constraint. SQLite writers are already serialised (BEGIN IMMEDIATE in kb.store).
+constraint. SQLite writers are already serialised (BEGIN IMMEDIATE in kb.repo.store).
 """
 
 from __future__ import annotations
@@ -33,11 +33,10 @@ from sqlalchemy import select as sa_select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col, select
 
-from kb.models import Evidence, Incident, LiveExchange, LiveSignature, Symptom, utcnow
-
 # The one wording of a live failing count, shared with the retrospective.
-from kb.retrotext import failing_text as failing_text
-from kb.store import StoreError, add_evidence_many, get_incident
+from kb.domain.retrotext import failing_text as failing_text
+from kb.models import Evidence, Incident, LiveExchange, LiveSignature, Symptom, utcnow
+from kb.repo.store import StoreError, add_evidence_many, get_incident
 
 KEY_SEPARATOR = "\x1f"
 # Appended to the signature of failures the client configured in charts and lists.
@@ -504,16 +503,18 @@ def family_match(
     session: Session, *, model: str, kinds: Iterable[str], upstream: dict[str, Any]
 ) -> Incident | None:
     """The open or parked incident, opened by other means than the proxy (a capture, a
-    diagnosis, by hand), that a live failure is the same failure as -- kb.family's matching:
+    diagnosis, by hand), that a live failure is the same failure as -- kb.repo.family's matching:
 
     - the incident's symptoms include every failing kind of the live signature;
     - its model family (from its stack: model, weights) is the live model's, both known;
     - its status is open, parked or reopened, and no proxy opened it;
 
-    among those, the most similar by `kb.family.similarity` (kinds, build, ...), then the
+    among those, the most similar by `kb.repo.family.similarity` (kinds, build, ...), then the
     newest. A different build does not prevent a match: a parked incident waits for
     exactly that evidence (its "failures in new captures" trigger)."""
-    from kb import family  # kb.family -> kb.store; imported here to keep kb.live light
+    from kb.repo import (
+        family,  # kb.repo.family -> kb.repo.store; imported here to keep kb.repo.live light
+    )
 
     wanted = sorted({kind for kind in kinds if kind})
     query = family.signature(

@@ -25,6 +25,7 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import StaticPool
 from sqlmodel import Session, col, create_engine, select
 
+from kb.domain.textguard import TextLimit, check_text, redact_secret_phrases
 from kb.models import (
     CAUSE_STATUSES,
     EVIDENCE_KINDS,
@@ -39,7 +40,6 @@ from kb.models import (
     Symptom,
     utcnow,
 )
-from kb.textguard import TextLimit, check_text, redact_secret_phrases
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
@@ -49,7 +49,7 @@ class StoreError(Exception):
 
 
 # Free-text fields: their bound in characters; every one is also scrubbed of secret
-# phrases ("password is X") before it is written (kb.textguard). Checked on every flush, so
+# phrases ("password is X") before it is written (kb.domain.textguard). Checked on every flush, so
 # every path -- the CLI, imports, the engine, the UI -- is bounded the same way.
 TEXT_FIELDS: dict[type, dict[str, int]] = {
     Incident: {"title": 300, "summary": 20_000, "impact": 20_000, "body": 1_000_000},
@@ -315,7 +315,7 @@ class Store:
             self.upgrade()
 
     def _check_schema(self) -> None:
-        from kb.migrate import current_revision, head_revision
+        from kb.repo.migrate import current_revision, head_revision
 
         current, head = current_revision(self.engine), head_revision()
         if current == head:
@@ -336,12 +336,12 @@ class Store:
 
     def upgrade(self, revision: str = "head") -> None:
         """Apply Alembic migrations up to `revision`."""
-        from kb.migrate import upgrade
+        from kb.repo.migrate import upgrade
 
         upgrade(self.engine, revision)
 
     def downgrade(self, revision: str = "base") -> None:
-        from kb.migrate import downgrade
+        from kb.repo.migrate import downgrade
 
         downgrade(self.engine, revision)
 
@@ -368,8 +368,8 @@ def open_incident(
     session: Session, title: str, *, model: str = "", summary: str = "", opened_on: Any = None
 ) -> Incident:
     """Open an incident by hand (status open): its slug from the date and the title, ASCII
-    and unique (`kb.slugs`). Refuses an empty or over-long title or model."""
-    from kb.slugs import unique_incident_slug
+    and unique (`kb.domain.slugs`). Refuses an empty or over-long title or model."""
+    from kb.domain.slugs import unique_incident_slug
 
     title = title.strip()
     if not title:

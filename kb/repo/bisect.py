@@ -7,9 +7,9 @@ from typing import Any
 
 from sqlmodel import Session
 
+from kb.domain.slugs import unique_incident_slug
 from kb.models import Evidence, Incident, utcnow
-from kb.slugs import unique_incident_slug
-from kb.store import add_evidence, get_incident, require_incident
+from kb.repo.store import add_evidence, get_incident, require_incident
 
 SOURCE = "triage bisect"
 

@@ -1,7 +1,7 @@
 """llama-server command-line vocabulary shared by kb and triage (kb cannot import triage):
 which flags switch speculative decoding on or configure it.
 
-`triage.stackfile` strips these for the `spec-off` arm; `kb.family` reads them to tell
+`triage.stackfile` strips these for the `spec-off` arm; `kb.repo.family` reads them to tell
 whether a recorded stack ran with speculative decoding. One list, so the two never drift.
 """
 

@@ -12,7 +12,7 @@ from typing import Any
 from sqlmodel import Session, col, select
 
 from kb.models import Evidence, TriageRun
-from kb.store import get_incident
+from kb.repo.store import get_incident
 
 MAX_RUNS = 200  # an incident with more runs shows the newest ones
 

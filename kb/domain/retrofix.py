@@ -22,7 +22,7 @@ def _number(value: Any) -> float | None:
 
 def fix_options(arms: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
     """(arm, its baseline) for each arm whose latest verdict is `removes`, in first-seen
-    order; `arms` in record order, as `kb.retro._arms` lists them."""
+    order; `arms` in record order, as `kb.domain.retro._arms` lists them."""
     baseline: dict[str, Any] | None = None
     latest: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] = {}
     for arm in arms:

@@ -61,9 +61,10 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Field, Session, SQLModel, col, select
 
-from kb import flags, vocab
+from kb import vocab
+from kb.domain import flags
 from kb.models import Cause, FamilyLink, Incident, Symptom
-from kb.store import StoreError, require_incident
+from kb.repo.store import StoreError, require_incident
 
 __all__ = [
     "IMPLIED_CAUSES",

@@ -14,7 +14,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+MIGRATIONS_DIR = Path(__file__).parent.parent / "migrations"
 # Arbitrary constant ("triagemi"): the PostgreSQL session-level advisory lock held while
 # the schema is created or upgraded, so processes opening a fresh database at once
 # migrate one after the other (two concurrent CREATE TABLEs of the same table collide on

@@ -9,8 +9,8 @@ from typing import Any
 
 from sqlmodel import Session
 
-from kb.filerecord import load_record
 from kb.models import Incident
+from kb.repo.filerecord import load_record
 
 # Incidents committed per transaction by `import` (a whole import in one transaction held
 # SQLite's write lock for its whole duration).

@@ -24,7 +24,7 @@ from kb.models import (
     Reference,
     Symptom,
 )
-from kb.store import StoreError, get_incident
+from kb.repo.store import StoreError, get_incident
 
 _DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 

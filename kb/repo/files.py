@@ -37,23 +37,6 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlmodel import Session, select
 
 from kb.filecheck import RecordError, _check_plain_data, _check_references
-from kb.fileio import (
-    MAX_FILE_BYTES,
-    InputTooLarge,
-    dump_yaml,
-    load_yaml,
-    read_bounded,
-    write_atomic,
-)
-from kb.filerecord import (
-    _timeline_entry,
-    _trigger,
-    format_timestamp,
-    list_records,
-    load_record,
-    parse_timestamp,
-)
-from kb.importbatch import IMPORT_BATCH, ImportResult, already_imported, import_batches
 from kb.models import (
     Cause,
     Decision,
@@ -63,7 +46,24 @@ from kb.models import (
     Reference,
     Symptom,
 )
-from kb.sidecar import (
+from kb.repo.fileio import (
+    MAX_FILE_BYTES,
+    InputTooLarge,
+    dump_yaml,
+    load_yaml,
+    read_bounded,
+    write_atomic,
+)
+from kb.repo.filerecord import (
+    _timeline_entry,
+    _trigger,
+    format_timestamp,
+    list_records,
+    load_record,
+    parse_timestamp,
+)
+from kb.repo.importbatch import IMPORT_BATCH, ImportResult, already_imported, import_batches
+from kb.repo.sidecar import (
     SidecarError,
     decode_sidecar,
     encode_sidecar,
@@ -72,7 +72,7 @@ from kb.sidecar import (
     sidecar_paths,
     split_evidence,
 )
-from kb.store import (
+from kb.repo.store import (
     Store,
     StoreError,
     add_evidence,
@@ -104,7 +104,7 @@ __all__ = [
     "render_record",
 ]
 
-SCHEMA_PATH = Path(__file__).parent / "schemas" / "incident.schema.json"
+SCHEMA_PATH = Path(__file__).parent.parent / "schemas" / "incident.schema.json"
 FRONT_MATTER_FENCE = "---"
 
 # Front matter key order; export writes exactly these keys in this order.
@@ -229,7 +229,7 @@ def parse_text(
         raise RecordError(
             file, "$.slug", f"slug {data['slug']!r} does not match the file name {stem!r}.md"
         )
-    from kb.retro import strip_retro_section
+    from kb.domain.retro import strip_retro_section
 
     record = dict(data)
     # The generated retrospective is derived from the record: not part of it, rewritten on
@@ -660,7 +660,7 @@ def render_record(record: dict[str, Any], *, front: dict[str, Any] | None = None
     """
     # The retrospective is generated from the record on every export and replaces the one
     # the body held (between its markers), so re-import and re-export stay byte-stable.
-    from kb.retro import replace_retro_section, retro_section
+    from kb.domain.retro import replace_retro_section, retro_section
 
     shown = front if front is not None else record
     matter = {key: shown[key] for key in INCIDENT_KEYS if key in shown}
@@ -690,7 +690,7 @@ def _checked_files(record: dict[str, Any], path: Path) -> tuple[str, tuple[str, 
 
 
 def _write(path: Path, text: str) -> None:
-    # An exclusive temporary file in the folder, then rename (kb.fileio.write_atomic): a
+    # An exclusive temporary file in the folder, then rename (kb.repo.fileio.write_atomic): a
     # reader never sees half a file and a pre-planted `.<slug>.md.tmp` link is never followed.
     write_atomic(path, text.encode("utf-8"))
 

@@ -1,0 +1,1 @@
+"""Pure knowledge-base rules and records: no SQL, no file or network I/O."""

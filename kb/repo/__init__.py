@@ -1,0 +1,1 @@
+"""Knowledge-base storage: sessions, queries, rows, migrations glue, incident files."""

@@ -1,0 +1,109 @@
+"""embedding-batch on the real llama-server: the drill's `/v1/embeddings` request (a short and
+a ~1000-token input, `-ub 256 -b 256`) is refused with HTTP 500 "input (N tokens) is too large
+to process. increase the physical batch size"; captured as a pair file it is the
+embedding-failed finding; diagnosed, the engine replays it on /v1/embeddings, measures the
+inputs with the server's /tokenize, launches ubatch-raised with -ub/-b past the longest input
+and confirms the cause (k/n), batch-split serving the cut inputs too, no other cause
+confirmed, the chat-only arms skipped. On a running server given by URL (its -ub unknown,
+not relaunchable) the cause stays untested."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kb.repo.store import Store
+from triage.capture import load_file
+from triage.commands.engine import validate_diagnosis
+from triage.drills import build_drill
+from triage.drills.embedding import NAME, UBATCH
+from triage.drills.run import run_drill
+from triage.engine import DiagnoseOptions, diagnose
+from triage.llama.launcher import running_servers
+from triage.stackfile import ServerConfig, Stack, load_stack
+from triage.symptoms import classify
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+KEYS = ("kind", "passed", "score", "reason", "where")
+
+
+def _captured(drill: Any, tmp_path: Path, server_binary: Path) -> tuple[Any, list[dict[str, Any]]]:
+    """The failing request sent to the drill's real server, saved and read back as a pair."""
+    summary = run_drill(drill, log_dir=tmp_path / "drill-run", binary=server_binary)
+    [saved] = summary["failing"]
+    document = {
+        "request": json.loads(Path(saved["request"]).read_text()),
+        "response": json.loads(Path(saved["response"]).read_text()),
+        "status": 500,
+    }
+    path = tmp_path / "capture.json"
+    path.write_text(json.dumps(document))
+    (exchange,) = load_file(path)
+    findings = [{k: f.to_dict()[k] for k in KEYS} for f in classify(exchange)]
+    return exchange, findings
+
+
+def test_an_input_longer_than_ubatch_is_confirmed_by_the_raised_batch(
+    server_binary: Path, tmp_path: Path
+) -> None:
+    drill = build_drill(NAME, tmp_path / "drill")
+    exchange, findings = _captured(drill, tmp_path, server_binary)
+    refused = [f for f in findings if f["kind"] == "embedding-failed" and not f["passed"]]
+    assert refused and f"> physical batch {UBATCH})" in refused[0]["reason"]
+    store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
+    try:
+        diagnosis = diagnose(
+            store,
+            load_stack(drill.out_dir / "stack.toml"),
+            exchange.request,
+            options=DiagnoseOptions(max_requests=16, log_dir=tmp_path / "runs"),
+            exchange=exchange.to_dict(),
+            findings=findings,
+        )
+    finally:
+        store.close()
+    validate_diagnosis(diagnosis)
+    causes = {c["id"]: c for c in diagnosis["causes"]}
+    arms = {a["name"]: a for a in diagnosis["arms"]}
+    verdict = causes["embedding-batch"]
+    assert verdict["status"] == "confirmed" and verdict["deciding_probe"] == "ubatch-raised"
+    base, raised, split = arms["baseline"], arms["ubatch-raised"], arms["batch-split"]
+    assert base["failures"] == base["n"] >= 4
+    assert raised["failures"] == 0 and raised["n"] >= 4 and raised["ci95"][1] < base["ci95"][0]
+    assert split["failures"] == 0 and split["n"] >= 4
+    confirmed = sorted(c for c, v in causes.items() if v["status"] == "confirmed")
+    assert confirmed == ["embedding-batch"]
+    observed = {o["name"]: o for o in diagnosis["observations"]}
+    inputs = observed["embedding-inputs"]
+    assert inputs["longest_tokens"] > UBATCH and inputs["physical_batch"] == UBATCH
+    # No chat template is rendered for an embeddings request (it has no messages).
+    assert "template-render" not in observed and "determinism" not in observed
+    skipped = {s["arm"]: s["reason"] for s in diagnosis["skipped_arms"]}
+    assert "/v1/embeddings" in skipped["thinking-off"]
+    assert running_servers() == []
+
+
+def test_a_running_server_by_url_leaves_the_cause_untested(
+    server_factory: Any, tmp_path: Path
+) -> None:
+    drill = build_drill(NAME, tmp_path / "drill")
+    server = server_factory(drill.model, list(drill.server_args))
+    store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
+    try:
+        diagnosis = diagnose(
+            store,
+            Stack(ServerConfig(url=server.base_url)),
+            drill.request("short-and-long"),
+            options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs"),
+        )
+    finally:
+        store.close()
+    causes = {c["id"]: c for c in diagnosis["causes"]}
+    verdict = causes["embedding-batch"]
+    assert verdict["status"] == "suspected"
+    assert "ubatch-raised" in verdict["deciding_probe"]
+    assert not [c for c, v in causes.items() if v["status"] == "confirmed"]

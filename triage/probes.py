@@ -86,8 +86,9 @@ class PlannedArm:
     stream: bool = False
     # A server-level arm whose launch depends on what the incident's server measured (the
     # tokens of the longest embeddings input): called with the observations before the arm
-    # launches; returns the configuration to launch, or why the arm cannot matter (skipped).
-    configure: Callable[[Mapping[str, Any]], ServerConfig | str] | None = None
+    # launches; returns the arm as it launches (its config and variant), or why the arm
+    # cannot matter (it is then skipped).
+    configure: Callable[[Mapping[str, Any]], PlannedArm | str] | None = None
 
 
 @runtime_checkable
@@ -101,7 +102,10 @@ class ProbeArm(Protocol):
       stack/request (e.g. no speculative flags to strip); otherwise how it varies the
       request (`transform`) or the server (`config`), the causes it `decides`, an
       optional `observe` hook, and `when` it runs ("always", or "crash": only when the
-      incident's server crashes at startup).
+      incident's server crashes at startup);
+    - optional `endpoints`: a request-level arm is planned for an /v1/embeddings or
+      /v1/rerank request only when it lists "embeddings" / "rerank" here (the others vary
+      what only a chat completion has); server-level arms are planned for any request.
     """
 
     id: str
@@ -164,13 +168,25 @@ def skipped_arms(
     if arms is None:
         arms = list(triage.catalogue.catalogue().arms)
     out = []
+    # Arms of one family (the request-field ablation arms) not planned share one line.
+    families: dict[str, list[str]] = {}
     for arm in sorted(arms, key=lambda a: (a.level != "request", int(getattr(a, "order", 100)))):
         if not serves_endpoint(arm, request):
             out.append((str(arm.id), _chat_only(request)))
         elif arm.plan(stack, request) is None:
+            family = getattr(arm, "family", None)
+            if isinstance(family, str) and family:
+                if family not in families:
+                    families[family] = []
+                    out.append((family, ""))
+                families[family].append(str(arm.id))
+                continue
             why = str(getattr(arm, "precondition", "") or NOT_APPLICABLE)
             out.append((str(arm.id), why))
-    return out
+    return [
+        (arm, why or f"the request sets none of their fields: {', '.join(families[arm])}")
+        for arm, why in out
+    ]
 
 
 def reasoning_in(exchange: Mapping[str, Any] | None) -> bool:

@@ -28,7 +28,8 @@ STORED_CAUSES = {
     "kv-cache-quant": 7, "context-size": 8, "context-shift": 9, "structured-output": 10,
     "reasoning-leak": 11, "client-handling": 12, "conversation-shape": 13, "model-file": 14,
     "warmup-decode": 15, "cpu-threads": 16, "model-loop": 17, "gateway-timeout": 18,
-    "server-flags": 19, "schema-not-enforced": 20, "stream-format": 22, "embedding-batch": 23,
+    "server-flags": 19, "schema-not-enforced": 20, "prompt-cache": 21, "stream-format": 22,
+    "embedding-batch": 23,
 }  # fmt: skip
 STORED_KINDS = {
     "empty-content": 0, "length-stop": 1, "reasoning-exhausted-budget": 2,
@@ -36,9 +37,10 @@ STORED_KINDS = {
     "tool-markup-leaked": 6, "parse-failure": 7, "truncated-stream": 8, "http-error": 9,
     "timeout": 10, "server-crash": 11, "server-hang": 12, "repetition-to-context-end": 13,
     "structured-output-failed": 14, "reasoning-markup-in-content": 15, "client-lost-reply": 16,
-    "mojibake": 17, "repetition-loop": 18, "gateway-error": 22, "server-flag-error": 23,
-    "schema-violation": 24, "stream-format-violation": 25, "unstable-prefix": 26,
-    "embedding-failed": 27,
+    "mojibake": 17, "repetition-loop": 18, "chat-template-missing": 19,
+    "base-model-for-chat": 20, "end-of-turn-mismatch": 21, "gateway-error": 22,
+    "server-flag-error": 23, "schema-violation": 24, "stream-format-violation": 25,
+    "unstable-prefix": 26, "embedding-failed": 27, "template-markup-in-content": 28,
 }  # fmt: skip
 
 
@@ -217,7 +219,7 @@ def test_the_first_signature_write_records_the_numbers_and_refuses_moved_ones(
         with store.session() as session:
             row = session.get(vocab.VocabNumber, ("check", "timeout"))
             assert row is not None
-            row.number = 20
+            row.number = 30  # a number no built-in kind uses
             session.add(row)
         with store.session() as session:
             _incident(session, "2026-01-02-b", ["timeout"], [])

@@ -29,11 +29,13 @@ span = WINDOWS[choice]
 until = utcnow() + timedelta(seconds=1)
 since = until - span
 bucket = span / BUCKETS
-with store.session(readonly=True) as session:
-    upstream = live.latest_upstream(session)
-    points = live.series(session, since, until, bucket)
-    cells = live.cell_counts(session, since, until)
-    opened = live.live_incidents(session)
+overview = store.live_overview(since, until, bucket)
+upstream, points, cells, opened = (
+    overview.upstream,
+    overview.points,
+    overview.cells,
+    overview.opened,
+)
 
 if upstream is None:
     st.info(
@@ -43,12 +45,12 @@ if upstream is None:
 else:
     st.subheader("Upstream")
     cols = st.columns(3)
-    cols[0].metric("Model", upstream["model"] or "unknown")
-    cols[1].metric("Build", upstream["build"] or "unknown")
-    cols[2].metric("Chat template", (upstream["template_sha256"] or "unknown")[:12])
+    cols[0].metric("Model", upstream.model or "unknown")
+    cols[1].metric("Build", upstream.build or "unknown")
+    cols[2].metric("Chat template", (upstream.template_sha256 or "unknown")[:12])
     st.caption(
-        f"as of the latest exchange, {upstream['recorded_at']:%Y-%m-%d %H:%M:%S} UTC, "
-        f"via {md_escape(upstream['replica'])}"
+        f"as of the latest exchange, {upstream.recorded_at:%Y-%m-%d %H:%M:%S} UTC, "
+        f"via {md_escape(upstream.replica)}"
     )
 
 st.subheader("Failure rate over time")

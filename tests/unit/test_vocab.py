@@ -223,7 +223,7 @@ def test_the_first_signature_write_records_the_numbers_and_refuses_moved_ones(
             session.add(row)
         with store.session() as session:
             _incident(session, "2026-01-02-b", ["timeout"], [])
-        with pytest.raises(StoreError, match=r"check 'timeout' is stored as number 20"):
+        with pytest.raises(StoreError, match=r"check 'timeout' is stored as number 30"):
             with store.session() as session:
                 refresh_signatures(session, vocabulary=numbers)
     finally:

@@ -21,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from kb.jsontypes import JsonObject
 from kb.models import utcnow
 from kb.repo import decisions as kb_decisions
 from kb.repo.decisions import DecisionError
@@ -60,7 +61,7 @@ class ReplayRate(Protocol):
     def __call__(
         self,
         stack: Stack,
-        request_bodies: list[dict[str, Any]],
+        request_bodies: list[JsonObject],
         *,
         max_requests: int,
         baseline: tuple[int, int] | None = None,
@@ -263,7 +264,7 @@ def _plan(store: Store, slug: str, stack_path: Path | None) -> _Plan:
 def _probe_payloads(
     replay: ReplayRate,
     stack: Stack,
-    bodies: list[dict[str, Any]],
+    bodies: list[JsonObject],
     plan: _Plan,
     after: dict[str, Any],
     *,

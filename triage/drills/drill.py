@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.drills import gemma4
 from triage.drills.compiler import WEIGHT_FORMATS, compile_design
 from triage.drills.host import host_workaround_args, host_workaround_note
@@ -50,7 +51,7 @@ class Drill:
         """The incident's weights file ("qat")."""
         return self.models["qat"]
 
-    def request(self, name: str) -> dict[str, Any]:
+    def request(self, name: str) -> JsonObject:
         """A scripted request (or contrast) by its manifest name."""
         for described, body in zip(self.manifest["requests"], self.requests, strict=True):
             if described["name"] == name:
@@ -132,7 +133,7 @@ def write_stack(drill: Drill, path: Path | None = None) -> Path:
     return path
 
 
-def request_body(messages: list[dict[str, Any]], **settings: Any) -> dict[str, Any]:
+def request_body(messages: list[JsonObject], **settings: Any) -> JsonObject:
     """A chat request body: the messages and the sampling settings."""
     return {"messages": messages, **settings}
 
@@ -143,7 +144,7 @@ def finish(
     out_dir: Path,
     template: str,
     manifest: dict[str, Any],
-    requests: list[dict[str, Any]],
+    requests: list[JsonObject],
     contrasts: dict[str, dict[str, Any]],
     *,
     extra_args: tuple[str, ...] = (),

@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.capture.common import sha256_of
 from triage.capture.dispatch import exchange_from_record
 from triage.capture.formats import CaptureFormat
@@ -47,7 +48,7 @@ def _depth(value: Any, limit: int = MAX_JSON_DEPTH) -> int:
     return deepest
 
 
-def _client_response(view: dict[str, Any], wire: dict[str, Any] | None, file: str) -> Any:
+def _client_response(view: JsonObject, wire: JsonObject | None, file: str) -> Any:
     """The client's view as a chat.completion (what the symptom checks read)."""
     unknown = sorted(set(view) - {*MESSAGE_FIELDS, "finish_reason", "role"})
     if unknown:
@@ -72,7 +73,7 @@ def _client_response(view: dict[str, Any], wire: dict[str, Any] | None, file: st
     }
 
 
-def parse_client_view(data: dict[str, Any], *, file: str) -> Exchange:
+def parse_client_view(data: JsonObject, *, file: str) -> Exchange:
     """One client-view record as an exchange (response = the client's view)."""
     if _depth(data) > MAX_JSON_DEPTH:
         raise CaptureError(file, "$", f"JSON nested deeper than {MAX_JSON_DEPTH} levels")

@@ -87,7 +87,7 @@ class Volatile:
     where: str  # JSON path of the field
     offset: int  # character offset in it
 
-    def to_dict(self) -> JsonObject:
+    def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "text": self.text, "where": self.where, "offset": self.offset}
 
 
@@ -167,7 +167,7 @@ def turn_requests(request: JsonObject) -> list[JsonObject]:
     return out
 
 
-def captured_cache(exchange: JsonObject | None) -> JsonObject | None:
+def captured_cache(exchange: JsonObject | None) -> dict[str, Any] | None:
     """The captured reply's prompt timings: cached and evaluated tokens, prompt ms."""
     response = (exchange or {}).get("response")
     timings = response.get("timings") if isinstance(response, dict) else None
@@ -191,7 +191,7 @@ class _Way:
     def failures(self) -> int:
         return sum(share < UNSTABLE_CACHED_SHARE for share in self.shares)
 
-    def facts(self) -> JsonObject:
+    def facts(self) -> dict[str, Any]:
         return {
             "n": len(self.shares),
             "reuse_nothing": self.failures,
@@ -219,7 +219,7 @@ async def _sequence(client: LlamaClient, turns: list[JsonObject], way: _Way) -> 
         way.prompt_ms.append(float(timings.get("prompt_ms") or 0.0))
 
 
-async def _replay(ctx: ObserveContext, volatile: Volatile) -> JsonObject:
+async def _replay(ctx: ObserveContext, volatile: Volatile) -> dict[str, Any]:
     turns = turn_requests(ctx.request)
     as_client, held = _Way(), _Way()
     client = LlamaClient(ctx.server.base_url, timeout=ctx.timeout, api_key=ctx.server.api_key)
@@ -246,10 +246,10 @@ async def _replay(ctx: ObserveContext, volatile: Volatile) -> JsonObject:
     }
 
 
-async def observe(ctx: ObserveContext) -> JsonObject:
+async def observe(ctx: ObserveContext) -> dict[str, Any]:
     """The hook (see the module docstring)."""
     request = ctx.request
-    facts: JsonObject = {
+    facts: dict[str, Any] = {
         "name": ARM,
         "continuation": _continuation(request),
         "cache_off": request.get("cache_prompt") is False,

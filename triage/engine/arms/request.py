@@ -6,8 +6,8 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.engine.arms.context_size import per_slot_context
 from triage.probes import (
     THINKING_PRECONDITION,
@@ -81,7 +81,7 @@ class Lift:
 
     bound: int | None
 
-    def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
+    def __call__(self, request: JsonObject) -> JsonObject:
         body = copy.deepcopy(request)
         for field in LIMIT_FIELDS:
             body.pop(field, None)
@@ -102,7 +102,7 @@ class TokenLimitLifted:
     level: str = "request"
     order: int = 40
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         limit = max_tokens_of(request)
         if limit is None:
             return None

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
 import streamlit as st
 
+from kb.jsontypes import JsonObject
 from triage.ui import data, nav
 from triage.ui.text import markdown_to_html, md_escape
 
 store = data.get_store()
 
 
-def retrospective(record: dict[str, Any]) -> tuple[str, str]:
+def retrospective(record: JsonObject) -> tuple[str, str]:
     """(markdown, html fragment) from kb.domain.retro, else the recorded narrative."""
     try:
         retro = importlib.import_module("kb.domain.retro")

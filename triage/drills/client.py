@@ -61,7 +61,7 @@ def _not_reproduced(cause: str) -> tuple[str, list[str], str]:
     )
 
 
-def client_view_capture(request: JsonObject, stream: str) -> dict[str, Any]:
+def client_view_capture(request: JsonObject, stream: str) -> JsonObject:
     """A client-view capture: the server's raw stream and what a content-only client shows
     (the content deltas, no tool calls, no reasoning)."""
     content = []
@@ -149,7 +149,7 @@ def client_content_only(out_dir: Path, template: str) -> Drill:
     return finish(STREAM_DRILL, spec, out_dir, template, manifest, [streamed], {})
 
 
-def conversation_request() -> dict[str, Any]:
+def conversation_request() -> JsonObject:
     """The second turn, its history holding a tool call with Python-literal arguments."""
     call = {
         "id": "call_0",

@@ -51,7 +51,7 @@ class Drill:
         """The incident's weights file ("qat")."""
         return self.models["qat"]
 
-    def request(self, name: str) -> dict[str, Any]:
+    def request(self, name: str) -> JsonObject:
         """A scripted request (or contrast) by its manifest name."""
         for described, body in zip(self.manifest["requests"], self.requests, strict=True):
             if described["name"] == name:
@@ -133,7 +133,7 @@ def write_stack(drill: Drill, path: Path | None = None) -> Path:
     return path
 
 
-def request_body(messages: list[dict[str, Any]], **settings: Any) -> dict[str, Any]:
+def request_body(messages: list[JsonObject], **settings: Any) -> JsonObject:
     """A chat request body: the messages and the sampling settings."""
     return {"messages": messages, **settings}
 

@@ -126,7 +126,7 @@ def manifest_causes(kind: str) -> dict[str, Any]:
     }
 
 
-def _request() -> dict[str, Any]:
+def _request() -> JsonObject:
     # `model`: the name LiteLLM routes by (llama-server serves its one model whatever it is).
     return {
         "model": LITELLM_MODEL,

@@ -26,7 +26,7 @@ from typing import Any
 
 from kb.jsontypes import JsonObject
 from triage.drills import gemma4
-from triage.drills.drill import Drill, finish
+from triage.drills.drill import Drill, ExpectedCause, finish
 from triage.engine.servers import open_server
 from triage.llama.client import LlamaClient
 from triage.stackfile import load_stack
@@ -46,7 +46,7 @@ CONVERSATION_DRILL = "conversation-python-args"
 PYTHON_ARGS = "{'location': 'Paris'}"
 
 
-def _seed_causes(expected: dict[str, tuple[str, list[str], str]]) -> dict[str, Any]:
+def _seed_causes(expected: dict[str, tuple[str, list[str], str]]) -> dict[str, ExpectedCause]:
     return {
         cause: {"real": False, "expected": exp, "accept": accept, "why": why}
         for cause, (exp, accept, why) in expected.items()

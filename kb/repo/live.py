@@ -33,9 +33,12 @@ from sqlalchemy import select as sa_select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col, select
 
+from kb.domain import family
+
 # The one wording of a live failing count, shared with the retrospective.
 from kb.domain.retrotext import failing_text as failing_text
 from kb.models import Evidence, Incident, LiveExchange, LiveSignature, Symptom, utcnow
+from kb.repo.family import incident_signature
 from kb.repo.store import StoreError, add_evidence_many, get_incident
 
 KEY_SEPARATOR = "\x1f"
@@ -503,19 +506,15 @@ def family_match(
     session: Session, *, model: str, kinds: Iterable[str], upstream: dict[str, Any]
 ) -> Incident | None:
     """The open or parked incident, opened by other means than the proxy (a capture, a
-    diagnosis, by hand), that a live failure is the same failure as -- kb.repo.family's matching:
+    diagnosis, by hand), that a live failure is the same failure as -- kb.domain.family's matching:
 
     - the incident's symptoms include every failing kind of the live signature;
     - its model family (from its stack: model, weights) is the live model's, both known;
     - its status is open, parked or reopened, and no proxy opened it;
 
-    among those, the most similar by `kb.repo.family.similarity` (kinds, build, ...), then the
+    among those, the most similar by `kb.domain.family.similarity` (kinds, build, ...), then the
     newest. A different build does not prevent a match: a parked incident waits for
     exactly that evidence (its "failures in new captures" trigger)."""
-    from kb.repo import (
-        family,  # kb.repo.family -> kb.repo.store; imported here to keep kb.repo.live light
-    )
-
     wanted = sorted({kind for kind in kinds if kind})
     query = family.signature(
         wanted, [], {"model": model, "server_build": str(upstream.get("build") or "")}
@@ -534,7 +533,7 @@ def family_match(
     best: tuple[float, int, Incident] | None = None
     for incident in session.exec(statement).all():
         assert incident.id is not None
-        past = family.incident_signature(session, incident.slug)
+        past = incident_signature(session, incident.slug)
         if past.model_family != query.model_family:
             continue
         ranked = (family.similarity(query, past), incident.id, incident)

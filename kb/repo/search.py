@@ -38,8 +38,8 @@ from typing import Any
 from sqlalchemy import bindparam, text
 from sqlmodel import Session, select
 
+from kb.domain.family import MODEL_FAMILIES
 from kb.models import INCIDENT_STATUSES, Incident
-from kb.repo.family import MODEL_FAMILIES
 
 __all__ = [
     "FIELDS",

@@ -11,18 +11,15 @@ from kb_rows import QWEN, REFERENCE, add_incident, add_reference_incidents
 from sqlmodel import select
 
 from kb.domain import flags
+from kb.domain.family import Signature, signature, similarity, stack_fingerprint
 from kb.models import FamilyLink, Incident, Symptom
 from kb.repo.family import (
     FINDING_KINDS,
     IncidentSignature,
-    Signature,
     incident_signature,
     link_family,
     refresh_signatures,
-    signature,
     similar_incidents,
-    similarity,
-    stack_fingerprint,
 )
 from kb.repo.store import Store, StoreError
 
@@ -129,7 +126,7 @@ def test_finding_kinds_match_the_symptom_checks() -> None:
 
 
 def test_findings_that_name_a_mechanism_imply_a_registered_cause() -> None:
-    from kb.repo.family import IMPLIED_CAUSES
+    from kb.domain.family import IMPLIED_CAUSES
     from kb.vocab import CAUSE_NUMBERS, KIND_NUMBERS
 
     for kind, cause in IMPLIED_CAUSES.items():

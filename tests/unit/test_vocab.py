@@ -11,13 +11,13 @@ from click.testing import CliRunner
 from sqlmodel import select
 
 from kb import vocab
+from kb.domain.family import signature
 from kb.models import CAUSE_CATALOGUE_IDS, Cause, Incident, Symptom
 from kb.repo.family import (
     CAUSE_BITS,
     KIND_BITS,
     IncidentSignature,
     refresh_signatures,
-    signature,
     similar_incidents,
 )
 from kb.repo.store import Store

@@ -13,9 +13,10 @@ from typing import Any
 
 import click
 
+from kb.domain import decisions as decision_rules
 from kb.models import Decision
 from kb.repo import decisions as kb_decisions
-from kb.repo.decisions import DecisionError
+from kb.triggers import DecisionError
 from triage.catalogue import catalogue
 from triage.commands import echo_json, open_store
 from triage.engine import EngineError
@@ -179,7 +180,7 @@ def _decision_data(slug: str, decision: Decision) -> dict[str, Any]:
 
 def format_decision(slug: str, data: dict[str, Any]) -> str:
     """A recorded decision for people."""
-    status = kb_decisions.STATUS_AFTER[data["kind"]]
+    status = decision_rules.STATUS_AFTER[data["kind"]]
     lines = [f"recorded {data['kind']} for {slug} (status {status})"]
     if data["kind"] == "FIXED" and not data["verified"]:
         lines.append("  UNVERIFIED: recorded with --force, without the evidence a fix needs")
@@ -196,7 +197,7 @@ def format_decision(slug: str, data: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- parked
 
 
-def format_parked(items: list[kb_decisions.ParkedIncident], day: date) -> str:
+def format_parked(items: list[decision_rules.ParkedIncident], day: date) -> str:
     """The parked list for people."""
     if not items:
         return f"no parked incidents are due as of {day}"

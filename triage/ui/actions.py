@@ -19,6 +19,7 @@ from sqlmodel import col, select
 from kb.models import CAUSE_STATUSES, DECISION_KINDS, Cause
 from kb.repo import decisions as kb_decisions
 from kb.repo.store import Store, StoreError, record_status_change, require_incident
+from kb.triggers import DecisionError
 from triage import capture, engine, stackfile, symptoms
 from triage.catalogue import catalogue
 from triage.revisit import ReplayRate, RevisitResult, revisit_incident
@@ -234,5 +235,5 @@ def revisit(
         return revisit_incident(
             store, slug, stack_path, max_requests=max_requests, replay_rate=replay_rate
         )
-    except (kb_decisions.DecisionError, stackfile.StackError, engine.EngineError) as exc:
+    except (DecisionError, stackfile.StackError, engine.EngineError) as exc:
         raise ActionError(str(exc)) from exc

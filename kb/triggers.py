@@ -29,8 +29,8 @@ from typing import Any, Protocol
 from sqlmodel import Session, col, select
 
 from kb import vocab
+from kb.domain.errors import StoreError
 from kb.models import Evidence, Incident
-from kb.repo.store import StoreError
 
 __all__ = [
     "BUILTIN_KINDS",

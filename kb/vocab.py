@@ -275,9 +275,7 @@ def builtin_numbers() -> dict[str, dict[str, int]]:
 def record_builtin(session: Session) -> None:
     """Record kb's vocabulary the first time its numbers are used (a signature write), and
     refuse a kb whose numbers moved since: its bit masks would mis-read the stored ones."""
-    from kb.repo.store import (
-        StoreError,  # kb.repo.store imports kb.models, which imports this module
-    )
+    from kb.domain.errors import StoreError
 
     stored = stored_numbers(session)
     for section, numbers in builtin_numbers().items():

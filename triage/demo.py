@@ -18,7 +18,8 @@ from typing import Any
 
 import click
 
-from kb.repo.store import Store, data_dir
+from kb.repo.engine import data_dir
+from kb.repo.store import Store
 from triage.engine import DiagnoseOptions, ProgressFn, diagnose, open_server
 from triage.llama.crash import CrashReport
 from triage.stackfile import load_stack

@@ -18,9 +18,10 @@ from sqlalchemy import insert, text
 from sqlmodel import SQLModel
 
 import kb.models  # noqa: F401  (registers the tables)
+from kb.domain.errors import StoreError
 from kb.repo.family import refresh_signatures
 from kb.repo.migrate import current_revision
-from kb.repo.store import Store, StoreError
+from kb.repo.store import Store
 
 # Insert order (foreign keys); a batch maps each name to its rows (explicit ids).
 TABLES = (

@@ -60,6 +60,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from kb import vocab
+from kb.domain.errors import StoreError
 from kb.domain.family import (
     WEIGHTS,
     FamilyMatch,
@@ -69,7 +70,7 @@ from kb.domain.family import (
     similarity,
 )
 from kb.models import Cause, FamilyLink, Incident, Symptom
-from kb.repo.store import StoreError, require_incident
+from kb.repo.store import require_incident
 
 __all__ = [
     "CAUSE_BITS",

@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlmodel import Session, select
 
+from kb.domain.errors import StoreError
 from kb.models import (
     Cause,
     CauseStatusChange,
@@ -24,7 +25,7 @@ from kb.models import (
     Reference,
     Symptom,
 )
-from kb.repo.store import StoreError, get_incident
+from kb.repo.store import get_incident
 
 _DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 

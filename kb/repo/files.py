@@ -36,6 +36,7 @@ from jsonschema.exceptions import best_match
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlmodel import Session, select
 
+from kb.domain.errors import StoreError
 from kb.filecheck import RecordError, _check_plain_data, _check_references
 from kb.models import (
     Cause,
@@ -46,6 +47,7 @@ from kb.models import (
     Reference,
     Symptom,
 )
+from kb.repo.engine import describe_db_error
 from kb.repo.fileio import (
     MAX_FILE_BYTES,
     InputTooLarge,
@@ -72,14 +74,7 @@ from kb.repo.sidecar import (
     sidecar_paths,
     split_evidence,
 )
-from kb.repo.store import (
-    Store,
-    StoreError,
-    add_evidence,
-    describe_db_error,
-    get_incident,
-    record_status_change,
-)
+from kb.repo.store import Store, add_evidence, get_incident, record_status_change
 
 __all__ = [
     "IMPORT_BATCH",

@@ -34,12 +34,13 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col, select
 
 from kb.domain import family
+from kb.domain.errors import StoreError
 
 # The one wording of a live failing count, shared with the retrospective.
 from kb.domain.retrotext import failing_text as failing_text
 from kb.models import Evidence, Incident, LiveExchange, LiveSignature, Symptom, utcnow
 from kb.repo.family import incident_signature
-from kb.repo.store import StoreError, add_evidence_many, get_incident
+from kb.repo.store import add_evidence_many, get_incident
 
 KEY_SEPARATOR = "\x1f"
 # Appended to the signature of failures the client configured in charts and lists.

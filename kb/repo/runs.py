@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
+from kb.domain.errors import StoreError
 from kb.domain.records import Reply
 from kb.domain.slugs import unique_incident_slug
 from kb.models import (
@@ -28,7 +29,6 @@ from kb.models import (
 )
 from kb.repo.store import (
     CONTENT_HASH,
-    StoreError,
     add_evidence,
     add_evidence_many,
     exchange_content_hash,

@@ -11,6 +11,7 @@ from kb_rows import QWEN, REFERENCE, add_incident, add_reference_incidents
 from sqlmodel import select
 
 from kb.domain import flags
+from kb.domain.errors import StoreError
 from kb.domain.family import Signature, signature, similarity, stack_fingerprint
 from kb.models import FamilyLink, Incident, Symptom
 from kb.repo.family import (
@@ -21,7 +22,7 @@ from kb.repo.family import (
     refresh_signatures,
     similar_incidents,
 )
-from kb.repo.store import Store, StoreError
+from kb.repo.store import Store
 
 INCIDENTS_DIR = Path(__file__).resolve().parents[2] / "incidents"
 # What a capture of the Gemma 4 thinking-budget drill shows: no content, a length stop,

@@ -17,6 +17,7 @@ from sqlalchemy import func
 from sqlmodel import SQLModel, select
 
 import kb.repo.files as files
+from kb.domain.errors import StoreError
 from kb.models import (
     CAUSE_BASES,
     CAUSE_CATALOGUE_IDS,
@@ -41,7 +42,7 @@ from kb.repo.files import (
     parse_text,
     render_record,
 )
-from kb.repo.store import Store, StoreError, add_evidence, get_incident, record_status_change
+from kb.repo.store import Store, add_evidence, get_incident, record_status_change
 
 INCIDENTS = Path(__file__).resolve().parents[2] / "incidents"
 COMMITTED = sorted(INCIDENTS.glob("*.md"))

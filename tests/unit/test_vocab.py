@@ -182,7 +182,7 @@ def _incident(session, slug: str, kinds: list[str], causes: list[str]) -> None:
 def test_the_first_signature_write_records_kb_numbers_and_refuses_moved_ones(
     db_url: str,
 ) -> None:
-    from kb.repo.store import StoreError
+    from kb.domain.errors import StoreError
 
     store = Store(db_url)
     try:

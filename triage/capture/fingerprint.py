@@ -30,7 +30,7 @@ _process_key = secrets.token_bytes(_KEY_BYTES)
 
 def key_path() -> Path:
     """Where this installation's key lives (the data directory of kb.repo.store)."""
-    from kb.repo.store import data_dir
+    from kb.repo.engine import data_dir
 
     return data_dir() / KEY_FILE_NAME
 

@@ -13,7 +13,9 @@ from typing import Any, TypeVar
 import click
 from sqlalchemy.exc import SQLAlchemyError
 
-from kb.repo.store import Store, StoreError, database_url, describe_db_error, redact_url
+from kb.domain.errors import StoreError
+from kb.repo.engine import database_url, describe_db_error, redact_url
+from kb.repo.store import Store
 from triage.catalogue import CatalogueError
 from triage.catalogue.numbering import check_store_numbering
 

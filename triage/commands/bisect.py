@@ -145,7 +145,7 @@ def _log(line: str) -> None:
 def _bisect(store: Any, incident_id: int, slug: str, plan: _Plan) -> Any:
     """Run (or resume) the bisection, recording every tested build on the incident."""
     from kb.repo.bisect import record_bisect_step
-    from kb.repo.store import data_dir
+    from kb.repo.engine import data_dir
     from triage.bisect import BisectError, BisectOptions, Bisector, BuildResult, ServerOracle
     from triage.llama.build import server_binary_for
 
@@ -280,7 +280,7 @@ def bisect_command(
     judged by the engine's sequential test (never one sample), resumable, every tested build
     recorded as evidence on the incident."""
     from kb.repo.bisect import bisect_incident
-    from kb.repo.store import data_dir
+    from kb.repo.engine import data_dir
     from triage.bisect import saved_meta, state_file, state_key
     from triage.engine.servers import safe_args, safe_describe
 

@@ -8,11 +8,12 @@ from typing import Any
 
 import click
 
+from kb.domain.errors import StoreError
 from kb.domain.textguard import shorten
 from kb.models import CAUSE_STATUSES, INCIDENT_STATUSES
 from kb.repo.files import IMPORT_BATCH, export_incidents, import_files, list_records, load_record
 from kb.repo.sidecar import sidecar_paths
-from kb.repo.store import StoreError, count_orphan_evidence, open_incident
+from kb.repo.store import count_orphan_evidence, open_incident
 from triage.commands import echo_json, open_store
 
 # `incidents list` prints one line per incident: longer titles are cut (--json has them whole).

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kb.repo.store import data_dir
+from kb.repo.engine import data_dir
 from triage.commands import with_options
 
 if TYPE_CHECKING:

@@ -10,11 +10,12 @@ from typing import Any
 
 import click
 
+from kb.domain.errors import StoreError
 from kb.domain.family import FamilyMatch, Signature, signature, stack_fingerprint
 from kb.models import INCIDENT_STATUSES
 from kb.repo.family import incident_signature, link_family, refresh_signatures, similar_incidents
 from kb.repo.search import HIGHLIGHT_END, HIGHLIGHT_START, SearchHit, search
-from kb.repo.store import Store, StoreError, get_incident
+from kb.repo.store import Store, get_incident
 from triage.commands import echo_json, open_store
 
 _HIGHLIGHT = re.compile(f"{HIGHLIGHT_START}(.*?){HIGHLIGHT_END}", re.S)

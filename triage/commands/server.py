@@ -163,7 +163,7 @@ def drill_command(name: str, as_json: bool, out: Path | None, repeat: int) -> No
     Every failing reply is saved with the request that produced it in the drill's folder,
     with the `triage diagnose` command that diagnoses it (printed as is).
     """
-    from kb.repo.store import data_dir
+    from kb.repo.engine import data_dir
     from triage.drills import TemplateNotFound, build_drill, list_drills
     from triage.drills.real import RealModelMissing
     from triage.drills.run import format_summary, run_drill

@@ -12,7 +12,9 @@ from pathlib import Path
 import click
 from sqlalchemy.exc import SQLAlchemyError
 
-from kb.repo.store import Store, StoreError, database_url, describe_db_error, redact_url
+from kb.domain.errors import StoreError
+from kb.repo.engine import database_url, describe_db_error, redact_url
+from kb.repo.store import Store
 from triage.ui.auth import (
     UiConfigError,
     UiSettings,

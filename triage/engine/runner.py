@@ -24,7 +24,8 @@ from typing import Any
 
 from kb.domain.records import Reply
 from kb.repo import runs
-from kb.repo.store import Store, data_dir
+from kb.repo.engine import data_dir
+from kb.repo.store import Store
 from triage import causes as cause_rules
 from triage import graph as graph_mod
 from triage import observe, probes

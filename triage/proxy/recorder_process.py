@@ -62,7 +62,8 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, cast
 
-from kb.repo.store import Store, redact_url
+from kb.repo.engine import redact_url
+from kb.repo.store import Store
 from triage.capture import redact_text
 from triage.proxy import recorder as _recorder
 from triage.proxy.grouping import OpeningRules

@@ -16,9 +16,10 @@ from typing import Any
 
 from sqlmodel import col, select
 
+from kb.domain.errors import StoreError
 from kb.models import CAUSE_STATUSES, DECISION_KINDS, Cause
 from kb.repo import decisions as kb_decisions
-from kb.repo.store import Store, StoreError, record_status_change, require_incident
+from kb.repo.store import Store, record_status_change, require_incident
 from kb.triggers import DecisionError
 from triage import capture, engine, stackfile, symptoms
 from triage.catalogue import catalogue

@@ -123,7 +123,7 @@ class UiSettings:
 
 def config_path(env: Mapping[str, str] | None = None) -> Path:
     """`TRIAGE_UI_CONFIG`, else `ui.toml` in the data directory."""
-    from kb.repo.store import data_dir
+    from kb.repo.engine import data_dir
 
     env = os.environ if env is None else env
     explicit = env.get(ENV_CONFIG)

@@ -32,7 +32,8 @@ from kb.models import (
 )
 from kb.repo import decisions as kb_decisions
 from kb.repo import search as kb_search
-from kb.repo.store import Store, database_url, get_incident
+from kb.repo.engine import database_url
+from kb.repo.store import Store, get_incident
 from triage.catalogue import CatalogueError
 from triage.catalogue import catalogue as process_catalogue
 from triage.catalogue.numbering import check_store_numbering

@@ -9,8 +9,8 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from kb.domain.errors import StoreError
 from kb.repo import decisions as kb_decisions
-from kb.repo.store import StoreError
 from triage.atlas.report import record_matches
 from triage.graph import arm_summaries, build_graph, summary, to_dot
 from triage.ui import actions, data, nav

@@ -221,7 +221,7 @@ def parse_text(
         raise RecordError(
             file, "$.slug", f"slug {data['slug']!r} does not match the file name {stem!r}.md"
         )
-    from kb.domain.retro import strip_retro_section
+    from kb.domain.retroformat import strip_retro_section
 
     record = dict(data)
     # The generated retrospective is derived from the record: not part of it, rewritten on
@@ -647,7 +647,7 @@ def render_record(record: dict[str, Any], *, front: dict[str, Any] | None = None
     """
     # The retrospective is generated from the record on every export and replaces the one
     # the body held (between its markers), so re-import and re-export stay byte-stable.
-    from kb.domain.retro import replace_retro_section, retro_section
+    from kb.domain.retroformat import replace_retro_section, retro_section
 
     shown = front if front is not None else record
     matter = {key: shown[key] for key in INCIDENT_KEYS if key in shown}

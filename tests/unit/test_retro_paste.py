@@ -18,7 +18,8 @@ from click.testing import CliRunner
 from live_records import budget, ok
 from sqlmodel import select
 
-from kb.domain.retro import retro_markdown, retro_text
+from kb.domain.retro import retro_markdown
+from kb.domain.retroformat import retro_text
 from kb.models import Evidence
 from kb.repo import live
 from kb.repo.files import export_incident, import_paths, load_record, parse_file

@@ -349,7 +349,7 @@ def retro_command(
 ) -> None:
     """The incident's retrospective, generated from its record; every claim cites its
     evidence once. Markup in recorded text is inert in the HTML."""
-    from kb.domain.retro import retro_html, retro_text
+    from kb.domain.retroformat import retro_html, retro_text
     from kb.repo.files import load_record
 
     if as_html and fmt != "markdown":

@@ -35,8 +35,9 @@ from filelock import FileLock
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from kb.atlas.refs import add_references
+from kb.domain import retrotext
 from kb.models import Incident
-from kb.repo import live
+from kb.repo import live, liveincidents
 from kb.repo.store import Store
 from triage.atlas.report import incident_references
 from triage.capture import CaptureError, exchange_from_http, redact_headers, redact_text
@@ -656,12 +657,12 @@ class Recorder:
         }
         problem = problem_key(group, shape)
         examples = [p.example for p in items if p.example is not None]
-        existing = live.find_problem(session, model, problem)
+        existing = liveincidents.find_problem(session, model, problem)
         if existing is None:  # a row from before problems were recorded
-            existing = live.find_signature(session, model, items[-1].row["signature"])
+            existing = liveincidents.find_signature(session, model, items[-1].row["signature"])
         if existing is not None:
             self._add_to_problem(session, existing, shape, items, examples)
-            live.update_detection(session, existing, facts)
+            liveincidents.update_detection(session, existing, facts)
             return None
         if not detection.alarm or n + n0 < self.opening.min_exchanges:
             return None
@@ -681,14 +682,14 @@ class Recorder:
         summary = (
             f"{what}: {primary} ({', '.join(sorted(variants)) or main}) from "
             f"{model or 'unknown model'}, requests shaped {shape}: "
-            f"{live.failing_text(facts)}; {compared}; upstream build "
+            f"{retrotext.failing_text(facts)}; {compared}; upstream build "
             f"{upstream.get('build') or '?'}, template "
             f"{(upstream.get('template_sha256') or '?')[:12]}"
         )
         # No counts in the title: they change, and the title would keep the first ones.
         title = f"Live: {primary} from {model or 'unknown model'} ({shape} requests)"
         kinds = sorted({kind for p in items for kind in p.kinds})
-        sig_row, outcome = live.open_or_attach(
+        sig_row, outcome = liveincidents.open_or_attach(
             session,
             model=model,
             signature=main,
@@ -707,7 +708,7 @@ class Recorder:
             return None
         for item in items:
             if item.row["signature"] != main:
-                live.add_variant(
+                liveincidents.add_variant(
                     session,
                     sig_row,
                     signature=item.row["signature"],
@@ -742,7 +743,7 @@ class Recorder:
         """Record the batch's symptom variants and examples on the problem's incident."""
         for item in items:
             if item.row["signature"] != row.signature:
-                live.add_variant(
+                liveincidents.add_variant(
                     session,
                     row,
                     signature=item.row["signature"],
@@ -750,7 +751,7 @@ class Recorder:
                     shape=shape,
                     opened_by=self.replica,
                 )
-        live.add_examples(session, row, examples)
+        liveincidents.add_examples(session, row, examples)
 
     def _first_example(
         self,

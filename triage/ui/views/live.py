@@ -8,8 +8,9 @@ from datetime import timedelta
 import pandas as pd
 import streamlit as st
 
+from kb.domain import retrotext
 from kb.models import utcnow
-from kb.repo import live
+from kb.repo import live, liveincidents
 from triage.stats import wilson
 from triage.ui import data, livechart, nav
 from triage.ui.text import md_escape
@@ -33,7 +34,7 @@ with store.session(readonly=True) as session:
     upstream = live.latest_upstream(session)
     points = live.series(session, since, until, bucket)
     cells = live.cell_counts(session, since, until)
-    opened = live.live_incidents(session)
+    opened = liveincidents.live_incidents(session)
 
 if upstream is None:
     st.info(
@@ -89,8 +90,9 @@ if not opened:
 for item in opened:
     detection = item["detection"]
     by = str(item["opened_by"])
-    if by.startswith(live.MATCHED_PREFIX):  # an incident opened by other means
-        how = f"same failure family: evidence added by {by.removeprefix(live.MATCHED_PREFIX)}"
+    if by.startswith(liveincidents.MATCHED_PREFIX):  # an incident opened by other means
+        source = by.removeprefix(liveincidents.MATCHED_PREFIX)
+        how = f"same failure family: evidence added by {source}"
     else:
         how = f"opened by {by}"
     variants = item.get("variants") or [item["signature"]]
@@ -100,7 +102,7 @@ for item in opened:
         st.markdown(
             f"**{md_escape(item['title'])}**  \n"
             f"{md_escape(item['slug'])} · {md_escape(item['status'])} · "
-            f"{md_escape(live.failing_text(detection))} · {md_escape(how)}  \n"
+            f"{md_escape(retrotext.failing_text(detection))} · {md_escape(how)}  \n"
             f"signature{'s' if len(variants) > 1 else ''}: "
             + ", ".join(md_escape(v) for v in variants)
         )

@@ -16,6 +16,7 @@ from jsonschema import Draft202012Validator
 from sqlalchemy import func
 from sqlmodel import SQLModel, select
 
+import kb.repo.fileparse as fileparse
 import kb.repo.files as files
 from kb.domain.errors import StoreError
 from kb.models import (
@@ -29,6 +30,7 @@ from kb.models import (
     Cause,
     CauseStatusChange,
 )
+from kb.repo.fileparse import parse_file, parse_text
 from kb.repo.files import (
     RecordError,
     dump_yaml,
@@ -38,8 +40,6 @@ from kb.repo.files import (
     list_records,
     load_record,
     load_yaml,
-    parse_file,
-    parse_text,
     render_record,
 )
 from kb.repo.store import Store, add_evidence, get_incident, record_status_change
@@ -131,7 +131,7 @@ def _write(directory: Path, record: dict[str, Any], name: str | None = None) -> 
 
 
 def test_schema_is_valid_2020_12_and_matches_the_model_constants() -> None:
-    schema = json.loads(files.SCHEMA_PATH.read_text(encoding="utf-8"))
+    schema = json.loads(fileparse.SCHEMA_PATH.read_text(encoding="utf-8"))
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     Draft202012Validator.check_schema(schema)
     defs = schema["$defs"]
@@ -149,7 +149,7 @@ def test_schema_is_valid_2020_12_and_matches_the_model_constants() -> None:
     assert tuple(defs["evidence"]["properties"]["kind"]["enum"]) == EVIDENCE_KINDS
     assert tuple(defs["evidence_link"]["properties"]["relation"]["enum"]) == LINK_RELATIONS
     assert tuple(defs["decision"]["properties"]["kind"]["enum"]) == DECISION_KINDS
-    assert tuple(schema["properties"]) == files.INCIDENT_KEYS
+    assert tuple(schema["properties"]) == fileparse.INCIDENT_KEYS
 
 
 def test_yaml_keeps_dates_as_strings_and_writes_them_plain() -> None:
@@ -257,7 +257,7 @@ def test_non_canonical_file_reaches_a_fixed_point(store: Store, tmp_path: Path) 
     import_paths(store, [source])
     (first,) = export_all(store, tmp_path / "a")
     exported = first.read_text(encoding="utf-8")
-    front = load_yaml(files.split_front_matter(exported, "x")[0])
+    front = load_yaml(fileparse.split_front_matter(exported, "x")[0])
     assert not {"closed", "summary", "timeline"} & set(front)
     assert "recorded_at: 2026-07-02T01:30:00Z" in exported
     assert "catalogue: token-limit" in exported

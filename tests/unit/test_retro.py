@@ -22,7 +22,8 @@ from kb.domain.retroformat import (
     strip_retro_section,
 )
 from kb.domain.retrotext import NO_EVIDENCE
-from kb.repo.files import import_paths, load_record, parse_text, render_record
+from kb.repo.fileparse import parse_text
+from kb.repo.files import import_paths, load_record, render_record
 from kb.repo.store import Store
 
 INCIDENTS = Path(__file__).resolve().parents[2] / "incidents"

@@ -23,7 +23,8 @@ from kb.domain.retro import retro_markdown
 from kb.domain.retroformat import retro_text
 from kb.models import Evidence
 from kb.repo import liveincidents
-from kb.repo.files import export_incident, import_paths, load_record, parse_file
+from kb.repo.fileparse import parse_file
+from kb.repo.files import export_incident, import_paths, load_record
 from kb.repo.store import Store
 from triage.cli import cli
 from triage.proxy import Recorder

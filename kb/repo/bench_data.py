@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import insert, text
@@ -107,8 +108,6 @@ def optimize(store: Store) -> None:
 def database_size(store: Store) -> int:
     """Bytes on disk of the database (SQLite file plus WAL, or the PostgreSQL database)."""
     if store.dialect == "sqlite":
-        from pathlib import Path
-
         path = Path(store.url.split("///", 1)[1])
         return sum(p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists())
     with store.engine.connect() as conn:

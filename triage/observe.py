@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from triage import probes
+from triage.llama.client import LlamaClient, LlamaClientError
+from triage.llama.endpoints import Endpoint, endpoint_of
+from triage.llama.gguf_meta import read_gguf_meta
 
 
 def message_of(body: Any) -> dict[str, Any]:
@@ -148,8 +151,6 @@ async def observe_server(
     server: Any, request: dict[str, Any], observations: dict[str, Any], *, seed: int, timeout: float
 ) -> None:
     """Server props, the template render of the request, and a determinism check."""
-    from triage.llama.client import LlamaClient, LlamaClientError
-
     client = LlamaClient(server.base_url, timeout=timeout, api_key=getattr(server, "api_key", None))
     try:
         try:
@@ -170,6 +171,8 @@ async def observe_server(
             observations["request-limits"] = request_limits(request, props)
         except LlamaClientError as exc:
             observations["server-props"] = {"name": "server-props", "error": str(exc)}
+        if endpoint_of(request) is not Endpoint.CHAT:
+            return  # an embeddings/rerank request renders no chat template, generates no text
         try:
             rendered = await client.apply_template(probes.template_body(request))
             off = await client.apply_template(probes.template_body(probes.thinking_off(request)))
@@ -190,6 +193,8 @@ async def observe_server(
         texts = []
         # With the server's pace (triage.engine.pacing), these two replies are also its
         # first speed measurement, and a slow server is waited for while it progresses.
+        # Imported here: triage.engine (its package __init__ loads the runner) imports this
+        # module, so a top-level import would close a circle.
         from triage.engine.pacing import ReplayTimeout, timed_chat
 
         pace = getattr(server, "pace", None)
@@ -222,8 +227,6 @@ async def spec_divergence(
     timeout: float,
 ) -> dict[str, Any]:
     """Committed token streams with and without speculative decoding at fixed seeds."""
-    from triage.llama.client import LlamaClient, LlamaClientError
-
     clients = [
         LlamaClient(s.base_url, timeout=timeout, api_key=getattr(s, "api_key", None))
         for s in (spec_server, plain_server)
@@ -264,9 +267,6 @@ async def weights_confounder(
     incident_server: Any, alt_server: Any, request: dict[str, Any], *, timeout: float
 ) -> dict[str, Any]:
     """What else differs between the incident weights and the alternate weights."""
-    from triage.llama.client import LlamaClient, LlamaClientError
-    from triage.llama.gguf_meta import read_gguf_meta
-
     facts: dict[str, Any] = {"name": "weights-confounder"}
     differs: list[str] = []
     metas: list[Any] = []

@@ -47,6 +47,9 @@ class ObserveContext:
     # The captured exchange (its stored dict form) when the run has one: observation
     # hooks may compare it with what the server answers (client-handling does).
     exchange: dict[str, Any] | None = None
+    # Where the client's requests went: the stack's `[gateway]` when it has one (a
+    # triage.engine.servers.Server), else None (the incident's server itself).
+    client_side: Any = None
 
 
 @dataclass(frozen=True)
@@ -81,8 +84,9 @@ class PlannedArm:
     stream: bool = False
     # A server-level arm whose launch depends on what the incident's server measured (the
     # tokens of the longest embeddings input): called with the observations before the arm
-    # launches; returns the configuration to launch, or why the arm cannot matter (skipped).
-    configure: Callable[[Mapping[str, Any]], ServerConfig | str] | None = None
+    # launches; returns the arm as it launches (its config and variant), or why the arm
+    # cannot matter (it is then skipped).
+    configure: Callable[[Mapping[str, Any]], PlannedArm | str] | None = None
 
 
 @runtime_checkable
@@ -161,13 +165,25 @@ def skipped_arms(
 
         arms = list(catalogue().arms)
     out = []
+    # Arms of one family (the request-field ablation arms) not planned share one line.
+    families: dict[str, list[str]] = {}
     for arm in sorted(arms, key=lambda a: (a.level != "request", int(getattr(a, "order", 100)))):
         if not serves_endpoint(arm, request):
             out.append((str(arm.id), _chat_only(request)))
         elif arm.plan(stack, request) is None:
+            family = getattr(arm, "family", None)
+            if isinstance(family, str) and family:
+                if family not in families:
+                    families[family] = []
+                    out.append((family, ""))
+                families[family].append(str(arm.id))
+                continue
             why = str(getattr(arm, "precondition", "") or NOT_APPLICABLE)
             out.append((str(arm.id), why))
-    return out
+    return [
+        (arm, why or f"the request sets none of their fields: {', '.join(families[arm])}")
+        for arm, why in out
+    ]
 
 
 def reasoning_in(exchange: Mapping[str, Any] | None) -> bool:

@@ -28,6 +28,7 @@ from kb.repo.store import Store, add_evidence, require_incident
 from kb.triggers import DecisionError
 from triage.engine import replay_rate as engine_replay_rate
 from triage.engine.servers import safe_describe
+from triage.llama.build import binary_build_info, find_server_binary
 from triage.probes import request_arms
 from triage.stackfile import Stack, load_stack
 
@@ -170,8 +171,6 @@ def _stack_facts(stack: Stack) -> dict[str, Any]:
     if stack.server.url and model is None:
         return facts  # a running server: its build comes from the replies, if at all
     try:
-        from triage.llama.build import binary_build_info, find_server_binary
-
         binary = stack.server.binary
         if binary is None or "/" not in str(binary):
             found = shutil.which(str(binary)) if binary is not None else None

@@ -18,11 +18,13 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from kb.domain.flags import DRAFT_MODEL_FLAGS, SPEC_PREFIXES, SPEC_SWITCH_FLAGS, SPEC_VALUE_FLAGS
+from triage.llama.build import BuildError, server_binary_for
 
 # Flags that switch speculative decoding on or configure it: `spec-off` strips them. The
 # vocabulary lives in kb.domain.flags (kb.repo.family reads it too); the names stay importable
@@ -251,8 +253,6 @@ def build_reference(value: str | Path | None) -> int | None:
 
 def _resolve_builds(stack: Stack, source: str, build_missing: bool, log: BuildLog | None) -> Stack:
     """Replace `b<N>` binaries by the cached build's path (building it when allowed)."""
-    from triage.llama.build import BuildError, server_binary_for
-
     resolved: dict[int, Path] = {}
     refs: list[tuple[str, int]] = []
 
@@ -338,8 +338,6 @@ def parse_stack(
 
 def _origin(url: str) -> str:
     """scheme://host:port of a URL (the default port spelled out), for comparing two."""
-    from urllib.parse import urlsplit
-
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
     return f"{parts.scheme}://{(parts.hostname or '').lower()}:{port}"

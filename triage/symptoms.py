@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+# The package, not its function: the process-wide catalogue is looked up per call.
+from triage import catalogue as plugins
 from triage.capture import Exchange
 
 # Thresholds stay importable from here (`X as X`: explicit re-exports).
@@ -93,9 +95,7 @@ def _current(catalogue: Catalogue | None = None) -> _Plan:
     """The plan of `catalogue` (default: the process-wide one); cached, not rebuilt per call."""
     global _plan
     if catalogue is None:
-        from triage.catalogue import catalogue as process_catalogue
-
-        catalogue = process_catalogue()
+        catalogue = plugins.catalogue()
     plan = _plan
     if plan is not None and plan.catalogue is catalogue:
         return plan

@@ -5,11 +5,14 @@ embedding-failed finding; diagnosed, the engine replays it on /v1/embeddings, me
 inputs with the server's /tokenize, launches ubatch-raised with -ub/-b past the longest input
 and confirms the cause (k/n), batch-split serving the cut inputs too, no other cause
 confirmed, the chat-only arms skipped. On a running server given by URL (its -ub unknown,
-not relaunchable) the cause stays untested."""
+not relaunchable) the cause stays untested. On 1024-token slots -ub/-b alone meets the context
+refusal (HTTP 400, measured), so the arm raises -c with them and still confirms."""
 
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,17 @@ from triage.symptoms import classify
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 KEYS = ("kind", "passed", "score", "reason", "where")
+
+
+def _post(url: str, body: dict[str, Any]) -> tuple[int, str]:
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:  # noqa: S310 loopback
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
 
 
 def _captured(drill: Any, tmp_path: Path, server_binary: Path) -> tuple[Any, list[dict[str, Any]]]:
@@ -80,6 +94,8 @@ def test_an_input_longer_than_ubatch_is_confirmed_by_the_raised_batch(
     observed = {o["name"]: o for o in diagnosis["observations"]}
     inputs = observed["embedding-inputs"]
     assert inputs["longest_tokens"] > UBATCH and inputs["physical_batch"] == UBATCH
+    # No chat template is rendered for an embeddings request (it has no messages).
+    assert "template-render" not in observed and "determinism" not in observed
     skipped = {s["arm"]: s["reason"] for s in diagnosis["skipped_arms"]}
     assert "/v1/embeddings" in skipped["thinking-off"]
     assert running_servers() == []
@@ -105,3 +121,35 @@ def test_a_running_server_by_url_leaves_the_cause_untested(
     assert verdict["status"] == "suspected"
     assert "ubatch-raised" in verdict["deciding_probe"]
     assert not [c for c, v in causes.items() if v["status"] == "confirmed"]
+
+
+def test_the_context_is_raised_with_the_batch_when_the_slot_is_smaller(
+    server_factory: Any, tmp_path: Path
+) -> None:
+    drill = build_drill(NAME, tmp_path / "drill")
+    small = [a if a != "16384" else "4096" for a in drill.server_args]  # 4 slots of 1024
+    # Measured first: -ub/-b past the input alone is not enough on a 1024-token slot.
+    only_batch = [*small, "-ub", "2048", "-b", "2048"]
+    server = server_factory(drill.model, only_batch)
+    status, body = _post(f"{server.base_url}/v1/embeddings", drill.request("short-and-long"))
+    assert status == 400 and "larger than the max context size" in body
+    server.stop()
+    stack_file = drill.out_dir / "stack.toml"
+    stack_file.write_text(stack_file.read_text().replace('"16384"', '"4096"'))
+    store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
+    try:
+        diagnosis = diagnose(
+            store,
+            load_stack(stack_file),
+            drill.request("short-and-long"),
+            options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs"),
+        )
+    finally:
+        store.close()
+    causes = {c["id"]: c for c in diagnosis["causes"]}
+    arms = {a["name"]: a for a in diagnosis["arms"]}
+    assert causes["embedding-batch"]["status"] == "confirmed"
+    raised = arms["ubatch-raised"]
+    assert "-ub/-b 2048" in raised["variant"] and "-c 8192" in raised["variant"]
+    assert raised["failures"] == 0 and raised["n"] >= 4
+    assert running_servers() == []

@@ -17,9 +17,10 @@ import pytest
 from kb.repo.store import Store
 from triage.drills import build_drill
 from triage.drills.real import RealModelMissing, model_path
-from triage.engine import DiagnoseOptions, diagnose
+from triage.engine import DiagnoseOptions, diagnose, open_server
 from triage.llama.launcher import running_servers
-from triage.stackfile import load_stack
+from triage.llama.model_lint import lint_findings
+from triage.stackfile import ServerConfig, load_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
@@ -78,3 +79,38 @@ def test_arms_that_cannot_matter_are_skipped_and_say_why(case1: dict[str, Any]) 
     # anti-repetition (model-loop) runs its first look, then stops: no baseline reply loops.
     assert ran <= {"baseline", "token-limit-lifted", "anti-repetition"}
     assert case1["cost"]["requests"] == sum(a["n"] for a in case1["arms"])
+
+
+def test_the_instruct_models_file_passes_the_lint(case1: dict[str, Any]) -> None:
+    findings = {f["kind"]: f for f in case1["findings"]}
+    for kind in ("chat-template-missing", "base-model-for-chat", "end-of-turn-mismatch"):
+        assert findings[kind]["passed"], findings[kind]["reason"]
+    assert (
+        "'<|im_end|>', an end-of-generation token (the server's log)"
+        in (findings["end-of-turn-mismatch"]["reason"])
+    )
+
+
+def test_a_base_model_without_template_is_linted_from_its_file_and_the_servers_log(
+    server_binary: Path, tmp_path: Path
+) -> None:
+    try:
+        gemma = model_path("gemma3-270m")
+    except RealModelMissing as exc:
+        if os.environ.get("CI"):
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+    config = ServerConfig(model=gemma, args=("-c", "512", "-np", "1", "-t", "1"))
+    request = {"messages": [{"role": "user", "content": "What is the capital of France?"}]}
+    with open_server(config, tmp_path / "log", 120.0) as server:
+        log = server.handle.log_path
+        findings = {f["kind"]: f for f in lint_findings(config, request, log)}
+    assert running_servers() == []
+    assert not any(f["passed"] for f in findings.values())
+    # The served format and the EOG tokens come from the server's own log.
+    assert (
+        "the server's log (example_format) shows it" in findings["chat-template-missing"]["reason"]
+    )
+    eot = findings["end-of-turn-mismatch"]["reason"]
+    assert "'<|im_end|>'" in eot and "EOG per the server's log" in eot and "'<end_of_turn>'" in eot
+    assert "general.name 'Gemma 3 270m'" in findings["base-model-for-chat"]["reason"]

@@ -167,7 +167,7 @@ def test_a_drill_that_cannot_be_diagnosed_is_an_error_row_not_a_traceback(
     def broken(name: str, out: Any) -> Any:
         raise FileNotFoundError("official Gemma 4 chat template not found")
 
-    monkeypatch.setattr("triage.drills.registry.build_drill", broken)
+    monkeypatch.setattr(confusion, "build_drill", broken)
     row = confusion.run_drill("gemma4-toolcall", tmp_path, CAUSES, None)
     assert row.error.startswith("FileNotFoundError: official Gemma 4")
     assert exit_code([row]) == 1

@@ -16,7 +16,7 @@ import pytest
 
 from triage import probes
 from triage.causes import ArmOutcome, Observations
-from triage.engine.arms.embedding_batch import INPUTS, RAISED, SPLIT, raised_config
+from triage.engine.arms.embedding_batch import INPUTS, RAISED, SPLIT, raised_arm, raised_config
 from triage.engine.causes.embedding_batch import CAUSE
 from triage.llama.batching import (
     MAX_TOKENS_PER_BYTE,
@@ -150,6 +150,11 @@ def test_the_context_is_raised_with_the_batch_when_the_slot_is_smaller() -> None
     assert physical_batch(config.args) == 2048
     assert config.args.count("-c") == 1
     assert config.args[config.args.index("-c") + 1] == str(2048 * 4)
+    arm = raised_arm(server, facts)
+    assert not isinstance(arm, str) and arm.config == config
+    assert arm.variant == (
+        "-ub/-b 2048 (the longest input is 1041 tokens), -c 8192 (the slot's context was smaller)"
+    )
 
 
 def test_the_raised_arm_is_skipped_when_the_input_fits_or_was_not_measured() -> None:

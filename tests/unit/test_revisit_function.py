@@ -15,6 +15,7 @@ from sqlmodel import select
 from kb.models import Cause, Evidence, Incident
 from kb.repo.decisions import record_decision
 from kb.repo.store import Store, add_evidence
+from kb.service import KnowledgeBase
 from kb.triggers import DecisionError
 from triage.revisit import ProbeOutcome, Rate, revisit_incident
 
@@ -181,9 +182,9 @@ def test_the_ui_action_is_the_same_revisit(store: Store, tmp_path: Path) -> None
 
     _incident(store)
     with pytest.raises(actions.ActionError, match="pass --stack STACK.toml"):
-        actions.revisit(store, SLUG, None, replay_rate=FakeReplayer())
+        actions.revisit(KnowledgeBase(store), SLUG, None, replay_rate=FakeReplayer())
     result = actions.revisit(
-        store,
+        KnowledgeBase(store),
         SLUG,
         _stack(tmp_path),
         replay_rate=FakeReplayer(Outcome(8, 0, "removes", p_value=0.0002)),

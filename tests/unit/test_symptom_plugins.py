@@ -79,9 +79,17 @@ def test_builtin_checks_are_registered_through_entry_points() -> None:
         "checks-stream-format",
         "checks-prompt-prefix",
         "checks-repetition-loop",
+        "checks-model-file",
+        "checks-template-markup",
     }
     assert {entry.id: entry.number for entry in checks} == vocab.KIND_NUMBERS
-    assert [c.id for c in checks if not c.user_facing] == ["runaway-reasoning", "unstable-prefix"]
+    assert [c.id for c in checks if not c.user_facing] == [
+        "runaway-reasoning",
+        "chat-template-missing",
+        "base-model-for-chat",
+        "end-of-turn-mismatch",
+        "unstable-prefix",
+    ]
     for entry in checks:
         assert isinstance(entry, symptoms.Check)
 

@@ -124,7 +124,9 @@ def tool_call(arguments: Any, name: str = "get_weather") -> dict[str, Any]:
 def test_registry_covers_every_kind_in_order():
     assert list(CHECKS) == list(KINDS)
     assert USER_FACING_KINDS | DIAGNOSTIC_KINDS == set(KINDS)
-    assert DIAGNOSTIC_KINDS == {"runaway-reasoning", "unstable-prefix"}
+    # The model-file lint kinds are decided from the GGUF and the server log, not a reply.
+    lint = {"chat-template-missing", "base-model-for-chat", "end-of-turn-mismatch"}
+    assert DIAGNOSTIC_KINDS == {"runaway-reasoning", "unstable-prefix", *lint}
     for name in symptoms.__all__:
         assert hasattr(symptoms, name)
     with pytest.raises(ValueError):

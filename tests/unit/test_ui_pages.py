@@ -18,6 +18,7 @@ from streamlit.testing.v1 import AppTest
 
 from kb.repo.files import import_paths
 from kb.repo.store import Store
+from kb.service import KnowledgeBase
 from triage.graph import STATUS_COLOURS
 from triage.ui import actions, data
 from triage.ui.text import md_unescape
@@ -391,7 +392,7 @@ def test_decision_log_marks_a_parked_incident_past_its_date_overdue_first(
     try:
         import_paths(store, [write_incident(tmp_path, ARMS_INCIDENT)])
         actions.record_decision(
-            store,
+            KnowledgeBase(store),
             "2026-07-01-drill-arms",
             actions.DecisionInput(
                 kind="PARKED", by="dana", rationale="Drill only.", revisit_on=date(2099, 1, 1)

@@ -17,6 +17,7 @@ from kb.repo import runs as kb_runs
 from kb.repo.files import load_record
 from kb.repo.runlog import evidence_runs, incident_runs
 from kb.repo.store import Store, add_evidence
+from kb.service import KnowledgeBase
 from triage.graph import LABEL_WIDTH, build_graph, to_dot
 from triage.ui import data
 from triage.ui.runs import ALL_RUNS, load_runs, record_for_run
@@ -154,7 +155,7 @@ def test_record_for_run_keeps_one_runs_evidence_and_the_shared_exchange(two_runs
     store, slug, first, second = two_runs
     with store.session(readonly=True) as session:
         record = load_record(session, slug)
-    runs = load_runs(store, slug)
+    runs = load_runs(KnowledgeBase(store), slug)
     assert runs.latest == second and "latest" in runs.label(second)
     narrowed = record_for_run(record, runs, first)
     summaries = [e["summary"] for e in narrowed["evidence"]]
@@ -173,7 +174,7 @@ def test_graph_attaches_every_arm_to_what_it_decides_one_run_at_a_time(two_runs:
     store, slug, _, second = two_runs
     with store.session(readonly=True) as session:
         record = load_record(session, slug)
-    graph = build_graph(record_for_run(record, load_runs(store, slug), second))
+    graph = build_graph(record_for_run(record, load_runs(KnowledgeBase(store), slug), second))
     without_evidence = graph.subgraph(
         [n for n, d in graph.nodes(data=True) if d.get("kind") != "evidence"]
     )

@@ -196,11 +196,11 @@ def test_the_first_signature_write_records_kb_numbers_and_refuses_moved_ones(
         with store.session() as session:
             row = session.get(vocab.VocabNumber, ("check", "timeout"))
             assert row is not None
-            row.number = 20
+            row.number = 30  # a number no built-in kind uses
             session.add(row)
         with store.session() as session:
             _incident(session, "2026-01-02-b", ["timeout"], [])
-        moved = r"check 'timeout' as 10, but .* stored 'timeout' as 20"
+        moved = r"check 'timeout' as 10, but .* stored 'timeout' as 30"
         with pytest.raises(StoreError, match=moved):
             with store.session() as session:
                 refresh_signatures(session)

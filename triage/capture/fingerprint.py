@@ -17,6 +17,8 @@ import secrets
 import stat
 from pathlib import Path
 
+from kb.repo.engine import data_dir
+
 __all__ = ["KEY_FILE_NAME", "fingerprint", "key_path"]
 
 KEY_FILE_NAME = "redaction.key"
@@ -30,8 +32,6 @@ _process_key = secrets.token_bytes(_KEY_BYTES)
 
 def key_path() -> Path:
     """Where this installation's key lives (the data directory of kb.repo.store)."""
-    from kb.repo.engine import data_dir
-
     return data_dir() / KEY_FILE_NAME
 
 

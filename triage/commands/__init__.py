@@ -11,11 +11,10 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import click
-from sqlalchemy.exc import SQLAlchemyError
 
 from kb.domain.errors import StoreError
-from kb.repo.engine import database_url, describe_db_error, redact_url
 from kb.repo.store import Store
+from kb.service import DatabaseError, KnowledgeBase, OpenError
 from triage.catalogue import CatalogueError
 from triage.catalogue.numbering import check_store_numbering
 
@@ -23,54 +22,44 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 @contextmanager
-def open_store(ctx: click.Context) -> Iterator[Store]:
-    """The store named by --database / TRIAGE_DATABASE_URL; errors become clean messages."""
+def open_kb(ctx: click.Context) -> Iterator[KnowledgeBase]:
+    """The knowledge base named by --database / TRIAGE_DATABASE_URL, its catalogue numbers
+    checked; store and database errors (in the block too) become clean one-line messages."""
     url = (ctx.obj or {}).get("database")
     try:
-        store = Store(url, readonly=(ctx.obj or {}).get("read_only"))
+        kb = KnowledgeBase.open(url, readonly=(ctx.obj or {}).get("read_only"))
+    except OpenError as exc:
+        raise click.ClickException(f"cannot open the knowledge base {exc}") from None
     except StoreError as exc:
         raise click.ClickException(f"cannot open the knowledge base: {exc}") from None
-    except SQLAlchemyError as exc:
-        raise click.ClickException(
-            f"cannot open the knowledge base {redact_url(database_url(url))}: "
-            f"{describe_db_error(exc)}"
-        ) from None
     try:
-        check_store_numbering(store)  # before any stored bit mask is read or written
-    except CatalogueError as exc:
-        store.close()
-        raise click.ClickException(
-            f"the installed catalogue cannot use this knowledge base: {exc}"
-        ) from None
-    except SQLAlchemyError as exc:
-        store.close()
-        raise click.ClickException(
-            f"cannot open the knowledge base {redact_url(database_url(url))}: "
-            f"{describe_db_error(exc)}"
-        ) from None
-    try:
-        yield store
-    except StoreError as exc:
-        raise click.ClickException(str(exc)) from None
-    except SQLAlchemyError as exc:
-        # One line: never the SQL statement or its parameters (they may hold captured text).
-        raise click.ClickException(db_error_line(store, exc)) from None
+        try:
+            with kb.errors():
+                check_store_numbering(kb.store)  # before any stored bit mask is read or written
+        except CatalogueError as exc:
+            raise click.ClickException(
+                f"the installed catalogue cannot use this knowledge base: {exc}"
+            ) from None
+        except DatabaseError as exc:
+            raise click.ClickException(
+                f"cannot open the knowledge base {exc.url}: {exc.detail}"
+            ) from None
+        try:
+            # One line: never the SQL statement or its parameters (they may hold captured text).
+            with kb.errors():
+                yield kb
+        except StoreError as exc:
+            raise click.ClickException(str(exc)) from None
     finally:
-        store.close()
+        kb.close()
 
 
-def db_error_line(store: Store, exc: SQLAlchemyError) -> str:
-    """One line for a database error in a command; a write refused by a read-only
-    knowledge base says so."""
-    detail = describe_db_error(exc)
-    if store.readonly and any(
-        marker in detail.lower() for marker in ("readonly", "read-only", "query_only")
-    ):
-        return (
-            f"the knowledge base {redact_url(store.url)} is open read-only; this command "
-            f"writes ({detail})"
-        )
-    return f"database error on {redact_url(store.url)}: {detail}"
+@contextmanager
+def open_store(ctx: click.Context) -> Iterator[Store]:
+    """The store named by --database / TRIAGE_DATABASE_URL; errors become clean messages
+    (`open_kb`; for commands that still hand the store to the engine or kb's modules)."""
+    with open_kb(ctx) as kb:
+        yield kb.store
 
 
 def echo_json(data: Any) -> None:

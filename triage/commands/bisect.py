@@ -9,7 +9,25 @@ from typing import Any
 
 import click
 
+from kb.repo.bisect import bisect_incident, record_bisect_step
+from kb.repo.engine import data_dir
+from triage.bisect import (
+    BisectError,
+    BisectOptions,
+    Bisector,
+    BuildResult,
+    ServerOracle,
+    commits_between,
+    saved_meta,
+    state_file,
+    state_key,
+    versions_between,
+)
+from triage.capture import CaptureError, load_file
 from triage.commands import echo_json, open_store, with_options
+from triage.engine.servers import safe_args, safe_describe
+from triage.llama.build import BuildError, parse_build_ref, published_versions, server_binary_for
+from triage.stackfile import StackError, load_stack
 
 
 def register(group: click.Group) -> None:
@@ -17,8 +35,6 @@ def register(group: click.Group) -> None:
 
 
 def _build(value: str, option: str) -> int:
-    from triage.llama.build import parse_build_ref
-
     number = parse_build_ref(value)
     if number is None:
         raise click.BadParameter(f"{value!r} is not a build (e.g. b9585)", param_hint=option)
@@ -26,9 +42,6 @@ def _build(value: str, option: str) -> int:
 
 
 def _versions(value: str | None, good: int, bad: int) -> list[int]:
-    from triage.bisect import BisectError, versions_between
-    from triage.llama.build import BuildError, parse_build_ref, published_versions
-
     try:
         if value:
             listed = [parse_build_ref(item) for item in value.split(",") if item.strip()]
@@ -58,7 +71,6 @@ def _load_request(path: Path, response: Path | None) -> dict[str, Any]:
             body = None
         if isinstance(body, dict) and isinstance(body.get("messages"), list):
             return body
-    from triage.capture import CaptureError, load_file
 
     try:
         exchanges = load_file(path, response=response) if response else load_file(path)
@@ -70,8 +82,6 @@ def _load_request(path: Path, response: Path | None) -> dict[str, Any]:
 
 
 def _load_stack(path: Path) -> Any:
-    from triage.stackfile import StackError, load_stack
-
     try:
         stack = load_stack(path)
     except StackError as exc:
@@ -144,10 +154,6 @@ def _log(line: str) -> None:
 
 def _bisect(store: Any, incident_id: int, slug: str, plan: _Plan) -> Any:
     """Run (or resume) the bisection, recording every tested build on the incident."""
-    from kb.repo.bisect import record_bisect_step
-    from kb.repo.engine import data_dir
-    from triage.bisect import BisectError, BisectOptions, Bisector, BuildResult, ServerOracle
-    from triage.llama.build import server_binary_for
 
     def record(result: BuildResult) -> None:
         _log(f"  {result.describe()}")
@@ -189,9 +195,6 @@ def _bisect(store: Any, incident_id: int, slug: str, plan: _Plan) -> Any:
 
 def _record_outcome(store: Any, incident_id: int, plan: _Plan, report: Any) -> Any:
     """Record the bisection's outcome (with the commits between the neighbours, if any)."""
-    from kb.repo.bisect import record_bisect_step
-    from triage.bisect import commits_between
-
     commits = None
     if report.last_good is not None and report.first_bad is not None:
         commits = commits_between(report.last_good, report.first_bad)
@@ -279,11 +282,6 @@ def bisect_command(
     """Find the first published build that fails the request: noisy bisection, each build
     judged by the engine's sequential test (never one sample), resumable, every tested build
     recorded as evidence on the incident."""
-    from kb.repo.bisect import bisect_incident
-    from kb.repo.engine import data_dir
-    from triage.bisect import saved_meta, state_file, state_key
-    from triage.engine.servers import safe_args, safe_describe
-
     good, bad = _build(good_ref, "--good"), _build(bad_ref, "--bad")
     versions = _versions(versions_list, good, bad)
     request = _load_request(request_path, response_path)

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import click
-from sqlalchemy.exc import SQLAlchemyError
 
 from kb.domain.errors import StoreError
 from kb.repo.store import (
@@ -24,6 +23,7 @@ from kb.repo.store import (
     last_evidence_id,
     orphan_evidence,
 )
+from kb.service import KnowledgeBase, OpenError
 from triage.atlas.report import check_lines, check_matches
 from triage.capture import (
     CaptureError,
@@ -35,7 +35,6 @@ from triage.capture import (
 )
 from triage.capture import parse as parse_capture
 from triage.capture.common import check_unicode
-from triage.commands import db_error_line
 from triage.symptoms import Finding, classify
 
 # Exit status for bad input or a refused write, as every command: `Error: ...` and 1
@@ -608,19 +607,18 @@ def _open_kb(ctx: click.Context) -> Iterator[Store]:
     """The knowledge base; store and database errors inside the block become `Error:`."""
     url = (ctx.obj or {}).get("database")
     try:
-        store = Store(url, readonly=(ctx.obj or {}).get("read_only"))
+        kb = KnowledgeBase.open(url, readonly=(ctx.obj or {}).get("read_only"))
+    except OpenError as exc:
+        _fail(f"cannot open the knowledge base {exc}")
     except StoreError as exc:
         _fail(f"cannot open the knowledge base: {exc}")
-    except SQLAlchemyError as exc:
-        _fail(f"cannot open the knowledge base: {exc.__class__.__name__}")
     try:
-        yield store
+        with kb.errors():
+            yield kb.store
     except StoreError as exc:
         _fail(str(exc))
-    except SQLAlchemyError as exc:
-        _fail(db_error_line(store, exc))
     finally:
-        store.close()
+        kb.close()
 
 
 @contextmanager

@@ -2,19 +2,34 @@
 
 from __future__ import annotations
 
+import gc
 import logging
+import sys
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
+import uvicorn
+
+# Imported for its objects: they are among those _freeze_startup_objects puts out of reach.
+import uvicorn.protocols.http.httptools_impl  # noqa: F401
 
 from kb.repo.engine import data_dir
 from triage.commands import with_options
-
-if TYPE_CHECKING:
-    from triage.proxy import ProxyApp, Recorder, RecorderProcess
-    from triage.proxy.diagnose import AutoDiagnose
+from triage.proxy import (
+    ProxyApp,
+    ProxyConfig,
+    ProxyMetrics,
+    Recorder,
+    RecorderProcess,
+    RecorderProcessError,
+    parse_listen,
+)
+from triage.proxy.diagnose import AutoDiagnose, AutoDiagnoseError, check_stack
+from triage.proxy.grouping import OpeningRules
+from triage.proxy.journal import JournaledRecorder
+from triage.proxy.server import uvicorn_config
 
 SWITCH_INTERVAL_SECONDS = 0.0005
 
@@ -148,9 +163,6 @@ def proxy_command(
 ) -> None:
     """Forward /v1/*, /props and /health to a llama-server, record every exchange, keep
     failure rates and open incidents when a failure signature appears or rises."""
-    from triage.proxy import ProxyApp, ProxyConfig, ProxyMetrics, parse_listen
-    from triage.proxy.grouping import OpeningRules
-
     try:
         host, port = parse_listen(listen)
         config = ProxyConfig(upstream=upstream, read_timeout=upstream_timeout)
@@ -178,8 +190,6 @@ def proxy_command(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     recorder: Any = _start_recorder(recorder_mode, database, options, hook)
     if not no_journal:
-        from triage.proxy.journal import JournaledRecorder
-
         recorder = JournaledRecorder(recorder, journal_path or data_dir() / "proxy-journal")
     app = ProxyApp(config, recorder=recorder, metrics=metrics)
     click.echo(f"triage proxy: http://{host}:{port} -> {config.upstream}", err=True)
@@ -191,8 +201,6 @@ def _start_recorder(
 ) -> Recorder | RecorderProcess:
     """The recorder, started before the server (a recorder process that cannot start is
     one clear error, not a failed ASGI lifespan); ProxyApp's own start is then a no-op."""
-    from triage.proxy import Recorder, RecorderProcess, RecorderProcessError
-
     if mode == "thread":
         return Recorder(database, **options)
     recorder = RecorderProcess(database, **options)
@@ -209,8 +217,6 @@ def _auto_diagnose_hook(
     stack_path: Path | None, upstream: str, diagnose_upstream: bool, database: str | None
 ) -> AutoDiagnose:
     """The --auto-diagnose hook, refused without --stack or against the upstream itself."""
-    from triage.proxy.diagnose import AutoDiagnose, AutoDiagnoseError, check_stack
-
     if stack_path is None:
         raise click.UsageError("--auto-diagnose needs --stack")
     try:
@@ -226,10 +232,6 @@ def _freeze_startup_objects() -> None:
     tracked object, about 65 ms here, and runs on the event loop whenever enough requests'
     objects have come and gone: measured as an event-loop lag p99 of 50-100 ms at 16 clients.
     Frozen objects are never freed, which is what modules and settings are anyway."""
-    import gc
-
-    import uvicorn.protocols.http.httptools_impl  # noqa: F401 -- loaded before the freeze
-
     gc.collect()
     gc.freeze()
 
@@ -237,12 +239,6 @@ def _freeze_startup_objects() -> None:
 def _serve(app: ProxyApp, host: str, port: int, hook: AutoDiagnose | None) -> None:
     """Serve until Ctrl-C; the recorder and the auto-diagnose hook are stopped however the
     server ends."""
-    import sys
-
-    import uvicorn
-
-    from triage.proxy.server import uvicorn_config
-
     # Other threads of this process share the interpreter lock with the event loop: the
     # writer itself with --recorder thread (classifying, compressing); with the recorder
     # process, the queue's feeder thread (pickling) and the thread applying the child's

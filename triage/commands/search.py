@@ -16,7 +16,10 @@ from kb.models import INCIDENT_STATUSES
 from kb.repo.family import incident_signature, link_family, refresh_signatures, similar_incidents
 from kb.repo.search import HIGHLIGHT_END, HIGHLIGHT_START, SearchHit, search
 from kb.repo.store import Store, get_incident
+from triage.capture import CaptureError, load_file
 from triage.commands import echo_json, open_store
+from triage.stackfile import StackError, load_stack
+from triage.symptoms import failure_kinds
 
 _HIGHLIGHT = re.compile(f"{HIGHLIGHT_START}(.*?){HIGHLIGHT_END}", re.S)
 
@@ -139,8 +142,6 @@ def _exchange_stack(exchange: Any) -> dict[str, Any]:
 
 
 def _stack_file(path: Path) -> dict[str, Any]:
-    from triage.stackfile import StackError, load_stack
-
     try:
         stack = load_stack(path)
     except StackError as exc:
@@ -158,9 +159,6 @@ def _capture_signature(
     path: Path, response: Path | None, kinds: set[str], causes: set[str], stack: dict[str, Any]
 ) -> tuple[Signature, dict[str, Any]]:
     """The signature of a capture file: its failed findings and what its replies tell."""
-    from triage.capture import CaptureError, load_file
-    from triage.symptoms import failure_kinds
-
     try:
         exchanges = load_file(path, response=response)
     except CaptureError as exc:

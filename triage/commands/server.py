@@ -8,6 +8,10 @@ from pathlib import Path
 
 import click
 
+from kb.repo.engine import data_dir
+from triage.drills import TemplateNotFound, build_drill, list_drills
+from triage.drills.real import RealModelMissing
+from triage.drills.run import format_summary, run_drill
 from triage.llama.build import (
     BUILD_NUMBER,
     BuildError,
@@ -131,8 +135,6 @@ class _DrillCommand(click.Command):
     added to the registry appear without touching this command)."""
 
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        from triage.drills import list_drills
-
         with formatter.section("Drills"):
             # One name a line: wrapped text breaks names at their hyphens.
             for name in list_drills():
@@ -163,11 +165,6 @@ def drill_command(name: str, as_json: bool, out: Path | None, repeat: int) -> No
     Every failing reply is saved with the request that produced it in the drill's folder,
     with the `triage diagnose` command that diagnoses it (printed as is).
     """
-    from kb.repo.engine import data_dir
-    from triage.drills import TemplateNotFound, build_drill, list_drills
-    from triage.drills.real import RealModelMissing
-    from triage.drills.run import format_summary, run_drill
-
     if name not in list_drills():
         raise click.BadParameter(
             f"unknown drill {name!r}; known: {', '.join(list_drills())}", param_hint="NAME"

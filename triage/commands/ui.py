@@ -10,11 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import click
-from sqlalchemy.exc import SQLAlchemyError
 
 from kb.domain.errors import StoreError
-from kb.repo.engine import database_url, describe_db_error, redact_url
-from kb.repo.store import Store
+from kb.repo.engine import database_url, redact_url
+from kb.service import KnowledgeBase, OpenError
 from triage.ui.auth import (
     UiConfigError,
     UiSettings,
@@ -123,11 +122,11 @@ def start_ui(
     try:
         # Apply migrations once (a read-only store checks the schema), and fail here with a
         # clear message.
-        Store(url, readonly=True if read_only else None).close()
+        KnowledgeBase.open(url, readonly=True if read_only else None).close()
+    except OpenError as exc:
+        raise click.ClickException(str(exc)) from None
     except StoreError as exc:
         raise click.ClickException(f"{redact_url(url)}: {exc}") from None
-    except SQLAlchemyError as exc:
-        raise click.ClickException(f"{redact_url(url)}: {describe_db_error(exc)}") from None
     env = dict(os.environ, TRIAGE_DATABASE_URL=url, **settings.to_env())
     if read_only:
         env["TRIAGE_READ_ONLY"] = "1"

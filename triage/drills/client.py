@@ -19,12 +19,16 @@ the server's own answer is deterministic and correct; what fails is around it:
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
 from triage.drills import gemma4
 from triage.drills.drill import Drill, finish
+from triage.engine.servers import open_server
+from triage.llama.client import LlamaClient
+from triage.stackfile import load_stack
 
 __all__ = [
     "CONVERSATION_DRILL",
@@ -78,11 +82,6 @@ def record_capture(drill: Drill, folder: Path, timeout: float = 120.0) -> Path:
     server's real streamed answer to its `streamed` request (seed 7) and a content-only
     client's view of it, written to `folder/client-view.json`. The server is stopped on
     return, also on failure."""
-    import asyncio
-
-    from triage.engine.servers import open_server
-    from triage.llama.client import LlamaClient
-    from triage.stackfile import load_stack
 
     async def stream(base_url: str, request: dict[str, Any]) -> str:
         client = LlamaClient(base_url, timeout=timeout)

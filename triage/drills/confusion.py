@@ -24,11 +24,20 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from collections.abc import Iterable, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from kb.repo.store import Store
+from triage import catalogue as plugins
+from triage.capture import load_file
+from triage.drills.registry import CAPTURE_RECORDERS, SERVED, build_drill, list_drills
+from triage.engine import DiagnoseOptions, diagnose
+from triage.stackfile import load_stack
+from triage.symptoms import classify
 
 OK = "ok"
 MISMATCH = "MISMATCH"
@@ -181,19 +190,13 @@ def failing_request(manifest: dict[str, Any]) -> tuple[str, int]:
 
 def catalogue_causes() -> list[str]:
     """Catalogue cause ids by stable number (crash-only causes are decided in crash runs)."""
-    from triage.catalogue import catalogue
-
-    return [str(c.id) for c in sorted(catalogue().causes, key=lambda c: int(c.number))]
+    return [str(c.id) for c in sorted(plugins.catalogue().causes, key=lambda c: int(c.number))]
 
 
 def _recorded_capture(drill: Any, work: Path) -> dict[str, Any] | None:
     """For a drill whose failure is in a capture (see registry.CAPTURE_RECORDERS): the
     recorded exchange's request, the exchange and its findings, as `triage diagnose FILE`
     would pass them; None for a drill diagnosed from its request alone."""
-    from triage.capture import load_file
-    from triage.drills.registry import CAPTURE_RECORDERS
-    from triage.symptoms import classify
-
     recorder = CAPTURE_RECORDERS.get(drill.name)
     if recorder is None:
         return None
@@ -205,22 +208,14 @@ def _recorded_capture(drill: Any, work: Path) -> dict[str, Any] | None:
 
 def run_drill(name: str, work: Path, causes: Sequence[str], max_requests: int | None) -> Row:
     """Build drill `name` in `work`, diagnose its failing request, return its row."""
-    import time
-
-    from kb.repo.store import Store
-    from triage.drills import gateway as gateway_drill
-    from triage.drills.registry import SERVED, build_drill
-    from triage.engine import DiagnoseOptions, diagnose
-    from triage.stackfile import load_stack
-
     started = time.monotonic()
     try:
         drill = build_drill(name, work / "drill")
         request, cap = failing_request(drill.manifest)
         with ExitStack() as services:
             stack_path, capture = drill.out_dir / "stack.toml", _recorded_capture(drill, work)
-            if drill.name in SERVED:  # a running server behind a real gateway
-                served = services.enter_context(gateway_drill.serve(drill, work / "served"))
+            if drill.name in SERVED:  # a running server behind a real gateway or proxy
+                served = services.enter_context(SERVED[drill.name](drill, work / "served"))
                 stack_path = served.stack_path
                 capture = {
                     "request": served.request,
@@ -264,8 +259,6 @@ def run(names: Sequence[str], max_requests: int | None = None) -> list[Row]:
 
 
 def _drill_names(value: str | None) -> list[str]:
-    from triage.drills.registry import list_drills
-
     known = list_drills()
     if not value:
         return known

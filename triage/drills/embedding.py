@@ -13,8 +13,8 @@ served with mean pooling exercises the same check a BERT-style embedder does.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.drills import gemma4
 from triage.drills.drill import Drill, finish
 from triage.llama.batching import split_request
@@ -27,11 +27,11 @@ LONG_INPUT = " ".join([SENTENCE] * 20)  # 1041 tokens with the drill's vocabular
 SHORT_INPUT = "a harbour at dawn"
 
 
-def _cause(expected: str, accept: list[str], why: str) -> dict[str, Any]:
+def _cause(expected: str, accept: list[str], why: str) -> JsonObject:
     return {"real": expected == "confirmed", "expected": expected, "accept": accept, "why": why}
 
 
-def manifest_causes() -> dict[str, Any]:
+def manifest_causes() -> JsonObject:
     """Expected verdicts: embedding-batch confirmed, no other cause confirmed."""
     not_confirmed = ["rejected", "suspected"]
     return {
@@ -59,7 +59,7 @@ def build(out_dir: Path, template: str) -> Drill:
     """Generate the embedding-batch-ubatch drill into `out_dir` (the thinking-budget model,
     served for embeddings)."""
     spec = gemma4.thinking_budget_design()
-    body: dict[str, Any] = {"model": NAME, "input": [SHORT_INPUT, LONG_INPUT]}
+    body: JsonObject = {"model": NAME, "input": [SHORT_INPUT, LONG_INPUT]}
     manifest = {
         "parameters": {
             "ubatch": UBATCH,

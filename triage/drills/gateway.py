@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,11 +29,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
+from triage.capture import exchange_from_http
 from triage.drills import gemma4
 from triage.drills.context import _write
 from triage.drills.drill import Drill
 from triage.drills.gateways import LITELLM_KEY_ENV, LITELLM_MODEL, running_gateway
 from triage.drills.language import Design
+from triage.llama.build import find_server_binary
+from triage.llama.launcher import ServerSpec, launch
+from triage.symptoms import classify
 
 NGINX = "gateway-timeout-nginx"
 LITELLM = "gateway-timeout-litellm"
@@ -171,8 +178,6 @@ class Served:
 
 
 async def _post(url: str, body: dict[str, Any], key: str | None) -> tuple[int, bytes, float]:
-    import httpx
-
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     started = time.monotonic()
     async with httpx.AsyncClient(timeout=120.0) as client:
@@ -181,8 +186,6 @@ async def _post(url: str, body: dict[str, Any], key: str | None) -> tuple[int, b
 
 
 def _findings(exchange: Any) -> list[dict[str, Any]]:
-    from triage.symptoms import classify
-
     keys = ("kind", "passed", "score", "reason", "where")
     return [{k: f.to_dict().get(k) for k in keys} for f in classify(exchange)]
 
@@ -190,12 +193,6 @@ def _findings(exchange: Any) -> list[dict[str, Any]]:
 @contextmanager
 def serve(drill: Drill, folder: Path, binary: Path | None = None) -> Iterator[Served]:
     """Start the drill's server and its gateway; yield the stack and the failing capture."""
-    import os
-
-    from triage.capture import exchange_from_http
-    from triage.llama.build import find_server_binary
-    from triage.llama.launcher import ServerSpec, launch
-
     kind = KINDS[drill.name]
     body = drill.requests[0]
     spec = ServerSpec(binary or find_server_binary(), drill.model, list(drill.server_args))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 from triage.drills import (
     client,
@@ -18,6 +20,7 @@ from triage.drills import (
 from triage.drills import context as context_drill
 from triage.drills import embedding as embedding_drill
 from triage.drills import schema as schema_drill
+from triage.drills import stream_format as stream_drill
 from triage.drills.drill import (
     DRAFT_THREAD_ARGS,
     GEMMA4_TEMPLATE_SOURCE,
@@ -162,11 +165,16 @@ _BUILDERS: dict[str, Callable[[Path, str], Drill]] = {
     flags.NAME: flags.build,
     schema_drill.NAME: schema_drill.build,
     embedding_drill.NAME: embedding_drill.build,
+    stream_drill.NAME: stream_drill.build,
 }
 
 # Drills that are served, not only built: a running llama-server behind a real gateway
-# (triage.drills.gateway.serve starts both, yields the stack and the client's capture).
-SERVED = frozenset(gateway.KINDS)
+# (triage.drills.gateway.serve starts both, yields the stack and the client's capture) or
+# behind the stream-rewriting proxy (triage.drills.stream_format.serve, the same shape).
+SERVED: dict[str, Callable[[Drill, Path], AbstractContextManager[Any]]] = {
+    **{name: gateway.serve for name in gateway.KINDS},
+    stream_drill.NAME: stream_drill.serve,
+}
 
 # Real-model drills (issue 23): real GGUF files from PyPI packages, measured ground truth.
 _BUILDERS.update(real_drills.BUILDERS)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from triage.drills.registry import Drill
+from triage.engine import classify_reply
 from triage.llama.build import binary_build_info, find_server_binary
 from triage.llama.client import ChatResult, LlamaClient, LlamaClientError
 from triage.llama.launcher import ServerSpec, launch
@@ -82,8 +83,6 @@ def save_failing_pairs(
     """Write the request body sent and the raw response of every reply that fails (as
     `triage diagnose` classifies replies) as `failing-NAME.request.json` /
     `failing-NAME.response.json`; what was written, with the command that diagnoses it."""
-    from triage.engine import classify_reply
-
     stack = out_dir / "stack.toml"
     saved = []
     for (name, body), result in zip(bodies, results, strict=True):

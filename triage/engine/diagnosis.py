@@ -8,6 +8,7 @@ from typing import Any
 from kb.domain.records import ArmSummary, Diagnosis, DiagnosisArm, DiagnosisCause
 from kb.models import utcnow
 from triage.causes import BASELINE, Verdict
+from triage.engine.held_back import carrying_fields
 from triage.engine.scheduler import ArmState
 from triage.engine.servers import safe_describe
 from triage.stackfile import Stack
@@ -116,10 +117,13 @@ def overall_verdict(
         for c in causes
         if c.status == "suspected" and c.deciding_probe
     ]
+    fields = carrying_fields(arms)
+    carried = "; removing one request field removes it: " + "; ".join(fields) if fields else ""
     return {
         "status": UNEXPLAINED,
         "headline": f"UNEXPLAINED: the failure reproduces{seen} and no cause in the catalogue "
-        "is confirmed",
+        "is confirmed" + carried,
+        **({"request_fields": fields} if fields else {}),
         "ruled_out": (
             f"ruled out {len(rejected)}: " + ", ".join(rejected) if rejected else "ruled out none"
         ),

@@ -42,6 +42,7 @@ from triage.engine.events import (
     ProgressFn,
     RepliesIn,
 )
+from triage.engine.held_back import is_held_back, not_needed
 from triage.engine.launches import LaunchPool, launch_rounds, memory_available
 from triage.engine.naming import (
     ModelIdentity,
@@ -68,6 +69,7 @@ from triage.engine.servers import (
     secret_values,
 )
 from triage.llama.endpoints import body_problem
+from triage.llama.model_lint import lint_findings
 from triage.stackfile import ServerConfig, Stack
 from triage.stats import DEFAULT_CAP, look_schedule
 
@@ -132,6 +134,8 @@ class Diagnoser:
         self.planned: dict[str, probes.PlannedArm] = {}
         # Observation-only arms (`when = "observe"`): a hook, no replays.
         self.observe_only: list[probes.PlannedArm] = []
+        # Arms run only when nothing else explains the failure (request-field ablation).
+        self.held_back: list[probes.PlannedArm] = []
         # Arms that cannot matter for this stack and request: {"arm", "reason"} (issue 23).
         self.skipped: list[dict[str, str]] = []
         self.facts: dict[str, dict[str, Any]] = {}
@@ -237,6 +241,7 @@ class Diagnoser:
         incident_key = self.stack.server.key()
         crashed = self.crash is not None
         self.observe_only = []
+        self.held_back = []
         self.skipped = [
             {"arm": arm, "reason": why}
             for arm, why in probes.skipped_arms(self.stack, self.request)
@@ -245,6 +250,10 @@ class Diagnoser:
             if planned.when == "observe":
                 if planned.observe is not None and not crashed:
                     self.observe_only.append(planned)
+                continue
+            if is_held_back(planned):
+                if not crashed:
+                    self.held_back.append(planned)
                 continue
             if planned.name != cause_rules.BASELINE and (
                 (planned.when == "crash" and not crashed)
@@ -322,6 +331,7 @@ class Diagnoser:
             # The incident's server starts before anything is recorded: a launch that fails
             # leaves no incident and no run behind.
             base = self._launch_base(servers)
+            self._lint_model(base)  # model-file lint, before any replay (issue 23)
             # From here on the run row exists: whatever stops the run -- Ctrl-C in any
             # phase (plan, observation, reproduction gate, arms, recording the result) or
             # an unexpected error -- leaves it interrupted, hence resumable.
@@ -356,6 +366,14 @@ class Diagnoser:
         except BaseException:
             self.recorder.set_state("interrupted")  # the result was not recorded
             raise
+
+    def _lint_model(self, base: Server | None) -> None:
+        """The model-file lint findings (GGUF metadata and the server's own log) join the
+        diagnosis's findings; the reproduction signature stays the captured exchange's."""
+        log = getattr(getattr(base, "handle", None), "log_path", None) if base else None
+        extra = lint_findings(self.stack.server, self.request, log)
+        known = {f.get("kind") for f in self.findings}
+        self.findings = [*self.findings, *(f for f in extra if f["kind"] not in known)]
 
     def _note_failures(self) -> None:
         """Each server that crashed mid-request or hung: its CrashReport as an observation
@@ -481,6 +499,7 @@ class Diagnoser:
                 for names in rounds[1:]:
                     self._start_round(pool, names)
                     self._run_round(pool, names, base)
+                self._run_held_back(pool, base)
         if crashed:
             self._crash_mode_after(base, log_dir)
             return
@@ -490,6 +509,31 @@ class Diagnoser:
                 kg_dims,
                 lambda name, variant, config: self._kg_arm(name, variant, config, base, log_dir),
             )
+
+    def _run_held_back(self, pool: LaunchPool, base: Server) -> None:
+        """The held-back arms (request-field ablation), only when the baseline reproduced
+        and no cause is confirmed after every other arm; else each is listed as skipped."""
+        if not self.held_back:
+            return
+        outcomes = {n: a.outcome() for n, a in self.arms.items()}
+        why = not_needed(self._decide(outcomes), cause_rules.reproduces(outcomes))
+        if why is not None or self._base_failed(base):
+            why = why or "the incident's server crashed or hung"
+            self.skipped += [{"arm": p.name, "reason": why} for p in self.held_back]
+            return
+        previous = self.recorder.previous_replies()
+        for planned in self.held_back:
+            self.planned[planned.name] = planned
+            arm = ArmState(planned.name, planned.variant, "request", base.key, planned.decides)
+            arm.replies = [r for r in previous if r.arm == planned.name and not r.error]
+            arm.launch_seconds = base.launch_seconds
+            self.arms[planned.name] = arm
+            self.replayer.routes[planned.name] = ArmRoute(base, planned.transform)
+        names = [p.name for p in self.held_back]
+        self._emit(
+            ProgressEvent("plan", "no cause confirmed: request-field ablation: " + ", ".join(names))
+        )
+        self._run_round(pool, [], base, names)
 
     def _skip_unmet(self) -> None:
         """Drop the arms whose precondition the observations refute (e.g. thinking-off when
@@ -520,9 +564,12 @@ class Diagnoser:
                 self.skipped.append({"arm": name, "reason": outcome})
                 self._emit(ArmSkipped(name, outcome))
                 continue
-            check_config(outcome, f"arm {name}")
-            self.planned[name] = dataclasses.replace(planned, config=outcome)
-            self.arms[name].group = outcome.key()
+            if outcome.config is None:
+                raise EngineError(f"arm {name}: configured without a server configuration")
+            check_config(outcome.config, f"arm {name}")
+            self.planned[name] = outcome
+            self.arms[name].group = outcome.config.key()
+            self.arms[name].variant = outcome.variant
 
     def _server_rounds(self) -> list[list[str]]:
         """The server-level arms still to run, in rounds whose servers fit in memory together
@@ -685,6 +732,7 @@ class Diagnoser:
             self.options.request_timeout,
             self.options.divergence_seeds,
             exchange=self.exchange or None,
+            client_side=gateway_server(self.stack, base),
         )
         facts: dict[str, Any] | None
         try:

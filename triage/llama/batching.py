@@ -16,6 +16,7 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.llama.endpoints import Endpoint, endpoint_of, input_texts
 
 __all__ = [
@@ -137,7 +138,7 @@ def _pieces(item: str | list[int], limit: int, reserved: int) -> list[Any]:
     return list(split_text(item, room // MAX_TOKENS_PER_BYTE))
 
 
-def split_request(body: dict[str, Any], limit: int) -> dict[str, Any]:
+def split_request(body: JsonObject, limit: int) -> JsonObject:
     """The request with every input cut into pieces that fit a physical batch of `limit`
     tokens whatever the tokenizer (token_bound): an embeddings `input` becomes the list of
     the pieces in order; a rerank request's documents are cut so query + piece fit."""
@@ -152,7 +153,7 @@ def split_request(body: dict[str, Any], limit: int) -> dict[str, Any]:
     return out
 
 
-def needs_split(body: dict[str, Any], limit: int) -> bool:
+def needs_split(body: JsonObject, limit: int) -> bool:
     """Could an input of this request exceed a physical batch of `limit` tokens?"""
     endpoint = endpoint_of(body)
     reserved = 0
@@ -161,7 +162,7 @@ def needs_split(body: dict[str, Any], limit: int) -> bool:
     return any(token_bound(item) + reserved > limit for item in input_texts(body))
 
 
-def splittable(body: dict[str, Any], limit: int) -> bool:
+def splittable(body: JsonObject, limit: int) -> bool:
     """Can every input be cut to fit `limit` (a rerank query alone must fit)?"""
     if endpoint_of(body) is Endpoint.RERANK and isinstance(body.get("query"), str):
         return token_bound(body["query"]) + 2 * SPECIAL_TOKENS < limit

@@ -11,6 +11,9 @@ from typing import Any
 
 import uvicorn
 
+from triage.proxy.forward import ProxyApp
+from triage.proxy.guard import guarded_protocol
+
 
 def uvicorn_config(app: Any, host: str, port: int, *, log_level: str = "warning") -> uvicorn.Config:
     """Uvicorn settings that keep the proxy transparent: no Server/Date headers of its own
@@ -19,9 +22,6 @@ def uvicorn_config(app: Any, host: str, port: int, *, log_level: str = "warning"
     uvicorn's `limit_concurrency` stays off: it only answers 503 once a request head is
     complete, which a slow or endless head never is (the guard bounds connections at
     accept instead)."""
-    from triage.proxy.forward import ProxyApp
-    from triage.proxy.guard import guarded_protocol
-
     http: Any = "auto"
     if isinstance(app, ProxyApp):
         http = guarded_protocol(app.config.client_limits, app.metrics)

@@ -1,9 +1,11 @@
 """What the UI writes, and its calls into the engine and the revisit.
 
-Pages call these; each write is one `kb` transaction. Decisions go through
-`kb.repo.decisions.record_decision` (the same rules as `triage decide`); a status override goes
-through `kb.repo.store.record_status_change`, so it lands in the cause's history like an engine
-change; a revisit is `triage.revisit.revisit_incident`, the function `triage revisit` uses.
+Pages call these; each write is one call of the knowledge-base service
+(`kb.service.KnowledgeBase`). A decision is `record_decision` (kb.repo.decisions' rules, the same
+as `triage decide`); a status override is `change_cause_status`, so it lands in the cause's
+history like an engine change; a revisit is `triage.revisit.revisit_incident`, the function
+`triage revisit` uses. The knowledge base checks what it stores and its `StoreError` says
+what is wrong; the UI adds only what its forms require on top (who decides, and why).
 """
 
 from __future__ import annotations
@@ -14,12 +16,8 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from sqlmodel import col, select
-
 from kb.domain.errors import StoreError
-from kb.models import CAUSE_STATUSES, DECISION_KINDS, Cause
-from kb.repo import decisions as kb_decisions
-from kb.repo.store import Store, record_status_change, require_incident
+from kb.service import DecisionRequest, KnowledgeBase, RecordedDecision, StatusChange
 from kb.triggers import DecisionError
 from triage import capture, engine, stackfile, symptoms
 from triage.catalogue import catalogue
@@ -47,41 +45,40 @@ class DecisionInput:
     force: bool = False
 
     def problems(self) -> list[str]:
-        """What the form is missing, before kb checks the rest (status, evidence, triggers)."""
+        """What the form requires beyond kb's rules: a person's name and a reason for every
+        decision (kb checks the kind, the status, the evidence and the triggers)."""
         found = []
-        if self.kind not in DECISION_KINDS:
-            found.append(f"decision must be one of {', '.join(DECISION_KINDS)}")
         if not self.by.strip():
             found.append("say who decides")
         if not self.rationale.strip():
             found.append("say why")
         return found
 
-
-def record_decision(store: Store, slug: str, decision: DecisionInput) -> None:
-    """Record PARKED / FIXED / REOPENED through kb.repo.decisions (it moves the incident status)."""
-    problems = decision.problems()
-    if problems:
-        raise ActionError("; ".join(problems))
-    with store.session() as session:
-        kb_decisions.record_decision(
-            session,
-            slug,
-            decision.kind,
-            rationale=decision.rationale,
-            tradeoff=decision.tradeoff,
-            fix=decision.fix,
-            by=decision.by,
-            revisit_on=decision.revisit_on,
-            triggers=[t.strip() for t in decision.triggers if t.strip()],
-            evidence_keys=decision.evidence_keys,
-            force=decision.force,
-            trigger_kinds=catalogue().triggers,
+    def request(self) -> DecisionRequest:
+        return DecisionRequest(
+            kind=self.kind,
+            by=self.by,
+            rationale=self.rationale,
+            tradeoff=self.tradeoff,
+            fix=self.fix,
+            revisit_on=self.revisit_on,
+            triggers=tuple(self.triggers),
+            evidence_keys=tuple(self.evidence_keys),
+            force=self.force,
         )
 
 
+def record_decision(kb: KnowledgeBase, slug: str, decision: DecisionInput) -> RecordedDecision:
+    """Record PARKED / FIXED / REOPENED (the incident status moves with it); a decision kb
+    refuses raises its StoreError (DecisionError) saying what is missing."""
+    problems = decision.problems()
+    if problems:
+        raise ActionError("; ".join(problems))
+    return kb.record_decision(slug, decision.request(), catalogue().triggers)
+
+
 def override_cause_status(
-    store: Store,
+    kb: KnowledgeBase,
     slug: str,
     cause_key: str,
     to_status: str,
@@ -89,31 +86,17 @@ def override_cause_status(
     actor: str,
     rationale: str,
     evidence_keys: list[str] | None = None,
-) -> None:
-    """A person moves a cause to another status; kept in the cause's history like any change."""
-    if to_status not in CAUSE_STATUSES:
-        raise ActionError(f"status must be one of {', '.join(CAUSE_STATUSES)}")
-    if not actor.strip():
-        raise ActionError("say who changes the status")
-    if not rationale.strip():
-        raise ActionError("say why the status changes")
-    with store.session() as session:
-        incident = require_incident(session, slug)
-        cause = session.exec(
-            select(Cause).where(Cause.incident_id == incident.id, col(Cause.key) == cause_key)
-        ).first()
-        if cause is None:
-            raise StoreError(f"{slug}: no cause {cause_key!r}")
-        if cause.status == to_status:
-            raise ActionError(f"cause {cause_key!r} is already {to_status}")
-        record_status_change(
-            session,
-            cause,
-            to_status,
-            actor=actor.strip(),
-            rationale=rationale.strip(),
-            evidence_keys=list(evidence_keys or []),
-        )
+) -> StatusChange:
+    """A person moves a cause to another status; kept in the cause's history like any change.
+    The knowledge base checks the status, the actor, the rationale and the evidence ids."""
+    return kb.change_cause_status(
+        slug,
+        cause_key,
+        to_status,
+        actor=actor,
+        rationale=rationale,
+        evidence_keys=tuple(evidence_keys or ()),
+    )
 
 
 # --------------------------------------------------------------------------- new triage
@@ -189,7 +172,7 @@ def _finding_dict(finding: Any) -> dict[str, Any]:
 
 
 def run_triage(
-    store: Store,
+    kb: KnowledgeBase,
     exchange: Any,
     stack: Any,
     progress: Progress,
@@ -204,7 +187,7 @@ def run_triage(
     findings = [_finding_dict(f) for f in symptoms.classify(exchange)]
     try:
         diagnosis: dict[str, Any] = engine.diagnose(
-            store,
+            kb.store,
             stack,
             exchange.request,
             exchange=exchange.to_dict(),
@@ -223,7 +206,7 @@ def run_triage(
 
 
 def revisit(
-    store: Store,
+    kb: KnowledgeBase,
     slug: str,
     stack_path: Path | None = None,
     *,
@@ -234,7 +217,7 @@ def revisit(
     evidence (what `triage revisit` does); the proposal is for a person to decide."""
     try:
         return revisit_incident(
-            store, slug, stack_path, max_requests=max_requests, replay_rate=replay_rate
+            kb.store, slug, stack_path, max_requests=max_requests, replay_rate=replay_rate
         )
     except (DecisionError, stackfile.StackError, engine.EngineError) as exc:
         raise ActionError(str(exc)) from exc

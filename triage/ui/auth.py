@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kb.repo.engine import data_dir
 from kb.repo.fileio import read_bounded
 
 __all__ = [
@@ -123,8 +124,6 @@ class UiSettings:
 
 def config_path(env: Mapping[str, str] | None = None) -> Path:
     """`TRIAGE_UI_CONFIG`, else `ui.toml` in the data directory."""
-    from kb.repo.engine import data_dir
-
     env = os.environ if env is None else env
     explicit = env.get(ENV_CONFIG)
     return Path(explicit) if explicit else data_dir() / "ui.toml"

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kb.repo.runlog import RunInfo, evidence_runs, incident_runs
-from kb.repo.store import Store
+from kb.repo.runlog import RunInfo
+from kb.service import KnowledgeBase
 
 ALL_RUNS = 0  # the selector's "all runs" choice (run ids start at 1)
 
@@ -40,9 +40,9 @@ class IncidentRuns:
         return next((run for run in self.runs if run.id == run_id), None)
 
 
-def load_runs(store: Store, slug: str) -> IncidentRuns:
-    with store.session(readonly=True) as session:
-        return IncidentRuns(incident_runs(session, slug), evidence_runs(session, slug))
+def load_runs(kb: KnowledgeBase, slug: str) -> IncidentRuns:
+    found = kb.incident_runs(slug)
+    return IncidentRuns(found.runs, found.evidence_run)
 
 
 def record_for_run(

@@ -31,7 +31,9 @@ from triage.capture.redact import redact_headers
 
 __all__ = ["FORMAT", "parse_har", "register"]
 
-_CHAT_PATH = re.compile(r"/chat/completions/?$")
+# Chat completions, and llama-server's embeddings and rerank routes (/v1/embeddings,
+# /embeddings, /embedding, /v1/rerank, /rerank, /v1/reranking...).
+_CHAT_PATH = re.compile(r"/(?:chat/completions|embeddings?|rerank(?:ing)?)/?$")
 
 
 def _har_headers(value: Any) -> list[tuple[str, str]]:
@@ -57,7 +59,7 @@ def _har_timings(value: Any) -> dict[str, float] | None:
 
 @guarded
 def parse_har(data: bytes | str, *, file: str = "<har>") -> list[Exchange]:
-    """Every POST .../chat/completions entry of a HAR 1.2 file."""
+    """Every POST .../chat/completions (or embeddings / rerank) entry of a HAR 1.2 file."""
     text, raw = decode(data, file)
     if not text.strip():
         raise CaptureError(file, None, "empty file")
@@ -99,7 +101,11 @@ def parse_har(data: bytes | str, *, file: str = "<har>") -> list[Exchange]:
     if errors:
         raise PartialCapture(file, errors, exchanges, total)
     if not exchanges:
-        raise CaptureError(file, "$.log.entries", "HAR has no POST .../chat/completions entries")
+        raise CaptureError(
+            file,
+            "$.log.entries",
+            "HAR has no POST .../chat/completions entries (nor .../embeddings, .../rerank)",
+        )
     return exchanges
 
 
@@ -220,7 +226,8 @@ def _parse(text: str, *, file: str, base_dir: Path | None = None) -> list[Exchan
 
 FORMAT = CaptureFormat(
     id="har",
-    label="HAR 1.2 file (browser devtools, mitmproxy): every POST .../chat/completions",
+    label="HAR 1.2 file (browser devtools, mitmproxy): every POST .../chat/completions, "
+    ".../embeddings, .../rerank",
     suffixes=(".har",),
     priority=30,
     sniff=_sniff,

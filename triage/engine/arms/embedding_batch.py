@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.llama.batching import (
     SPECIAL_TOKENS,
     flag_value,
@@ -129,6 +130,25 @@ def raised_config(server: ServerConfig, facts: Mapping[str, Any]) -> ServerConfi
     return server.with_args(raised_args(server.args, size, context))
 
 
+def raised_arm(server: ServerConfig, facts: Mapping[str, Any]) -> PlannedArm | str:
+    """The ubatch-raised arm as it launches (raised_config), its variant naming the sizes."""
+    config = raised_config(server, facts)
+    if isinstance(config, str):
+        return config
+    tokens = (facts.get(INPUTS) or {}).get("longest_tokens")
+    size = physical_batch(config.args)
+    context = flag_value(config.args, ("-c", "--ctx-size"))
+    raised_ctx = context != flag_value(server.args, ("-c", "--ctx-size"))
+    return PlannedArm(
+        RAISED,
+        f"-ub/-b {size} (the longest input is {tokens} tokens)"
+        + (f", -c {context} (the slot's context was smaller)" if raised_ctx else ""),
+        "server",
+        (CAUSE,),
+        config=config,
+    )
+
+
 @dataclass(frozen=True)
 class EmbeddingInputs:
     """Observation-only arm: the inputs' tokens on the incident's server."""
@@ -139,7 +159,7 @@ class EmbeddingInputs:
     endpoints: tuple[str, ...] = ("embeddings", "rerank")
     precondition: str = "an /v1/embeddings or /v1/rerank request"
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         if not is_embedding_request(request):
             return None
         return PlannedArm(
@@ -173,7 +193,7 @@ class UbatchRaised:
     endpoints: tuple[str, ...] = ("embeddings", "rerank")
     precondition: str = "an /v1/embeddings or /v1/rerank request on a server triage launches"
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         if not relaunchable(stack) or not is_embedding_request(request):
             return None
         server = stack.server
@@ -186,7 +206,7 @@ class UbatchRaised:
             "server",
             (CAUSE,),
             config=server.with_args(raised_args(server.args, guess, None)),
-            configure=partial(raised_config, server),
+            configure=partial(raised_arm, server),
         )
 
 
@@ -203,7 +223,7 @@ class BatchSplit:
         "whose args are known"
     )
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         server = stack.server
         if not is_embedding_request(request) or (server.url and server.model is None):
             return None  # a running server's -ub is not known: no limit to split to

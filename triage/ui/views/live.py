@@ -8,9 +8,10 @@ from datetime import timedelta
 import pandas as pd
 import streamlit as st
 
-from kb.domain import retrotext
+from kb.domain.retrotext import failing_text
 from kb.models import utcnow
-from kb.repo import live, liveincidents
+from kb.repo import live
+from kb.repo.liveincidents import MATCHED_PREFIX
 from triage.stats import wilson
 from triage.ui import data, livechart, nav
 from triage.ui.text import md_escape
@@ -30,11 +31,13 @@ span = WINDOWS[choice]
 until = utcnow() + timedelta(seconds=1)
 since = until - span
 bucket = span / BUCKETS
-with store.session(readonly=True) as session:
-    upstream = live.latest_upstream(session)
-    points = live.series(session, since, until, bucket)
-    cells = live.cell_counts(session, since, until)
-    opened = liveincidents.live_incidents(session)
+overview = store.live_overview(since, until, bucket)
+upstream, points, cells, opened = (
+    overview.upstream,
+    overview.points,
+    overview.cells,
+    overview.opened,
+)
 
 if upstream is None:
     st.info(
@@ -44,12 +47,12 @@ if upstream is None:
 else:
     st.subheader("Upstream")
     cols = st.columns(3)
-    cols[0].metric("Model", upstream["model"] or "unknown")
-    cols[1].metric("Build", upstream["build"] or "unknown")
-    cols[2].metric("Chat template", (upstream["template_sha256"] or "unknown")[:12])
+    cols[0].metric("Model", upstream.model or "unknown")
+    cols[1].metric("Build", upstream.build or "unknown")
+    cols[2].metric("Chat template", (upstream.template_sha256 or "unknown")[:12])
     st.caption(
-        f"as of the latest exchange, {upstream['recorded_at']:%Y-%m-%d %H:%M:%S} UTC, "
-        f"via {md_escape(upstream['replica'])}"
+        f"as of the latest exchange, {upstream.recorded_at:%Y-%m-%d %H:%M:%S} UTC, "
+        f"via {md_escape(upstream.replica)}"
     )
 
 st.subheader("Failure rate over time")
@@ -90,9 +93,8 @@ if not opened:
 for item in opened:
     detection = item["detection"]
     by = str(item["opened_by"])
-    if by.startswith(liveincidents.MATCHED_PREFIX):  # an incident opened by other means
-        source = by.removeprefix(liveincidents.MATCHED_PREFIX)
-        how = f"same failure family: evidence added by {source}"
+    if by.startswith(MATCHED_PREFIX):  # an incident opened by other means
+        how = f"same failure family: evidence added by {by.removeprefix(MATCHED_PREFIX)}"
     else:
         how = f"opened by {by}"
     variants = item.get("variants") or [item["signature"]]
@@ -102,7 +104,7 @@ for item in opened:
         st.markdown(
             f"**{md_escape(item['title'])}**  \n"
             f"{md_escape(item['slug'])} · {md_escape(item['status'])} · "
-            f"{md_escape(retrotext.failing_text(detection))} · {md_escape(how)}  \n"
+            f"{md_escape(failing_text(detection))} · {md_escape(how)}  \n"
             f"signature{'s' if len(variants) > 1 else ''}: "
             + ", ".join(md_escape(v) for v in variants)
         )

@@ -1,0 +1,252 @@
+"""The knowledge base as one service: open it, read incidents, record what people decide.
+
+The CLI, the UI and the proxy hold a `KnowledgeBase` and call its methods; typed records go
+in and out (kb.service.records), each call is one transaction, and every database failure
+arrives as a `StoreError` with one line to show (kb.service.errors). Nothing outside kb
+touches SQL, a session or an ORM row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import date, datetime, timedelta
+from types import TracebackType
+
+from sqlalchemy.exc import SQLAlchemyError
+from sqlmodel import Session
+
+from kb.domain.decisions import ParkedIncident
+from kb.domain.errors import StoreError
+from kb.jsontypes import JsonObject
+from kb.repo import decisions as kb_decisions
+from kb.repo import live as kb_live
+from kb.repo.engine import database_url, describe_db_error, redact_url
+from kb.repo.filerecord import load_record
+from kb.repo.liveincidents import live_incidents
+from kb.repo.runlog import evidence_runs, incident_runs
+from kb.repo.store import Store, get_incident, record_status_change
+from kb.service import incidents as queries
+from kb.service.errors import NotFoundError, OpenError, database_errors
+from kb.service.records import (
+    DecisionRequest,
+    DecisionRow,
+    Family,
+    IncidentFilters,
+    IncidentPage,
+    IncidentRuns,
+    IncidentTitle,
+    LiveOverview,
+    RecordedDecision,
+    StatusChange,
+    Upstream,
+)
+from kb.triggers import KindLookup
+
+PAGE_SIZE = 50
+
+
+class KnowledgeBase:
+    """One knowledge base (SQLite file or PostgreSQL) behind typed calls."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    @classmethod
+    def open(
+        cls, url: str | None = None, *, readonly: bool | None = None, migrate: bool = True
+    ) -> KnowledgeBase:
+        """Open (and migrate) the knowledge base at `url` (default: TRIAGE_DATABASE_URL or the
+        SQLite file in the data directory). A refusal keeps its StoreError; a database that
+        cannot be reached raises OpenError naming the redacted URL."""
+        try:
+            return cls(Store(url, readonly=readonly, migrate=migrate))
+        except StoreError:
+            raise
+        except SQLAlchemyError as exc:
+            where, detail = redact_url(database_url(url)), describe_db_error(exc)
+            raise OpenError(f"{where}: {detail}", url=where, detail=detail) from exc
+
+    # ------------------------------------------------------------------ handle
+
+    @property
+    def url(self) -> str:
+        return self.store.url
+
+    @property
+    def readonly(self) -> bool:
+        return self.store.readonly
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> KnowledgeBase:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @contextmanager
+    def errors(self) -> Iterator[None]:
+        """Database errors inside the block arrive as one-line `DatabaseError`s."""
+        with database_errors(self.url, self.readonly):
+            yield
+
+    @contextmanager
+    def transaction(self, *, readonly: bool = False) -> Iterator[Session]:
+        """One transaction for kb's own modules (committed at the end, rolled back on any
+        exception); database errors arrive as `DatabaseError`s."""
+        with self.errors(), self.store.session(readonly=readonly) as session:
+            yield session
+
+    # ------------------------------------------------------------------ incidents
+
+    def list_incidents(
+        self, filters: IncidentFilters, *, page: int = 1, page_size: int = PAGE_SIZE
+    ) -> IncidentPage:
+        """One page of incidents, newest first (search hits: best first), with the columns
+        the list shows."""
+        with self.transaction(readonly=True) as session:
+            return queries.list_incidents(session, filters, page=page, page_size=page_size)
+
+    def families(self) -> list[Family]:
+        """Every failure family (incidents linked by same-family causes), by first slug."""
+        with self.transaction(readonly=True) as session:
+            return queries.families(session)
+
+    def recent_incidents(self, limit: int = 100) -> list[IncidentTitle]:
+        """The most recently opened incidents, newest first."""
+        with self.transaction(readonly=True) as session:
+            return queries.recent_incidents(session, limit)
+
+    def incident_record(self, slug: str) -> JsonObject | None:
+        """The incident as its file's front matter (plus `body`); None for an unknown slug."""
+        with self.transaction(readonly=True) as session:
+            if get_incident(session, slug) is None:
+                return None
+            return load_record(session, slug)
+
+    def require_record(self, slug: str) -> JsonObject:
+        """As `incident_record`, but an unknown slug is a NotFoundError naming it."""
+        record = self.incident_record(slug)
+        if record is None:
+            raise NotFoundError(f"no incident with slug {slug!r}")
+        return record
+
+    def incident_runs(self, slug: str) -> IncidentRuns:
+        """The incident's engine runs (newest first) and which run recorded each evidence."""
+        with self.transaction(readonly=True) as session:
+            return IncidentRuns(incident_runs(session, slug), evidence_runs(session, slug))
+
+    # ------------------------------------------------------------------ decisions
+
+    def decisions(self) -> list[DecisionRow]:
+        """Every recorded decision in time order."""
+        with self.transaction(readonly=True) as session:
+            return queries.decisions(session)
+
+    def parked(
+        self, on: date, trigger_kinds: KindLookup | None = None, *, due_only: bool = False
+    ) -> list[ParkedIncident]:
+        """Parked incidents as of `on`: revisit date, triggers, whether due and why."""
+        with self.transaction(readonly=True) as session:
+            return kb_decisions.parked(session, on, due_only=due_only, trigger_kinds=trigger_kinds)
+
+    def parked_incident(
+        self, slug: str, on: date, trigger_kinds: KindLookup | None = None
+    ) -> ParkedIncident | None:
+        """One incident's parked-list entry as of `on` (None unless it is parked)."""
+        with self.transaction(readonly=True) as session:
+            incident = get_incident(session, slug)
+            if incident is None or incident.status != "parked":
+                return None
+            return kb_decisions.parked_incident(session, incident, on, trigger_kinds)
+
+    def record_decision(
+        self, slug: str, decision: DecisionRequest, trigger_kinds: KindLookup | None = None
+    ) -> RecordedDecision:
+        """Record PARKED / FIXED / REOPENED (kb.repo.decisions' rules; the incident's status
+        moves with it). A refused decision is a DecisionError saying what is missing."""
+        with self.transaction() as session:
+            row = kb_decisions.record_decision(
+                session,
+                slug,
+                decision.kind,
+                rationale=decision.rationale,
+                tradeoff=decision.tradeoff,
+                fix=decision.fix,
+                by=decision.by,
+                revisit_on=decision.revisit_on,
+                triggers=[t.strip() for t in decision.triggers if t.strip()],
+                evidence_keys=list(decision.evidence_keys),
+                force=decision.force,
+                trigger_kinds=trigger_kinds,
+            )
+            incident = get_incident(session, slug)
+            return RecordedDecision(
+                slug=slug,
+                kind=row.kind,
+                verified=row.verified,
+                incident_status=incident.status if incident is not None else "",
+                evidence_keys=tuple(row.evidence_keys or ()),
+            )
+
+    def change_cause_status(
+        self,
+        slug: str,
+        cause_key: str,
+        to_status: str,
+        *,
+        actor: str,
+        rationale: str,
+        evidence_keys: tuple[str, ...] | list[str] = (),
+        at: datetime | None = None,
+    ) -> StatusChange:
+        """A person moves a cause to another status; kept in the cause's history like an
+        engine change (kb.repo.store.record_status_change checks the status, actor, rationale
+        and evidence ids). Moving a cause to the status it has is refused."""
+        with self.transaction() as session:
+            incident = get_incident(session, slug)
+            if incident is None:
+                raise NotFoundError(f"no incident with slug {slug!r}")
+            cause = queries.find_cause(session, incident.id, cause_key)
+            if cause is None:
+                raise NotFoundError(f"{slug}: no cause {cause_key!r}")
+            if cause.status == to_status:
+                raise StoreError(f"cause {cause_key!r} is already {to_status}")
+            change = record_status_change(
+                session,
+                cause,
+                to_status,
+                actor=actor.strip(),
+                rationale=rationale.strip(),
+                evidence_keys=list(evidence_keys),
+                at=at,
+            )
+            return StatusChange(
+                slug=slug,
+                cause=cause_key,
+                from_status=change.from_status,
+                to_status=change.to_status,
+                actor=change.actor,
+                rationale=change.rationale,
+                evidence_keys=tuple(change.evidence_keys or ()),
+            )
+
+    # ------------------------------------------------------------------ live
+
+    def live_overview(self, since: datetime, until: datetime, bucket: timedelta) -> LiveOverview:
+        """What the proxy recorded between `since` and `until` (rates per `bucket`)."""
+        with self.transaction(readonly=True) as session:
+            upstream = kb_live.latest_upstream(session)
+            return LiveOverview(
+                upstream=Upstream(**upstream) if upstream is not None else None,
+                points=kb_live.series(session, since, until, bucket),
+                cells=kb_live.cell_counts(session, since, until),
+                opened=live_incidents(session),
+            )

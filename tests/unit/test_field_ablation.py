@@ -1,0 +1,143 @@
+"""Request-field ablation (issue 23): one field of the captured request neutralised at a
+time names the field whose removal removes the failure -- held back until no cause is
+confirmed, with the same statistics against the same baseline as every arm."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kb.domain.records import Reply
+from kb.repo.store import Store
+from triage import probes
+from triage.causes import Verdict
+from triage.commands.engine import format_diagnosis, validate_diagnosis
+from triage.engine import Diagnoser
+from triage.engine.arms.ablation import ARMS, FAMILY, HELD_BACK
+from triage.engine.naming import ModelIdentity
+from triage.engine.servers import Server
+from triage.stackfile import ServerConfig, Stack, parse_stack
+
+REQUEST: dict[str, Any] = {
+    "messages": [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "List three colours."},
+    ],
+    "stop": ["\n"],
+    "temperature": 0.7,
+    "logit_bias": {"13": -100},
+}
+
+
+def _planned(request: dict[str, Any]) -> dict[str, probes.PlannedArm]:
+    out = {}
+    for arm in ARMS:
+        item = arm.plan(Stack(ServerConfig()), request)
+        if item is not None:
+            out[item.name] = item
+    return out
+
+
+def test_one_arm_per_field_group_the_request_sets() -> None:
+    planned = _planned(REQUEST)
+    assert set(planned) == {
+        "without-stop",
+        "without-sampling",
+        "without-logit-bias",
+        "without-system-message",
+    }
+    assert all(p.when == HELD_BACK and p.decides == () for p in planned.values())
+    body = planned["without-stop"].transform(REQUEST)
+    assert "stop" not in body and body["temperature"] == 0.7 and "stop" in REQUEST
+    body = planned["without-sampling"].transform(REQUEST)
+    assert "temperature" not in body and body["stop"] == ["\n"]
+    body = planned["without-system-message"].transform(REQUEST)
+    assert [m["role"] for m in body["messages"]] == ["user"]
+    assert "stop=['\\n']" in planned["without-stop"].variant
+
+
+def test_a_request_with_only_messages_plans_none_and_the_plan_says_so_in_one_line() -> None:
+    bare = {"messages": [{"role": "user", "content": "hi"}]}
+    assert _planned(bare) == {}
+    only_system = {"messages": [{"role": "system", "content": "x"}], "stop": "a"}
+    assert "without-system-message" not in _planned(only_system)
+    skipped = dict(probes.skipped_arms(Stack(ServerConfig()), bare))
+    assert not any(name.startswith("without-") for name in skipped)
+    assert "without-stop" in skipped[FAMILY] and "without-tools" in skipped[FAMILY]
+
+
+def _reply(arm: str, index: int, failed: bool) -> Reply:
+    kinds = ["empty-content"] if failed else []
+    return Reply(
+        arm, index, 1000 + index, failed, kinds, "stop", 0, 3, 200, 1.0, {}
+    )  # fmt: skip
+
+
+class StopCutsIt:
+    """Every reply is empty (the stop string cuts it at once) unless `stop` is removed."""
+
+    def __init__(self) -> None:
+        self.routes: dict[str, Any] = {}
+        self.sent: dict[str, int] = {}
+
+    async def replay(self, arm: str, indices: Sequence[int]) -> list[Reply]:
+        self.sent[arm] = self.sent.get(arm, 0) + len(indices)
+        body = self.routes[arm].transform(REQUEST)
+        return [_reply(arm, i, "stop" in body) for i in indices]
+
+
+def _diagnoser(store: Store, tmp_path: Path) -> tuple[Diagnoser, StopCutsIt, Server]:
+    stack = parse_stack('[server]\nurl = "http://127.0.0.1:9"\n', base=tmp_path, source="s.toml")
+    findings = [
+        {"kind": "empty-content", "passed": False, "score": 1.0, "reason": "empty", "where": "$"}
+    ]
+    diagnoser = Diagnoser(store, stack, REQUEST, findings=findings)
+    diagnoser.identity = ModelIdentity("some-model")
+    diagnoser._prepare()
+    diagnoser._plan()
+    held = [p.name for p in diagnoser.held_back]
+    assert set(held) == set(_planned(REQUEST)) and not set(held) & set(diagnoser.arms)
+    # Only the baseline stands for the catalogue's arms here: 8/8 failing.
+    for name in [n for n in diagnoser.arms if n != "baseline"]:
+        del diagnoser.arms[name], diagnoser.planned[name]
+    diagnoser.arms["baseline"].replies = [_reply("baseline", i, True) for i in range(8)]
+    diagnoser.reproduction = {"reproduced": True, "message": "reproduced", "signature": {}}
+    replayer = StopCutsIt()
+    diagnoser.replayer = replayer  # type: ignore[assignment]
+    base = Server("incident", stack.server, "http://127.0.0.1:9", 1, 0.0)
+    return diagnoser, replayer, base
+
+
+def test_unexplained_runs_the_ablation_and_names_the_field(store: Store, tmp_path: Path) -> None:
+    diagnoser, replayer, base = _diagnoser(store, tmp_path)
+    diagnoser._run_held_back(None, base)  # type: ignore[arg-type]  # no server arms: no pool
+    assert set(replayer.sent) == {"without-stop", "without-sampling", "without-logit-bias",
+                                  "without-system-message"}  # fmt: skip
+    diagnosis = diagnoser._finish()
+    validate_diagnosis(diagnosis)
+    arms = {a["name"]: a for a in diagnosis["arms"]}
+    assert arms["without-stop"]["decision"] == "removes"
+    assert arms["without-stop"]["failures"] == 0 and arms["without-stop"]["n"] >= 8
+    assert arms["without-sampling"]["decision"] == "unchanged"
+    verdict = diagnosis["verdict"]
+    assert verdict["status"] == "unexplained"
+    assert len(verdict["request_fields"]) == 1
+    assert verdict["request_fields"][0].startswith("stop (without-stop 0/")
+    assert "vs baseline 8/8" in verdict["request_fields"][0]
+    assert "removing one request field removes it: stop" in format_diagnosis(diagnosis)
+
+
+def test_a_confirmed_cause_keeps_the_ablation_from_running(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    diagnoser, replayer, base = _diagnoser(store, tmp_path)
+    confirmed = [Verdict("token-limit", "confirmed", "lifted 0/8 vs 8/8")]
+    monkeypatch.setattr(diagnoser, "_decide", lambda outcomes: confirmed)
+    diagnoser._run_held_back(None, base)  # type: ignore[arg-type]
+    assert replayer.sent == {}
+    skipped = {s["arm"]: s["reason"] for s in diagnoser.skipped}
+    assert "token-limit is" in skipped["without-stop"]
+    assert "without-stop" not in diagnoser.arms

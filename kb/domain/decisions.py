@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from datetime import date
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from scipy.stats import fisher_exact
+
+from kb.jsontypes import JsonObject
 
 if TYPE_CHECKING:  # a type only: kb.triggers reads the store (its kinds pin from it)
     from kb.triggers import TriggerState
@@ -117,7 +119,7 @@ class ParkedIncident:
     def due(self) -> bool:
         return self.state in ("due", "overdue")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         data = asdict(self)
         data["parked_on"] = self.parked_on.isoformat() if self.parked_on else None
         data["revisit_on"] = self.revisit_on.isoformat() if self.revisit_on else None
@@ -130,7 +132,7 @@ class ParkedIncident:
         return data
 
 
-def request_of(payload: dict[str, Any]) -> dict[str, Any] | None:
+def request_of(payload: JsonObject) -> JsonObject | None:
     exchange = payload.get("exchange")
     for holder in (exchange, payload):
         if isinstance(holder, dict) and isinstance(holder.get("request"), dict):

@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kb.domain import flags
+from kb.jsontypes import JsonObject
 from kb.vocab import BUILD_KEYS
 
 __all__ = [
@@ -141,7 +142,7 @@ class Signature:
             return self.causes
         return frozenset(IMPLIED_CAUSES[kind] for kind in self.kinds if kind in IMPLIED_CAUSES)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "kinds": sorted(self.kinds),
             "causes": sorted(self.causes),
@@ -164,7 +165,7 @@ class FamilyMatch:
     model_family: str = ""
     linked: bool = False  # a FamilyLink already joins a cause of each incident
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from datetime import date, datetime, time, timedelta, timezone
-from typing import Any
 
 from sqlmodel import Session, col, select
 
@@ -39,15 +38,18 @@ from kb.domain.decisions import (
     one_sided_p,
     request_of,
 )
+from kb.jsontypes import JsonObject
 from kb.models import DECISION_KINDS, Cause, Decision, Evidence, Incident, TriageRun, utcnow
 from kb.repo.live import incident_live_counts
 from kb.repo.store import get_incident
 from kb.triggers import (
     DecisionError,
     KindLookup,
+    Trigger,
     TriggerContext,
     TriggerState,
     capture_failed,
+    stored_trigger,
 )
 from kb.triggers import aware as _aware
 from kb.triggers import incident_evidence as _incident_evidence
@@ -61,12 +63,12 @@ TRIGGER_SYNTAX = kb_triggers.syntax(kb_triggers.BUILTIN_KINDS)
 # (`trigger_kinds`, default the built-ins; triage passes `catalogue().triggers`).
 
 
-def parse_trigger(text: str, trigger_kinds: KindLookup | None = None) -> dict[str, Any]:
+def parse_trigger(text: str, trigger_kinds: KindLookup | None = None) -> Trigger:
     """A trigger from its command-line form (see TRIGGER_SYNTAX)."""
     return kb_triggers.parse(text, trigger_kinds)
 
 
-def describe_trigger(trigger: dict[str, Any], trigger_kinds: KindLookup | None = None) -> str:
+def describe_trigger(trigger: Trigger, trigger_kinds: KindLookup | None = None) -> str:
     """One line for people: what the trigger waits for."""
     return kb_triggers.describe(trigger, trigger_kinds)
 
@@ -74,7 +76,7 @@ def describe_trigger(trigger: dict[str, Any], trigger_kinds: KindLookup | None =
 # --------------------------------------------------------------------------- fix evidence
 
 
-def arm_payload(evidence: Evidence) -> dict[str, Any] | None:
+def arm_payload(evidence: Evidence) -> JsonObject | None:
     """The payload of an engine arm evidence (type `arm` with integer n and failures)."""
     payload = evidence.payload or {}
     if payload.get("type") != "arm":
@@ -181,7 +183,7 @@ def _check_parked(
     incident: Incident,
     rationale: str,
     revisit_date: date | None,
-    normalised: list[dict[str, Any]],
+    normalised: list[Trigger],
     decided_at: datetime,
     trigger_kinds: KindLookup | None,
 ) -> None:
@@ -246,7 +248,7 @@ def record_decision(
     fix: str = "",
     by: str = "",
     revisit_on: date | str | None = None,
-    triggers: Iterable[dict[str, Any] | str] = (),
+    triggers: Iterable[Trigger | str] = (),
     evidence_keys: Sequence[str] = (),
     force: bool = False,
     at: datetime | None = None,
@@ -305,7 +307,7 @@ def record_decision(
         fix=fix,
         verified=verified if kind == "FIXED" else False,
         revisit_on=revisit_date if kind == "PARKED" else None,
-        revisit_triggers=normalised if kind == "PARKED" else [],
+        revisit_triggers=[dict(t) for t in normalised] if kind == "PARKED" else [],
         evidence_keys=keys,
     )
     incident.status = STATUS_AFTER[kind]
@@ -406,7 +408,7 @@ def _trigger_states(
             )
         )
     for trigger in decision.revisit_triggers:
-        states.append(kb_triggers.check(trigger, context, trigger_kinds))
+        states.append(kb_triggers.check(stored_trigger(trigger), context, trigger_kinds))
     return states
 
 
@@ -523,12 +525,12 @@ def _revisit_note(last_revisit: Evidence | None) -> str | None:
 # --------------------------------------------------------------------------- revisit inputs
 
 
-def failing_requests(session: Session, incident: Incident) -> list[tuple[str, dict[str, Any]]]:
+def failing_requests(session: Session, incident: Incident) -> list[tuple[str, JsonObject]]:
     """The incident's recorded failing exchanges as (evidence id, request body), oldest
     first, duplicates dropped. An exchange whose findings all passed is not a failure."""
     assert incident.id is not None
     seen: set[str] = set()
-    found: list[tuple[str, dict[str, Any]]] = []
+    found: list[tuple[str, JsonObject]] = []
     for row in _incident_evidence(session, incident.id):
         if row.kind != "exchange":
             continue

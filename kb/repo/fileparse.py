@@ -19,6 +19,7 @@ from jsonschema.exceptions import best_match
 
 from kb.domain.retroformat import strip_retro_section
 from kb.filecheck import RecordError, _check_plain_data, _check_references
+from kb.jsontypes import JsonObject
 from kb.repo.fileio import MAX_FILE_BYTES, InputTooLarge, load_yaml, read_bounded
 from kb.repo.sidecar import SidecarError, merge_evidence, read_sidecar
 
@@ -116,8 +117,8 @@ def split_front_matter(text: str, file: str) -> tuple[str, str]:
 def parse_text(
     text: str,
     file: str = "<text>",
-    sidecar: tuple[str, list[dict[str, Any]]] | None = None,
-) -> dict[str, Any]:
+    sidecar: tuple[str, list[JsonObject]] | None = None,
+) -> JsonObject:
     """Parse and validate one incident file's text: the front matter dict plus `body`.
 
     `sidecar` is (file name, evidence entries) of its evidence sidecar (kb/sidecar.py):
@@ -157,7 +158,7 @@ def parse_text(
     return record
 
 
-def _validate(data: dict[str, Any], file: str) -> None:
+def _validate(data: JsonObject, file: str) -> None:
     _check_plain_data(data, file, [])
     error = best_match(_validator().iter_errors(data))
     if error is not None:
@@ -167,9 +168,9 @@ def _validate(data: dict[str, Any], file: str) -> None:
 
 def _in_sidecar(
     error: RecordError,
-    data: dict[str, Any],
+    data: JsonObject,
     front_ids: set[int],
-    sidecar: tuple[str, list[dict[str, Any]]] | None,
+    sidecar: tuple[str, list[JsonObject]] | None,
 ) -> RecordError:
     """An error about a sidecar entry, named by the sidecar file and line."""
     match = re.match(r"^\$\.evidence\[(\d+)\](.*)$", error.json_path)
@@ -182,7 +183,7 @@ def _in_sidecar(
     return RecordError(sidecar[0], f"line {line}: ${match.group(2)}", error.message)
 
 
-def parse_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+def parse_file(path: str | os.PathLike[str]) -> JsonObject:
     """Parse and validate one incident file and its evidence sidecar (see `parse_text`)."""
     name = str(path)
     try:

@@ -25,7 +25,6 @@ import os
 from collections.abc import Callable, Iterable
 from datetime import date
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlmodel import Session, select
@@ -33,6 +32,7 @@ from sqlmodel import Session, select
 from kb.domain.errors import StoreError
 from kb.domain.retroformat import replace_retro_section, retro_section
 from kb.filecheck import RecordError
+from kb.jsontypes import JsonObject
 from kb.models import (
     Cause,
     Decision,
@@ -155,7 +155,7 @@ def import_files(
         raise ValueError("batch must be at least 1")
     files = incident_paths(paths)
     records = [(str(path), parse_file(path)) for path in files]
-    by_slug: dict[str, tuple[str, dict[str, Any]]] = {}
+    by_slug: dict[str, tuple[str, JsonObject]] = {}
     for file, record in records:
         if record["slug"] in by_slug:
             other = by_slug[record["slug"]][0]
@@ -212,7 +212,7 @@ def _kept(result: ImportResult) -> str:
 
 def _write_batch(
     session: Session,
-    group: list[tuple[str, dict[str, Any]]],
+    group: list[tuple[str, JsonObject]],
     cause_ids: dict[tuple[str, str], int],
 ) -> None:
     """One batch in the caller's transaction: the incidents, then their family links."""
@@ -224,8 +224,8 @@ def _write_batch(
 
 def _check_against_database(
     session: Session,
-    records: list[tuple[str, dict[str, Any]]],
-    by_slug: dict[str, tuple[str, dict[str, Any]]],
+    records: list[tuple[str, JsonObject]],
+    by_slug: dict[str, tuple[str, JsonObject]],
 ) -> set[str]:
     """Check the records against what is stored; the slugs already imported from the same
     files (to skip)."""
@@ -266,7 +266,7 @@ def _check_against_database(
     return stored
 
 
-def _insert_incident(session: Session, record: dict[str, Any], file: str) -> int:
+def _insert_incident(session: Session, record: JsonObject, file: str) -> int:
     """The incident row itself (stack columns split from the free-form extras); its id."""
     stack = dict(record.get("stack", {}))
     incident = Incident(
@@ -292,7 +292,7 @@ def _insert_incident(session: Session, record: dict[str, Any], file: str) -> int
     return incident.id
 
 
-def _insert_evidence(session: Session, incident_id: int, record: dict[str, Any]) -> dict[str, int]:
+def _insert_evidence(session: Session, incident_id: int, record: JsonObject) -> dict[str, int]:
     """The incident's evidence; the stored id of each evidence key."""
     evidence_ids: dict[str, int] = {}
     for item in record.get("evidence", []):
@@ -311,7 +311,7 @@ def _insert_evidence(session: Session, incident_id: int, record: dict[str, Any])
     return evidence_ids
 
 
-def _insert_symptoms(session: Session, incident_id: int, record: dict[str, Any]) -> None:
+def _insert_symptoms(session: Session, incident_id: int, record: JsonObject) -> None:
     for symptom in record.get("symptoms", []):
         session.add(
             Symptom(
@@ -328,7 +328,7 @@ def _insert_symptoms(session: Session, incident_id: int, record: dict[str, Any])
 def _insert_cause(
     session: Session,
     incident_id: int,
-    item: dict[str, Any],
+    item: JsonObject,
     evidence_ids: dict[str, int],
     file: str,
 ) -> int:
@@ -337,7 +337,7 @@ def _insert_cause(
     cause = Cause(
         incident_id=incident_id,
         key=item["id"],
-        catalogue_id=item.get("catalogue", item["id"]),
+        catalogue_id=item["catalogue"] if "catalogue" in item else item["id"],
         title=item["title"],
         status=history[0]["to"] if history else item["status"],
         basis=item["basis"],
@@ -377,7 +377,7 @@ def _insert_cause(
     return cause.id
 
 
-def _insert_decisions(session: Session, incident_id: int, record: dict[str, Any]) -> None:
+def _insert_decisions(session: Session, incident_id: int, record: JsonObject) -> None:
     for decision in record.get("decisions", []):
         session.add(
             Decision(
@@ -400,7 +400,7 @@ def _insert_decisions(session: Session, incident_id: int, record: dict[str, Any]
         )
 
 
-def _insert_references(session: Session, incident_id: int, record: dict[str, Any]) -> None:
+def _insert_references(session: Session, incident_id: int, record: JsonObject) -> None:
     for reference in record.get("references", []):
         session.add(
             Reference(
@@ -412,9 +412,7 @@ def _insert_references(session: Session, incident_id: int, record: dict[str, Any
         )
 
 
-def _insert_record(
-    session: Session, record: dict[str, Any], file: str
-) -> dict[tuple[str, str], int]:
+def _insert_record(session: Session, record: JsonObject, file: str) -> dict[tuple[str, str], int]:
     """One validated record (all but its family links); the stored id of each (slug, cause)."""
     incident_id = _insert_incident(session, record, file)
     evidence_ids = _insert_evidence(session, incident_id, record)
@@ -430,7 +428,7 @@ def _insert_record(
 
 
 def _insert_family(
-    session: Session, record: dict[str, Any], cause_ids: dict[tuple[str, str], int]
+    session: Session, record: JsonObject, cause_ids: dict[tuple[str, str], int]
 ) -> None:
     for link in record.get("family", []):
         target = (link["incident"], link["other_cause"])
@@ -457,7 +455,7 @@ def _insert_family(
 # --------------------------------------------------------------------------- export
 
 
-def render_record(record: dict[str, Any], *, front: dict[str, Any] | None = None) -> str:
+def render_record(record: JsonObject, *, front: JsonObject | None = None) -> str:
     """The canonical file text of a record (as returned by `load_record`).
 
     `front`: the record to write as front matter when it differs from the one the
@@ -471,7 +469,7 @@ def render_record(record: dict[str, Any], *, front: dict[str, Any] | None = None
     return f"{FRONT_MATTER_FENCE}\n{dump_yaml(matter)}{FRONT_MATTER_FENCE}\n{body}"
 
 
-def _checked_files(record: dict[str, Any], path: Path) -> tuple[str, tuple[str, bytes] | None]:
+def _checked_files(record: JsonObject, path: Path) -> tuple[str, tuple[str, bytes] | None]:
     """The file text and evidence sidecar (suffix, bytes) of a record, validated like a
     file being imported.
 

@@ -39,6 +39,7 @@ from sqlalchemy import bindparam, text
 from sqlmodel import Session, select
 
 from kb.domain.family import MODEL_FAMILIES
+from kb.jsontypes import JsonObject
 from kb.models import INCIDENT_STATUSES, Incident
 
 __all__ = [
@@ -108,7 +109,7 @@ class SearchHit:
     snippet: str
     partial: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
 

@@ -22,6 +22,7 @@ from sqlmodel import Session, col, select
 from kb.domain.errors import StoreError
 from kb.domain.slugs import unique_incident_slug
 from kb.domain.textguard import TextLimit, check_text, redact_secret_phrases
+from kb.jsontypes import JsonObject
 from kb.models import (
     CAUSE_STATUSES,
     EVIDENCE_KINDS,
@@ -373,7 +374,7 @@ def add_evidence(
     incident_id: int | None,
     kind: str,
     summary: str,
-    payload: dict[str, Any] | None = None,
+    payload: JsonObject | None = None,
     source: str = "",
     key: str | None = None,
     run_id: int | None = None,
@@ -408,7 +409,7 @@ def _check_evidence(kind: str, summary: str) -> None:
 def add_evidence_many(
     session: Session,
     incident_id: int | None,
-    items: list[dict[str, Any]],
+    items: list[JsonObject],
     *,
     run_id: int | None = None,
 ) -> list[Evidence]:
@@ -447,7 +448,7 @@ CONTENT_HASH = "content_sha256"
 _PROVENANCE = frozenset({"source_file", "source_format", "index", "location", "sha256"})
 
 
-def exchange_content_hash(exchange: dict[str, Any]) -> str:
+def exchange_content_hash(exchange: JsonObject) -> str:
     """SHA-256 of a (redacted) exchange dict without its provenance fields."""
     content = {k: v for k, v in exchange.items() if k not in _PROVENANCE}
     text = json.dumps(content, sort_keys=True, ensure_ascii=False, default=str)
@@ -548,7 +549,7 @@ def attach_evidence(
     return results
 
 
-def evidence_payloads(session: Session, slug: str, keys: list[str]) -> dict[str, dict[str, Any]]:
+def evidence_payloads(session: Session, slug: str, keys: list[str]) -> dict[str, JsonObject]:
     """Evidence key -> payload for these keys of one incident (unknown keys are left out);
     e.g. the arm measurements behind a printed diagnosis."""
     incident = get_incident(session, slug)

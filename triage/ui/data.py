@@ -34,6 +34,7 @@ from kb.service import (
     IncidentTitle,
     KnowledgeBase,
 )
+from kb.triggers import stored_trigger
 from triage.catalogue import CatalogueError
 from triage.catalogue import catalogue as process_catalogue
 from triage.catalogue.numbering import check_store_numbering
@@ -156,7 +157,7 @@ class DecisionEntry:
 
 def describe_trigger(trigger: dict[str, Any]) -> str:
     """One line for people: what a revisit trigger waits for."""
-    return str(kb_decisions.describe_trigger(trigger, process_catalogue().triggers))
+    return str(kb_decisions.describe_trigger(stored_trigger(trigger), process_catalogue().triggers))
 
 
 @dataclass(frozen=True)

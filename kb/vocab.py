@@ -191,6 +191,11 @@ RESERVED_CAUSES: tuple[Term, ...] = (
         "the JSON schema where llama-server ignores it; moved to response_format it is enforced",
     ),
     Term(
+        "prompt-cache",
+        21,
+        "a prompt prefix that changes every turn (a timestamp first) reuses nothing of the cache",
+    ),
+    Term(
         "stream-format",
         22,
         "streamed deltas break the OpenAI chunk format; the same request unstreamed is well formed",

@@ -100,7 +100,10 @@ class ProbeArm(Protocol):
       stack/request (e.g. no speculative flags to strip); otherwise how it varies the
       request (`transform`) or the server (`config`), the causes it `decides`, an
       optional `observe` hook, and `when` it runs ("always", or "crash": only when the
-      incident's server crashes at startup).
+      incident's server crashes at startup);
+    - optional `endpoints`: a request-level arm is planned for an /v1/embeddings or
+      /v1/rerank request only when it lists "embeddings" / "rerank" here (the others vary
+      what only a chat completion has); server-level arms are planned for any request.
     """
 
     id: str

@@ -10,6 +10,7 @@ from typing import Any
 
 from proxy_fakes import raw_record
 
+from triage.atlas.report import atlas_entries, match_exchange
 from triage.capture import load_file
 from triage.llama.endpoints import Endpoint, endpoint_of
 from triage.proxy import prepare
@@ -104,3 +105,18 @@ def test_the_proxy_records_an_embeddings_refusal_as_a_failing_exchange() -> None
     assert prepared.example is not None
     exchange = prepared.example["payload"]["exchange"]
     assert endpoint_of(exchange["request"]) is Endpoint.EMBEDDINGS
+
+
+def test_b11434s_refusal_with_its_sizes_points_to_the_public_embeddings_incident(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "pair.json"
+    path.write_text(
+        json.dumps(
+            {"request": {"model": "m", "input": ["a", "b"]}, "response": ERROR, "status": 500}
+        )
+    )
+    (exchange,) = load_file(path)
+    matches = match_exchange(exchange, classify(exchange), atlas_entries())
+    assert matches and matches[0].entry.id == "llama.cpp-12295"
+    assert matches[0].entry.cause == "embedding-batch"

@@ -19,6 +19,7 @@ from triage.drills import (
 )
 from triage.drills import context as context_drill
 from triage.drills import embedding as embedding_drill
+from triage.drills import prompt_cache as prompt_cache_drill
 from triage.drills import schema as schema_drill
 from triage.drills import stream_format as stream_drill
 from triage.drills.drill import (
@@ -166,6 +167,7 @@ _BUILDERS: dict[str, Callable[[Path, str], Drill]] = {
     schema_drill.NAME: schema_drill.build,
     embedding_drill.NAME: embedding_drill.build,
     stream_drill.NAME: stream_drill.build,
+    prompt_cache_drill.NAME: prompt_cache_drill.build,
 }
 
 # Drills that are served, not only built: a running llama-server behind a real gateway
@@ -184,6 +186,7 @@ _BUILDERS.update(real_drills.BUILDERS)
 # stream): name -> recorder(drill, folder) -> the capture file, recorded on the real server.
 CAPTURE_RECORDERS: dict[str, Callable[[Drill, Path], Path]] = {
     client.STREAM_DRILL: client.record_capture,
+    prompt_cache_drill.NAME: prompt_cache_drill.record_capture,
 }
 
 

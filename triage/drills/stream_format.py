@@ -112,7 +112,7 @@ class ServedStream:
     stack_path: Path
     request: JsonObject
     exchange: JsonObject
-    findings: list[JsonObject]
+    findings: list[dict[str, Any]]
     proxy: RunningProxy
     server_url: str
 
@@ -126,7 +126,7 @@ async def _record(url: str, body: JsonObject) -> tuple[int, bytes, float]:
     return result.status_code, result.raw, result.elapsed
 
 
-def _findings(exchange: Any) -> list[JsonObject]:
+def _findings(exchange: Any) -> list[dict[str, Any]]:
     keys = ("kind", "passed", "score", "reason", "where")
     return [{k: f.to_dict().get(k) for k in keys} for f in classify(exchange)]
 

@@ -28,7 +28,6 @@ import ctypes
 import io
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -41,8 +40,15 @@ import httpx
 
 from triage.capture.redact import redact_args
 from triage.llama.crash import CrashReport, crash_report, host_cpu_flags, read_log
+from triage.llama.ports import (
+    LOOPBACK,
+    free_port,
+    group_socket_inodes,
+    listening_inodes,
+    port_in_use,
+)
+from triage.llama.serverlog import LogPump, read_tail
 
-LOOPBACK = "127.0.0.1"
 # Flags the launcher owns; a spec that sets them would fight over the listening socket.
 RESERVED_FLAGS = frozenset({"--host", "--port", "-m", "--model"})
 STOP_GRACE_SECONDS = 5.0
@@ -118,88 +124,6 @@ class ServerSpec:
         ]
 
 
-def free_port(host: str = LOOPBACK) -> int:
-    """A port that was free a moment ago (bind to port 0 and let the kernel choose)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
-
-
-def port_in_use(port: int, host: str = LOOPBACK) -> bool:
-    """True when something already listens on host:port."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
-class _LogPump:
-    """Copies a server's output into its log file, at most `limit` bytes; past that it keeps
-    only the last `keep` bytes in memory and appends them, after a marker line, at the end."""
-
-    def __init__(self, source: io.BufferedReader, path: Path, limit: int, keep: int) -> None:
-        self.path = path
-        self._source = source
-        self._limit = limit
-        self._keep = keep
-        self._written = 0
-        self._ring = bytearray()
-        self._dropped = 0
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name=f"log {path.name}", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        with self._source, self.path.open("ab") as out:
-            while chunk := self._source.read1(65536):
-                room = self._limit - self._written
-                if room > 0:
-                    out.write(chunk[:room])
-                    out.flush()
-                    self._written += min(room, len(chunk))
-                    chunk = chunk[room:]
-                if chunk:
-                    with self._lock:
-                        self._ring += chunk
-                        excess = len(self._ring) - self._keep
-                        if excess > 0:
-                            self._dropped += excess
-                            del self._ring[:excess]
-            with self._lock:
-                if self._ring:
-                    out.write(self._marker() + bytes(self._ring))
-                    self._ring.clear()
-
-    def _marker(self) -> bytes:
-        return (
-            f"\n# [triage] log limit of {self._limit} bytes reached: {self._dropped} bytes "
-            f"dropped, the last {len(self._ring)} bytes follow\n"
-        ).encode()
-
-    def pending(self) -> bytes:
-        """Output past the limit not yet in the file (the process still runs)."""
-        with self._lock:
-            return self._marker() + bytes(self._ring) if self._ring else b""
-
-    def join(self, timeout: float) -> None:
-        """Wait until the output is in the file (EOF: every writer has exited)."""
-        self._thread.join(timeout)
-
-
-def _read_tail(path: Path, lines: int) -> str:
-    try:
-        with path.open("rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - 64 * 1024))
-            data = handle.read()
-    except OSError:
-        return ""
-    return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-lines:])
-
-
 class RunningServer:
     """A llama-server process started by `launch`/`start`."""
 
@@ -220,7 +144,7 @@ class RunningServer:
         self.argv = argv
         self.started_at = time.monotonic()
         self.launch_seconds: float | None = None
-        self.log_pump: _LogPump | None = None
+        self.log_pump: LogPump | None = None
         self._stopping = False
         self._lock = threading.RLock()
 
@@ -260,7 +184,7 @@ class RunningServer:
         """The last lines of the server log."""
         pending = self._drain_log()
         if not pending:
-            return _read_tail(self.log_path, lines)
+            return read_tail(self.log_path, lines)
         text = pending.decode("utf-8", errors="replace")
         return "\n".join(text.splitlines()[-lines:])
 
@@ -442,56 +366,15 @@ def _child_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
 
 
-def _listening_inodes(port: int) -> set[str] | None:
-    """Socket inodes listening on `port` (Linux /proc/net/tcp*); None when unreadable."""
-    found: set[str] = set()
-    readable = False
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        readable = True
-        for line in lines:
-            fields = line.split()
-            # local_address is ADDR:PORT in hex; state 0A is LISTEN; field 9 the inode.
-            if (
-                len(fields) > 9
-                and fields[3] == "0A"
-                and int(fields[1].rsplit(":", 1)[1], 16) == port
-            ):
-                found.add(fields[9])
-    return found if readable else None
-
-
-def _group_socket_inodes(pgid: int) -> set[str]:
-    """Socket inodes held open by the processes of process group `pgid`."""
-    inodes: set[str] = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            if int(stat.rsplit(")", 1)[1].split()[2]) != pgid:  # fields: state ppid pgrp
-                continue
-            for fd in os.listdir(f"/proc/{entry}/fd"):
-                target = os.readlink(f"/proc/{entry}/fd/{fd}")
-                if target.startswith("socket:["):
-                    inodes.add(target[len("socket:[") : -1])
-        except (OSError, ValueError, IndexError):
-            continue  # gone meanwhile, or not ours to read
-    return inodes
-
-
 def _serves_port(server: RunningServer) -> bool:
     """False only when we can see that another process listens on the server's port: a 200
     from /health then came from that one (a server that lost the bind race exits soon, but a
     slow-starting binary -- a wrapper script -- may not have tried yet). True when unsure."""
-    listening = _listening_inodes(server.port)
+    listening = listening_inodes(server.port)
     if not listening:
         return True
     try:
-        return bool(listening & _group_socket_inodes(server.pid))  # own session: pgid = pid
+        return bool(listening & group_socket_inodes(server.pid))  # own session: pgid = pid
     except OSError:
         return True
 
@@ -575,7 +458,7 @@ def start(
     process = subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,
-        # Through a pipe, so the log stays bounded (_LogPump). If Python dies, the server's
+        # Through a pipe, so the log stays bounded (LogPump). If Python dies, the server's
         # next write fails (SIGPIPE) when nothing else stopped it.
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -587,7 +470,7 @@ def start(
     )
     server = RunningServer(full_spec, process, host, chosen_port, log_path, argv)
     assert isinstance(process.stdout, io.BufferedReader)
-    server.log_pump = _LogPump(process.stdout, log_path, LOG_LIMIT_BYTES, LOG_KEEP_TAIL_BYTES)
+    server.log_pump = LogPump(process.stdout, log_path, LOG_LIMIT_BYTES, LOG_KEEP_TAIL_BYTES)
     _REGISTRY.add(server)
     try:
         _wait_healthy(server, ready_timeout)

@@ -143,7 +143,7 @@ class _Pairs:
     decision: str = "undecided"
     p_value: float | None = None
 
-    def facts(self) -> JsonObject:
+    def facts(self) -> dict[str, Any]:
         return {
             "n": self.n,
             "errors": self.errors,
@@ -210,7 +210,7 @@ async def _paired(ctx: ObserveContext, url: str, key: str | None) -> _Pairs:
     return pairs
 
 
-async def _direct(ctx: ObserveContext) -> JsonObject:
+async def _direct(ctx: ObserveContext) -> dict[str, Any]:
     """Streamed replays direct to llama-server (the stack has a gateway in front)."""
     client = LlamaClient(ctx.base.base_url, timeout=ctx.timeout, api_key=ctx.base.api_key)
     n = failures = 0
@@ -227,7 +227,7 @@ async def _direct(ctx: ObserveContext) -> JsonObject:
     return {"n": n, "failures": failures}
 
 
-async def observe(ctx: ObserveContext) -> JsonObject:
+async def observe(ctx: ObserveContext) -> dict[str, Any]:
     """The hook: the capture's violations, then (unless the capture is well formed) the
     streamed vs non-streamed pairs, and behind a gateway the direct streams."""
     target = ctx.client_side or ctx.server
@@ -235,7 +235,7 @@ async def observe(ctx: ObserveContext) -> JsonObject:
     if not streamed_request(ctx.request):
         return {"name": ARM, "streamed": False, "summary": "the client did not stream"}
     captured = captured_violations(ctx.exchange)
-    facts: JsonObject = {
+    facts: dict[str, Any] = {
         "name": ARM,
         "streamed": True,
         "captured_violations": None if captured is None else len(captured),
@@ -253,7 +253,7 @@ async def observe(ctx: ObserveContext) -> JsonObject:
     return facts
 
 
-def _summary(facts: JsonObject) -> str:
+def _summary(facts: dict[str, Any]) -> str:
     pairs = facts["pairs"]
     text = (
         f"streamed {pairs['stream_failures']}/{pairs['n']} with a format violation vs "

@@ -27,6 +27,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col, select
 
 from kb.domain.errors import StoreError
+from kb.jsontypes import JsonObject
 from kb.models import LiveExchange, LiveSignature, utcnow
 
 KEY_SEPARATOR = "\x1f"
@@ -40,13 +41,13 @@ LIVE_COLUMNS = tuple(name for name in LiveExchange.model_fields if name not in (
 # --------------------------------------------------------------------------- bodies
 
 
-def compress_body(exchange: dict[str, Any]) -> bytes:
+def compress_body(exchange: JsonObject) -> bytes:
     """The stored form of an exchange: zlib-compressed canonical JSON."""
     raw = json.dumps(exchange, sort_keys=True, separators=(",", ":"), default=str).encode()
     return zlib.compress(raw, 6)
 
 
-def decompress_body(data: bytes | None) -> dict[str, Any] | None:
+def decompress_body(data: bytes | None) -> JsonObject | None:
     """The exchange dict of a stored body (None when the body was sampled out)."""
     if data is None:
         return None
@@ -110,7 +111,7 @@ def _row_values(row: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def load_exchange(session: Session, key: str) -> dict[str, Any] | None:
+def load_exchange(session: Session, key: str) -> JsonObject | None:
     """The stored (redacted) exchange dict of one recorded exchange, if its body was kept."""
     row = session.exec(select(LiveExchange).where(LiveExchange.key == key)).first()
     return decompress_body(row.body) if row is not None else None
@@ -135,7 +136,7 @@ class CellCount:
     # Why these failures are what the client configured ("" for real failures).
     client_limit: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
 
@@ -276,7 +277,7 @@ def _naive(value: datetime) -> datetime:
     return value.replace(tzinfo=None)
 
 
-def latest_upstream(session: Session) -> dict[str, Any] | None:
+def latest_upstream(session: Session) -> JsonObject | None:
     """The upstream identity of the most recent recorded exchange."""
     row = session.exec(
         select(LiveExchange).order_by(
@@ -320,7 +321,7 @@ def incident_live_counts(
 
 def first_failing(
     session: Session, model: str, signature: str, since: datetime, shape: str | None = None
-) -> tuple[str, datetime, dict[str, Any] | None] | None:
+) -> tuple[str, datetime, JsonObject | None] | None:
     """The earliest exchange with this failure signature (and request shape, when given)
     since `since`, not counting failures the client configured: key, time, payload."""
     where: list[Any] = [

@@ -21,6 +21,7 @@ from sqlalchemy import func, text
 from sqlmodel import Session, col, select
 
 from kb.domain import family
+from kb.jsontypes import JsonObject
 from kb.models import Evidence, Incident, LiveSignature, Symptom, utcnow
 from kb.repo.family import incident_signature
 from kb.repo.live import KEY_SEPARATOR
@@ -136,7 +137,7 @@ def open_incident(
     kinds: Iterable[str],
     title: str,
     summary: str,
-    upstream: dict[str, Any],
+    upstream: JsonObject,
     detection: dict[str, Any],
     examples: Sequence[dict[str, Any]],
     opened_by: str,
@@ -240,7 +241,7 @@ MAX_MATCH_CANDIDATES = 200
 
 
 def family_match(
-    session: Session, *, model: str, kinds: Iterable[str], upstream: dict[str, Any]
+    session: Session, *, model: str, kinds: Iterable[str], upstream: JsonObject
 ) -> Incident | None:
     """The open or parked incident, opened by other means than the proxy (a capture, a
     diagnosis, by hand), that a live failure is the same failure as -- kb.domain.family's matching:
@@ -287,7 +288,7 @@ def open_or_attach(
     kinds: Iterable[str],
     title: str,
     summary: str,
-    upstream: dict[str, Any],
+    upstream: JsonObject,
     detection: dict[str, Any],
     examples: Sequence[dict[str, Any]],
     opened_by: str,

@@ -170,7 +170,7 @@ class NewIncident:
     kinds: list[str]
     weights: str = ""
     flags: list[str] = field(default_factory=list)
-    stack: dict[str, Any] = field(default_factory=dict)
+    stack: JsonObject = field(default_factory=dict)
 
 
 @dataclass
@@ -535,7 +535,7 @@ class RunCandidate:
     slug: str
     state: str
     started: str
-    plan: dict[str, Any]
+    plan: JsonObject
     live: bool
     owner: str
 

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from kb.jsontypes import JsonObject
 from triage.engine import classify_reply
 from triage.engine.servers import api_key_from_args
 from triage.llama.build import BuildError, build_root, server_binary_for
@@ -339,7 +340,7 @@ class Bisector:
 
 
 def state_key(
-    good: int, bad: int, request: dict[str, Any], stack_key: str, versions: list[int]
+    good: int, bad: int, request: JsonObject, stack_key: str, versions: list[int]
 ) -> dict[str, Any]:
     """What a saved state must match to be resumed."""
     digest = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()[:16]
@@ -437,7 +438,7 @@ class ServerOracle:
     def __init__(
         self,
         stack: Any,
-        request: dict[str, Any],
+        request: JsonObject,
         *,
         binary_for: Callable[[int], Path] | None = None,
         seed: int = 1000,

@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from kb.jsontypes import JsonObject
 from kb.repo.engine import data_dir
 from kb.repo.files import import_paths
 from kb.repo.store import Store, get_incident
@@ -41,7 +42,7 @@ REPO_INCIDENTS = Path(__file__).resolve().parent.parent / "incidents"
 
 
 async def _first_failure(
-    base_url: str, request: dict[str, Any], seeds: range
+    base_url: str, request: JsonObject, seeds: range
 ) -> tuple[dict[str, Any], bytes] | None:
     async with LlamaClient(base_url, timeout=120) as client:
         for seed in seeds:
@@ -54,7 +55,7 @@ async def _first_failure(
 
 
 def capture_failing_exchange(
-    stack_path: Path, request: dict[str, Any], out_dir: Path
+    stack_path: Path, request: JsonObject, out_dir: Path
 ) -> tuple[Path, Path]:
     """Send the drill's request until a reply fails; save the real request/response pair."""
     stack = load_stack(stack_path)

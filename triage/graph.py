@@ -18,6 +18,8 @@ from typing import Any
 
 import networkx as nx
 
+from kb.jsontypes import JsonObject
+
 STATUS_COLOURS = {
     "confirmed": "#c0392b",
     "suspected": "#e67e22",
@@ -62,14 +64,14 @@ def _prefix(slug: str, local: bool) -> str:
     return "" if local else f"{slug}/"
 
 
-def build_graph(record: dict[str, Any], *, local_ids: bool = True) -> nx.MultiDiGraph:
+def build_graph(record: JsonObject, *, local_ids: bool = True) -> nx.MultiDiGraph:
     """The cause graph of one incident record."""
     graph: nx.MultiDiGraph = nx.MultiDiGraph()
     add_incident(graph, record, local_ids=local_ids)
     return graph
 
 
-def add_incident(graph: nx.MultiDiGraph, record: dict[str, Any], *, local_ids: bool) -> str:
+def add_incident(graph: nx.MultiDiGraph, record: JsonObject, *, local_ids: bool) -> str:
     """Add one incident's nodes and edges; returns the incident node id."""
     slug = str(record.get("slug", "incident"))
     p = _prefix(slug, local_ids)
@@ -133,7 +135,7 @@ def add_incident(graph: nx.MultiDiGraph, record: dict[str, Any], *, local_ids: b
 
 def _add_cause(
     graph: nx.MultiDiGraph,
-    record: dict[str, Any],
+    record: JsonObject,
     cause: dict[str, Any],
     p: str,
     incident_node: str,
@@ -183,7 +185,7 @@ def _add_cause(
 
 def _add_arms(
     graph: nx.MultiDiGraph,
-    record: dict[str, Any],
+    record: JsonObject,
     p: str,
     incident_node: str,
     evidence_node: Callable[[str], str],
@@ -214,7 +216,7 @@ def _add_arms(
             graph.add_edge(incident_node, probe, relation="measured")
 
 
-def arm_summaries(record: dict[str, Any]) -> list[dict[str, Any]]:
+def arm_summaries(record: JsonObject) -> list[dict[str, Any]]:
     """Probe-arm summaries recorded by the engine (evidence payload type `arm`)."""
     arms = []
     for item in record.get("evidence") or []:

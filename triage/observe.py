@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage import probes
 from triage.llama.client import LlamaClient, LlamaClientError
 from triage.llama.endpoints import Endpoint, endpoint_of
@@ -136,7 +137,7 @@ def observation_summary(name: str, facts: dict[str, Any]) -> str:
     return f"{name}: {json.dumps(facts, default=str)[:200]}"
 
 
-def request_limits(request: dict[str, Any], props: Any) -> dict[str, Any]:
+def request_limits(request: JsonObject, props: Any) -> dict[str, Any]:
     """The request's token limit against the slot's context (/props `n_ctx`)."""
     settings = props.get("default_generation_settings") if isinstance(props, dict) else None
     n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
@@ -148,7 +149,7 @@ def request_limits(request: dict[str, Any], props: Any) -> dict[str, Any]:
 
 
 async def observe_server(
-    server: Any, request: dict[str, Any], observations: dict[str, Any], *, seed: int, timeout: float
+    server: Any, request: JsonObject, observations: dict[str, Any], *, seed: int, timeout: float
 ) -> None:
     """Server props, the template render of the request, and a determinism check."""
     client = LlamaClient(server.base_url, timeout=timeout, api_key=getattr(server, "api_key", None))
@@ -220,7 +221,7 @@ async def observe_server(
 async def spec_divergence(
     spec_server: Any,
     plain_server: Any,
-    request: dict[str, Any],
+    request: JsonObject,
     *,
     seed: int,
     seeds: int,
@@ -264,7 +265,7 @@ async def spec_divergence(
 
 
 async def weights_confounder(
-    incident_server: Any, alt_server: Any, request: dict[str, Any], *, timeout: float
+    incident_server: Any, alt_server: Any, request: JsonObject, *, timeout: float
 ) -> dict[str, Any]:
     """What else differs between the incident weights and the alternate weights."""
     facts: dict[str, Any] = {"name": "weights-confounder"}

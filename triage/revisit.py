@@ -21,7 +21,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from kb.domain import decisions as decision_rules
+from kb.domain.decisions import REVISIT_ARM, ArmCounts
+from kb.jsontypes import JsonObject
 from kb.models import utcnow
 from kb.repo import decisions as kb_decisions
 from kb.repo.store import Store, add_evidence, require_incident
@@ -61,7 +62,7 @@ class ReplayRate(Protocol):
     def __call__(
         self,
         stack: Stack,
-        request_bodies: list[dict[str, Any]],
+        request_bodies: list[JsonObject],
         *,
         max_requests: int,
         baseline: tuple[int, int] | None = None,
@@ -148,7 +149,7 @@ class _Plan:
 
     status: str
     requests: list[tuple[str, dict[str, Any]]]
-    baseline: decision_rules.ArmCounts | None
+    baseline: ArmCounts | None
     source: str
     deciding: list[tuple[str, str]]  # (cause key, deciding probe)
 
@@ -215,9 +216,7 @@ def _arm_payload(
     return payload
 
 
-def _summary_line(
-    label: str, payload: dict[str, Any], base: decision_rules.ArmCounts | None
-) -> str:
+def _summary_line(label: str, payload: dict[str, Any], base: ArmCounts | None) -> str:
     text = f"{label}: {_rate(payload['failures'], payload['n'])} failed"
     ci = payload.get("ci95")
     if isinstance(ci, list) and len(ci) == 2:
@@ -266,7 +265,7 @@ def _plan(store: Store, slug: str, stack_path: Path | None) -> _Plan:
 def _probe_payloads(
     replay: ReplayRate,
     stack: Stack,
-    bodies: list[dict[str, Any]],
+    bodies: list[JsonObject],
     plan: _Plan,
     after: dict[str, Any],
     *,
@@ -294,7 +293,7 @@ def _probe_payloads(
         )
         payload = _arm_payload(
             result,
-            f"{decision_rules.REVISIT_ARM}:{probe}",
+            f"{REVISIT_ARM}:{probe}",
             f"deciding probe of {', '.join(cause_keys)} on the current stack",
             against,
         )
@@ -330,7 +329,7 @@ def _record(
             ).key
 
         keys.append(add(summary, after))
-        against = decision_rules.ArmCounts((keys[0],), after["failures"], after["n"])
+        against = ArmCounts((keys[0],), after["failures"], after["n"])
         for probe, payload in probes:
             line = _summary_line(f"revisit probe {probe} on the current stack", payload, against)
             keys.append(add(line, payload))
@@ -340,7 +339,7 @@ def _record(
 def _proposal(
     slug: str,
     status: str,
-    baseline: decision_rules.ArmCounts | None,
+    baseline: ArmCounts | None,
     after: dict[str, Any],
     key: str,
 ) -> tuple[str, str]:
@@ -404,7 +403,7 @@ def revisit_incident(
     result = replay(stack, bodies, max_requests=max_requests, baseline=base_pair, log_dir=run_dir)
     after = _arm_payload(
         result,
-        decision_rules.REVISIT_ARM,
+        REVISIT_ARM,
         "recorded failing exchanges replayed on the current stack",
         base_pair,
     )

@@ -564,7 +564,7 @@ def test_summed_metric_updates_give_the_same_metrics_as_one_call_per_exchange() 
     """The child sums a batch's metric updates before sending them (a few updates for the
     parent's thread to apply, not one per exchange); /metrics must read exactly as if every
     exchange had been counted on its own."""
-    from triage.proxy.recorder_process import _MetricsRelay
+    from triage.proxy.recorder_child import _MetricsRelay
 
     updates = [
         ("drill", "empty-content|2xx", {"prompt_tokens": 7, "completion_tokens": 3}),

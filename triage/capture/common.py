@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from kb.jsontypes import JsonObject
 from triage.capture.model import (
     MAX_JSON_DEPTH,
     CaptureError,
@@ -229,7 +230,7 @@ def display_name(file: str) -> str:
 
 
 def exchange_from_body(
-    request: dict[str, Any],
+    request: JsonObject,
     body: Body,
     *,
     source_format: str,

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.capture.common import (
     Body,
     check_depth,
@@ -121,7 +122,7 @@ def _merge_tool_call(state: _ChoiceState, delta: Any, position: int) -> None:
             call["function"]["arguments"] += json.dumps(arguments, ensure_ascii=False)
 
 
-def _apply_choice(state: _ChoiceState, choice: dict[str, Any]) -> None:
+def _apply_choice(state: _ChoiceState, choice: JsonObject) -> None:
     delta: dict[str, Any] = {}
     for key in ("delta", "message"):  # a final chunk may carry a whole message
         if isinstance(choice.get(key), dict):
@@ -160,7 +161,7 @@ class StreamState:
     cut_mid_event: bool = False
     format: StreamFormat = field(default_factory=StreamFormat)
 
-    def apply(self, chunk: dict[str, Any], line: int | None = None) -> None:
+    def apply(self, chunk: JsonObject, line: int | None = None) -> None:
         self.chunks += 1
         self.format.feed(chunk, self.chunks, line)
         if len(self.meta) < 4:

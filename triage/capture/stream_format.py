@@ -28,6 +28,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from kb.jsontypes import JsonObject
+
 __all__ = ["MAX_VIOLATIONS", "STREAM_FORMAT_KEY", "StreamFormat", "Violation"]
 
 # Violations kept per stream; a server that breaks every delta would otherwise store one
@@ -90,7 +92,7 @@ class StreamFormat:
         else:
             self.dropped += 1
 
-    def feed(self, chunk: dict[str, Any], event: int, line: int | None = None) -> None:
+    def feed(self, chunk: JsonObject, event: int, line: int | None = None) -> None:
         choices = chunk.get("choices")
         if not isinstance(choices, list):
             return
@@ -164,7 +166,7 @@ class StreamFormat:
         at: str,
         index: int,
         call_id: str | None,
-        delta: dict[str, Any],
+        delta: JsonObject,
         name: Any,
         moved: _Call | None,
         event: int,

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
+from kb.jsontypes import JsonObject
 from kb.vocab import KIND_NUMBERS
 from triage.capture import Exchange
 
@@ -241,7 +242,7 @@ def _no_completion_reason(view: View) -> str:
     return "no completion to check"
 
 
-def _declared_tools(request: dict[str, Any]) -> dict[str, Any] | None:
+def _declared_tools(request: JsonObject) -> dict[str, Any] | None:
     """Tool name -> parameters schema from `tools` (or legacy `functions`); None if none."""
     tools = request.get("tools")
     declared: dict[str, Any] = {}

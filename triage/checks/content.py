@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.catalogue import Catalogue
 from triage.checks.base import (
     LENGTH_FINISH_REASONS,
@@ -92,7 +93,7 @@ def _int_or_none(value: Any) -> int | None:
     return None
 
 
-def _max_tokens(request: dict[str, Any]) -> int | None:
+def _max_tokens(request: JsonObject) -> int | None:
     for key in ("max_completion_tokens", "max_tokens", "n_predict"):
         value = _int_or_none(request.get(key))
         if value is not None and value > 0:
@@ -100,7 +101,7 @@ def _max_tokens(request: dict[str, Any]) -> int | None:
     return None
 
 
-def _completion_tokens(response: dict[str, Any] | None) -> tuple[int | None, int | None, str]:
+def _completion_tokens(response: JsonObject | None) -> tuple[int | None, int | None, str]:
     """(completion tokens, reasoning tokens if reported, where the count came from)."""
     if response is None:
         return None, None, ""

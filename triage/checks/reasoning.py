@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.catalogue import Catalogue
 from triage.checks.base import (
     MAX_SCAN_CHARS,
@@ -48,7 +48,7 @@ _THOUGHT_MARKUP = re.compile(
 _MARKUP_TRIGGERS = ("think", "channel", "THINK", "_of_thought")
 
 
-def structured_output_requested(request: dict[str, Any]) -> str | None:
+def structured_output_requested(request: JsonObject) -> str | None:
     """Which structured-output field the request sets (None when it asks for plain text)."""
     grammar = request.get("grammar")
     if isinstance(grammar, str) and grammar.strip():

@@ -20,6 +20,7 @@ from typing import Any
 from jsonschema import validators
 from jsonschema.exceptions import SchemaError, best_match
 
+from kb.jsontypes import JsonObject
 from triage.catalogue import Catalogue
 from triage.checks.base import Finding, View, _dict_or_empty, _pass, check
 from triage.llama.schema_fields import IGNORED_FIELDS, schema_placement, unsupported_patterns
@@ -28,7 +29,7 @@ KIND = "schema-violation"
 MAX_CONTENT_CHARS = 1_000_000
 
 
-def requested_schema(request: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+def requested_schema(request: JsonObject) -> tuple[str, dict[str, Any]] | None:
     """(where the request puts it, the JSON Schema) or None when it sets none."""
     response_format = _dict_or_empty(request.get("response_format"))
     inner = _dict_or_empty(response_format.get("json_schema"))
@@ -45,7 +46,7 @@ def requested_schema(request: dict[str, Any]) -> tuple[str, dict[str, Any]] | No
     return None
 
 
-def _unread_note(request: dict[str, Any]) -> str:
+def _unread_note(request: JsonObject) -> str:
     """Why the grammar failed open, when the request shows it: a place llama-server does not
     read the schema from, or patterns its converter accepts any string for."""
     placement = schema_placement(request)

@@ -24,6 +24,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.drills import gemma4
 from triage.drills.drill import Drill, finish
 from triage.engine.servers import open_server
@@ -60,7 +61,7 @@ def _not_reproduced(cause: str) -> tuple[str, list[str], str]:
     )
 
 
-def client_view_capture(request: dict[str, Any], stream: str) -> dict[str, Any]:
+def client_view_capture(request: JsonObject, stream: str) -> dict[str, Any]:
     """A client-view capture: the server's raw stream and what a content-only client shows
     (the content deltas, no tool calls, no reasoning)."""
     content = []
@@ -83,7 +84,7 @@ def record_capture(drill: Drill, folder: Path, timeout: float = 120.0) -> Path:
     client's view of it, written to `folder/client-view.json`. The server is stopped on
     return, also on failure."""
 
-    async def stream(base_url: str, request: dict[str, Any]) -> str:
+    async def stream(base_url: str, request: JsonObject) -> str:
         client = LlamaClient(base_url, timeout=timeout)
         try:
             result = await client.chat_stream({**request, "seed": 7})

@@ -30,6 +30,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.drills import gemma4
 from triage.drills.compiler import compile_design
 from triage.drills.drill import Drill, manifest_head, weight_facts
@@ -168,7 +169,7 @@ def _write(
     template: str,
     server_args: list[str],
     manifest: dict[str, Any],
-    requests: list[dict[str, Any]],
+    requests: list[JsonObject],
 ) -> Drill:
     """Compile the model, write request files, manifest.json and stack.toml."""
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.drills import gemma4
 from triage.drills.compiler import WEIGHT_FORMATS, compile_design
 from triage.drills.host import host_workaround_args, host_workaround_note
@@ -143,7 +144,7 @@ def finish(
     out_dir: Path,
     template: str,
     manifest: dict[str, Any],
-    requests: list[dict[str, Any]],
+    requests: list[JsonObject],
     contrasts: dict[str, dict[str, Any]],
     *,
     extra_args: tuple[str, ...] = (),

@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from kb.jsontypes import JsonObject
 from triage.capture import exchange_from_http
 from triage.drills import gemma4
 from triage.drills.context import _write
@@ -177,7 +178,7 @@ class Served:
     facts: dict[str, Any] = field(default_factory=dict)
 
 
-async def _post(url: str, body: dict[str, Any], key: str | None) -> tuple[int, bytes, float]:
+async def _post(url: str, body: JsonObject, key: str | None) -> tuple[int, bytes, float]:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     started = time.monotonic()
     async with httpx.AsyncClient(timeout=120.0) as client:

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.drills.drill import Drill, manifest_head
 from triage.drills.real import MODELS, model_path
 
@@ -54,7 +55,7 @@ def _write(
     out_dir: Path,
     model: str,
     args: list[str],
-    request: dict[str, Any],
+    request: JsonObject,
     manifest: dict[str, Any],
 ) -> Drill:
     """manifest.json, request-failing.json and stack.toml (the model stays in the cache)."""

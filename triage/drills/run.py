@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.drills.registry import Drill
 from triage.engine import classify_reply
 from triage.llama.build import binary_build_info, find_server_binary
@@ -58,14 +59,14 @@ def _slots(args: list[str]) -> int:
 
 
 async def _send_all(
-    base_url: str, bodies: list[tuple[str, dict[str, Any]]], timeout: float, slots: int
+    base_url: str, bodies: list[tuple[str, JsonObject]], timeout: float, slots: int
 ) -> list[ChatResult]:
     # No more requests in flight than the server has slots: the client deadline then
     # measures serving time, not time spent queued behind other requests.
     gate = asyncio.Semaphore(slots)
     async with LlamaClient(base_url, timeout=timeout) as client:
 
-        async def send(body: dict[str, Any]) -> ChatResult:
+        async def send(body: JsonObject) -> ChatResult:
             async with gate:
                 return await client.chat(body)
 
@@ -78,7 +79,7 @@ def _file_stem(name: str) -> str:
 
 
 def save_failing_pairs(
-    out_dir: Path, bodies: list[tuple[str, dict[str, Any]]], results: list[ChatResult]
+    out_dir: Path, bodies: list[tuple[str, JsonObject]], results: list[ChatResult]
 ) -> list[dict[str, Any]]:
     """Write the request body sent and the raw response of every reply that fails (as
     `triage diagnose` classifies replies) as `failing-NAME.request.json` /

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 from httpx_sse import EventSource
 
+from kb.jsontypes import JsonObject
 from triage.capture.redact import is_secret_header
 from triage.llama.endpoints import endpoint_of
 
@@ -87,14 +88,14 @@ class HttpResult:
 class ChatResult(HttpResult):
     """A non-streaming chat completion."""
 
-    def _choice(self) -> dict[str, Any]:
+    def _choice(self) -> JsonObject:
         if isinstance(self.json, dict) and self.json.get("choices"):
             choice = self.json["choices"][0]
             return choice if isinstance(choice, dict) else {}
         return {}
 
     @property
-    def message(self) -> dict[str, Any]:
+    def message(self) -> JsonObject:
         """choices[0].message (empty dict when absent)."""
         message = self._choice().get("message")
         return message if isinstance(message, dict) else {}
@@ -110,7 +111,7 @@ class ChatResult(HttpResult):
         return self.message.get("reasoning_content") or ""
 
     @property
-    def tool_calls(self) -> list[dict[str, Any]]:
+    def tool_calls(self) -> list[JsonObject]:
         """choices[0].message.tool_calls ([] when absent)."""
         return list(self.message.get("tool_calls") or [])
 
@@ -120,13 +121,13 @@ class ChatResult(HttpResult):
         return self._choice().get("finish_reason")
 
     @property
-    def timings(self) -> dict[str, Any]:
+    def timings(self) -> JsonObject:
         """llama-server's timings block ({} when absent)."""
         value = self.json.get("timings") if isinstance(self.json, dict) else None
         return value if isinstance(value, dict) else {}
 
     @property
-    def usage(self) -> dict[str, Any]:
+    def usage(self) -> JsonObject:
         """OpenAI usage block ({} when absent)."""
         value = self.json.get("usage") if isinstance(self.json, dict) else None
         return value if isinstance(value, dict) else {}
@@ -204,7 +205,7 @@ class _StreamAssembler:
                 self._add_call(call)
         result.tool_calls = [self.calls[i] for i in sorted(self.calls)]
 
-    def _add_call(self, delta: dict[str, Any]) -> None:
+    def _add_call(self, delta: JsonObject) -> None:
         index = int(delta.get("index", len(self.calls)))
         call = self.calls.setdefault(
             index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
@@ -352,7 +353,7 @@ class LlamaClient:
 
     # --- chat ---------------------------------------------------------------------------
 
-    async def chat(self, body: dict[str, Any], *, timeout: float | None = None) -> ChatResult:
+    async def chat(self, body: JsonObject, *, timeout: float | None = None) -> ChatResult:
         """POST /v1/chat/completions (non-streaming); HTTP errors are returned, not raised.
         An embeddings or rerank body (`input`, `query` + `documents`: see
         triage.llama.endpoints) goes to /v1/embeddings or /v1/rerank instead, so a replay
@@ -362,9 +363,7 @@ class LlamaClient:
         result = await self.request("POST", path, json_body=payload, timeout=timeout)
         return ChatResult(**vars(result))
 
-    async def chat_stream(
-        self, body: dict[str, Any], *, timeout: float | None = None
-    ) -> StreamResult:
+    async def chat_stream(self, body: JsonObject, *, timeout: float | None = None) -> StreamResult:
         """POST /v1/chat/completions with stream=true, reassembling the SSE chunks."""
         limit = timeout or self.timeout
         payload = {**body, "stream": True}
@@ -425,11 +424,11 @@ class LlamaClient:
         """GET /health: 200 when ready, 503 while the model loads."""
         return await self.request("GET", "/health", timeout=timeout)
 
-    async def props(self) -> dict[str, Any]:
+    async def props(self) -> JsonObject:
         """GET /props: chat_template, model_path, build_info, default settings..."""
         return dict(await self._get_json("/props"))
 
-    async def apply_template(self, body: dict[str, Any]) -> str:
+    async def apply_template(self, body: JsonObject) -> str:
         """POST /apply-template: the prompt the server would feed the model."""
         path = "/apply-template"
         result = await self.request("POST", path, json_body=body)
@@ -450,7 +449,7 @@ class LlamaClient:
         result = await self.request("POST", path, json_body=body)
         return list(self._expect_ok(result, path).get("tokens", []))
 
-    async def slots(self) -> list[dict[str, Any]]:
+    async def slots(self) -> list[JsonObject]:
         """GET /slots: per-slot state."""
         return list(await self._get_json("/slots"))
 

@@ -17,6 +17,8 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+from kb.jsontypes import JsonObject
+
 # Fields other servers read that llama-server ignores (request path, label).
 IGNORED_FIELDS = (("guided_json", "vLLM's guided_json"), ("format", "Ollama's format"))
 READ_PLACE = "$.request.response_format.json_schema.schema"
@@ -37,7 +39,7 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def schema_placement(request: dict[str, Any]) -> Placement | None:
+def schema_placement(request: JsonObject) -> Placement | None:
     """The schema the request carries (where the client put it), None when it sets none."""
     response_format = _dict(request.get("response_format"))
     kind = response_format.get("type")
@@ -56,7 +58,7 @@ def schema_placement(request: dict[str, Any]) -> Placement | None:
     return None
 
 
-def relocated(request: dict[str, Any]) -> dict[str, Any]:
+def relocated(request: JsonObject) -> dict[str, Any]:
     """The request with its schema moved to where llama-server reads it (OpenAI's
     `response_format: {type: json_schema, json_schema: {name, schema}}`), the ignored field
     removed. Unchanged when the schema is already read (or there is none)."""

@@ -27,7 +27,6 @@ import re
 import time
 import urllib.parse
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -36,13 +35,11 @@ import yarl
 
 from triage.proxy.guard import ClientLimits
 from triage.proxy.metrics import ProxyMetrics
+from triage.proxy.relay import Receive, Send, stream_body
 
 log = logging.getLogger("triage.proxy")
 
 Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 # RFC 9110 7.6.1 hop-by-hop fields, plus what the proxy recomputes (host, content-length of
 # the request: the client library sets both from what it sends). Bytes, lower case: compared
@@ -168,10 +165,6 @@ def normalise_path(raw_path: bytes) -> tuple[str, bytes]:
             segments.append(segment)
     path = "/" + "/".join(segments)
     return path, urllib.parse.quote(path, safe=_PATH_SAFE).encode("ascii")
-
-
-class _Disconnected(Exception):
-    """The client went away while the response was being sent."""
 
 
 class UpstreamCut(Exception):
@@ -387,7 +380,14 @@ class ProxyApp:
                     "headers": [(k, v) for k, v in raw_headers if k.lower() not in HOP_BY_HOP],
                 }
             )
-            await self._stream(response, receive, send, record)
+            await stream_body(
+                response,
+                receive,
+                send,
+                record,
+                max_record_bytes=self.config.max_record_bytes,
+                read_timeout=self.config.read_timeout,
+            )
         finally:
             if response.content.at_eof():
                 response.release()  # the connection goes back to the pool
@@ -438,81 +438,6 @@ class ProxyApp:
             pass
         return await self._fresh.request(method, target, headers=pairs, **options)
 
-    async def _stream(
-        self,
-        response: aiohttp.ClientResponse,
-        receive: Receive,
-        send: Send,
-        record: dict[str, Any],
-    ) -> None:
-        """Pump the upstream body to the client; stop (closing upstream) if the client leaves."""
-        pump = asyncio.create_task(self._pump(response, send, record))
-        watch = asyncio.create_task(_wait_disconnect(receive))
-        done, _ = await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
-        if pump not in done:
-            pump.cancel()
-            record["client_disconnected"] = True
-        else:
-            watch.cancel()
-        results = await asyncio.gather(pump, watch, return_exceptions=True)
-        outcome = results[0]
-        if isinstance(outcome, _Disconnected):
-            record["client_disconnected"] = True
-        elif isinstance(outcome, BaseException) and not isinstance(outcome, asyncio.CancelledError):
-            raise outcome
-
-    async def _pump(
-        self, response: aiohttp.ClientResponse, send: Send, record: dict[str, Any]
-    ) -> None:
-        chunks: list[bytes] = record["response_chunks"]
-        kept = 0
-        cap = self.config.max_record_bytes
-        last_read = time.perf_counter()
-        last = b""
-        try:
-            async for chunk in response.content.iter_any():
-                last_read = time.perf_counter()
-                if not chunk:
-                    continue
-                last = chunk
-                try:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                except OSError as exc:  # uvicorn's ClientDisconnected is an OSError
-                    raise _Disconnected() from exc
-                if kept < cap:
-                    chunks.append(chunk[: cap - kept])
-                    kept += min(len(chunk), cap - kept)
-                    if kept >= cap:
-                        record["body_truncated"] = True
-        except asyncio.TimeoutError:
-            # The upstream went quiet mid-response: the status is already sent.
-            record["timed_out"] = True
-            cut = f"upstream sent nothing for {self.config.read_timeout:g} s mid-response"
-        except aiohttp.ClientError as exc:
-            cut = f"upstream closed mid-response ({type(exc).__name__})"
-            record["transport_error"] = cut
-            record["upstream_truncated"] = True
-        else:
-            cut = ""
-        if cut:
-            # A cut reply is cut for the client too: a stream gets an error event (the
-            # shape llama-server itself sends), then the connection is aborted (no final
-            # chunk, no [DONE]) by the caller -- never a clean end a client takes for done.
-            record["_cut"] = cut
-            if "text/event-stream" in response.headers.get("content-type", ""):
-                event = _sse_error_event(cut, ends_event=_ends_event(last))
-                try:
-                    await send({"type": "http.response.body", "body": event, "more_body": True})
-                except OSError as exc:
-                    raise _Disconnected() from exc
-            return
-        try:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except OSError as exc:
-            raise _Disconnected() from exc
-        # The proxy's share of the last byte's latency (the overhead histogram).
-        record["_tail_seconds"] = time.perf_counter() - last_read
-
     async def _upstream_failed(
         self,
         send: Send,
@@ -546,18 +471,6 @@ class ProxyApp:
             return
         if not self.recorder.submit(record):
             self.metrics.recording_dropped.inc()
-
-
-def _ends_event(last: bytes) -> bool:
-    """The bytes sent so far (`last`: the last chunk) end an SSE event, or none were sent."""
-    return not last or last.endswith((b"\n\n", b"\r\n\r\n"))
-
-
-def _sse_error_event(message: str, *, ends_event: bool) -> bytes:
-    """`data: {"error": {...}}` as llama-server sends a mid-stream error; after a blank
-    line first when the upstream stopped inside an event."""
-    error = {"error": {"code": 502, "message": message, "type": "upstream_error"}}
-    return (b"" if ends_event else b"\n\n") + b"data: " + json.dumps(error).encode() + b"\n\n"
 
 
 def _record_start(
@@ -613,13 +526,6 @@ async def _read_body(receive: Receive, limit: int) -> bytes | None:
         if not message.get("more_body", False):
             break
     return b"".join(parts)
-
-
-async def _wait_disconnect(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 async def _respond(

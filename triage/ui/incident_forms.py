@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import streamlit as st
 
 from kb.domain.errors import StoreError
+from kb.jsontypes import JsonObject
 from kb.repo import decisions as kb_decisions
 from kb.service import KnowledgeBase
 from triage.ui import actions, data
@@ -15,7 +14,7 @@ from triage.ui.text import md_escape
 STATUS_ORDER = ("confirmed", "suspected", "rejected")
 
 
-def decision_form(store: KnowledgeBase, record: dict[str, Any]) -> None:
+def decision_form(store: KnowledgeBase, record: JsonObject) -> None:
     """Record a PARKED / FIXED / REOPENED decision on the incident."""
     evidence_ids = [str(e.get("id")) for e in record.get("evidence") or []]
     with st.form("decision_form"):
@@ -65,7 +64,7 @@ def decision_form(store: KnowledgeBase, record: dict[str, Any]) -> None:
     st.rerun()
 
 
-def override_form(store: KnowledgeBase, record: dict[str, Any]) -> None:
+def override_form(store: KnowledgeBase, record: JsonObject) -> None:
     """Override one cause's status, with who, why and the evidence."""
     causes = record.get("causes") or []
     if not causes:

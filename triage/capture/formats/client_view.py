@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.capture.common import sha256_of
 from triage.capture.dispatch import exchange_from_record
 from triage.capture.formats import CaptureFormat
@@ -47,7 +48,7 @@ def _depth(value: Any, limit: int = MAX_JSON_DEPTH) -> int:
     return deepest
 
 
-def _client_response(view: dict[str, Any], wire: dict[str, Any] | None, file: str) -> Any:
+def _client_response(view: dict[str, Any], wire: JsonObject | None, file: str) -> Any:
     """The client's view as a chat.completion (what the symptom checks read)."""
     unknown = sorted(set(view) - {*MESSAGE_FIELDS, "finish_reason", "role"})
     if unknown:

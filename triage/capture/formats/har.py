@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from kb.jsontypes import JsonObject
 from triage.capture.body import parse_body
 from triage.capture.common import (
     Body,
@@ -109,7 +110,7 @@ def parse_har(data: bytes | str, *, file: str = "<har>") -> list[Exchange]:
     return exchanges
 
 
-def _har_request_body(request: dict[str, Any], file: str, path: str) -> dict[str, Any]:
+def _har_request_body(request: JsonObject, file: str, path: str) -> dict[str, Any]:
     where = f"{path}.request.postData.text"
     post = request.get("postData")
     text = post.get("text") if isinstance(post, dict) else None
@@ -162,7 +163,7 @@ def _recorded_body(content: Any, status: int, file: str, path: str) -> Body:
 
 def _har_entry(
     entry: dict[str, Any],
-    request: dict[str, Any],
+    request: JsonObject,
     url: str,
     method: str,
     file: str,

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.probes import PlannedArm
 from triage.stackfile import Stack
 
@@ -91,14 +92,14 @@ GROUPS: tuple[FieldGroup, ...] = (
 )
 
 
-def _system_messages(request: dict[str, Any]) -> int:
+def _system_messages(request: JsonObject) -> int:
     messages = request.get("messages")
     if not isinstance(messages, list):
         return 0
     return sum(1 for m in messages if isinstance(m, dict) and m.get("role") in SYSTEM_ROLES)
 
 
-def present(group: FieldGroup, request: dict[str, Any]) -> list[str]:
+def present(group: FieldGroup, request: JsonObject) -> list[str]:
     """The group's fields the request sets (for the system message: its role(s))."""
     if group.name == "system-message":
         return ["messages[role=system]"] if _system_messages(request) else []
@@ -106,7 +107,7 @@ def present(group: FieldGroup, request: dict[str, Any]) -> list[str]:
 
 
 def _without(group: FieldGroup) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    def transform(request: dict[str, Any]) -> dict[str, Any]:
+    def transform(request: JsonObject) -> dict[str, Any]:
         body = copy.deepcopy(request)
         if group.name == "system-message":
             messages = body.get("messages")
@@ -141,7 +142,7 @@ class FieldAblation:
     def order(self) -> int:
         return 80 + self.group.order  # after every catalogue request arm
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         fields = present(self.group, request)
         if not fields:
             return None

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.probes import PlannedArm, relaunchable
 from triage.stackfile import ServerConfig, Stack
 
@@ -16,7 +16,7 @@ class AltBuild:
     level: str = "server"
     order: int = 70
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         if not relaunchable(stack) or stack.alternate_binary is None:
             return None
         server = stack.server

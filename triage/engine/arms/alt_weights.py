@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage import observe
 from triage.llama.gguf_diff import conversion_differences
 from triage.probes import ObserveContext, PlannedArm, relaunchable
@@ -33,7 +34,7 @@ class AltWeights:
     level: str = "server"
     order: int = 60
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         if not relaunchable(stack) or stack.alternate_model is None:
             return None
         server = stack.server

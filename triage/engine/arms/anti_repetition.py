@@ -13,6 +13,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.probes import PlannedArm
 from triage.stackfile import Stack
 
@@ -25,7 +26,7 @@ SETTINGS: dict[str, float | int] = {
 }
 
 
-def penalises_repetition(request: dict[str, Any]) -> bool:
+def penalises_repetition(request: JsonObject) -> bool:
     """Does the request already penalise repetition (DRY on, or a repeat penalty)?"""
     dry, penalty = request.get("dry_multiplier"), request.get("repeat_penalty")
     return (isinstance(dry, (int, float)) and dry > 0) or (
@@ -33,7 +34,7 @@ def penalises_repetition(request: dict[str, Any]) -> bool:
     )
 
 
-def with_anti_repetition(request: dict[str, Any]) -> dict[str, Any]:
+def with_anti_repetition(request: JsonObject) -> dict[str, Any]:
     body = copy.deepcopy(request)
     body.update(SETTINGS)
     return body
@@ -46,7 +47,7 @@ class AntiRepetition:
     level: str = "request"
     order: int = 60
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         if penalises_repetition(request):
             return None
         return PlannedArm(

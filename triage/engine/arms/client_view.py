@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage import probes
 from triage.probes import ObserveContext, PlannedArm
 from triage.stackfile import Stack
@@ -50,7 +51,7 @@ def _off(value: Any) -> bool:
     return isinstance(value, dict) and value.get("type") in ("disabled", "off")
 
 
-def dropped_thinking_flags(request: dict[str, Any]) -> list[str]:
+def dropped_thinking_flags(request: JsonObject) -> list[str]:
     """JSON paths of a thinking-off the client sent where llama-server does not read it,
     unless the documented `chat_template_kwargs.enable_thinking` is on the wire too."""
     kwargs = request.get("chat_template_kwargs")
@@ -98,7 +99,7 @@ def client_signature(wire: Any, client: Any) -> str | None:
     return None
 
 
-def apply_signature(signature: str, body: dict[str, Any]) -> dict[str, Any]:
+def apply_signature(signature: str, body: JsonObject) -> dict[str, Any]:
     """What a client with `signature` shows for a server answer (a chat.completion)."""
     if signature != CONTENT_ONLY:
         raise ValueError(f"unknown client signature {signature!r}")
@@ -128,7 +129,7 @@ def compare_views(exchange: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _stream_body(request: dict[str, Any], seed: int) -> dict[str, Any]:
+def _stream_body(request: JsonObject, seed: int) -> dict[str, Any]:
     body = probes.replay_body(request, seed)
     body.pop("verbose", None)  # the client's stream, as it would see it
     return body
@@ -246,7 +247,7 @@ class ClientView:
 
     id, level, order = ARM, "request", 95
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         return PlannedArm(
             ARM,
             "the capture's client view vs the server's streamed answers",

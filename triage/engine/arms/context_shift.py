@@ -14,6 +14,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.engine.arms.context_size import per_slot_context
 from triage.probes import PlannedArm, RequestArm, max_tokens_of, relaunchable
 from triage.stackfile import Stack
@@ -40,7 +41,7 @@ def bounded_max_tokens(args: tuple[str, ...] | list[str]) -> int:
     return per_slot_context(args) or DEFAULT_MAX_TOKENS
 
 
-def with_max_tokens(request: dict[str, Any], value: int) -> dict[str, Any]:
+def with_max_tokens(request: JsonObject, value: int) -> dict[str, Any]:
     body = copy.deepcopy(request)
     body["max_tokens"] = value
     return body
@@ -53,7 +54,7 @@ class ContextShiftOff:
     level: str = "server"
     order: int = 57
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         server = stack.server
         if not relaunchable(stack) or max_tokens_of(request) is not None:
             return None
@@ -75,7 +76,7 @@ class MaxTokensSet:
     level: str = "request"
     order: int = 45
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         args = stack.server.args
         if max_tokens_of(request) is not None:
             return None

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.probes import ObserveContext, PlannedArm, max_tokens_of, relaunchable, replay_body
 from triage.stackfile import Stack
 
@@ -72,7 +73,7 @@ def per_slot_context(args: tuple[str, ...] | list[str]) -> int | None:
     return max(1, total // slots)
 
 
-def prompt_token_bound(request: dict[str, Any]) -> int:
+def prompt_token_bound(request: JsonObject) -> int:
     """An upper bound on the prompt's tokens: at most one token per UTF-8 byte of every
     message and tool definition, plus the chat template's markup."""
     messages = request.get("messages")
@@ -82,7 +83,7 @@ def prompt_token_bound(request: dict[str, Any]) -> int:
     return size + TEMPLATE_TOKENS + TEMPLATE_TOKENS_PER_MESSAGE * count
 
 
-def could_reach_context(args: tuple[str, ...] | list[str], request: dict[str, Any]) -> bool:
+def could_reach_context(args: tuple[str, ...] | list[str], request: JsonObject) -> bool:
     """Could this request reach the end of its slot's context on a server with `args`?"""
     slot = per_slot_context(args)
     if slot is None or not (request.get("messages") or request.get("prompt")):
@@ -91,7 +92,7 @@ def could_reach_context(args: tuple[str, ...] | list[str], request: dict[str, An
     return limit is None or prompt_token_bound(request) + limit >= slot
 
 
-def context_plan(stack: Stack, request: dict[str, Any]) -> dict[str, Any]:
+def context_plan(stack: Stack, request: JsonObject) -> dict[str, Any]:
     """Why the context-x4 arm is (or is not) planned for this stack and request, with the
     numbers: the explicit -c, slots, per-slot context, the prompt's token bound and
     max_tokens. Read by the context-size rule to say which reason holds."""
@@ -263,7 +264,7 @@ class ContextLarger:
     level: str = "server"
     order: int = 55
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         server = stack.server
         total = context_of(server.args)
         if not relaunchable(stack) or total is None:

@@ -11,8 +11,8 @@ the request still fails):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.probes import PlannedArm, relaunchable
 from triage.stackfile import Stack
 
@@ -54,7 +54,7 @@ class NoWarmup:
     level: str = "server"
     order: int = 86
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         server = stack.server
         if not relaunchable(stack) or any(a in WARMUP_FLAGS for a in server.args):
             return None
@@ -75,7 +75,7 @@ class OneThread:
     level: str = "server"
     order: int = 87
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         server = stack.server
         single = _value(server.args, "-t", "--threads") == "1" and _value(
             server.args, "-tb", "--threads-batch"

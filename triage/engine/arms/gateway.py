@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.probes import PlannedArm
 from triage.stackfile import Stack
 
@@ -34,7 +34,7 @@ class GatewayDirect:
     level: str = "request"
     order: int = 80
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         if stack.gateway is None:
             return None
         return PlannedArm(
@@ -54,7 +54,7 @@ class GatewayStreamed:
     level: str = "request"
     order: int = 81
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         if stack.gateway is None:
             return None
         return PlannedArm(

@@ -27,6 +27,7 @@ import json
 import re
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.probes import ObserveContext, PlannedArm
 from triage.stackfile import Stack
 
@@ -114,7 +115,7 @@ def _reasoning(message: dict[str, Any], changes: set[str]) -> None:
             return
 
 
-def normalise_history(request: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def normalise_history(request: JsonObject) -> tuple[dict[str, Any], list[str]]:
     """The request with every message before the last one normalised, and what changed."""
     body = copy.deepcopy(request)
     messages = body.get("messages")
@@ -146,7 +147,7 @@ def normalise_history(request: dict[str, Any]) -> tuple[dict[str, Any], list[str
     return body, sorted(changes)
 
 
-def history_facts(request: dict[str, Any]) -> dict[str, Any]:
+def history_facts(request: JsonObject) -> dict[str, Any]:
     """The shape of the request's history (pure: no request is sent)."""
     messages = request.get("messages")
     earlier = messages[:-1] if isinstance(messages, list) else []
@@ -171,7 +172,7 @@ async def _observe(ctx: ObserveContext) -> dict[str, Any]:
     return history_facts(ctx.request)
 
 
-def _normalised(request: dict[str, Any]) -> dict[str, Any]:
+def _normalised(request: JsonObject) -> dict[str, Any]:
     return normalise_history(request)[0]
 
 
@@ -181,7 +182,7 @@ class HistoryNormalised:
     id, level, order = ARM, "request", 50
     precondition = "assistant turns in the history that normalising would change"
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         facts = history_facts(request)
         if not facts["assistant_turns"] or not facts["changes"]:
             return None
@@ -199,7 +200,7 @@ class ConversationHistory:
 
     id, level, order = OBSERVATION, "request", 96
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         return PlannedArm(
             OBSERVATION,
             "the shape of the request's history",

@@ -8,8 +8,8 @@ template its built-in list does not know ("this custom template is not supported
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.probes import PlannedArm, relaunchable
 from triage.stackfile import Stack
 
@@ -30,7 +30,7 @@ class JinjaOn:
     level: str = "server"
     order: int = 66
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         server = stack.server
         if not relaunchable(stack) or not jinja_off(server.args):
             return None

@@ -11,8 +11,8 @@ on compares against f16 with flash attention on too: only the cache type changes
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.probes import PlannedArm, relaunchable
 from triage.stackfile import Stack, kv_cache_quantized, kv_cache_types, set_flag
 
@@ -27,7 +27,7 @@ class KvF16:
     level: str = "server"
     order: int = 65
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         server = stack.server
         if not relaunchable(stack) or not kv_cache_quantized(server.args):
             return None

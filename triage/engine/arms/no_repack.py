@@ -4,8 +4,8 @@ layout such as AMX). Runs only when the incident's server crashes at startup."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.probes import PlannedArm, relaunchable
 from triage.stackfile import Stack
 
@@ -19,7 +19,7 @@ class NoRepack:
     level: str = "server"
     order: int = 85
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         server = stack.server
         if not relaunchable(stack) or any(a in REPACK_FLAGS for a in server.args):
             return None

@@ -18,6 +18,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.probes import PlannedArm, RequestArm, relaunchable
 from triage.stackfile import Stack, set_flag
 
@@ -39,11 +40,11 @@ def server_reasoning_format(args: tuple[str, ...] | list[str]) -> str | None:
     return value
 
 
-def request_leaks(request: dict[str, Any]) -> bool:
+def request_leaks(request: JsonObject) -> bool:
     return request.get("reasoning_format") in LEAKING_FORMATS
 
 
-def reasoning_format_auto(request: dict[str, Any]) -> dict[str, Any]:
+def reasoning_format_auto(request: JsonObject) -> dict[str, Any]:
     body = copy.deepcopy(request)
     body["reasoning_format"] = "auto"
     return body
@@ -56,7 +57,7 @@ class ServerReasoningFormat:
     level: str = "server"
     order: int = 85
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         server = stack.server
         current = server_reasoning_format(server.args)
         if not relaunchable(stack) or current not in LEAKING_FORMATS:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.engine.arms.context_size import per_slot_context
 from triage.probes import (
     THINKING_PRECONDITION,
@@ -81,7 +82,7 @@ class Lift:
 
     bound: int | None
 
-    def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
+    def __call__(self, request: JsonObject) -> dict[str, Any]:
         body = copy.deepcopy(request)
         for field in LIMIT_FIELDS:
             body.pop(field, None)
@@ -102,7 +103,7 @@ class TokenLimitLifted:
     level: str = "request"
     order: int = 40
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         limit = max_tokens_of(request)
         if limit is None:
             return None

@@ -8,15 +8,14 @@ json_object; measured on b11434, see triage.llama.schema_fields). Decides
 
 from __future__ import annotations
 
-from typing import Any
-
+from kb.jsontypes import JsonObject
 from triage.llama.schema_fields import relocated, schema_placement
 from triage.probes import RequestArm
 
 ID = "schema-relocated"
 
 
-def schema_unread(request: dict[str, Any]) -> bool:
+def schema_unread(request: JsonObject) -> bool:
     """Does the request carry a JSON Schema where llama-server does not read it?"""
     placement = schema_placement(request)
     return placement is not None and not placement.read

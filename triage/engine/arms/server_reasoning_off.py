@@ -4,8 +4,8 @@ candidate of a reasoning-budget failure)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.probes import PlannedArm, relaunchable, requires_thinking
 from triage.stackfile import Stack, set_flag
 
@@ -17,7 +17,7 @@ class ServerReasoningOff:
     level: str = "server"
     order: int = 80
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         if not relaunchable(stack):
             return None
         server = stack.server

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage import observe
 from triage.probes import ObserveContext, PlannedArm, relaunchable
 from triage.stackfile import Stack, has_spec_flags, strip_spec_flags
@@ -29,7 +30,7 @@ class SpecOff:
     level: str = "server"
     order: int = 50
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         server = stack.server
         if not relaunchable(stack) or not has_spec_flags(server.args):
             return None

@@ -9,13 +9,14 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.checks.reasoning import structured_output_requested
 from triage.probes import RequestArm
 
 ID = "no-structured-output"
 
 
-def without_structured_output(request: dict[str, Any]) -> dict[str, Any]:
+def without_structured_output(request: JsonObject) -> dict[str, Any]:
     """The request with its structured-output constraint removed (plain text answer)."""
     body = copy.deepcopy(request)
     for key in ("grammar", "json_schema"):

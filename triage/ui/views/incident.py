@@ -9,6 +9,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from kb.jsontypes import JsonObject
 from triage.atlas.report import record_matches
 from triage.graph import arm_summaries, build_graph, summary, to_dot
 from triage.ui import data, nav
@@ -69,7 +70,7 @@ def pick_run(runs: IncidentRuns) -> int | None:
     )
 
 
-def evidence_index(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def evidence_index(record: JsonObject) -> dict[str, dict[str, Any]]:
     return {str(item.get("id")): item for item in record.get("evidence") or []}
 
 
@@ -113,7 +114,7 @@ def show_evidence(item: dict[str, Any], *, relation: str = "", note: str = "") -
         st.json(payload, expanded=False)
 
 
-def header(record: dict[str, Any]) -> None:
+def header(record: JsonObject) -> None:
     st.title(md_escape(record.get("title", record["slug"])))
     stack = record.get("stack") or {}
     facts = [
@@ -196,7 +197,7 @@ def findings_table(symptoms: list[dict[str, Any]]) -> None:
     )
 
 
-def diagnosis_tab(record: dict[str, Any], verdicts: dict[str, str] | None = None) -> None:
+def diagnosis_tab(record: JsonObject, verdicts: dict[str, str] | None = None) -> None:
     """The findings and causes; `verdicts` (cause -> status) adds what the shown run said."""
     causes = record.get("causes") or []
     evidence = evidence_index(record)
@@ -261,7 +262,7 @@ def diagnosis_tab(record: dict[str, Any], verdicts: dict[str, str] | None = None
 
 
 def arms_tab(
-    record: dict[str, Any], runs: IncidentRuns | None = None, run_id: int | None = None
+    record: JsonObject, runs: IncidentRuns | None = None, run_id: int | None = None
 ) -> None:
     """The arms of the chosen run (with a Run column and the latest run charted when all
     runs are chosen)."""
@@ -321,7 +322,7 @@ def arms_tab(
 
 
 def graph_tab(
-    record: dict[str, Any], runs: IncidentRuns | None = None, run_id: int | None = None
+    record: JsonObject, runs: IncidentRuns | None = None, run_id: int | None = None
 ) -> None:
     """The cause graph of one run (the latest when all runs are chosen)."""
     runs = runs or IncidentRuns()
@@ -354,7 +355,7 @@ def graph_tab(
     )
 
 
-def evidence_tab(record: dict[str, Any]) -> None:
+def evidence_tab(record: JsonObject) -> None:
     items = record.get("evidence") or []
     if not items:
         st.info("No evidence recorded.")
@@ -387,7 +388,7 @@ def evidence_tab(record: dict[str, Any]) -> None:
     show_evidence(evidence_index(record)[chosen])
 
 
-def history_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
+def history_rows(record: JsonObject) -> list[dict[str, Any]]:
     rows = []
     for cause in record.get("causes") or []:
         for change in cause.get("history") or []:
@@ -420,7 +421,7 @@ def history_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda row: row["At"])
 
 
-def history_tab(record: dict[str, Any]) -> None:
+def history_tab(record: JsonObject) -> None:
     rows = history_rows(record)
     if not rows:
         st.info("No history yet.")
@@ -436,7 +437,7 @@ def history_tab(record: dict[str, Any]) -> None:
             st.markdown(text)
 
 
-def references_tab(record: dict[str, Any]) -> None:
+def references_tab(record: JsonObject) -> None:
     references = record.get("references") or []
     if references:
         st.subheader("References")
@@ -469,7 +470,7 @@ def references_tab(record: dict[str, Any]) -> None:
         st.info("No references or family links recorded.")
 
 
-def _atlas_section(record: dict[str, Any], shown: set[str]) -> bool:
+def _atlas_section(record: JsonObject, shown: set[str]) -> bool:
     """Known public incidents the failure matches (not already a reference): pointers."""
     matches = [m for m in record_matches(record) if m.entry.source not in shown]
     if matches:
@@ -484,7 +485,7 @@ def _atlas_section(record: dict[str, Any], shown: set[str]) -> bool:
     return bool(matches)
 
 
-def narrative_tab(record: dict[str, Any]) -> None:
+def narrative_tab(record: JsonObject) -> None:
     body = str(record.get("body") or "").strip()
     if not body:
         st.info("No narrative recorded.")

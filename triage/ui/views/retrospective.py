@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import streamlit as st
 
 from kb.domain.retro import retro_markdown
 from kb.domain.retroformat import FORMATS, markdown_renderer, retro_text
+from kb.jsontypes import JsonObject
 from triage.ui import data, nav
 from triage.ui.text import md_escape
 
 store = data.get_store()
 
 
-def retrospective(record: dict[str, Any]) -> tuple[str, str]:
+def retrospective(record: JsonObject) -> tuple[str, str]:
     """(markdown, html fragment) of the record's retrospective (kb.domain.retro); the HTML
     from kb.domain.retroformat's renderer: raw HTML off, links limited to http(s)/mailto/
     in-page anchors."""

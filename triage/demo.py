@@ -43,7 +43,7 @@ REPO_INCIDENTS = Path(__file__).resolve().parent.parent / "incidents"
 
 async def _first_failure(
     base_url: str, request: JsonObject, seeds: range
-) -> tuple[dict[str, Any], bytes] | None:
+) -> tuple[JsonObject, bytes] | None:
     async with LlamaClient(base_url, timeout=120) as client:
         for seed in seeds:
             body = {**request, "seed": seed}

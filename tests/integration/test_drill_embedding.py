@@ -22,7 +22,7 @@ from kb.repo.store import Store
 from triage.capture import load_file
 from triage.commands.engine import validate_diagnosis
 from triage.drills import build_drill
-from triage.drills.embedding import NAME, UBATCH
+from triage.drills.embedding import NAME, SENTENCE, UBATCH
 from triage.drills.run import run_drill
 from triage.engine import DiagnoseOptions, diagnose
 from triage.llama.launcher import running_servers
@@ -153,3 +153,15 @@ def test_the_context_is_raised_with_the_batch_when_the_slot_is_smaller(
     assert "-ub/-b 2048" in raised["variant"] and "-c 8192" in raised["variant"]
     assert raised["failures"] == 0 and raised["n"] >= 4
     assert running_servers() == []
+
+
+def test_many_inputs_that_each_fit_are_served_whatever_their_total(
+    server_factory: Any, tmp_path: Path
+) -> None:
+    """The limit is per input: 40 inputs of ~200 tokens (8000+ in all) on -ub/-b 256 get 40
+    vectors, so the cause is about the longest input, never the request's total."""
+    drill = build_drill(NAME, tmp_path / "drill")
+    server = server_factory(drill.model, list(drill.server_args))
+    body = {"model": NAME, "input": [" ".join([SENTENCE] * 4)] * 40}
+    status, text = _post(f"{server.base_url}/v1/embeddings", body)
+    assert status == 200 and len(json.loads(text)["data"]) == 40

@@ -12,7 +12,9 @@ from kb.domain.records import Reply
 from kb.repo.store import Store
 from triage.commands.engine import format_diagnosis, validate_diagnosis
 from triage.engine import Diagnoser
+from triage.engine.decide import Execution, decide
 from triage.engine.naming import ModelIdentity
+from triage.engine.record import record
 from triage.engine.scheduler import ArmState, Scheduler
 from triage.stackfile import parse_stack
 
@@ -67,16 +69,17 @@ def test_a_run_with_an_arm_without_replies_reports_it_and_is_not_done(
     ]
     diagnoser = Diagnoser(store, stack, REQUEST, findings=findings)
     diagnoser.identity = ModelIdentity("SmolLM2-135M-Instruct")  # no server to ask here
-    diagnoser._prepare()
-    diagnoser._plan()
-    assert "token-limit-lifted" in diagnoser.arms
-    diagnoser.arms["baseline"].replies = [_reply("baseline", i) for i in range(8)]
+    diagnoser._prepare(diagnoser.plan)
+    execution = Execution(diagnoser.plan, diagnoser.plan.states())
+    assert "token-limit-lifted" in execution.arms
+    execution.arms["baseline"].replies = [_reply("baseline", i) for i in range(8)]
     # What the resumed run recorded for the arm: 8 replays, none answered.
-    diagnoser.arms["token-limit-lifted"].replies = [
+    execution.arms["token-limit-lifted"].replies = [
         _reply("token-limit-lifted", i, error=TIMEOUT) for i in range(8)
     ]
-    diagnoser.reproduction = {"reproduced": True, "message": "reproduced", "signature": {}}
-    diagnosis = diagnoser._finish()
+    execution.reproduction = {"reproduced": True, "message": "reproduced", "signature": {}}
+    decision = decide(execution, [], 0.0)
+    diagnosis = record(diagnoser.recorder, decision, findings, execution.plan.skipped)
     validate_diagnosis(diagnosis)
     arms = {a["name"]: a for a in diagnosis["arms"]}
     x4 = arms["token-limit-lifted"]

@@ -163,6 +163,8 @@ def test_the_raised_arm_is_skipped_when_the_input_fits_or_was_not_measured() -> 
     assert isinstance(fits, str) and "fits the server's physical batch (256)" in fits
     unmeasured = raised_config(server, {INPUTS: {"error": "HTTP 404"}})
     assert isinstance(unmeasured, str) and "not measured" in unmeasured
+    failed = raised_config(server, {f"{INPUTS}-observation": {"error": "RuntimeError: 404"}})
+    assert isinstance(failed, str) and failed.endswith("(RuntimeError: 404)")
 
 
 def test_an_embeddings_request_plans_the_batch_arms_and_skips_chat_only_arms() -> None:

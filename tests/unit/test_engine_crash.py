@@ -243,7 +243,7 @@ def test_crash_and_hang_kinds_have_reserved_numbers() -> None:
 
 def test_the_printed_diagnosis_names_a_drill_stacks_host_workaround(tmp_path: Path) -> None:
     from triage.commands.engine import format_diagnosis
-    from triage.engine.runner import _host_workaround
+    from triage.engine.decide import host_workaround as _host_workaround
     from triage.stackfile import load_stack
 
     note = "host workaround: --no-repack (AMX host, llama.cpp#20824)"

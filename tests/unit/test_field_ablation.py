@@ -4,6 +4,8 @@ confirmed, with the same statistics against the same baseline as every arm."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,10 @@ from triage.causes import Verdict
 from triage.commands.engine import format_diagnosis, validate_diagnosis
 from triage.engine import Diagnoser
 from triage.engine.arms.ablation import ARMS, FAMILY, HELD_BACK
+from triage.engine.decide import decide
+from triage.engine.execute import Executor
 from triage.engine.naming import ModelIdentity
+from triage.engine.record import record
 from triage.engine.servers import Server
 from triage.stackfile import ServerConfig, Stack, parse_stack
 
@@ -89,34 +94,45 @@ class StopCutsIt:
         return [_reply(arm, i, "stop" in body) for i in indices]
 
 
-def _diagnoser(store: Store, tmp_path: Path) -> tuple[Diagnoser, StopCutsIt, Server]:
+def _executor(store: Store, tmp_path: Path) -> tuple[Executor, StopCutsIt, Server, Diagnoser]:
     stack = parse_stack('[server]\nurl = "http://127.0.0.1:9"\n', base=tmp_path, source="s.toml")
     findings = [
         {"kind": "empty-content", "passed": False, "score": 1.0, "reason": "empty", "where": "$"}
     ]
     diagnoser = Diagnoser(store, stack, REQUEST, findings=findings)
     diagnoser.identity = ModelIdentity("some-model")
-    diagnoser._prepare()
-    diagnoser._plan()
-    held = [p.name for p in diagnoser.held_back]
-    assert set(held) == set(_planned(REQUEST)) and not set(held) & set(diagnoser.arms)
+    plan = diagnoser.plan
+    held = [p.name for p in plan.held_back]
+    assert set(held) == set(_planned(REQUEST)) and not set(held) & set(plan.arms)
     # Only the baseline stands for the catalogue's arms here: 8/8 failing.
-    for name in [n for n in diagnoser.arms if n != "baseline"]:
-        del diagnoser.arms[name], diagnoser.planned[name]
-    diagnoser.arms["baseline"].replies = [_reply("baseline", i, True) for i in range(8)]
-    diagnoser.reproduction = {"reproduced": True, "message": "reproduced", "signature": {}}
+    plan = dataclasses.replace(plan, arms={"baseline": plan.arms["baseline"]})
+    diagnoser._prepare(plan)
     replayer = StopCutsIt()
-    diagnoser.replayer = replayer  # type: ignore[assignment]
+    executor = Executor(
+        plan,
+        exchange={},
+        signature=diagnoser.signature,
+        options=diagnoser.progress.options,
+        replayer=replayer,  # type: ignore[arg-type]
+        recorder=diagnoser.recorder,
+        progress=diagnoser.progress,
+        secrets=[],
+    )
+    executor.arms["baseline"].replies = [_reply("baseline", i, True) for i in range(8)]
+    executor.execution.reproduction = {"reproduced": True, "message": "reproduced", "signature": {}}
     base = Server("incident", stack.server, "http://127.0.0.1:9", 1, 0.0)
-    return diagnoser, replayer, base
+    return executor, replayer, base, diagnoser
 
 
 def test_unexplained_runs_the_ablation_and_names_the_field(store: Store, tmp_path: Path) -> None:
-    diagnoser, replayer, base = _diagnoser(store, tmp_path)
-    diagnoser._run_held_back(None, base)  # type: ignore[arg-type]  # no server arms: no pool
+    executor, replayer, base, diagnoser = _executor(store, tmp_path)
+    asyncio.run(executor._run_held_back(None, base))  # type: ignore[arg-type]  # no pool needed
     assert set(replayer.sent) == {"without-stop", "without-sampling", "without-logit-bias",
                                   "without-system-message"}  # fmt: skip
-    diagnosis = diagnoser._finish()
+    execution = executor.execution
+    diagnosis = record(
+        diagnoser.recorder, decide(execution, [], 0.0), diagnoser.findings, execution.plan.skipped
+    )
     validate_diagnosis(diagnosis)
     arms = {a["name"]: a for a in diagnosis["arms"]}
     assert arms["without-stop"]["decision"] == "removes"
@@ -133,11 +149,11 @@ def test_unexplained_runs_the_ablation_and_names_the_field(store: Store, tmp_pat
 def test_a_confirmed_cause_keeps_the_ablation_from_running(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    diagnoser, replayer, base = _diagnoser(store, tmp_path)
+    executor, replayer, base, _ = _executor(store, tmp_path)
     confirmed = [Verdict("token-limit", "confirmed", "lifted 0/8 vs 8/8")]
-    monkeypatch.setattr(diagnoser, "_decide", lambda outcomes: confirmed)
-    diagnoser._run_held_back(None, base)  # type: ignore[arg-type]
+    monkeypatch.setattr(executor.rules, "verdicts", lambda outcomes: confirmed)
+    asyncio.run(executor._run_held_back(None, base))  # type: ignore[arg-type]
     assert replayer.sent == {}
-    skipped = {s["arm"]: s["reason"] for s in diagnoser.skipped}
+    skipped = {s.arm: s.reason for s in executor.plan.skipped}
     assert "token-limit is" in skipped["without-stop"]
-    assert "without-stop" not in diagnoser.arms
+    assert "without-stop" not in executor.arms

@@ -10,7 +10,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from kb.jsontypes import JsonObject
 from triage.drills import gemma4
@@ -20,6 +20,18 @@ from triage.drills.template import template_sha256
 from triage.llama.build import BUILD_NUMBER
 
 MANIFEST_VERSION = 1
+
+
+class ExpectedCause(TypedDict):
+    """A drill's ground truth for one catalogue cause, as manifest.json's `causes` holds it:
+    the verdict expected, the verdicts accepted, and why; `real` when the drill really has it."""
+
+    real: bool
+    expected: str
+    accept: list[str]
+    why: str
+
+
 # 4 slots of 4096 tokens: room for a token-limit probe at 4x max_tokens (3200 + prompt).
 # One compute thread: the drill models are tiny, and several multi-threaded servers on a
 # busy 2-core machine spin against each other (measured: 228 vs 5600 tokens/s).
@@ -51,7 +63,7 @@ class Drill:
         """The incident's weights file ("qat")."""
         return self.models["qat"]
 
-    def request(self, name: str) -> dict[str, Any]:
+    def request(self, name: str) -> JsonObject:
         """A scripted request (or contrast) by its manifest name."""
         for described, body in zip(self.manifest["requests"], self.requests, strict=True):
             if described["name"] == name:
@@ -133,7 +145,7 @@ def write_stack(drill: Drill, path: Path | None = None) -> Path:
     return path
 
 
-def request_body(messages: list[dict[str, Any]], **settings: Any) -> dict[str, Any]:
+def request_body(messages: list[JsonObject], **settings: Any) -> JsonObject:
     """A chat request body: the messages and the sampling settings."""
     return {"messages": messages, **settings}
 

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.drills.language import Design, Vocabulary, sampled_probability
 
 # --- texts -------------------------------------------------------------------------------
@@ -68,7 +69,7 @@ WEATHER_TOOL = {
 }
 
 
-def weather_request() -> dict[str, Any]:
+def weather_request() -> JsonObject:
     """The weather question with its tool, greedy (seed 42): the drills built on the toolcall
     chain ask it."""
     return {

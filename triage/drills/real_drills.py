@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from kb.jsontypes import JsonObject
-from triage.drills.drill import Drill, manifest_head
+from triage.drills.drill import Drill, ExpectedCause, manifest_head
 from triage.drills.real import MODELS, model_path
 
 # One compute thread, as for the other drills: several servers on 2 shared cores.
@@ -45,7 +45,7 @@ MEASURED_WITH = "llama-server b11434, 1 thread, seeds 1000-1007 (the engine's fi
 NOT_CONFIRMED = ["rejected", "suspected"]
 
 
-def _cause(expected: str, why: str, accept: list[str] | None = None) -> dict[str, Any]:
+def _cause(expected: str, why: str, accept: list[str] | None = None) -> ExpectedCause:
     accept = accept or ([expected] if expected != "not-confirmed" else NOT_CONFIRMED)
     return {"real": expected == "confirmed", "expected": expected, "accept": accept, "why": why}
 

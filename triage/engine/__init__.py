@@ -153,7 +153,7 @@ def resume(
     """Continue an interrupted run from the replies it already recorded."""
     with store.session(readonly=True) as session:
         slug = _runs.run_incident_slug(session, run)
-    diagnoser = Diagnoser(
+    return Diagnoser(
         store,
         stack,
         dict(run.plan["request"]),
@@ -162,7 +162,5 @@ def resume(
         options=options,
         progress=progress,
         run_id=run.id,
-    )
-    if run.plan.get("exchange_evidence"):
-        diagnoser.recorder.evidence_keys["exchange"] = str(run.plan["exchange_evidence"])
-    return diagnoser.run()
+        exchange_evidence=str(run.plan.get("exchange_evidence") or "") or None,
+    ).run()

@@ -1,5 +1,7 @@
-"""The recorder: everything the engine writes goes through here, into kb functions
-(kb/runs.py, kb/store.py), one transaction per call. No SQL in triage/."""
+"""The recorder: what the engine writes while a run goes on -- the incident and the run
+row, each look's replies, the heartbeat, the run's state -- through kb functions
+(kb/runs.py, kb/store.py), one transaction per call. No SQL in triage/. The decided run
+is written by triage.engine.record."""
 
 from __future__ import annotations
 
@@ -7,10 +9,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kb.domain.records import ArmSummary, Reply
+from kb.domain.records import Reply
 from kb.repo import runs
-from kb.repo.files import load_record
-from kb.repo.store import Store, add_evidence, get_incident
+from kb.repo.store import Store, get_incident
+from triage.engine.servers import EngineError
 
 __all__ = ["Recorder"]
 
@@ -52,8 +54,6 @@ class Recorder:
                 try:  # never take over a run that a live process still runs
                     runs.claim_run(session, self.run_id)
                 except runs.RunBusy as busy:
-                    from triage.engine.servers import EngineError
-
                     raise EngineError(f"{busy}; not resumed") from None
                 return
             if exchange:
@@ -63,6 +63,11 @@ class Recorder:
             assert plan is not None
             plan = {**plan, "exchange_evidence": self.evidence_keys.get("exchange")}
             self.run_id = runs.start_run(session, incident.id, plan)
+
+    def ensure_causes(self, causes: Sequence[runs.CauseSpec]) -> None:
+        """Add causes to the incident (crash mode: the crash-only causes join)."""
+        with self.store.session() as session:
+            runs.ensure_causes(session, self.incident_id, causes, self.actor)
 
     def previous_replies(self) -> list[Reply]:
         assert self.run_id is not None
@@ -88,65 +93,5 @@ class Recorder:
         with self.store.session() as session:
             runs.set_run_state(session, self.run_id, state, finished=finished, result=result)
 
-    def record_results(
-        self,
-        arms: Sequence[ArmSummary],
-        observations: dict[str, dict[str, Any]],
-        summarize: Any,
-        verdicts: Sequence[runs.VerdictRow] | None,
-        build: Any,
-    ) -> Any:
-        """Store the arm summaries and observations as evidence, apply the verdicts (None:
-        no cause moves), then `build(changes, record)` the result and finish the run with it
-        -- one transaction, so a run is either fully recorded or not at all."""
-        assert self.run_id is not None
-        with self.store.session() as session:
-            for arm in arms:
-                evidence = add_evidence(
-                    session,
-                    incident_id=self.incident_id,
-                    kind="measurement",
-                    summary=arm.evidence_summary(),
-                    payload=arm.to_dict(),
-                    source="triage diagnose",
-                    run_id=self.run_id,
-                )
-                self.evidence_keys[arm.arm] = evidence.key
-            for name, facts in observations.items():
-                evidence = add_evidence(
-                    session,
-                    incident_id=self.incident_id,
-                    kind="observation",
-                    summary=summarize(name, facts),
-                    payload={"type": "observation", **facts},
-                    source="triage diagnose",
-                    run_id=self.run_id,
-                )
-                self.evidence_keys[name] = evidence.key
-            changes = {}
-            if verdicts is not None:
-                changes = runs.apply_verdicts(
-                    session, self.incident_id, self.run_id, self._with_keys(verdicts), self.actor
-                )
-            record = load_record(session, self.incident_slug)
-            state, result = build(changes, record)
-            runs.finish_run(session, self.run_id, state, result)
-        self.finished = True
-        return result
-
     def keys(self, names: Sequence[str]) -> list[str]:
         return [self.evidence_keys[n] for n in names if n in self.evidence_keys]
-
-    def _with_keys(self, verdicts: Sequence[runs.VerdictRow]) -> list[runs.VerdictRow]:
-        return [
-            runs.VerdictRow(
-                v.cause,
-                v.status,
-                v.rationale,
-                self.keys(v.supports),
-                self.keys(v.refutes),
-                v.deciding_probe,
-                v.basis,
-            )
-            for v in verdicts
-        ]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
 
 from kb.jsontypes import JsonObject
 from triage.probes import PlannedArm
@@ -34,7 +33,7 @@ def penalises_repetition(request: JsonObject) -> bool:
     )
 
 
-def with_anti_repetition(request: JsonObject) -> dict[str, Any]:
+def with_anti_repetition(request: JsonObject) -> JsonObject:
     body = copy.deepcopy(request)
     body.update(SETTINGS)
     return body

@@ -112,7 +112,9 @@ def raised_config(server: ServerConfig, facts: Mapping[str, Any]) -> ServerConfi
     measured = facts.get(INPUTS) or {}
     tokens = measured.get("longest_tokens")
     if not isinstance(tokens, int) or tokens <= 0:
-        why = measured.get("error") or "no measurement"
+        # A hook that raised is recorded under "<arm>-observation" with its error.
+        failed = facts.get(f"{INPUTS}-observation") or {}
+        why = measured.get("error") or failed.get("error") or "no measurement"
         return f"the inputs' tokens were not measured on the incident's server ({why})"
     current = physical_batch(server.args)
     if tokens <= current:

@@ -8,7 +8,7 @@ touches SQL, a session or an ORM row.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import date, datetime, timedelta
 from types import TracebackType
@@ -59,8 +59,16 @@ class KnowledgeBase:
         """Open (and migrate) the knowledge base at `url` (default: TRIAGE_DATABASE_URL or the
         SQLite file in the data directory). A refusal keeps its StoreError; a database that
         cannot be reached raises OpenError naming the redacted URL."""
+        return cls.opened_by(lambda where: Store(where, readonly=readonly, migrate=migrate), url)
+
+    @classmethod
+    def opened_by(
+        cls, factory: Callable[[str | None], Store], url: str | None = None
+    ) -> KnowledgeBase:
+        """The knowledge base `factory(url)` opens (the proxy's store factory), with
+        `open`'s errors."""
         try:
-            return cls(Store(url, readonly=readonly, migrate=migrate))
+            return cls(factory(url))
         except StoreError:
             raise
         except SQLAlchemyError as exc:

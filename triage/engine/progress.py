@@ -31,6 +31,7 @@ class ExecuteOptions:
     ready_timeout: float
     divergence_seeds: int
     schedule: tuple[int, ...]
+    check_preconditions: bool = True  # False: run arms whose `requires` says they cannot matter
 
 
 class Progress:

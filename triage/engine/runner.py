@@ -82,6 +82,9 @@ class DiagnoseOptions:
     # Cumulative replays at which arms are examined; default: stats.look_schedule(cap).
     # A single look (e.g. [30]) is a fixed-sample design, for comparison benchmarks.
     looks: list[int] | None = None
+    # False runs every planned arm even when the observations show it cannot matter (the
+    # runtime `requires` preconditions, issue 23): only to measure what they save.
+    check_preconditions: bool = True
 
 
 class Diagnoser:
@@ -140,6 +143,7 @@ class Diagnoser:
             ready_timeout=options.ready_timeout,
             divergence_seeds=options.divergence_seeds,
             schedule=tuple(options.looks or look_schedule(options.max_requests)),
+            check_preconditions=options.check_preconditions,
         )
 
     def _emit(self, event: Event) -> None:

@@ -53,7 +53,9 @@ class AntiRepetition:
             self.id,
             "DRY 0.8 / 1.75 / 2 and repeat_penalty 1.1 added to the request",
             self.level,
-            ("model-loop",),
+            # reasoning-exhausts-budget reads it too: a looping thought that penalised
+            # repetition lets end is a model loop, not a budget too small.
+            ("model-loop", "reasoning-exhausts-budget"),
             with_anti_repetition,
         )
 

@@ -24,8 +24,9 @@ from triage.causes import (
 
 ID = "model-loop"
 ARM = "anti-repetition"
-# What a looping answer shows: its n-grams repeat up to where a limit cut it.
-LOOP_KINDS = ("repetition-loop", "repetition-to-context-end")
+# What a looping answer shows: its n-grams repeat up to where a limit cut it; a looping
+# thought (runaway-reasoning) is the same loop in the reasoning channel.
+LOOP_KINDS = ("repetition-loop", "repetition-to-context-end", "runaway-reasoning")
 
 
 def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Collection
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -118,8 +119,11 @@ def parse_text(
     text: str,
     file: str = "<text>",
     sidecar: tuple[str, list[JsonObject]] | None = None,
+    causes: Collection[str] | None = None,
 ) -> JsonObject:
     """Parse and validate one incident file's text: the front matter dict plus `body`.
+
+    `causes`: the catalogue's cause ids (kb.filecheck), passed in by the caller.
 
     `sidecar` is (file name, evidence entries) of its evidence sidecar (kb/sidecar.py):
     the entries join the front matter's evidence and are checked with it; an error in one
@@ -143,7 +147,7 @@ def parse_text(
     if sidecar is not None and sidecar[1] and isinstance(data.get("evidence") or [], list):
         data["evidence"] = merge_evidence(list(data.get("evidence") or []), sidecar[1])
     try:
-        _validate(data, file)
+        _validate(data, file, causes)
     except RecordError as exc:
         raise _in_sidecar(exc, data, front_ids, sidecar) from None
     stem = Path(file).name.removesuffix(".md") if file.endswith(".md") else None
@@ -158,12 +162,12 @@ def parse_text(
     return record
 
 
-def _validate(data: JsonObject, file: str) -> None:
+def _validate(data: JsonObject, file: str, causes: Collection[str] | None = None) -> None:
     _check_plain_data(data, file, [])
     error = best_match(_validator().iter_errors(data))
     if error is not None:
         raise RecordError(file, error.json_path, schema_message(error))
-    _check_references(data, file)
+    _check_references(data, file, causes)
 
 
 def _in_sidecar(
@@ -183,7 +187,7 @@ def _in_sidecar(
     return RecordError(sidecar[0], f"line {line}: ${match.group(2)}", error.message)
 
 
-def parse_file(path: str | os.PathLike[str]) -> JsonObject:
+def parse_file(path: str | os.PathLike[str], causes: Collection[str] | None = None) -> JsonObject:
     """Parse and validate one incident file and its evidence sidecar (see `parse_text`)."""
     name = str(path)
     try:
@@ -200,4 +204,4 @@ def parse_file(path: str | os.PathLike[str]) -> JsonObject:
         side_path, items = read_sidecar(Path(path))
     except SidecarError as exc:
         raise RecordError(exc.file, exc.where, exc.message) from None
-    return parse_text(text, name, (str(side_path), items) if side_path else None)
+    return parse_text(text, name, (str(side_path), items) if side_path else None, causes)

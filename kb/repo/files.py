@@ -22,7 +22,7 @@ any valid file reaches the canonical form after one import/export.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from datetime import date
 from pathlib import Path
 
@@ -126,9 +126,10 @@ def import_paths(
     *,
     dry_run: bool = False,
     batch: int = IMPORT_BATCH,
+    causes: Collection[str] | None = None,
 ) -> list[str]:
     """Validate then import incident files (see `import_files`); the slugs imported."""
-    return import_files(store, paths, dry_run=dry_run, batch=batch).imported
+    return import_files(store, paths, dry_run=dry_run, batch=batch, causes=causes).imported
 
 
 def import_files(
@@ -138,6 +139,7 @@ def import_files(
     dry_run: bool = False,
     batch: int = IMPORT_BATCH,
     progress: Callable[[int, int], None] | None = None,
+    causes: Collection[str] | None = None,
 ) -> ImportResult:
     """Validate every file, then import them `batch` incidents per transaction.
 
@@ -149,12 +151,13 @@ def import_files(
     from the same file with the same content and stores the rest, each once. An incident
     already stored that differs (or came from another file) is an error, as before.
     `dry_run` runs every check and the inserts in one transaction, then rolls back.
-    `progress(done, total)` is called after each committed batch.
+    `progress(done, total)` is called after each committed batch. `causes` is the
+    catalogue's list of cause ids (a cause id not in it must name the one it refines).
     """
     if batch < 1:
         raise ValueError("batch must be at least 1")
     files = incident_paths(paths)
-    records = [(str(path), parse_file(path)) for path in files]
+    records = [(str(path), parse_file(path, causes)) for path in files]
     by_slug: dict[str, tuple[str, JsonObject]] = {}
     for file, record in records:
         if record["slug"] in by_slug:

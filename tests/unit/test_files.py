@@ -16,12 +16,10 @@ from jsonschema import Draft202012Validator
 from sqlalchemy import func
 from sqlmodel import SQLModel, select
 
-import kb.repo.fileparse as fileparse
 import kb.repo.files as files
 from kb.domain.errors import StoreError
 from kb.models import (
     CAUSE_BASES,
-    CAUSE_CATALOGUE_IDS,
     CAUSE_STATUSES,
     DECISION_KINDS,
     EVIDENCE_KINDS,
@@ -43,6 +41,10 @@ from kb.repo.files import (
     render_record,
 )
 from kb.repo.store import Store, add_evidence, get_incident, record_status_change
+from triage.catalogue import catalogue
+
+# The catalogue's full list of cause ids, passed in as triage's import does (kb has none).
+CAUSE_CATALOGUE_IDS = catalogue().causes.ids()
 
 INCIDENTS = Path(__file__).resolve().parents[2] / "incidents"
 COMMITTED = sorted(INCIDENTS.glob("*.md"))
@@ -131,7 +133,7 @@ def _write(directory: Path, record: dict[str, Any], name: str | None = None) -> 
 
 
 def test_schema_is_valid_2020_12_and_matches_the_model_constants() -> None:
-    schema = json.loads(fileparse.SCHEMA_PATH.read_text(encoding="utf-8"))
+    schema = json.loads(files.SCHEMA_PATH.read_text(encoding="utf-8"))
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     Draft202012Validator.check_schema(schema)
     defs = schema["$defs"]
@@ -149,7 +151,7 @@ def test_schema_is_valid_2020_12_and_matches_the_model_constants() -> None:
     assert tuple(defs["evidence"]["properties"]["kind"]["enum"]) == EVIDENCE_KINDS
     assert tuple(defs["evidence_link"]["properties"]["relation"]["enum"]) == LINK_RELATIONS
     assert tuple(defs["decision"]["properties"]["kind"]["enum"]) == DECISION_KINDS
-    assert tuple(schema["properties"]) == fileparse.INCIDENT_KEYS
+    assert tuple(schema["properties"]) == files.INCIDENT_KEYS
 
 
 def test_yaml_keeps_dates_as_strings_and_writes_them_plain() -> None:
@@ -257,7 +259,7 @@ def test_non_canonical_file_reaches_a_fixed_point(store: Store, tmp_path: Path) 
     import_paths(store, [source])
     (first,) = export_all(store, tmp_path / "a")
     exported = first.read_text(encoding="utf-8")
-    front = load_yaml(fileparse.split_front_matter(exported, "x")[0])
+    front = load_yaml(files.split_front_matter(exported, "x")[0])
     assert not {"closed", "summary", "timeline"} & set(front)
     assert "recorded_at: 2026-07-02T01:30:00Z" in exported
     assert "catalogue: token-limit" in exported
@@ -563,7 +565,7 @@ def test_bad_record_names_file_and_field_and_changes_nothing(
     mutate(record)
     bad = _write(tmp_path / "batch", record, name="2026-07-01-minimal")
     with pytest.raises(RecordError) as caught:
-        import_paths(store, [good, bad])
+        import_paths(store, [good, bad], causes=CAUSE_CATALOGUE_IDS)
     assert caught.value.file == str(bad)
     assert caught.value.json_path == json_path
     assert fragment in str(caught.value)

@@ -17,6 +17,8 @@ from kb.repo.family import incident_signature, link_family, refresh_signatures, 
 from kb.repo.search import HIGHLIGHT_END, HIGHLIGHT_START, SearchHit, search
 from kb.repo.store import Store, get_incident
 from triage.capture import CaptureError, load_file
+from triage.catalogue import catalogue
+from triage.catalogue.numbering import vocabulary
 from triage.commands import echo_json, open_store
 from triage.stackfile import StackError, load_stack
 from triage.symptoms import failure_kinds
@@ -291,7 +293,7 @@ def _check_target(store: Store, target: str, link: bool) -> bool:
     with store.session() as session:
         incident = get_incident(session, target)
         # Signatures stay correct without this; a refresh makes matching one SQL scan.
-        refresh_signatures(session)
+        refresh_signatures(session, vocabulary=vocabulary(catalogue()))
     if incident is None and not Path(target).is_file():
         raise click.ClickException(f"{target!r} is neither a stored incident nor a file")
     if incident is None and link:

@@ -17,7 +17,6 @@ import streamlit as st
 from kb.domain.decisions import ParkedIncident
 from kb.jsontypes import JsonObject
 from kb.models import (
-    CAUSE_CATALOGUE_IDS,
     CAUSE_STATUSES,
     DECISION_KINDS,
     INCIDENT_STATUSES,
@@ -62,7 +61,7 @@ def _store_for(url: str) -> KnowledgeBase:
         # The installed catalogue (plugins included) must agree with the numbers this
         # database recorded before any stored bit mask is read: as the CLI checks.
         with kb.errors():
-            check_store_numbering(kb.store)
+            check_store_numbering(kb.store, process_catalogue())
     except Exception:
         kb.close()
         raise
@@ -109,11 +108,11 @@ def families(kb: KnowledgeBase) -> list[Family]:
     return kb.families()
 
 
-def filter_choices() -> dict[str, tuple[str, ...]]:
-    """The fixed vocabularies the filters offer."""
+def filter_choices(causes: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """The vocabularies the filters offer; `causes` is the catalogue's full list."""
     return {
         "statuses": INCIDENT_STATUSES,
-        "causes": CAUSE_CATALOGUE_IDS,
+        "causes": causes,
         "cause_statuses": CAUSE_STATUSES,
         "decisions": DECISION_KINDS,
     }

@@ -107,7 +107,7 @@ class RevisitResult:
     probes: list[ProbeOutcome] = field(default_factory=list)
     errored: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The JSON of `triage revisit --json` (one entry of `revisits`)."""
         before = None
         if self.before is not None:

@@ -82,7 +82,7 @@ class Finding(NamedTuple):
     where: str | None = None
     offset: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "kind": self.kind,
             "passed": self.passed,

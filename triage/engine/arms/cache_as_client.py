@@ -15,7 +15,7 @@ compares these k/n with the baseline's (cache off): see triage/engine/causes/pro
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, TypedDict
 
 from kb.jsontypes import JsonObject
 from triage import probes
@@ -31,6 +31,16 @@ CAUSE = "prompt-cache"
 FIRST_LOOK = 4  # replays before giving up when none fails
 MAX_REPLAYS = 8
 MAX_ERRORS = 4
+
+
+class CacheOnFacts(TypedDict):
+    """The cache-on replays as stored in the observation's facts."""
+
+    n: int
+    failures: int
+    errors: int
+    kinds: dict[str, int]
+    cache_n: list[int]
 
 
 def captured_failed(exchange: JsonObject | None) -> bool:
@@ -49,7 +59,7 @@ def _cached_body(request: JsonObject, seed: int) -> JsonObject:
     return body
 
 
-async def _replays(ctx: ObserveContext) -> dict[str, Any]:
+async def _replays(ctx: ObserveContext) -> CacheOnFacts:
     client = LlamaClient(ctx.server.base_url, timeout=ctx.timeout, api_key=ctx.server.api_key)
     n = failures = errors = 0
     cached: list[int] = []

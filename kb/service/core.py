@@ -9,7 +9,7 @@ touches SQL, a session or an ORM row.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import date, datetime, timedelta
 from pathlib import Path
@@ -185,10 +185,14 @@ class KnowledgeBase:
         dry_run: bool = False,
         batch: int = IMPORT_BATCH,
         progress: Callable[[int, int], None] | None = None,
+        causes: Collection[str] | None = None,
     ) -> ImportResult:
-        """Import incident files (all validated first; RecordError names the file/field)."""
+        """Import incident files (all validated first; RecordError names the file/field);
+        `causes`: the cause ids the installed catalogue knows."""
         with self.errors():
-            return import_files(self.store, paths, dry_run=dry_run, batch=batch, progress=progress)
+            return import_files(
+                self.store, paths, dry_run=dry_run, batch=batch, progress=progress, causes=causes
+            )
 
     def export_incidents(
         self, out_dir: str | os.PathLike[str], slugs: Iterable[str] | None = None

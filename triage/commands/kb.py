@@ -12,6 +12,7 @@ from kb.jsontypes import JsonObject
 from kb.models import CAUSE_STATUSES, INCIDENT_STATUSES
 from kb.repo.files import IMPORT_BATCH
 from kb.repo.sidecar import sidecar_paths
+from triage.catalogue import catalogue
 from triage.commands import echo_json, open_kb
 
 # `incidents list` prints one line per incident: longer titles are cut (--json has them whole).
@@ -47,7 +48,13 @@ def import_command(ctx: click.Context, paths: tuple[Path, ...], dry_run: bool, b
             click.echo(f"imported {done}/{total} incident(s) (batch committed)", err=True)
 
     with open_kb(ctx) as kb:
-        result = kb.import_files(paths, dry_run=dry_run, batch=batch, progress=progress)
+        result = kb.import_files(
+            paths,
+            dry_run=dry_run,
+            batch=batch,
+            progress=progress,
+            causes=catalogue().causes.ids(),
+        )
     verb = "would import" if dry_run else "imported"
     click.echo(f"{verb} {len(result.imported)} incident(s)")
     for slug in result.imported:

@@ -21,6 +21,7 @@ import kb.models  # noqa: F401  (registers the tables)
 from kb.repo.family import refresh_signatures
 from kb.repo.migrate import current_revision
 from kb.repo.store import Store, StoreError
+from kb.vocab import Vocabulary
 
 # Insert order (foreign keys); a batch maps each name to its rows (explicit ids).
 TABLES = (
@@ -42,9 +43,14 @@ def empty_batch() -> Batch:
 
 
 def load(
-    store: Store, batches: Iterable[Batch], *, progress: Callable[[str], None] | None = None
+    store: Store,
+    batches: Iterable[Batch],
+    *,
+    progress: Callable[[str], None] | None = None,
+    vocabulary: Vocabulary | None = None,
 ) -> dict[str, float]:
-    """Load `batches` into an empty database, then index it; seconds spent per phase."""
+    """Load `batches` into an empty database, then index it; seconds spent per phase.
+    `vocabulary` (the catalogue's numbers) gives the signature masks their bits."""
     say = progress or (lambda _message: None)
     revision = current_revision(store.engine)
     if revision not in (None, BASE_REVISION):
@@ -82,7 +88,7 @@ def load(
 
     started = time.perf_counter()
     with store.session() as session:
-        refresh_signatures(session, batch=5000)
+        refresh_signatures(session, batch=5000, vocabulary=vocabulary)
     timings["signatures_s"] = time.perf_counter() - started
     say(f"  signatures in {timings['signatures_s']:.0f} s")
 

@@ -67,7 +67,6 @@ from kb.models import Cause, FamilyLink, Incident, Symptom
 from kb.repo.store import StoreError, require_incident
 
 __all__ = [
-    "FINDING_KINDS",
     "IMPLIED_CAUSES",
     "MODEL_FAMILIES",
     "WEIGHTS",
@@ -84,13 +83,10 @@ __all__ = [
     "stack_fingerprint",
 ]
 
-# Finding kinds with a fixed bit in `kinds_mask` (any other kind is matched by its text).
-FINDING_KINDS = tuple(term.id for term in vocab.FINDING_KINDS)
-# Bit = the id's stable number in kb/vocab.py, never a tuple position: stored masks must
-# mean the same thing after an id is added anywhere. Plugin ids (not in kb.vocab) have no
-# bit and are matched by their text in `kinds` / `causes`.
-KIND_BITS = {term.id: 1 << term.number for term in vocab.FINDING_KINDS}
-CAUSE_BITS = {term.id: 1 << term.number for term in vocab.CAUSES}
+# Bits of `kinds_mask` / `causes_mask`: bit = the id's stable number as recorded in the
+# store (kb/vocab.py `family_bits`), never a tuple position, so stored masks mean the same
+# thing after an id is added anywhere. An id without a recorded number is matched by its
+# text in `kinds` / `causes`.
 
 # Finding kinds that are direct observations of one catalogue cause (see module docstring).
 IMPLIED_CAUSES = {
@@ -461,11 +457,11 @@ def incident_signature(session: Session, slug: str) -> Signature:
     return _computed(session, [incident.id])[incident.id]
 
 
-def _row_values(sig: Signature) -> dict[str, Any]:
+def _row_values(sig: Signature, bits: Mapping[str, Mapping[str, int]]) -> dict[str, Any]:
     return {
         "stale": False,
-        "kinds_mask": sum(KIND_BITS.get(kind, 0) for kind in sig.kinds),
-        "causes_mask": sum(CAUSE_BITS.get(cause, 0) for cause in sig.causes),
+        "kinds_mask": sum(bits["check"].get(kind, 0) for kind in sig.kinds),
+        "causes_mask": sum(bits["cause"].get(cause, 0) for cause in sig.causes),
         # Kinds and causes are ids without commas (schema: [A-Za-z0-9._-]); drop any that
         # are not, rather than corrupt the list.
         "kinds": ",".join(sorted(k for k in sig.kinds if "," not in k)),
@@ -479,31 +475,44 @@ def _row_values(sig: Signature) -> dict[str, Any]:
     }
 
 
+def _pending(session: Session, incident_ids: Iterable[int] | None) -> list[int]:
+    if incident_ids is not None:
+        return sorted(set(incident_ids))
+    return list(
+        session.exec(
+            select(IncidentSignature.incident_id)
+            .where(IncidentSignature.stale == True)  # noqa: E712 (SQL expression)
+            .order_by(_SIGNATURES.c.incident_id)
+        ).all()
+    )
+
+
 def refresh_signatures(
-    session: Session, incident_ids: Iterable[int] | None = None, *, batch: int = 2000
+    session: Session,
+    incident_ids: Iterable[int] | None = None,
+    *,
+    batch: int = 2000,
+    vocabulary: vocab.Vocabulary | None = None,
 ) -> int:
     """Recompute stale signatures (or those of `incident_ids`); the number written.
 
+    `vocabulary` (the catalogue's numbers, passed in by triage) is checked against the
+    recorded numbers and its new ones recorded before masks are written (VocabularyError
+    if a number moved); masks carry the bits of every recorded number.
     Rows are locked before the incident's rows are read (PostgreSQL), so a writer that
     changes the incident meanwhile waits and marks the row stale again afterwards.
     """
-    if incident_ids is not None:
-        pending = sorted(set(incident_ids))
-    else:
-        pending = list(
-            session.exec(
-                select(IncidentSignature.incident_id)
-                .where(IncidentSignature.stale == True)  # noqa: E712 (SQL expression)
-                .order_by(_SIGNATURES.c.incident_id)
-            ).all()
-        )
+    pending = _pending(session, incident_ids)
     written = 0
-    if pending:  # masks are about to be written with kb.vocab's numbers
-        vocab.record_builtin(session)
+    if pending and vocabulary is not None:
+        recorded = vocab.record_vocabulary(session, vocabulary)
+        if incident_ids is None and any(recorded.values()):  # rows newly marked stale
+            pending = _pending(session, None)
+    bits = vocab.family_bits(session)
     statement = (
         update(_SIGNATURES)
         .where(_SIGNATURES.c.incident_id == bindparam("b_incident_id"))
-        .values({name: bindparam(name) for name in _row_values(Signature())})
+        .values({name: bindparam(name) for name in _row_values(Signature(), bits)})
     )
     for start in range(0, len(pending), batch):
         chunk = pending[start : start + batch]
@@ -518,7 +527,7 @@ def refresh_signatures(
             ).all()
         )
         computed = _computed(session, locked)
-        rows = [{"b_incident_id": i, **_row_values(sig)} for i, sig in computed.items()]
+        rows = [{"b_incident_id": i, **_row_values(sig, bits)} for i, sig in computed.items()]
         if rows:
             session.connection().execute(statement, rows)
             written += len(rows)
@@ -546,7 +555,9 @@ def _bit_count(column: Any, bits: Iterable[int]) -> ColumnElement[Any]:
     return total
 
 
-def _ranked_statement(query: Signature, limit: int, exclude_id: int | None) -> Any:
+def _ranked_statement(
+    query: Signature, limit: int, exclude_id: int | None, family: Mapping[str, Mapping[str, int]]
+) -> Any:
     """SQL for the `limit` fresh signatures most similar to `query`, as (incident_id, score).
 
     The same formula as `similarity`: shared / (mine + theirs - shared), where `theirs` is
@@ -562,8 +573,8 @@ def _ranked_statement(query: Signature, limit: int, exclude_id: int | None) -> A
         return literal_column(str(int(WEIGHTS[name])))
 
     for dimension, column, mask, bits, texts in (
-        ("kind", t.kinds_count, t.kinds_mask, KIND_BITS, query.kinds),
-        ("cause", t.causes_count, t.causes_mask, CAUSE_BITS, query.compared_causes()),
+        ("kind", t.kinds_count, t.kinds_mask, family["check"], query.kinds),
+        ("cause", t.causes_count, t.causes_mask, family["cause"], query.compared_causes()),
     ):
         if not texts:
             continue
@@ -654,7 +665,9 @@ def similar_incidents(
         exclude_id = require_incident(session, exclude_slug).id
     scored: dict[int, tuple[float, Signature | None]] = {
         int(row.incident_id): (float(row.score), None)
-        for row in session.connection().execute(_ranked_statement(query, limit, exclude_id))
+        for row in session.connection().execute(
+            _ranked_statement(query, limit, exclude_id, vocab.family_bits(session))
+        )
     }
 
     # Stale rows: scored from the incident's rows, with the Python formula.

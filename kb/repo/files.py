@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from datetime import date, datetime
 from functools import lru_cache
 from pathlib import Path
@@ -193,8 +193,11 @@ def parse_text(
     text: str,
     file: str = "<text>",
     sidecar: tuple[str, list[dict[str, Any]]] | None = None,
+    causes: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """Parse and validate one incident file's text: the front matter dict plus `body`.
+
+    `causes`: the catalogue's cause ids (kb.filecheck), passed in by the caller.
 
     `sidecar` is (file name, evidence entries) of its evidence sidecar (kb/sidecar.py):
     the entries join the front matter's evidence and are checked with it; an error in one
@@ -218,7 +221,7 @@ def parse_text(
     if sidecar is not None and sidecar[1] and isinstance(data.get("evidence") or [], list):
         data["evidence"] = merge_evidence(list(data.get("evidence") or []), sidecar[1])
     try:
-        _validate(data, file)
+        _validate(data, file, causes)
     except RecordError as exc:
         raise _in_sidecar(exc, data, front_ids, sidecar) from None
     stem = Path(file).name.removesuffix(".md") if file.endswith(".md") else None
@@ -235,12 +238,12 @@ def parse_text(
     return record
 
 
-def _validate(data: dict[str, Any], file: str) -> None:
+def _validate(data: dict[str, Any], file: str, causes: Collection[str] | None = None) -> None:
     _check_plain_data(data, file, [])
     error = best_match(_validator().iter_errors(data))
     if error is not None:
         raise RecordError(file, error.json_path, schema_message(error))
-    _check_references(data, file)
+    _check_references(data, file, causes)
 
 
 def _in_sidecar(
@@ -260,7 +263,9 @@ def _in_sidecar(
     return RecordError(sidecar[0], f"line {line}: ${match.group(2)}", error.message)
 
 
-def parse_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+def parse_file(
+    path: str | os.PathLike[str], causes: Collection[str] | None = None
+) -> dict[str, Any]:
     """Parse and validate one incident file and its evidence sidecar (see `parse_text`)."""
     name = str(path)
     try:
@@ -277,7 +282,7 @@ def parse_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         side_path, items = read_sidecar(Path(path))
     except SidecarError as exc:
         raise RecordError(exc.file, exc.where, exc.message) from None
-    return parse_text(text, name, (str(side_path), items) if side_path else None)
+    return parse_text(text, name, (str(side_path), items) if side_path else None, causes)
 
 
 # --------------------------------------------------------------------------- import
@@ -313,9 +318,10 @@ def import_paths(
     *,
     dry_run: bool = False,
     batch: int = IMPORT_BATCH,
+    causes: Collection[str] | None = None,
 ) -> list[str]:
     """Validate then import incident files (see `import_files`); the slugs imported."""
-    return import_files(store, paths, dry_run=dry_run, batch=batch).imported
+    return import_files(store, paths, dry_run=dry_run, batch=batch, causes=causes).imported
 
 
 def import_files(
@@ -325,6 +331,7 @@ def import_files(
     dry_run: bool = False,
     batch: int = IMPORT_BATCH,
     progress: Callable[[int, int], None] | None = None,
+    causes: Collection[str] | None = None,
 ) -> ImportResult:
     """Validate every file, then import them `batch` incidents per transaction.
 
@@ -336,12 +343,13 @@ def import_files(
     from the same file with the same content and stores the rest, each once. An incident
     already stored that differs (or came from another file) is an error, as before.
     `dry_run` runs every check and the inserts in one transaction, then rolls back.
-    `progress(done, total)` is called after each committed batch.
+    `progress(done, total)` is called after each committed batch. `causes` is the
+    catalogue's list of cause ids (a cause id not in it must name the one it refines).
     """
     if batch < 1:
         raise ValueError("batch must be at least 1")
     files = incident_paths(paths)
-    records = [(str(path), parse_file(path)) for path in files]
+    records = [(str(path), parse_file(path, causes)) for path in files]
     by_slug: dict[str, tuple[str, dict[str, Any]]] = {}
     for file, record in records:
         if record["slug"] in by_slug:

@@ -13,7 +13,6 @@ from sqlmodel import select
 from kb.domain import flags
 from kb.models import FamilyLink, Incident, Symptom
 from kb.repo.family import (
-    FINDING_KINDS,
     IncidentSignature,
     Signature,
     incident_signature,
@@ -122,18 +121,12 @@ def test_family_and_the_spec_off_arm_read_one_flag_vocabulary() -> None:
         assert stackfile.strip_spec_flags(args) == ["-c", "8192"], flag
 
 
-def test_finding_kinds_match_the_symptom_checks() -> None:
-    from triage import symptoms
-
-    assert FINDING_KINDS == symptoms.KINDS  # the catalogue's built-in checks, in number order
-
-
 def test_findings_that_name_a_mechanism_imply_a_registered_cause() -> None:
     from kb.repo.family import IMPLIED_CAUSES
-    from kb.vocab import CAUSE_NUMBERS, KIND_NUMBERS
+    from triage.catalogue import catalogue
 
     for kind, cause in IMPLIED_CAUSES.items():
-        assert kind in KIND_NUMBERS and cause in CAUSE_NUMBERS, (kind, cause)
+        assert kind in catalogue().checks and cause in catalogue().causes, (kind, cause)
     leak = Signature(kinds=frozenset({"reasoning-markup-in-content", "empty-content"}))
     assert leak.compared_causes() == {"reasoning-leak"}
     lost = Signature(kinds=frozenset({"client-lost-reply"}), causes=frozenset({"token-limit"}))

@@ -19,7 +19,6 @@ from sqlmodel import SQLModel, select
 import kb.repo.files as files
 from kb.models import (
     CAUSE_BASES,
-    CAUSE_CATALOGUE_IDS,
     CAUSE_STATUSES,
     DECISION_KINDS,
     EVIDENCE_KINDS,
@@ -42,6 +41,10 @@ from kb.repo.files import (
     render_record,
 )
 from kb.repo.store import Store, StoreError, add_evidence, get_incident, record_status_change
+from triage.catalogue import catalogue
+
+# The catalogue's full list of cause ids, passed in as triage's import does (kb has none).
+CAUSE_CATALOGUE_IDS = catalogue().causes.ids()
 
 INCIDENTS = Path(__file__).resolve().parents[2] / "incidents"
 COMMITTED = sorted(INCIDENTS.glob("*.md"))
@@ -562,7 +565,7 @@ def test_bad_record_names_file_and_field_and_changes_nothing(
     mutate(record)
     bad = _write(tmp_path / "batch", record, name="2026-07-01-minimal")
     with pytest.raises(RecordError) as caught:
-        import_paths(store, [good, bad])
+        import_paths(store, [good, bad], causes=CAUSE_CATALOGUE_IDS)
     assert caught.value.file == str(bad)
     assert caught.value.json_path == json_path
     assert fragment in str(caught.value)

@@ -14,7 +14,7 @@ import click
 
 from kb.repo.store import Store, StoreError
 from kb.service import DatabaseError, KnowledgeBase, OpenError
-from triage.catalogue import CatalogueError
+from triage.catalogue import CatalogueError, catalogue
 from triage.catalogue.numbering import check_store_numbering
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -34,7 +34,7 @@ def open_kb(ctx: click.Context) -> Iterator[KnowledgeBase]:
     try:
         try:
             with kb.errors():
-                check_store_numbering(kb.store)  # before any stored bit mask is read or written
+                check_store_numbering(kb.store, catalogue())  # before any mask is read
         except CatalogueError as exc:
             raise click.ClickException(
                 f"the installed catalogue cannot use this knowledge base: {exc}"

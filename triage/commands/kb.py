@@ -13,6 +13,7 @@ from kb.models import CAUSE_STATUSES, INCIDENT_STATUSES
 from kb.repo.files import IMPORT_BATCH, export_incidents, import_files, list_records, load_record
 from kb.repo.sidecar import sidecar_paths
 from kb.repo.store import StoreError, count_orphan_evidence, open_incident
+from triage.catalogue import catalogue
 from triage.commands import echo_json, open_store
 
 # `incidents list` prints one line per incident: longer titles are cut (--json has them whole).
@@ -48,7 +49,14 @@ def import_command(ctx: click.Context, paths: tuple[Path, ...], dry_run: bool, b
             click.echo(f"imported {done}/{total} incident(s) (batch committed)", err=True)
 
     with open_store(ctx) as store:
-        result = import_files(store, paths, dry_run=dry_run, batch=batch, progress=progress)
+        result = import_files(
+            store,
+            paths,
+            dry_run=dry_run,
+            batch=batch,
+            progress=progress,
+            causes=catalogue().causes.ids(),
+        )
     verb = "would import" if dry_run else "imported"
     click.echo(f"{verb} {len(result.imported)} incident(s)")
     for slug in result.imported:

@@ -168,7 +168,7 @@ def _write(
     out_dir: Path,
     template: str,
     server_args: list[str],
-    manifest: dict[str, Any],
+    manifest: JsonObject,
     requests: list[JsonObject],
 ) -> Drill:
     """Compile the model, write request files, manifest.json and stack.toml."""

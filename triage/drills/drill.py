@@ -51,10 +51,10 @@ class Drill:
     name: str
     out_dir: Path
     models: dict[str, Path]
-    manifest: dict[str, Any]
-    requests: list[dict[str, Any]]
+    manifest: JsonObject  # manifest.json
+    requests: list[JsonObject]
     server_args: list[str]
-    contrasts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    contrasts: dict[str, JsonObject] = field(default_factory=dict)
     # Set when the server args carry a host workaround (--no-repack on an AMX host).
     host_note: str | None = None
 
@@ -82,9 +82,9 @@ GEMMA4_TEMPLATE_SOURCE = "llama.cpp/models/templates/google-gemma-4-31B-it.jinja
 
 def manifest_head(
     name: str, template: str | None = None, template_source: str = GEMMA4_TEMPLATE_SOURCE
-) -> dict[str, Any]:
+) -> JsonObject:
     """The fields every drill manifest starts with (the template's when it embeds one)."""
-    head: dict[str, Any] = {
+    head: JsonObject = {
         "manifest_version": MANIFEST_VERSION,
         "drill": name,
         "designed_for_build": BUILD_NUMBER,
@@ -94,7 +94,16 @@ def manifest_head(
     return head
 
 
-def weight_facts(path: Path, fmt: str) -> dict[str, Any]:
+class WeightFacts(TypedDict):
+    """What a manifest says about one weight file."""
+
+    file: str
+    format: str
+    file_type: str
+    sha256: str
+
+
+def weight_facts(path: Path, fmt: str) -> WeightFacts:
     """What a manifest says about one weight file: name, format, GGUF file type, sha256."""
     return {
         "file": path.name,
@@ -155,9 +164,9 @@ def finish(
     spec: gemma4.DrillDesign,
     out_dir: Path,
     template: str,
-    manifest: dict[str, Any],
+    manifest: JsonObject,
     requests: list[JsonObject],
-    contrasts: dict[str, dict[str, Any]],
+    contrasts: dict[str, JsonObject],
     *,
     extra_args: tuple[str, ...] = (),
     template_source: str = GEMMA4_TEMPLATE_SOURCE,

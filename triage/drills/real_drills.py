@@ -40,7 +40,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from kb.jsontypes import JsonObject
 from triage.drills.drill import Drill, ExpectedCause, manifest_head
@@ -76,7 +75,7 @@ def _write(
     model: str,
     args: list[str],
     request: JsonObject,
-    manifest: dict[str, Any],
+    manifest: JsonObject,
 ) -> Drill:
     """manifest.json, request-failing.json and stack.toml (the model stays in the cache)."""
     out_dir.mkdir(parents=True, exist_ok=True)

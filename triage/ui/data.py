@@ -16,7 +16,6 @@ import streamlit as st
 
 from kb.jsontypes import JsonObject
 from kb.models import (
-    CAUSE_CATALOGUE_IDS,
     CAUSE_STATUSES,
     DECISION_KINDS,
     INCIDENT_STATUSES,
@@ -60,7 +59,7 @@ def _store_for(url: str) -> KnowledgeBase:
         # The installed catalogue (plugins included) must agree with the numbers this
         # database recorded before any stored bit mask is read: as the CLI checks.
         with kb.errors():
-            check_store_numbering(kb.store)
+            check_store_numbering(kb.store, process_catalogue())
     except Exception:
         kb.close()
         raise
@@ -107,11 +106,11 @@ def families(kb: KnowledgeBase) -> list[Family]:
     return kb.families()
 
 
-def filter_choices() -> dict[str, tuple[str, ...]]:
-    """The fixed vocabularies the filters offer."""
+def filter_choices(causes: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """The vocabularies the filters offer; `causes` is the catalogue's full list."""
     return {
         "statuses": INCIDENT_STATUSES,
-        "causes": CAUSE_CATALOGUE_IDS,
+        "causes": causes,
         "cause_statuses": CAUSE_STATUSES,
         "decisions": DECISION_KINDS,
     }

@@ -25,6 +25,7 @@ from triage.causes import (
     suspect,
 )
 from triage.engine.causes.token_limit import natural_length
+from triage.plugin_api import Registry
 
 ID = "context-size"
 ARM = "context-lifted"
@@ -144,5 +145,5 @@ CAUSE = CauseRule(
 )
 
 
-def register(catalogue: object) -> None:
-    catalogue.causes.add(CAUSE)  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.causes.add(CAUSE)

@@ -8,14 +8,13 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from datetime import date, datetime
 from functools import partial
 from typing import Any
 
-from kb.models import CAUSE_CATALOGUE_IDS
+from kb.domain.errors import StoreError
 from kb.repo.filerecord import parse_timestamp
-from kb.repo.store import StoreError
 
 
 class RecordError(StoreError):
@@ -73,8 +72,14 @@ KnownEvidence = Callable[[list[str], str], None]
 """Checks that every evidence key of a list (at a JSON path) names evidence of the file."""
 
 
-def _check_references(data: dict[str, Any], file: str) -> None:
-    """The checks JSON Schema cannot express: ids, links, history, dates."""
+def _check_references(
+    data: dict[str, Any], file: str, causes: Collection[str] | None = None
+) -> None:
+    """The checks JSON Schema cannot express: ids, links, history, dates.
+
+    `causes` is the catalogue's full list of cause ids (passed in by triage: kb does not
+    know them); None when the caller has no catalogue, and then a cause without a
+    `catalogue` field is taken as the catalogue cause of its own id."""
     _check_dates(data, file)
     evidence_ids = _evidence_ids(data, file)
     known: KnownEvidence = partial(_check_known_evidence, evidence_ids, file)
@@ -87,7 +92,7 @@ def _check_references(data: dict[str, Any], file: str) -> None:
         if cause["id"] in cause_ids:
             raise RecordError(file, f"{path}.id", f"duplicate cause id {cause['id']!r}")
         cause_ids.add(cause["id"])
-        _check_cause(cause, file, path, evidence_ids, known)
+        _check_cause(cause, file, path, evidence_ids, known, causes)
     _check_decisions(data, file, known)
     _check_family(data, file, cause_ids)
 
@@ -134,10 +139,16 @@ def _check_symptoms(data: dict[str, Any], file: str, known: KnownEvidence) -> No
 
 
 def _check_cause(
-    cause: dict[str, Any], file: str, path: str, evidence_ids: set[str], known: KnownEvidence
+    cause: dict[str, Any],
+    file: str,
+    path: str,
+    evidence_ids: set[str],
+    known: KnownEvidence,
+    causes: Collection[str] | None,
 ) -> None:
     """One cause: its catalogue id, its evidence links and its status history."""
-    _check_catalogue(cause, file, path)
+    if causes is not None:
+        _check_catalogue(cause, file, path, causes)
     links: set[tuple[str, str]] = set()
     for link_index, link in enumerate(cause.get("evidence", [])):
         link_path = f"{path}.evidence[{link_index}]"
@@ -153,11 +164,11 @@ def _check_cause(
     _check_history(cause, file, path, known)
 
 
-def _check_catalogue(cause: dict[str, Any], file: str, path: str) -> None:
+def _check_catalogue(cause: dict[str, Any], file: str, path: str, causes: Collection[str]) -> None:
     """A cause is a catalogue cause, or a sub-hypothesis naming the catalogue cause it refines."""
     key = cause["id"]
     catalogue = cause.get("catalogue")
-    if key in CAUSE_CATALOGUE_IDS:
+    if key in causes:
         if catalogue not in (None, key):
             raise RecordError(
                 file,
@@ -169,7 +180,7 @@ def _check_catalogue(cause: dict[str, Any], file: str, path: str) -> None:
         raise RecordError(
             file,
             f"{path}.id",
-            f"unknown cause id {key!r}: not a catalogue id ({', '.join(CAUSE_CATALOGUE_IDS)}) "
+            f"unknown cause id {key!r}: not a catalogue id ({', '.join(causes)}) "
             "and no `catalogue` field naming the catalogue cause it refines",
         )
 

@@ -31,10 +31,10 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NotRequired, Protocol, TypedDict
 
 from kb.jsontypes import JsonObject
 from triage.engine import classify_reply
@@ -101,11 +101,11 @@ class BuildResult:
             f"[{lo:.2f}, {hi:.2f}]{extra}{error}"
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {**asdict(self), "rate": self.rate, "ci95": self.ci95}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> BuildResult:
+    def from_dict(cls, data: JsonObject) -> BuildResult:
         names = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in names})
 
@@ -140,7 +140,7 @@ class BisectReport:
     def result(self, build: int | None) -> BuildResult | None:
         return next((r for r in self.tested if r.build == build), None)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "outcome": self.outcome,
             "good": self.good,
@@ -180,8 +180,8 @@ class Bisector:
         *,
         options: BisectOptions | None = None,
         on_result: ResultHook | None = None,
-        state_key: dict[str, Any] | None = None,
-        meta: dict[str, Any] | None = None,
+        state_key: StateKey | None = None,
+        meta: JsonObject | None = None,
     ) -> None:
         if len(versions) < 2:
             raise BisectError("a bisection needs a good and a bad build")
@@ -189,7 +189,7 @@ class Bisector:
         self.oracle = oracle
         self.options = options or BisectOptions()
         self.on_result = on_result or (lambda result: None)
-        self.state_key = state_key or {}
+        self.state_key: Mapping[str, object] = state_key or {}
         self.meta = meta or {}  # saved with the state, e.g. the incident it reports to
         self.results: dict[int, BuildResult] = {}
         self._load_state()
@@ -339,9 +339,19 @@ class Bisector:
         return report
 
 
+class StateKey(TypedDict):
+    """What a saved bisect state must match to be resumed (saved as its `key`)."""
+
+    good: int
+    bad: int
+    request_sha256: str
+    stack: str
+    builds: int
+
+
 def state_key(
     good: int, bad: int, request: JsonObject, stack_key: str, versions: list[int]
-) -> dict[str, Any]:
+) -> StateKey:
     """What a saved state must match to be resumed."""
     digest = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()[:16]
     return {
@@ -353,7 +363,7 @@ def state_key(
     }
 
 
-def saved_meta(path: Path) -> dict[str, Any]:
+def saved_meta(path: Path) -> JsonObject:
     """The `meta` a saved state carries ({} when there is none)."""
     try:
         meta = json.loads(path.read_text()).get("meta")
@@ -362,7 +372,7 @@ def saved_meta(path: Path) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
-def state_file(folder: Path, key: dict[str, Any]) -> Path:
+def state_file(folder: Path, key: StateKey) -> Path:
     name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return folder / f"b{key['good']}-b{key['bad']}-{name}.json"
 
@@ -370,12 +380,23 @@ def state_file(folder: Path, key: dict[str, Any]) -> Path:
 # ------------------------------------------------------------------ commits between builds
 
 
-def commits_between(last_good: int, first_bad: int) -> dict[str, Any]:
+class CommitsBetween(TypedDict):
+    """The change between two neighbouring builds, as the bisect result records it."""
+
+    commits: int
+    tags: list[str]
+    compare_url: str
+    sdist_commit_ids: dict[str, str]
+    changed_files: NotRequired[list[str]]
+    changed_files_total: NotRequired[int]
+
+
+def commits_between(last_good: int, first_bad: int) -> CommitsBetween:
     """What the sdists say about the change from `last_good` to `first_bad`: the llama.cpp
     build numbers are commit counts on master, so b<first_bad> - b<last_good> commits (tags
     b<last_good+1> .. b<first_bad>); the packaging commit each sdist names
     (`_version.py`, `commit_id`); the files that differ when both trees are extracted."""
-    info: dict[str, Any] = {
+    info: CommitsBetween = {
         "commits": first_bad - last_good,
         "tags": [f"b{n}" for n in range(last_good + 1, first_bad + 1)][:50],
         "compare_url": COMPARE_URL.format(good=last_good, bad=first_bad),

@@ -21,7 +21,7 @@ from triage.llama.endpoints import Endpoint, endpoint_of
 from triage.llama.gguf_meta import read_gguf_meta
 
 
-def message_of(body: Any) -> dict[str, Any]:
+def message_of(body: Any) -> JsonObject:
     try:
         return dict(body["choices"][0].get("message") or {})
     except (KeyError, IndexError, TypeError, AttributeError):

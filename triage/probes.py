@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+# The module, not its function: `catalogue()` is read at call time (tests swap it).
+import triage.catalogue
 from triage.llama.endpoints import Endpoint, endpoint_of
 from triage.stackfile import ServerConfig, Stack, split_spec_flags
 
@@ -164,9 +166,7 @@ def skipped_arms(
     """(arm, why) for every catalogue arm that this stack and request do not plan: the
     arm's declared `precondition` (what it needs to matter), else a generic reason."""
     if arms is None:
-        from triage.catalogue import catalogue
-
-        arms = list(catalogue().arms)
+        arms = list(triage.catalogue.catalogue().arms)
     out = []
     # Arms of one family (the request-field ablation arms) not planned share one line.
     families: dict[str, list[str]] = {}
@@ -278,14 +278,20 @@ BASELINE_ARM = PlannedArm("baseline", "the failing request as sent, seeds varied
 
 
 def plan_arms(
-    stack: Stack, request: dict[str, Any], arms: Iterable[Any] | None = None
+    stack: Stack,
+    request: dict[str, Any],
+    arms: Iterable[Any] | None = None,
+    causes: Iterable[Any] | None = None,
 ) -> list[PlannedArm]:
     """Every catalogue arm that applies to this stack and request, in plan order, after the
-    baseline; request-level arms first."""
+    baseline; request-level arms first. An arm also decides every cause that declares
+    itself `removed_by` it (triage.causes.CauseRule), whether or not the arm names it."""
     if arms is None:
-        from triage.catalogue import catalogue
-
-        arms = list(catalogue().arms)
+        arms = list(triage.catalogue.catalogue().arms)
+    removed_by: dict[str, list[str]] = {}
+    for cause in triage.catalogue.catalogue().causes if causes is None else causes:
+        for arm_id in getattr(cause, "removed_by", ()):
+            removed_by.setdefault(arm_id, []).append(cause.id)
     chosen = sorted(arms, key=lambda a: (a.level != "request", int(getattr(a, "order", 100))))
     planned = [BASELINE_ARM]
     for arm in chosen:
@@ -295,7 +301,8 @@ def plan_arms(
         if item is not None:
             if item.level == "server" and item.config is None:
                 raise ValueError(f"server-level arm {item.name!r} planned without a config")
-            planned.append(item)
+            extra = tuple(c for c in removed_by.get(item.name, ()) if c not in item.decides)
+            planned.append(replace(item, decides=item.decides + extra) if extra else item)
     return planned
 
 

@@ -8,7 +8,9 @@ from typing import Any
 
 from triage import probes
 from triage.commands.engine import format_diagnosis
-from triage.stackfile import ServerConfig, Stack
+from triage.engine import DiagnoseOptions, Diagnoser
+from triage.engine.naming import ModelIdentity
+from triage.stackfile import ServerConfig, Stack, parse_stack
 
 CHAT = {"messages": [{"role": "user", "content": "Why is the sky blue?"}], "max_tokens": 24}
 THINKING_ARMS = ("thinking-off", "no-think-suffix", "reasoning-budget")
@@ -26,7 +28,7 @@ def test_every_arm_not_planned_is_listed_with_what_it_needs() -> None:
     assert "[alternates] model" in skipped["alt-weights"]
     assert "response_format" in skipped["no-structured-output"]
     # 24 tokens cannot reach a 2048-token slot: a larger context cannot matter.
-    assert "-c set" in skipped["context-x4"]
+    assert "-c set" in skipped["context-lifted"]
     assert all(why for why in skipped.values())
 
 
@@ -74,3 +76,22 @@ def test_skipped_arms_are_printed_with_their_reason() -> None:
     text = format_diagnosis(diagnosis)
     assert "Arms not run (they cannot matter here):" in text
     assert "thinking-off" in text and "thinking is off for this request" in text
+
+
+def test_preconditions_can_be_switched_off_to_measure_what_they_save(
+    store: Any, tmp_path: Any
+) -> None:
+    stack = parse_stack('[server]\nurl = "http://127.0.0.1:9"\n', base=tmp_path, source="s.toml")
+    off = {"template-render": {"name": "template-render", "thinking_on": False}}
+    kept = []
+    for check in (True, False):
+        options = DiagnoseOptions(check_preconditions=check)
+        diagnoser = Diagnoser(store, stack, CHAT, options=options)
+        diagnoser.identity = ModelIdentity("m")
+        assert "thinking-off" in diagnoser.plan.arms
+        diagnoser._prepare(diagnoser.plan)
+        executor = diagnoser._executor(diagnoser.plan, None)
+        executor.execution.facts.update(off)
+        executor._skip_unmet()
+        kept.append("thinking-off" in executor.plan.arms)
+    assert kept == [False, True]

@@ -181,7 +181,7 @@ def test_main_prints_the_table_writes_json_and_exits_nonzero_on_off_diagonal(
             "d", MANIFEST, _diagnosis(model_file="confirmed", quantized_weights="confirmed"), CAUSES
         )
     ]
-    monkeypatch.setattr(confusion, "run", lambda names, cap=None: rows)
+    monkeypatch.setattr(confusion, "run", lambda names, cap=None, preconditions=True: rows)
     monkeypatch.setattr(confusion, "catalogue_causes", lambda: CAUSES)
     out = tmp_path / "rows.json"
     assert confusion.main(["--drills", "gemma4-toolcall", "--json", str(out)]) == 1
@@ -201,3 +201,17 @@ def test_a_drill_that_expects_unexplained_is_marked_on_the_verdict() -> None:
     ]
     explained = {**unexplained, "verdict": {"status": "explained"}}
     assert confusion.evaluate("real", manifest, explained, []).problems
+
+
+def test_a_drill_that_expects_request_fields_is_marked_on_the_ablation() -> None:
+    manifest = {
+        "causes": {},
+        "expected_verdict": "unexplained",
+        "expected_request_fields": ["stop"],
+    }
+    named = {"status": "unexplained", "request_fields": ["stop (without-stop 0/8 vs 7/8)"]}
+    row = confusion.evaluate("real", manifest, {"causes": [], "arms": [], "verdict": named}, [])
+    assert not row.problems
+    assert (confusion.FIELDS, "stop") in [(c.cause, c.status) for c in row.cells]
+    nothing = {"causes": [], "arms": [], "verdict": {"status": "unexplained"}}
+    assert confusion.evaluate("real", manifest, nothing, []).problems

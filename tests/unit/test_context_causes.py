@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from triage import symptoms
 from triage.causes import ArmOutcome, Observations
 from triage.checks.base import view
@@ -46,7 +48,7 @@ FILL = {
 def _size(arms: dict[str, ArmOutcome], facts: dict[str, Any] | None = None, planned=True):  # type: ignore[no-untyped-def]
     obs = Observations(
         facts={"context-fill": facts} if facts else {},
-        planned=("baseline", "context-x4") if planned else ("baseline",),
+        planned=("baseline", "context-lifted") if planned else ("baseline",),
     )
     return size_cause.CAUSE.decide(arms, obs)
 
@@ -55,21 +57,21 @@ def test_context_size_confirmed_when_a_larger_context_removes_the_length_stops()
     verdict = _size(
         {
             "baseline": _arm("baseline", 8, 8, "baseline", length_stop=8),
-            "context-x4": _arm("context-x4", 0, 8, "removes"),
+            "context-lifted": _arm("context-lifted", 0, 8, "removes"),
         },
         FILL,
     )
     assert verdict.status == "confirmed"
     assert "0/8" in verdict.rationale and "8/8" in verdict.rationale
     assert "used 256 of the slot's 256" in verdict.rationale
-    assert verdict.supports == ["context-x4", "context-fill"]
+    assert verdict.supports == ["context-lifted", "context-fill"]
 
 
 def test_context_size_never_confirmed_when_the_baseline_does_not_reproduce() -> None:
     verdict = _size(
         {
             "baseline": _arm("baseline", 0, 8, "baseline"),
-            "context-x4": _arm("context-x4", 0, 8, "removes"),
+            "context-lifted": _arm("context-lifted", 0, 8, "removes"),
         },
         FILL,
     )
@@ -81,12 +83,12 @@ def test_context_size_rejected_when_a_larger_context_changes_nothing() -> None:
     verdict = _size(
         {
             "baseline": _arm("baseline", 8, 8, "baseline", length_stop=8),
-            "context-x4": _arm("context-x4", 8, 8, "unchanged", length_stop=8),
+            "context-lifted": _arm("context-lifted", 8, 8, "unchanged", length_stop=8),
         },
         FILL,
     )
     assert verdict.status == "rejected"
-    assert verdict.refutes == ["context-x4"]
+    assert verdict.refutes == ["context-lifted"]
 
 
 def test_context_size_rejected_when_no_failure_stops_on_a_limit() -> None:
@@ -102,7 +104,7 @@ def test_context_size_rejected_when_prompt_plus_max_tokens_fits_the_slot() -> No
     verdict = _size(
         {
             "baseline": _arm("baseline", 8, 8, "baseline", length_stop=8),
-            "context-x4": _arm("context-x4", 0, 8, "removes"),
+            "context-lifted": _arm("context-lifted", 0, 8, "removes"),
         },
         fits,
     )
@@ -113,7 +115,7 @@ def test_context_size_rejected_when_prompt_plus_max_tokens_fits_the_slot() -> No
 def test_context_size_untested_without_the_arm() -> None:
     verdict = _size({"baseline": _arm("baseline", 8, 8, "baseline", length_stop=8)}, None, False)
     assert verdict.status == "suspected" and verdict.basis == "untested"
-    assert "context-x4" in verdict.deciding_probe
+    assert "context-lifted" in verdict.deciding_probe
 
 
 def test_context_size_suspected_when_the_length_stop_came_before_the_context_end() -> None:
@@ -121,36 +123,55 @@ def test_context_size_suspected_when_the_length_stop_came_before_the_context_end
     verdict = _size(
         {
             "baseline": _arm("baseline", 8, 8, "baseline", length_stop=8),
-            "context-x4": _arm("context-x4", 0, 8, "removes"),
+            "context-lifted": _arm("context-lifted", 0, 8, "removes"),
         },
         early,
     )
     assert verdict.status == "suspected"
 
 
-def test_context_x4_planned_only_when_the_request_can_reach_the_slot_context() -> None:
-    arm = context_size.ContextLarger()
+def test_context_lifted_to_what_the_reply_can_need_only_when_it_can_reach_the_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    arm = context_size.ContextLifted()
     small = _stack("-c", "1024", "-np", "4", "-t", "1")
-    planned = arm.plan(small, {**ASK, "max_tokens": 1024})
+    request = {**ASK, "max_tokens": 1024}
+    bound = context_size.prompt_token_bound(request)
+    planned = arm.plan(small, request)
     assert planned is not None and planned.decides == ("context-size",)
     assert planned.config is not None
-    assert list(planned.config.args) == ["-np", "4", "-t", "1", "-c", "4096"]
+    # Lifted to prompt bound + max_tokens per slot, same slots -- not a multiple of -c.
+    per_slot = bound + 1024 + context_size.CONTEXT_END_SLACK
+    assert list(planned.config.args) == ["-np", "4", "-t", "1", "-c", str(4 * per_slot)]
+    assert f"{per_slot} tokens per slot (was 256)" in planned.variant
     assert planned.observe is context_size.context_fill
-    # No max_tokens: the reply can always run into the context end.
-    assert arm.plan(small, ASK) is not None
+    # No max_tokens: the answer allowance takes its place.
+    unbounded = arm.plan(small, ASK)
+    assert unbounded is not None and unbounded.config is not None
+    allowance = context_size.prompt_token_bound(ASK) + context_size.ANSWER_ALLOWANCE + 2
+    assert list(unbounded.config.args)[-1] == str(4 * allowance)
     # The shared drills' shape: 4 slots of 4096 tokens, max_tokens 800, a short prompt.
     assert arm.plan(_stack("-c", "16384", "-np", "4"), {**ASK, "max_tokens": 800}) is None
     # No request to judge (a stack's arms listed without one).
     assert arm.plan(small, {}) is None
-    # No explicit -c: the context comes from the model file, nothing to multiply.
+    # No explicit -c: the context comes from the model file.
     assert arm.plan(_stack("-np", "4"), ASK) is None
     # --ctx-size=N spelling, auto slots (4).
     spelled = arm.plan(_stack("--ctx-size=2048"), {**ASK, "max_tokens": 600})
     assert spelled is not None and spelled.config is not None
-    assert list(spelled.config.args) == ["-c", "8192"]
+    assert list(spelled.config.args) == ["-c", str(4 * (bound + 600 + 2))]
     # A running server given by URL only cannot be relaunched.
     url_only = Stack(ServerConfig(None, None, ("-c", "256"), url="http://127.0.0.1:1"))
     assert arm.plan(url_only, ASK) is None
+    # Bounded by the model's trained context; nothing to lift when it is the slot already.
+    monkeypatch.setattr(context_size, "trained_context", lambda model: 512)
+    capped = arm.plan(small, ASK)
+    assert capped is not None and capped.config is not None
+    assert list(capped.config.args)[-1] == "2048" and "trained context 512" in capped.variant
+    monkeypatch.setattr(context_size, "trained_context", lambda model: 256)
+    assert arm.plan(small, ASK) is None
+    why = context_size.unplanned_reason(context_size.context_plan(small, ASK))
+    assert "trained context (256 tokens) is no larger than the 256-token slot" in why
 
 
 def test_prompt_token_bound_is_an_upper_bound_on_tokens() -> None:
@@ -193,7 +214,7 @@ def test_fill_facts_from_the_servers_refusal() -> None:
     verdict = _size(
         {
             "baseline": _arm("baseline", 8, 8, "baseline", http_error=8),
-            "context-x4": _arm("context-x4", 0, 8, "removes"),
+            "context-lifted": _arm("context-lifted", 0, 8, "removes"),
         },
         facts,
     )
@@ -331,3 +352,17 @@ def test_repetition_stopped_by_the_clients_own_max_tokens_is_not_flagged() -> No
     assert _failed(_exchange(LOOP, "stop")) == []  # ended by itself
     prose = " ".join(f"entry {i} names boat {i * 7} at berth {i + 3}" for i in range(80))
     assert _failed(_exchange(prose, "length")) == []  # stopped at the end, not looping
+
+
+def test_context_size_reports_the_tokens_needed_against_the_slot() -> None:
+    lifted = _arm("context-lifted", 2, 8, "removes")
+    lifted.ended_tokens = (302, 514, 427, 377, 479, 422)
+    verdict = _size(
+        {"baseline": _arm("baseline", 8, 8, "baseline", length_stop=8), "context-lifted": lifted},
+        {**FILL, "prompt_tokens": 40},
+    )
+    assert verdict.status == "confirmed"
+    assert (
+        "replies need 342-554 tokens (prompt 40 + answers of 302-514 tokens (median 427, "
+        "6 replies that ended on their own)) vs the slot's 256"
+    ) in verdict.rationale

@@ -6,7 +6,7 @@ Each test runs on SQLite and on PostgreSQL (the `db_url` fixture).
 from __future__ import annotations
 
 import socket
-from datetime import date
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -14,6 +14,7 @@ import pytest
 from kb.models import Cause
 from kb.repo.store import add_evidence, open_incident, record_status_change
 from kb.service import (
+    ConflictError,
     DatabaseError,
     DecisionRequest,
     IncidentFilters,
@@ -22,6 +23,7 @@ from kb.service import (
     OpenError,
     StoreError,
 )
+from kb.service.live import LiveBatch, LiveRow, record_live
 
 OPENED = date(2026, 7, 1)
 
@@ -194,3 +196,58 @@ def test_a_write_to_a_read_only_knowledge_base_says_so(tmp_path: Path) -> None:
                 slug, "quantized-weights", "rejected", actor="al", rationale="no"
             )
         assert "INSERT" not in str(info.value) and "UPDATE" not in str(info.value)
+
+
+def _live_row(key: str, at: datetime) -> LiveRow:
+    return {
+        "key": key,
+        "recorded_at": at,
+        "replica": "proxy-a",
+        "path": "/v1/chat/completions",
+        "model": "gemma",
+        "client": "",
+        "signature": "",
+        "failed": False,
+        "status": 200,
+        "elapsed_ms": 12.0,
+        "stream": False,
+        "upstream_build": "b9589",
+        "template_sha256": "ab" * 32,
+        "findings": [],
+        "body": None,
+        "body_truncated": False,
+        "shape": "chat",
+        "client_limit": "",
+    }
+
+
+def test_a_live_batch_a_replica_raced_is_retried_and_stored_once(kb: KnowledgeBase) -> None:
+    at = datetime(2026, 7, 1, 12, 0, tzinfo=timezone.utc)
+    attempts: list[int] = []
+
+    def write(batch: LiveBatch) -> set[str]:
+        inserted = batch.insert_exchanges([_live_row("k-1", at)])
+        attempts.append(len(inserted))
+        if len(attempts) == 1:  # as if another replica took a unique key first
+            raise ConflictError("duplicate key", url=kb.url, detail="UniqueViolation")
+        return inserted
+
+    assert record_live(kb, write) == {"k-1"}
+    assert attempts == [1, 1]  # the first attempt was rolled back, not kept
+    overview = kb.live_overview(
+        at - timedelta(hours=1), at + timedelta(hours=1), timedelta(hours=1)
+    )
+    assert overview.upstream is not None and overview.upstream.build == "b9589"
+    assert record_live(kb, lambda batch: batch.insert_exchanges([_live_row("k-1", at)])) == set()
+
+
+def test_a_live_batch_that_keeps_conflicting_gives_up_with_the_conflict(kb: KnowledgeBase) -> None:
+    calls: list[int] = []
+
+    def write(_batch: LiveBatch) -> None:
+        calls.append(1)
+        raise ConflictError("duplicate key", url=kb.url, detail="UniqueViolation")
+
+    with pytest.raises(ConflictError):
+        record_live(kb, write)
+    assert len(calls) == 3

@@ -77,7 +77,8 @@ def test_an_answer_or_a_repeated_phrase_that_ends_on_its_own_is_not_a_loop() -> 
 def test_the_arm_adds_dry_and_a_repeat_penalty_unless_the_request_has_them() -> None:
     stack = Stack(ServerConfig())
     planned = AntiRepetition().plan(stack, REQUEST)
-    assert planned is not None and planned.decides == ("model-loop",)
+    assert planned is not None
+    assert planned.decides == ("model-loop", "reasoning-exhausts-budget")
     body = with_anti_repetition(REQUEST)
     assert body["dry_multiplier"] == 0.8 and body["repeat_penalty"] == 1.1
     assert "dry_multiplier" not in REQUEST
@@ -106,3 +107,41 @@ def test_a_failure_that_is_not_a_loop_is_not_model_loop() -> None:
     base = _arm("baseline", 8, 8, "baseline", length_stop=8)  # cut answers, no repetition
     verdict = _model_loop({"baseline": base, "anti-repetition": _arm("a", 8, 8, "unchanged")})
     assert verdict.status == "rejected" and "not a loop" in verdict.rationale
+
+
+# A looping THOUGHT that thinking-off "fixes" (issue 23): the thought channel removed takes
+# the loop with it, which says nothing about the budget. The anti-repetition arm tells them
+# apart; the seed drill's thought (gemma4-thinking-budget at temperature 0) resists DRY +
+# repeat_penalty (measured on b11434: 800/800 tokens of thought either way), so it stays the
+# budget cause there.
+def _thought_loop(anti: ArmOutcome | None) -> dict[str, Any]:
+    base = _arm("baseline", 8, 8, "baseline", length_stop=8, runaway_reasoning=8,
+                reasoning_exhausted_budget=8, empty_content=8)  # fmt: skip
+    arms = {"baseline": base, "thinking-off": _arm("thinking-off", 0, 8, "removes")}
+    if anti is not None:
+        arms["anti-repetition"] = anti
+    obs = Observations(thinking_on_by_default=True, planned=tuple(arms))
+    return {v.cause: v for v in decide(arms, obs)}
+
+
+def test_a_looping_thought_that_penalties_end_is_model_loop_not_the_budget() -> None:
+    verdicts = _thought_loop(_arm("anti-repetition", 0, 8, "removes"))
+    budget = verdicts["reasoning-exhausts-budget"]
+    assert budget.status == "rejected" and budget.deciding_probe == "anti-repetition"
+    assert "thoughts loop" in budget.rationale and "not a budget too small" in budget.rationale
+    assert verdicts["model-loop"].status == "confirmed"
+
+
+def test_a_looping_thought_is_not_the_budget_before_the_penalty_arm_decides() -> None:
+    verdicts = _thought_loop(_arm("anti-repetition", 2, 4, "undecided", runaway_reasoning=2))
+    assert verdicts["reasoning-exhausts-budget"].status == "suspected"
+    assert "anti-repetition" in verdicts["reasoning-exhausts-budget"].deciding_probe
+
+
+def test_a_looping_thought_that_resists_penalties_eats_any_budget() -> None:
+    resists = _arm("anti-repetition", 4, 4, "unchanged", length_stop=4, runaway_reasoning=4)
+    verdicts = _thought_loop(resists)
+    assert verdicts["reasoning-exhausts-budget"].status == "confirmed"
+    assert verdicts["model-loop"].status == "rejected"
+    # A request that already penalises repetition plans no anti-repetition arm: the same.
+    assert _thought_loop(None)["reasoning-exhausts-budget"].status == "confirmed"

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from triage.causes import ArmOutcome, Observations
+from triage.engine.arms import cache_as_client as cache_arm
 from triage.engine.arms import prompt_cache as arm
 from triage.engine.causes.prompt_cache import CAUSE
 from triage.probes import ObserveContext
@@ -219,6 +220,88 @@ def test_held_turns_that_still_reuse_nothing_reject_it() -> None:
     assert verdict.status == "rejected" and "even with the value held" in verdict.rationale
 
 
-def test_no_observation_is_untested() -> None:
+def test_no_observation_is_untested_unless_the_cache_off_baseline_reproduces() -> None:
     verdict = CAUSE.decide({}, Observations())
     assert verdict.status == "suspected" and verdict.basis == "untested"
+    # An embeddings request (no chat observation) whose cache-off baseline fails 8/8.
+    reproduced = CAUSE.decide({"baseline": ArmOutcome("baseline", 8, 8, "")}, Observations())
+    assert reproduced.status == "rejected" and reproduced.deciding_probe == "baseline"
+
+
+# ---------------------------------------------------------------- cache-as-client (restore)
+
+
+SINGLE: dict[str, Any] = {"messages": [{"role": "user", "content": "Which city?"}]}
+EMPTY = {"choices": [{"index": 0, "message": {"role": "assistant", "content": ""}}]}
+
+
+def _restore_transport(buggy: bool, sent: list[dict[str, Any]]) -> httpx.MockTransport:
+    """One slot; with `buggy`, a reply whose prompt was restored from the cache comes back
+    empty (a restore bug), any other reply answers."""
+    slot = {"prompt": ""}
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        sent.append(body)
+        prompt = json.dumps(body["messages"])
+        restored = bool(body.get("cache_prompt")) and prompt == slot["prompt"]
+        slot["prompt"] = prompt
+        content = "" if buggy and restored else "Paris."
+        message = {"role": "assistant", "content": content}
+        timings = {"cache_n": len(prompt) - 1 if restored else 0, "prompt_n": 1}
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        return httpx.Response(200, json={"choices": [choice], "timings": timings})
+
+    return httpx.MockTransport(handle)
+
+
+def _observe_restore(
+    monkeypatch: pytest.MonkeyPatch, buggy: bool, exchange: dict[str, Any] | None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    sent: list[dict[str, Any]] = []
+    transport = _restore_transport(buggy, sent)
+    monkeypatch.setattr(
+        cache_arm, "LlamaClient", functools.partial(cache_arm.LlamaClient, transport=transport)
+    )
+    ctx = ObserveContext(_Server(), _Server(), SINGLE, 1, 30.0, exchange=exchange)
+    return asyncio.run(cache_arm.observe(ctx)), sent
+
+
+def _decide_single(cache_facts: dict[str, Any], baseline: ArmOutcome) -> Any:
+    facts = {
+        arm.ARM: {"name": arm.ARM, "continuation": False, "cache_off": False, "captured": None},
+        cache_arm.ARM: cache_facts,
+    }
+    return CAUSE.decide({"baseline": baseline}, Observations(facts=facts))
+
+
+def test_a_restore_bug_is_confirmed_by_cache_on_against_the_cache_off_baseline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    captured = {"request": SINGLE, "response": EMPTY, "status": 200}
+    facts, sent = _observe_restore(monkeypatch, True, captured)
+    assert facts["ran"] and (facts["failures"], facts["n"]) == (8, 8)
+    assert all(body["cache_prompt"] is True and body["id_slot"] == 0 for body in sent)
+    verdict = _decide_single(facts, ArmOutcome("baseline", 16, 0, "no-baseline-failure"))
+    assert verdict.status == "confirmed" and verdict.deciding_probe == cache_arm.ARM
+    assert "8/8" in verdict.rationale and "0/16" in verdict.rationale
+
+
+def test_a_cache_that_changes_nothing_stops_at_the_first_look(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    captured = {"request": SINGLE, "response": EMPTY, "status": 200}
+    facts, _ = _observe_restore(monkeypatch, False, captured)
+    assert (facts["failures"], facts["n"]) == (0, cache_arm.FIRST_LOOK)
+    verdict = _decide_single(facts, ArmOutcome("baseline", 16, 0, "no-baseline-failure"))
+    assert verdict.status == "suspected" and verdict.basis == "untested"
+    assert "0/4" in verdict.rationale
+
+
+def test_cache_as_client_sends_nothing_without_a_failing_capture(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    answered = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "Paris."}}]}
+    for exchange in (None, {"request": SINGLE, "response": answered, "status": 200}):
+        facts, sent = _observe_restore(monkeypatch, True, exchange)
+        assert sent == [] and facts["ran"] is False

@@ -44,7 +44,7 @@ def _cause(cause: str, status: str, probe: str) -> DiagnosisCause:
 
 CAUSES = [
     _cause("token-limit", "rejected", "token-limit-lifted"),
-    _cause("context-size", "rejected", "context-x4"),
+    _cause("context-size", "rejected", "context-lifted"),
     _cause("quantized-weights", "suspected", "alt-weights ([alternates] model)"),
 ]
 
@@ -55,7 +55,7 @@ def test_reproduced_and_nothing_confirmed_is_unexplained() -> None:
     assert verdict["headline"].startswith("UNEXPLAINED")
     assert "baseline 8/8 failing" in verdict["headline"]
     assert verdict["ruled_out"] == (
-        "ruled out 2: token-limit (token-limit-lifted), context-size (context-x4)"
+        "ruled out 2: token-limit (token-limit-lifted), context-size (context-lifted)"
     )
     assert "\n" not in verdict["ruled_out"]  # one line
     assert verdict["next_probes"][0] == "quantized-weights: alt-weights ([alternates] model)"
@@ -121,3 +121,13 @@ def test_the_retrospective_says_unexplained_with_citations() -> None:
     assert unexplained(record)
     line = next(li for li in retro_markdown(record).splitlines() if "UNEXPLAINED" in li)
     assert "no cause in the catalogue is confirmed" in line and "](#" in line  # cited
+
+
+def test_failed_model_file_lint_findings_come_first_in_the_next_probes() -> None:
+    lint = [
+        {"kind": "base-model-for-chat", "passed": False},
+        {"kind": "chat-template-missing", "passed": True},
+    ]
+    verdict = overall_verdict("done", CAUSES, [_arm("baseline", 8, 8)], lint)
+    assert verdict["next_probes"][0].startswith("model file: serve an instruction-tuned model")
+    assert not any("chat template (--chat-template-file)" in p for p in verdict["next_probes"])

@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from kb.atlas import AtlasEntry, AtlasError, Facts, atlas_dirs, load_atlas, match_atlas
+from kb.jsontypes import JsonObject
 from kb.repo.fileio import InputTooLarge, load_yaml, read_bounded
 from triage.atlas.facts import facts_from_exchange, facts_from_log, facts_from_stack, merge_facts
 from triage.atlas.report import read_log_file
@@ -98,7 +99,7 @@ class Evaluation:
     def false_alarms(self) -> int:
         return sum(1 for r in self.negatives if r.returned)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         hits = sum(r.hit for r in self.positives)
         return {
             "cases": len(self.results),

@@ -7,6 +7,7 @@ import json
 import re
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.capture.common import (
     Body,
     check_depth,
@@ -235,7 +236,7 @@ def _transport_number(value: Any, file: str, location: str, name: str) -> float 
     return float(value)
 
 
-def _record_status(record: dict[str, Any], file: str, where: str) -> int | None:
+def _record_status(record: JsonObject, file: str, where: str) -> int | None:
     status = record.get("status", record.get("status_code"))
     if status is not None and (
         isinstance(status, bool) or not isinstance(status, int) or not 0 <= status <= 999

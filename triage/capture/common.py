@@ -161,7 +161,7 @@ def json_type(value: Any) -> str:
     return "object"
 
 
-def normalise_error(raw: Any, *, in_stream: bool) -> dict[str, Any]:
+def normalise_error(raw: Any, *, in_stream: bool) -> JsonObject:
     """llama-server / OpenAI error objects (and bare strings) as {message, type, code}."""
     if isinstance(raw, dict):
         message = raw.get("message")
@@ -181,14 +181,14 @@ def normalise_error(raw: Any, *, in_stream: bool) -> dict[str, Any]:
     return {"message": redact_text(message), "type": None, "code": None, "in_stream": in_stream}
 
 
-def status_from_error(error: dict[str, Any]) -> int | None:
+def status_from_error(error: JsonObject) -> int | None:
     code = error.get("code")
     if isinstance(code, int) and not isinstance(code, bool) and 400 <= code <= 599:
         return code
     return None
 
 
-def http_error(status: int, message: str) -> dict[str, Any]:
+def http_error(status: int, message: str) -> JsonObject:
     """The error of an HTTP failure whose body says nothing more."""
     return {"message": message, "type": None, "code": status, "in_stream": False}
 
@@ -207,7 +207,7 @@ class Body:
     stream: bool = False
 
 
-def request_body(value: Any, file: str, location: str | int | None) -> dict[str, Any]:
+def request_body(value: Any, file: str, location: str | int | None) -> JsonObject:
     """A request body (must be a JSON object), redacted."""
     if not isinstance(value, dict):
         raise CaptureError(file, location, f"request must be a JSON object, got {json_type(value)}")

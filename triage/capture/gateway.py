@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.capture.common import check_depth, reject_constant
 from triage.capture.model import CaptureError
 
@@ -61,7 +62,7 @@ def _request_json(body: Any, file: str, where: str) -> Any:
     return value
 
 
-def flatten_gateway_record(record: dict[str, Any], file: str, where: Any) -> dict[str, Any]:
+def flatten_gateway_record(record: JsonObject, file: str, where: Any) -> JsonObject:
     """The record with gateway envelopes unwrapped (unchanged when there are none)."""
     request, response = record.get("request"), record.get("response")
     request_envelope = is_gateway_envelope(request, response=False)

@@ -13,6 +13,7 @@ import jsonschema
 from jsonschema.exceptions import best_match
 
 import kb
+from kb.jsontypes import JsonObject
 
 # The package, not its function: the catalogue is looked up per call (tests swap it).
 from triage import catalogue as plugins
@@ -124,7 +125,7 @@ class Exchange:
     # wire, while `response` is what the client showed (see capture/formats/client_view.py).
     wire_response: dict[str, Any] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The JSON form stored as evidence (validates against exchange.schema.json)."""
         data: dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,

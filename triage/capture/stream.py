@@ -185,7 +185,7 @@ class StreamState:
                 index = position
             _apply_choice(self.choices.setdefault(index, _ChoiceState()), choice)
 
-    def response(self) -> dict[str, Any] | None:
+    def response(self) -> JsonObject | None:
         if not self.choices:
             return None
         choices = []

@@ -56,7 +56,7 @@ class Violation:
     code: str
     problem: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"event": self.event, "line": self.line, "code": self.code, "problem": self.problem}
 
 

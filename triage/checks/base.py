@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from kb.jsontypes import JsonObject
-from kb.vocab import KIND_NUMBERS
 from triage.capture import Exchange
 
 __all__ = [
@@ -82,7 +81,7 @@ class Finding(NamedTuple):
     where: str | None = None
     offset: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "kind": self.kind,
             "passed": self.passed,
@@ -303,17 +302,15 @@ class FunctionCheck:
 def check(
     kind: str, *, number: int | None = None, user_facing: bool = True
 ) -> Callable[[CheckFn], FunctionCheck]:
-    """Make a function a `Check` for finding kind `kind`.
-
-    Built-in kinds take their number from kb.vocab; any other kind needs an explicit
-    `number` (32 and up). Register the result with `catalogue.checks.add(...)`.
+    """Make a function a `Check` for finding kind `kind`, with its stable `number` (declared
+    here, in the check's own file: built-ins 0..31, plugins from 32; see
+    triage/plugin_api.py). Register the result with `catalogue.checks.add(...)`.
     """
     if number is None:
-        if kind not in KIND_NUMBERS:
-            raise ValueError(
-                f"unknown finding kind {kind!r}: a check outside kb.vocab needs a number"
-            )
-        number = KIND_NUMBERS[kind]
+        raise ValueError(
+            f"finding kind {kind!r} needs a number, declared where the check is defined "
+            "(built-ins 0..31, plugins from 32; see triage/plugin_api.py)"
+        )
 
     def make(func: CheckFn) -> FunctionCheck:
         return FunctionCheck(kind, number, user_facing, func)

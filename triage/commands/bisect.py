@@ -10,13 +10,15 @@ from typing import Any
 import click
 
 from kb.repo.bisect import bisect_incident, record_bisect_step
-from kb.repo.store import data_dir
+from kb.repo.engine import data_dir
 from triage.bisect import (
     BisectError,
     BisectOptions,
     Bisector,
     BuildResult,
+    CommitsBetween,
     ServerOracle,
+    StateKey,
     commits_between,
     saved_meta,
     state_file,
@@ -102,7 +104,7 @@ def _run(bisector: Any, log: Any) -> Any:
     return bisector.run()
 
 
-def format_report(report: Any, commits: dict[str, Any] | None, incident: str) -> str:
+def format_report(report: Any, commits: CommitsBetween | None, incident: str) -> str:
     """The bisection as text for a terminal."""
     lines = [
         f"Bisection b{report.good}..b{report.bad} ({report.builds_in_range} builds in "
@@ -141,7 +143,7 @@ class _Plan:
     versions: list[int]
     request: Any
     stack: Any
-    key: dict[str, Any]
+    key: StateKey
     state_path: Path
     seed: int
     reference_n: int
@@ -193,7 +195,9 @@ def _bisect(store: Any, incident_id: int, slug: str, plan: _Plan) -> Any:
         oracle.close()
 
 
-def _record_outcome(store: Any, incident_id: int, plan: _Plan, report: Any) -> Any:
+def _record_outcome(
+    store: Any, incident_id: int, plan: _Plan, report: Any
+) -> CommitsBetween | None:
     """Record the bisection's outcome (with the commits between the neighbours, if any)."""
     commits = None
     if report.last_good is not None and report.first_bad is not None:

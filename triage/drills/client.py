@@ -26,7 +26,7 @@ from typing import Any
 
 from kb.jsontypes import JsonObject
 from triage.drills import gemma4
-from triage.drills.drill import Drill, finish
+from triage.drills.drill import Drill, ExpectedCause, finish
 from triage.engine.servers import open_server
 from triage.llama.client import LlamaClient
 from triage.stackfile import load_stack
@@ -46,7 +46,7 @@ CONVERSATION_DRILL = "conversation-python-args"
 PYTHON_ARGS = "{'location': 'Paris'}"
 
 
-def _seed_causes(expected: dict[str, tuple[str, list[str], str]]) -> dict[str, Any]:
+def _seed_causes(expected: dict[str, tuple[str, list[str], str]]) -> dict[str, ExpectedCause]:
     return {
         cause: {"real": False, "expected": exp, "accept": accept, "why": why}
         for cause, (exp, accept, why) in expected.items()
@@ -61,7 +61,7 @@ def _not_reproduced(cause: str) -> tuple[str, list[str], str]:
     )
 
 
-def client_view_capture(request: JsonObject, stream: str) -> dict[str, Any]:
+def client_view_capture(request: JsonObject, stream: str) -> JsonObject:
     """A client-view capture: the server's raw stream and what a content-only client shows
     (the content deltas, no tool calls, no reasoning)."""
     content = []
@@ -149,7 +149,7 @@ def client_content_only(out_dir: Path, template: str) -> Drill:
     return finish(STREAM_DRILL, spec, out_dir, template, manifest, [streamed], {})
 
 
-def conversation_request() -> dict[str, Any]:
+def conversation_request() -> JsonObject:
     """The second turn, its history holding a tool call with Python-literal arguments."""
     call = {
         "id": "call_0",

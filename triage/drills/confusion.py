@@ -25,12 +25,13 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from kb.repo.store import Store
 from triage import catalogue as plugins
 from triage.capture import load_file
@@ -46,6 +47,7 @@ MISSING = "MISSING"  # the manifest lists a cause the diagnosis has no verdict f
 NOT_RUN = "n/a"  # the cause was not part of this run (e.g. crash-only causes), not listed
 CONFIRMED = "confirmed"
 VERDICT = "(verdict)"  # the column of a drill whose manifest names an expected_verdict
+FIELDS = "(request fields)"  # ... and of one that names expected_request_fields
 # Replays per arm: a deterministic failure is decided in a few, an intermittent one needs more.
 DETERMINISTIC_CAP = 16
 INTERMITTENT_CAP = 64
@@ -79,13 +81,14 @@ class Row:
     cells: list[Cell] = field(default_factory=list)
     error: str = ""
     seconds: float = 0.0
+    requests: int = 0  # replays the diagnosis sent (its cost), for the cost tables
 
     @property
     def problems(self) -> list[Cell]:
         return [cell for cell in self.cells if cell.mark != OK]
 
 
-def _accepted(truth: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
+def _accepted(truth: Mapping[str, object]) -> tuple[str, tuple[str, ...]]:
     expected = str(truth.get("expected", ""))
     accept = truth.get("accept")
     if isinstance(accept, list) and accept:
@@ -95,7 +98,7 @@ def _accepted(truth: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
     return expected, (expected,)
 
 
-def _deciding(cause: dict[str, Any], arms: dict[str, dict[str, Any]]) -> str:
+def _deciding(cause: JsonObject, arms: dict[str, JsonObject]) -> str:
     arm = arms.get(str(cause.get("deciding_probe") or ""))
     if not arm or not arm.get("n"):
         return ""
@@ -106,10 +109,8 @@ def _deciding(cause: dict[str, Any], arms: dict[str, dict[str, Any]]) -> str:
     return text
 
 
-def evaluate(
-    drill: str, manifest: dict[str, Any], diagnosis: dict[str, Any], causes: Sequence[str]
-) -> Row:
-    """Mark each cause's verdict in `diagnosis` against the drill's `manifest`."""
+def evaluate(drill: str, manifest: JsonObject, diagnosis: JsonObject, causes: Sequence[str]) -> Row:
+    """Mark each cause's verdict in `diagnosis` (its JSON) against the drill's `manifest`."""
     verdicts = {str(c["id"]): c for c in diagnosis.get("causes") or []}
     arms = {str(a["name"]): a for a in diagnosis.get("arms") or []}
     truths: dict[str, Any] = manifest.get("causes") or {}
@@ -138,6 +139,15 @@ def evaluate(
         row.cells.append(
             Cell(VERDICT, status, "", str(expected_verdict), (str(expected_verdict),), mark)
         )
+    expected_fields = manifest.get("expected_request_fields")
+    if expected_fields:  # the request fields whose ablation removes the failure (issue 23)
+        named = (diagnosis.get("verdict") or {}).get("request_fields") or []
+        found = sorted({str(f).split(" ", 1)[0] for f in named})
+        want = sorted(str(f) for f in expected_fields)
+        mark = OK if found == want else MISMATCH
+        text = ", ".join(found) or "none"
+        detail = "; ".join(str(f).split(" ", 1)[1].strip("()") for f in named if " " in str(f))
+        row.cells.append(Cell(FIELDS, text, detail, ", ".join(want), (text,), mark))
     return row
 
 
@@ -177,7 +187,7 @@ def render(rows: Sequence[Row], causes: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def failing_request(manifest: dict[str, Any]) -> tuple[str, int]:
+def failing_request(manifest: JsonObject) -> tuple[str, int]:
     """(name of the drill's first failing request, the per-arm replay cap it needs)."""
     requests = manifest.get("requests") or []
     chosen = next((r for r in requests if r.get("role") == "failing"), None)
@@ -206,7 +216,14 @@ def _recorded_capture(drill: Any, work: Path) -> dict[str, Any] | None:
     return {"request": exchange.request, "exchange": exchange.to_dict(), "findings": findings}
 
 
-def run_drill(name: str, work: Path, causes: Sequence[str], max_requests: int | None) -> Row:
+def run_drill(
+    name: str,
+    work: Path,
+    causes: Sequence[str],
+    max_requests: int | None,
+    *,
+    preconditions: bool = True,
+) -> Row:
     """Build drill `name` in `work`, diagnose its failing request, return its row."""
     started = time.monotonic()
     try:
@@ -235,6 +252,7 @@ def run_drill(name: str, work: Path, causes: Sequence[str], max_requests: int | 
                         max_requests=max_requests or cap,
                         log_dir=work / "runs",
                         request_timeout=timeout,
+                        check_preconditions=preconditions,
                     ),
                     **({k: capture[k] for k in ("exchange", "findings")} if capture else {}),
                 )
@@ -244,17 +262,23 @@ def run_drill(name: str, work: Path, causes: Sequence[str], max_requests: int | 
         return Row(name, error=f"{type(exc).__name__}: {exc}", seconds=time.monotonic() - started)
     row = evaluate(name, drill.manifest, diagnosis, causes)
     row.request, row.seconds = request, time.monotonic() - started
+    row.requests = int((diagnosis.get("cost") or {}).get("requests") or 0)
     return row
 
 
-def run(names: Sequence[str], max_requests: int | None = None) -> list[Row]:
+def run(
+    names: Sequence[str], max_requests: int | None = None, *, preconditions: bool = True
+) -> list[Row]:
     """Diagnose each named drill in its own throwaway folder and store."""
     causes = catalogue_causes()
     rows = []
     for name in names:
         with tempfile.TemporaryDirectory(prefix=f"triage-confusion-{name}-") as tmp:
-            rows.append(run_drill(name, Path(tmp), causes, max_requests))
-            print(f"{name}: {rows[-1].seconds:.0f} s", file=sys.stderr, flush=True)
+            rows.append(
+                run_drill(name, Path(tmp), causes, max_requests, preconditions=preconditions)
+            )
+            row = rows[-1]
+            print(f"{name}: {row.seconds:.0f} s, {row.requests} requests", file=sys.stderr)
     return rows
 
 
@@ -286,10 +310,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{INTERMITTENT_CAP} for an intermittent one)",
     )
     parser.add_argument("--json", type=Path, help="also write the rows as JSON to this file")
+    parser.add_argument(
+        "--no-preconditions",
+        action="store_true",
+        help="run every planned arm even when the observations show it cannot matter "
+        "(to measure what the arm preconditions save)",
+    )
     args = parser.parse_args(argv)
     if args.max_requests is not None and not 4 <= args.max_requests <= 1000:
         parser.error("--max-requests must be between 4 and 1000")
-    rows = run(_drill_names(args.drills), args.max_requests)
+    rows = run(
+        _drill_names(args.drills), args.max_requests, preconditions=not args.no_preconditions
+    )
     print(render(rows, catalogue_causes()))
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")

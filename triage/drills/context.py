@@ -33,7 +33,7 @@ from typing import Any
 from kb.jsontypes import JsonObject
 from triage.drills import gemma4
 from triage.drills.compiler import compile_design
-from triage.drills.drill import Drill, manifest_head, weight_facts
+from triage.drills.drill import Drill, ExpectedCause, manifest_head, weight_facts
 from triage.drills.host import host_workaround_args, host_workaround_note
 from triage.drills.language import Design
 
@@ -115,11 +115,11 @@ def context_size_design() -> tuple[Design, dict[str, Any]]:
     return design, facts
 
 
-def _cause(expected: str, accept: list[str], why: str) -> dict[str, Any]:
+def _cause(expected: str, accept: list[str], why: str) -> ExpectedCause:
     return {"real": expected == "confirmed", "expected": expected, "accept": accept, "why": why}
 
 
-def manifest_causes(facts: dict[str, Any]) -> dict[str, Any]:
+def manifest_causes(facts: dict[str, Any]) -> dict[str, ExpectedCause]:
     """Expected verdicts: context-size confirmed, no other cause confirmed."""
     not_confirmed = ["rejected", "suspected"]
     return {
@@ -168,7 +168,7 @@ def _write(
     out_dir: Path,
     template: str,
     server_args: list[str],
-    manifest: dict[str, Any],
+    manifest: JsonObject,
     requests: list[JsonObject],
 ) -> Drill:
     """Compile the model, write request files, manifest.json and stack.toml."""
@@ -267,7 +267,7 @@ def context_shift_design() -> tuple[Design, dict[str, Any]]:
     return design, facts
 
 
-def shift_manifest_causes() -> dict[str, Any]:
+def shift_manifest_causes() -> dict[str, ExpectedCause]:
     """Expected verdicts: context-shift confirmed, no other cause confirmed."""
     not_confirmed = ["rejected", "suspected"]
     return {

@@ -10,7 +10,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from kb.jsontypes import JsonObject
 from triage.drills import gemma4
@@ -20,6 +20,18 @@ from triage.drills.template import template_sha256
 from triage.llama.build import BUILD_NUMBER
 
 MANIFEST_VERSION = 1
+
+
+class ExpectedCause(TypedDict):
+    """A drill's ground truth for one catalogue cause, as manifest.json's `causes` holds it:
+    the verdict expected, the verdicts accepted, and why; `real` when the drill really has it."""
+
+    real: bool
+    expected: str
+    accept: list[str]
+    why: str
+
+
 # 4 slots of 4096 tokens: room for a token-limit probe at 4x max_tokens (3200 + prompt).
 # One compute thread: the drill models are tiny, and several multi-threaded servers on a
 # busy 2-core machine spin against each other (measured: 228 vs 5600 tokens/s).
@@ -39,10 +51,10 @@ class Drill:
     name: str
     out_dir: Path
     models: dict[str, Path]
-    manifest: dict[str, Any]
-    requests: list[dict[str, Any]]
+    manifest: JsonObject  # manifest.json
+    requests: list[JsonObject]
     server_args: list[str]
-    contrasts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    contrasts: dict[str, JsonObject] = field(default_factory=dict)
     # Set when the server args carry a host workaround (--no-repack on an AMX host).
     host_note: str | None = None
 
@@ -51,7 +63,7 @@ class Drill:
         """The incident's weights file ("qat")."""
         return self.models["qat"]
 
-    def request(self, name: str) -> dict[str, Any]:
+    def request(self, name: str) -> JsonObject:
         """A scripted request (or contrast) by its manifest name."""
         for described, body in zip(self.manifest["requests"], self.requests, strict=True):
             if described["name"] == name:
@@ -70,9 +82,9 @@ GEMMA4_TEMPLATE_SOURCE = "llama.cpp/models/templates/google-gemma-4-31B-it.jinja
 
 def manifest_head(
     name: str, template: str | None = None, template_source: str = GEMMA4_TEMPLATE_SOURCE
-) -> dict[str, Any]:
+) -> JsonObject:
     """The fields every drill manifest starts with (the template's when it embeds one)."""
-    head: dict[str, Any] = {
+    head: JsonObject = {
         "manifest_version": MANIFEST_VERSION,
         "drill": name,
         "designed_for_build": BUILD_NUMBER,
@@ -82,7 +94,16 @@ def manifest_head(
     return head
 
 
-def weight_facts(path: Path, fmt: str) -> dict[str, Any]:
+class WeightFacts(TypedDict):
+    """What a manifest says about one weight file."""
+
+    file: str
+    format: str
+    file_type: str
+    sha256: str
+
+
+def weight_facts(path: Path, fmt: str) -> WeightFacts:
     """What a manifest says about one weight file: name, format, GGUF file type, sha256."""
     return {
         "file": path.name,
@@ -133,7 +154,7 @@ def write_stack(drill: Drill, path: Path | None = None) -> Path:
     return path
 
 
-def request_body(messages: list[dict[str, Any]], **settings: Any) -> dict[str, Any]:
+def request_body(messages: list[JsonObject], **settings: Any) -> JsonObject:
     """A chat request body: the messages and the sampling settings."""
     return {"messages": messages, **settings}
 
@@ -143,9 +164,9 @@ def finish(
     spec: gemma4.DrillDesign,
     out_dir: Path,
     template: str,
-    manifest: dict[str, Any],
+    manifest: JsonObject,
     requests: list[JsonObject],
-    contrasts: dict[str, dict[str, Any]],
+    contrasts: dict[str, JsonObject],
     *,
     extra_args: tuple[str, ...] = (),
     template_source: str = GEMMA4_TEMPLATE_SOURCE,

@@ -11,19 +11,18 @@ a stack naming that line.)
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from triage.drills import gemma4, reason
-from triage.drills.drill import Drill, finish, request_body
+from triage.drills.drill import Drill, ExpectedCause, finish, request_body
 
 NAME = "server-flags-no-jinja"
 
 
-def _cause(expected: str, accept: list[str], why: str) -> dict[str, Any]:
+def _cause(expected: str, accept: list[str], why: str) -> ExpectedCause:
     return {"real": expected == "confirmed", "expected": expected, "accept": accept, "why": why}
 
 
-def manifest_causes() -> dict[str, Any]:
+def manifest_causes() -> dict[str, ExpectedCause]:
     """Expected verdicts: server-flags confirmed, no other cause confirmed."""
     not_confirmed = ["rejected", "suspected"]
     return {

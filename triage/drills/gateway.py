@@ -35,7 +35,7 @@ from kb.jsontypes import JsonObject
 from triage.capture import exchange_from_http
 from triage.drills import gemma4
 from triage.drills.context import _write
-from triage.drills.drill import Drill
+from triage.drills.drill import Drill, ExpectedCause
 from triage.drills.gateways import LITELLM_KEY_ENV, LITELLM_MODEL, running_gateway
 from triage.drills.language import Design
 from triage.llama.build import find_server_binary
@@ -93,11 +93,11 @@ def design() -> tuple[Design, dict[str, Any]]:
     return spec, facts
 
 
-def _cause(expected: str, accept: list[str], why: str) -> dict[str, Any]:
+def _cause(expected: str, accept: list[str], why: str) -> ExpectedCause:
     return {"real": expected == "confirmed", "expected": expected, "accept": accept, "why": why}
 
 
-def manifest_causes(kind: str) -> dict[str, Any]:
+def manifest_causes(kind: str) -> dict[str, ExpectedCause]:
     """Expected verdicts: gateway-timeout confirmed, no other cause confirmed."""
     not_confirmed = ["rejected", "suspected"]
     untested = ["suspected"]
@@ -126,7 +126,7 @@ def manifest_causes(kind: str) -> dict[str, Any]:
     }
 
 
-def _request() -> dict[str, Any]:
+def _request() -> JsonObject:
     # `model`: the name LiteLLM routes by (llama-server serves its one model whatever it is).
     return {
         "model": LITELLM_MODEL,

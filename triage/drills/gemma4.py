@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.drills.language import Design, Vocabulary, sampled_probability
 
 # --- texts -------------------------------------------------------------------------------
@@ -68,7 +68,7 @@ WEATHER_TOOL = {
 }
 
 
-def weather_request() -> dict[str, Any]:
+def weather_request() -> JsonObject:
     """The weather question with its tool, greedy (seed 42): the drills built on the toolcall
     chain ask it."""
     return {
@@ -246,7 +246,7 @@ def loop_failure_rate(facts: dict[str, object], max_tokens: int, temperature: fl
     return (1.0 - exit_probability) ** cycles
 
 
-def thinking_budget_manifest(facts: dict[str, object], max_tokens: int = 800) -> dict[str, Any]:
+def thinking_budget_manifest(facts: dict[str, object], max_tokens: int = 800) -> JsonObject:
     """Ground truth of gemma4-thinking-budget."""
     cycles = _exit_budget(
         max_tokens,
@@ -321,7 +321,7 @@ def thinking_budget_manifest(facts: dict[str, object], max_tokens: int = 800) ->
     }
 
 
-def toolcall_manifest(facts: dict[str, object]) -> dict[str, Any]:
+def toolcall_manifest(facts: dict[str, object]) -> JsonObject:
     """Ground truth of gemma4-toolcall."""
     q = _number(facts, "q")
     return {

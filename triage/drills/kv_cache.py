@@ -34,7 +34,14 @@ import numpy as np
 
 from triage.drills import gemma4
 from triage.drills.compiler import ConstantAttention, compile_design
-from triage.drills.drill import SERVER_ARGS, Drill, manifest_head, toml_value, weight_facts
+from triage.drills.drill import (
+    SERVER_ARGS,
+    Drill,
+    ExpectedCause,
+    manifest_head,
+    toml_value,
+    weight_facts,
+)
 from triage.drills.host import host_workaround_args, host_workaround_note
 from triage.drills.language import Design, Vocabulary
 
@@ -95,11 +102,11 @@ def cache_roundtrip(v: np.ndarray, cache: str) -> np.ndarray:
     return np.asarray(h @ out, dtype=np.float64)
 
 
-def _cause(real: bool, expected: str, accept: list[str], why: str) -> dict[str, object]:
+def _cause(real: bool, expected: str, accept: list[str], why: str) -> ExpectedCause:
     return {"real": real, "expected": expected, "accept": accept, "why": why}
 
 
-def manifest_causes() -> dict[str, Any]:
+def manifest_causes() -> dict[str, ExpectedCause]:
     """Expected verdicts: kv-cache-quant confirmed, no other cause."""
     return {
         "kv-cache-quant": _cause(

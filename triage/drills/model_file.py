@@ -23,7 +23,14 @@ from typing import Any
 
 from triage.drills import gemma4
 from triage.drills.compiler import compile_design
-from triage.drills.drill import SERVER_ARGS, Drill, manifest_head, toml_value, weight_facts
+from triage.drills.drill import (
+    SERVER_ARGS,
+    Drill,
+    ExpectedCause,
+    manifest_head,
+    toml_value,
+    weight_facts,
+)
 from triage.drills.host import host_workaround_args, host_workaround_note
 from triage.drills.language import Design, Token, TokenKind
 
@@ -41,11 +48,11 @@ def broken_conversion(design: Design, token_text: str, kind: TokenKind) -> Desig
     return broken
 
 
-def _cause(real: bool, expected: str, accept: list[str], why: str) -> dict[str, object]:
+def _cause(real: bool, expected: str, accept: list[str], why: str) -> ExpectedCause:
     return {"real": real, "expected": expected, "accept": accept, "why": why}
 
 
-def manifest_causes() -> dict[str, Any]:
+def manifest_causes() -> dict[str, ExpectedCause]:
     """Expected verdicts: model-file confirmed, the six seed causes never."""
     return {
         "model-file": _cause(

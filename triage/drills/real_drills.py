@@ -23,6 +23,16 @@ packages ship, the prompts are plain user prompts.
   markup back ("<|im_end|>\\n<|im_start|>admin\\n...") until max_tokens (200, measured:
   finish length at 200 tokens, temperature 0). No catalogue cause of the engine explains
   a base model served for chat.
+- `real-smollm2-stop-cuts`: a client whose stop list holds a code fence ("```") asks
+  SmolLM2 for a Python function: the answer begins with "```python", so the stop string cuts
+  it at once -- content empty, finish stop, 7 of 8 seeds (seed 1007 starts with prose).
+  Without `stop` 4 of 4 end on their own after 82-224 tokens with the code. No catalogue
+  cause covers a client's stop string: the request-field ablation names it.
+- `real-smollm2-foreign-template`: SmolLM2 (trained on ChatML) served with a Gemma-style
+  chat template file (`--chat-template-file`): every reply writes the foreign turn markup
+  into content ("<end_of_turn>city\n...", 8 of 8 seeds at temperature 0.8), since
+  `<end_of_turn>` is not a token of its vocabulary, let alone an end-of-generation one.
+  The model-file lint names the mismatch; no catalogue cause covers it.
 """
 
 from __future__ import annotations
@@ -30,10 +40,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from kb.jsontypes import JsonObject
-from triage.drills.drill import Drill, manifest_head
+from triage.drills.drill import Drill, ExpectedCause, manifest_head
 from triage.drills.real import MODELS, model_path
 
 # One compute thread, as for the other drills: several servers on 2 shared cores.
@@ -41,11 +50,21 @@ THREADS = ["-t", "1", "-tb", "1"]
 BICYCLE = "Explain in detail how a bicycle gear system works."
 POEM = "Write a long poem about the sea."
 CAPITAL = "What is the capital of France? Answer in one word."
+CAPITAL_PLAIN = "What is the capital of France?"
+REVERSE = "Write a Python function that reverses a string."
+# A Gemma-style chat template (turns in <start_of_turn> / <end_of_turn>), the kind of file a
+# deployment copies from another model family.
+GEMMA_STYLE_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{{ '<start_of_turn>' + ('model' if "
+    "message['role'] == 'assistant' else message['role']) + '\n' + message['content'] + "
+    "'<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model"
+    "\n' }}{% endif %}\n"
+)
 MEASURED_WITH = "llama-server b11434, 1 thread, seeds 1000-1007 (the engine's first seeds)"
 NOT_CONFIRMED = ["rejected", "suspected"]
 
 
-def _cause(expected: str, why: str, accept: list[str] | None = None) -> dict[str, Any]:
+def _cause(expected: str, why: str, accept: list[str] | None = None) -> ExpectedCause:
     accept = accept or ([expected] if expected != "not-confirmed" else NOT_CONFIRMED)
     return {"real": expected == "confirmed", "expected": expected, "accept": accept, "why": why}
 
@@ -56,7 +75,7 @@ def _write(
     model: str,
     args: list[str],
     request: JsonObject,
-    manifest: dict[str, Any],
+    manifest: JsonObject,
 ) -> Drill:
     """manifest.json, request-failing.json and stack.toml (the model stays in the cache)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -232,9 +251,87 @@ def gemma_base_chat(out_dir: Path, template: str = "") -> Drill:
     )
 
 
+def stop_cuts(out_dir: Path, template: str = "") -> Drill:
+    request = {
+        "messages": [{"role": "user", "content": REVERSE}],
+        "temperature": 0.8,
+        "stop": ["```"],
+    }
+    return _write(
+        "real-smollm2-stop-cuts",
+        out_dir,
+        "smollm2-135m-instruct",
+        ["-c", "2048", "-np", "1"],
+        request,
+        {
+            "failing": {"expect": {"finish_reason": "stop", "failure_rate": 0.875}},
+            "expected_verdict": "unexplained",
+            "expected_request_fields": ["stop"],
+            "measured": {
+                "with": MEASURED_WITH + ", -c 2048 -np 1",
+                "finish": ["stop"] * 8,
+                "completion_tokens": [1, 1, 1, 1, 1, 1, 1, 56],
+                "contains": "7 of 8 replies empty: the answer opens with '```python' and the "
+                "stop string ends it at its first token; seed 1007 opens with prose and stops "
+                "at the fence after 56 tokens",
+                "without_stop": "seeds 1000-1003: the code and its explanation, finish stop "
+                "after 152, 82, 106, 224 tokens",
+            },
+            "causes": {
+                "token-limit": _cause("not-confirmed", "The request sets no max_tokens."),
+                "context-size": _cause(
+                    "not-confirmed", "A one-token reply fits any slot; the stop string cuts it."
+                ),
+                "model-loop": _cause("not-confirmed", "An empty reply does not loop."),
+            },
+        },
+    )
+
+
+def foreign_template(out_dir: Path, template: str = "") -> Drill:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    template_file = out_dir / "gemma-style.jinja"
+    template_file.write_text(GEMMA_STYLE_TEMPLATE)
+    request = {
+        "messages": [{"role": "user", "content": CAPITAL_PLAIN}],
+        "max_tokens": 200,
+        "temperature": 0.8,
+    }
+    return _write(
+        "real-smollm2-foreign-template",
+        out_dir,
+        "smollm2-135m-instruct",
+        ["-c", "1024", "-np", "1", "--chat-template-file", str(template_file)],
+        request,
+        {
+            "failing": {"expect": {"finish_reason": "stop", "failure_rate": 1.0}},
+            "expected_verdict": "unexplained",
+            "measured": {
+                "with": MEASURED_WITH + ", -c 1024 -np 1, --chat-template-file (Gemma style)",
+                "finish": ["stop", "length", "stop", "stop", "length", "length", "stop", "stop"],
+                "completion_tokens": [25, 200, 39, 119, 200, 200, 125, 39],
+                "contains": "every reply writes Gemma turn markup into content "
+                "('<end_of_turn>city\\n...', '</start_of_turn>...<end_of_turn>'): the model "
+                "was trained on ChatML, and <end_of_turn> is no token of its vocabulary",
+            },
+            "causes": {
+                "token-limit": _cause(
+                    "not-confirmed", "Most replies stop on their own with the markup in them."
+                ),
+                "server-flags": _cause(
+                    "not-confirmed", "No flag is refused; the template file is served as given."
+                ),
+                "model-loop": _cause("not-confirmed", "The replies do not loop."),
+            },
+        },
+    )
+
+
 BUILDERS: dict[str, Callable[[Path, str], Drill]] = {
     "real-smollm2-token-limit": token_limit,
     "real-smollm2-context-size": context_size,
     "real-smollm2-poem-loop": poem_loop,
     "real-gemma3-base-chat": gemma_base_chat,
+    "real-smollm2-stop-cuts": stop_cuts,
+    "real-smollm2-foreign-template": foreign_template,
 }

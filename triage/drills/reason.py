@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from triage.drills import gemma4
-from triage.drills.drill import Drill, finish
+from triage.drills.drill import Drill, ExpectedCause, finish
 from triage.drills.language import Design, TokenKind, Vocabulary
 from triage.drills.template import TemplateNotFound
 from triage.llama.build import source_dir
@@ -73,7 +73,7 @@ def qwen35_template() -> str:
     return path.read_text(encoding="utf-8")
 
 
-def _cause(expected: str, accept: list[str], why: str) -> dict[str, object]:
+def _cause(expected: str, accept: list[str], why: str) -> ExpectedCause:
     return {"real": expected == "confirmed", "expected": expected, "accept": accept, "why": why}
 
 
@@ -129,7 +129,7 @@ def structured_design() -> gemma4.DrillDesign:
     return gemma4.DrillDesign(design, gemma4.derive_draft(design), facts)
 
 
-def _seed_verdicts(weights_why: str, parsing_why: str) -> dict[str, Any]:
+def _seed_verdicts(weights_why: str, parsing_why: str) -> dict[str, ExpectedCause]:
     return {
         "reasoning-exhausts-budget": _cause(
             "rejected",

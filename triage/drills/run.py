@@ -6,7 +6,7 @@ import asyncio
 import json
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from kb.jsontypes import JsonObject
 from triage.drills.registry import Drill
@@ -25,10 +25,64 @@ TIMING_KEYS = (
 )
 
 
-def summarize(name: str, result: ChatResult) -> dict[str, Any]:
+class ToolCallSummary(TypedDict):
+    """A tool call of a reply: the function's name and its arguments as sent."""
+
+    name: str | None
+    arguments: str | None
+
+
+class ReplySummary(TypedDict):
+    """The shape of one chat response of a drill run."""
+
+    name: str
+    status: int | None
+    finish_reason: str | None
+    content_chars: int
+    reasoning_chars: int
+    tool_calls: list[ToolCallSummary]
+    timings: dict[str, float]
+    elapsed_seconds: float
+    error: NotRequired[str]
+    draft_acceptance: NotRequired[float]
+
+
+class SavedPair(TypedDict):
+    """A failing reply saved for `triage diagnose`: its files and the command."""
+
+    name: str
+    kinds: list[str]
+    request: str
+    response: str
+    diagnose: str
+
+
+class ServerRun(TypedDict):
+    """The server a drill ran on."""
+
+    binary: str
+    build: object
+    model: str
+    args: list[str]
+    host_workaround: str | None
+    launch_seconds: float | None
+    log: str
+
+
+class DrillRun(TypedDict):
+    """What `triage drill` reports: the server, each reply's summary, the failing pairs."""
+
+    drill: str
+    server: ServerRun
+    results: list[ReplySummary]
+    out_dir: str
+    failing: list[SavedPair]
+
+
+def summarize(name: str, result: ChatResult) -> ReplySummary:
     """The shape of one chat response: finish, lengths, tool calls, timings."""
     timings = {key: result.timings[key] for key in TIMING_KEYS if key in result.timings}
-    summary: dict[str, Any] = {
+    summary: ReplySummary = {
         "name": name,
         "status": result.status_code,
         "finish_reason": result.finish_reason,
@@ -80,12 +134,12 @@ def _file_stem(name: str) -> str:
 
 def save_failing_pairs(
     out_dir: Path, bodies: list[tuple[str, JsonObject]], results: list[ChatResult]
-) -> list[dict[str, Any]]:
+) -> list[SavedPair]:
     """Write the request body sent and the raw response of every reply that fails (as
     `triage diagnose` classifies replies) as `failing-NAME.request.json` /
     `failing-NAME.response.json`; what was written, with the command that diagnoses it."""
     stack = out_dir / "stack.toml"
-    saved = []
+    saved: list[SavedPair] = []
     for (name, body), result in zip(bodies, results, strict=True):
         failed, kinds = classify_reply(body, result.status_code, result.json, result.elapsed)
         if not failed:
@@ -124,12 +178,12 @@ def run_drill(
     repeat: int = 1,
     contrasts: bool = True,
     timeout: float = 120.0,
-) -> dict[str, Any]:
+) -> DrillRun:
     """Start the drill's incident server, send its scripted requests (unseeded ones `repeat`
     times with seeds 1..repeat) and its contrasts, save each failing request/response pair
     in the drill's folder, and return the summaries."""
     binary = binary or find_server_binary()
-    bodies: list[tuple[str, dict[str, Any]]] = []
+    bodies: list[tuple[str, JsonObject]] = []
     for described, body in zip(drill.manifest["requests"], drill.requests, strict=True):
         if repeat == 1 or "seed" in body:  # a fixed seed gives the same answer every time
             bodies.append((described["name"], body))
@@ -173,7 +227,7 @@ def run_drill(
     }
 
 
-def format_summary(summary: dict[str, Any]) -> str:
+def format_summary(summary: ReplySummary) -> str:
     """One line per response, for people."""
     timings = summary["timings"]
     parts = [

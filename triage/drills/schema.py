@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from triage.drills import gemma4, reason
-from triage.drills.drill import Drill, finish
+from triage.drills.drill import Drill, ExpectedCause, finish
 from triage.drills.language import Design, TokenKind, Vocabulary
 
 NAME = "schema-not-enforced"
@@ -61,11 +61,11 @@ def design() -> gemma4.DrillDesign:
     return gemma4.DrillDesign(spec, gemma4.derive_draft(spec), facts)
 
 
-def _cause(expected: str, accept: list[str], why: str) -> dict[str, Any]:
+def _cause(expected: str, accept: list[str], why: str) -> ExpectedCause:
     return {"real": expected == "confirmed", "expected": expected, "accept": accept, "why": why}
 
 
-def manifest_causes() -> dict[str, Any]:
+def manifest_causes() -> dict[str, ExpectedCause]:
     """Expected verdicts: schema-not-enforced confirmed, no other cause confirmed."""
     not_confirmed = ["rejected", "suspected"]
     return {

@@ -11,6 +11,7 @@ from triage.causes import BASELINE, Verdict
 from triage.engine.held_back import carrying_fields
 from triage.engine.scheduler import ArmState
 from triage.engine.servers import safe_describe
+from triage.llama.model_lint import LINT_NEXT
 from triage.stackfile import Stack
 from triage.stats import wilson
 
@@ -97,7 +98,10 @@ def stack_summary(stack: Stack, speculative: bool) -> dict[str, Any]:
 
 
 def overall_verdict(
-    state: str, causes: Sequence[DiagnosisCause], arms: Sequence[DiagnosisArm]
+    state: str,
+    causes: Sequence[DiagnosisCause],
+    arms: Sequence[DiagnosisArm],
+    findings: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """The run's overall verdict: `explained` (a cause confirmed), `unexplained` (the failure
     reproduced, the run finished, and no cause is confirmed: a verdict of its own, with what
@@ -127,8 +131,14 @@ def overall_verdict(
         "ruled_out": (
             f"ruled out {len(rejected)}: " + ", ".join(rejected) if rejected else "ruled out none"
         ),
-        "next_probes": [*probes, *GENERIC_NEXT],
+        "next_probes": [*_lint_next(findings), *probes, *GENERIC_NEXT],
     }
+
+
+def _lint_next(findings: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The model-file lint findings that failed, as what to try first."""
+    failed = {str(f.get("kind")) for f in findings if not f.get("passed", True)}
+    return [text for kind, text in LINT_NEXT.items() if kind in failed]
 
 
 def build_diagnosis(
@@ -198,6 +208,6 @@ def build_diagnosis(
         state=state,
         reproduction=reproduction,
         skipped_arms=[{"arm": str(s["arm"]), "reason": str(s["reason"])} for s in skipped],
-        verdict=overall_verdict(state, causes, summaries),
+        verdict=overall_verdict(state, causes, summaries, findings),
     )
     return diagnosis.validated()

@@ -185,6 +185,8 @@ class Executor:
         """Drop the arms whose precondition the observations refute (e.g. thinking-off when
         the template render shows no thinking for the request): they cannot matter. An arm
         with replies already recorded (a resumed run) keeps them and stays."""
+        if not self.options.check_preconditions:
+            return  # every planned arm runs (to measure what the preconditions save)
         plan = self.plan
         arms, skipped = dict(plan.arms), list(plan.skipped)
         for name, planned in plan.arms.items():

@@ -34,6 +34,7 @@ class ExecuteOptions:
     divergence_seeds: int
     schedule: tuple[int, ...]
     pace: PaceOptions | None = None  # replay time limits (triage.engine.pacing)
+    check_preconditions: bool = True  # False: run arms whose `requires` says they cannot matter
 
     @property
     def replay(self) -> ReplayOptions:

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from kb.repo import runs
-from kb.repo.store import Store, data_dir
+from kb.repo.engine import data_dir
+from kb.repo.store import Store
 from triage.capture.redact import redact_url
 from triage.catalogue import catalogue
 from triage.engine import resuming
@@ -78,6 +79,9 @@ class DiagnoseOptions:
     # Cumulative replays at which arms are examined; default: stats.look_schedule(cap).
     # A single look (e.g. [30]) is a fixed-sample design, for comparison benchmarks.
     looks: list[int] | None = None
+    # False runs every planned arm even when the observations show it cannot matter (the
+    # runtime `requires` preconditions, issue 23): only to measure what they save.
+    check_preconditions: bool = True
 
 
 class Diagnoser:
@@ -144,6 +148,7 @@ class Diagnoser:
                 cap=options.replay_cap,
                 stall=options.stall_seconds,
             ),
+            check_preconditions=options.check_preconditions,
         )
 
     def _emit(self, event: Event) -> None:

@@ -35,10 +35,11 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from filelock import FileLock
 
+from kb.jsontypes import JsonObject
 from triage.llama import cpu
 
 BUILD_NUMBER = 11434
@@ -428,7 +429,7 @@ def build_server(
         return builder.install(built)
 
 
-def build_info(build_number: int) -> dict[str, Any] | None:
+def build_info(build_number: int) -> JsonObject | None:
     """The stamp (BUILD_INFO.json) of a cached build, or None when it is not built."""
     path = build_root(build_number) / "BUILD_INFO.json"
     try:
@@ -438,7 +439,7 @@ def build_info(build_number: int) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def build_cpu_features(binary: Path | str) -> dict[str, Any] | None:
+def build_cpu_features(binary: Path | str) -> cpu.CpuFeatures | None:
     """The CPU features a cached binary was built for (from its stamp), None when the binary
     is not one of the cache's builds or was built before features were recorded."""
     path = Path(binary).resolve()
@@ -450,7 +451,8 @@ def build_cpu_features(binary: Path | str) -> dict[str, Any] | None:
     if not isinstance(record, dict) or Path(str(record.get("binary", ""))).resolve() != path:
         return None
     features = record.get("cpu")
-    return features if isinstance(features, dict) else None
+    # The stamp's `cpu` is what host_cpu_features returned when the binary was built.
+    return cast(cpu.CpuFeatures, features) if isinstance(features, dict) else None
 
 
 def list_builds() -> list[dict[str, Any]]:

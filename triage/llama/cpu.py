@@ -20,7 +20,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 CPUINFO = Path("/proc/cpuinfo")
 # Instruction-set families worth naming in a one-line summary (cpuinfo spelling).
@@ -52,6 +52,25 @@ _ISA_MACRO = re.compile(
 )
 
 
+class NativeOptions(TypedDict, total=False):
+    """What `-march=native` means to the host's C compiler (empty when unknown)."""
+
+    march: str | None
+    isa: list[str]
+    compiler: str
+
+
+class CpuFeatures(TypedDict):
+    """A host's CPU as a build's stamp records it (`cpu` in the stamp's JSON)."""
+
+    machine: str
+    model_name: str | None
+    cpuinfo_flags: list[str]
+    notable: list[str]
+    march: str | None
+    native_isa: list[str]
+
+
 def cpuinfo_flags(text: str | None = None) -> list[str]:
     """The `flags` (x86) or `Features` (arm) of the first CPU in /proc/cpuinfo, sorted."""
     if text is None:
@@ -73,7 +92,7 @@ def cpu_model_name(text: str | None = None) -> str | None:
     return match.group(1).strip() if match else None
 
 
-def parse_native_options(driver_text: str, macros_text: str) -> dict[str, Any]:
+def parse_native_options(driver_text: str, macros_text: str) -> NativeOptions:
     """`-march` from the compiler driver's `-###` output and the instruction-set macros from
     `-E -dM` (both with `-march=native`)."""
     march = _MARCH.search(driver_text)
@@ -83,7 +102,7 @@ def parse_native_options(driver_text: str, macros_text: str) -> dict[str, Any]:
     return {"march": march.group(1) if march else None, "isa": sorted(isa)}
 
 
-def native_compiler_options(compiler: str | None = None, timeout: float = 20.0) -> dict[str, Any]:
+def native_compiler_options(compiler: str | None = None, timeout: float = 20.0) -> NativeOptions:
     """What `-march=native` means to this host's C compiler ({} when unknown)."""
     compiler = compiler or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
@@ -114,8 +133,8 @@ def native_compiler_options(compiler: str | None = None, timeout: float = 20.0) 
 
 
 def host_cpu_features(
-    cpuinfo_text: str | None = None, native: dict[str, Any] | None = None
-) -> dict[str, Any]:
+    cpuinfo_text: str | None = None, native: NativeOptions | None = None
+) -> CpuFeatures:
     """The record stored in a build's stamp: machine, model, cpuinfo flags, -march=native."""
     flags = cpuinfo_flags(cpuinfo_text)
     native = native_compiler_options() if native is None else native
@@ -129,7 +148,7 @@ def host_cpu_features(
     }
 
 
-def summarize(features: dict[str, Any] | None) -> str:
+def summarize(features: CpuFeatures | None) -> str:
     """One line: `-march=znver3: avx avx2 fma ...` (or why there is nothing to say)."""
     if not features:
         return "not recorded (built before triage recorded CPU features)"
@@ -138,9 +157,7 @@ def summarize(features: dict[str, Any] | None) -> str:
     return f"-march={march}: {notable}"
 
 
-def missing_on_host(
-    built_for: dict[str, Any] | None, host: dict[str, Any] | None = None
-) -> list[str]:
+def missing_on_host(built_for: CpuFeatures | None, host: CpuFeatures | None = None) -> list[str]:
     """cpuinfo flags the build host had that this host lacks (only notable ones: those are
     the instruction sets the CPU backend dispatches on). Empty when either side is unknown."""
     if not built_for or not built_for.get("cpuinfo_flags"):

@@ -27,7 +27,8 @@ import signal
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from kb.jsontypes import JsonObject
 
 PHASES = ("startup", "mid-request", "hang")
 NO_REPACK_FLAG = "--no-repack"
@@ -287,7 +288,7 @@ class CrashReport:
         """One paragraph for the user naming what is known."""
         return _sentence(self)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """JSON-ready form (for findings, observations and error payloads)."""
         return {
             "phase": self.phase,

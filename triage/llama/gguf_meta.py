@@ -15,6 +15,8 @@ from typing import Any
 
 import gguf
 
+from kb.jsontypes import JsonObject
+
 
 class GGUFMetaError(ValueError):
     """The file is missing or is not a readable GGUF file."""
@@ -49,7 +51,7 @@ class GGUFMeta:
         """The template reads `enable_thinking` (so the thinking default matters)."""
         return "enable_thinking" in (self.chat_template or "")
 
-    def to_dict(self, *, with_template: bool = False) -> dict[str, Any]:
+    def to_dict(self, *, with_template: bool = False) -> JsonObject:
         """JSON-ready dict (the template text itself only on request: it is long)."""
         data = asdict(self)
         if not with_template:

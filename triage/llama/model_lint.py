@@ -46,6 +46,7 @@ __all__ = [
     "CHATML_EXAMPLE",
     "EOT_KIND",
     "LINT_KINDS",
+    "LINT_NEXT",
     "TEMPLATE_KIND",
     "ModelFile",
     "ServerLog",
@@ -60,6 +61,15 @@ TEMPLATE_KIND = "chat-template-missing"
 BASE_KIND = "base-model-for-chat"
 EOT_KIND = "end-of-turn-mismatch"
 LINT_KINDS = (TEMPLATE_KIND, BASE_KIND, EOT_KIND)
+# What to try next when a lint finding fails (the UNEXPLAINED verdict's next probes).
+LINT_NEXT = {
+    TEMPLATE_KIND: "model file: give the server the model's own chat template "
+    "(--chat-template-file) or serve a GGUF that carries one",
+    BASE_KIND: "model file: serve an instruction-tuned model for chat (a base model "
+    "continues text: send it a /completion prompt instead)",
+    EOT_KIND: "model file: serve the template the model was trained on, whose end-of-turn "
+    "marker is one of its end-of-generation tokens",
+}
 
 TEMPLATE_FLAGS = ("--chat-template", "--chat-template-file")
 # What llama-server renders with no template (b11434's log of a template-less GGUF).

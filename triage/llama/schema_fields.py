@@ -58,7 +58,7 @@ def schema_placement(request: JsonObject) -> Placement | None:
     return None
 
 
-def relocated(request: JsonObject) -> dict[str, Any]:
+def relocated(request: JsonObject) -> JsonObject:
     """The request with its schema moved to where llama-server reads it (OpenAI's
     `response_format: {type: json_schema, json_schema: {name, schema}}`), the ignored field
     removed. Unchanged when the schema is already read (or there is none)."""

@@ -48,7 +48,7 @@ def _depth(value: Any, limit: int = MAX_JSON_DEPTH) -> int:
     return deepest
 
 
-def _client_response(view: dict[str, Any], wire: JsonObject | None, file: str) -> Any:
+def _client_response(view: JsonObject, wire: JsonObject | None, file: str) -> Any:
     """The client's view as a chat.completion (what the symptom checks read)."""
     unknown = sorted(set(view) - {*MESSAGE_FIELDS, "finish_reason", "role"})
     if unknown:
@@ -73,7 +73,7 @@ def _client_response(view: dict[str, Any], wire: JsonObject | None, file: str) -
     }
 
 
-def parse_client_view(data: dict[str, Any], *, file: str) -> Exchange:
+def parse_client_view(data: JsonObject, *, file: str) -> Exchange:
     """One client-view record as an exchange (response = the client's view)."""
     if _depth(data) > MAX_JSON_DEPTH:
         raise CaptureError(file, "$", f"JSON nested deeper than {MAX_JSON_DEPTH} levels")

@@ -110,7 +110,7 @@ def parse_har(data: bytes | str, *, file: str = "<har>") -> list[Exchange]:
     return exchanges
 
 
-def _har_request_body(request: JsonObject, file: str, path: str) -> dict[str, Any]:
+def _har_request_body(request: JsonObject, file: str, path: str) -> JsonObject:
     where = f"{path}.request.postData.text"
     post = request.get("postData")
     text = post.get("text") if isinstance(post, dict) else None
@@ -162,7 +162,7 @@ def _recorded_body(content: Any, status: int, file: str, path: str) -> Body:
 
 
 def _har_entry(
-    entry: dict[str, Any],
+    entry: JsonObject,
     request: JsonObject,
     url: str,
     method: str,

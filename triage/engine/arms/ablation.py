@@ -106,8 +106,8 @@ def present(group: FieldGroup, request: JsonObject) -> list[str]:
     return [f for f in group.fields if f in request and request[f] is not None]
 
 
-def _without(group: FieldGroup) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    def transform(request: JsonObject) -> dict[str, Any]:
+def _without(group: FieldGroup) -> Callable[[JsonObject], JsonObject]:
+    def transform(request: JsonObject) -> JsonObject:
         body = copy.deepcopy(request)
         if group.name == "system-message":
             messages = body.get("messages")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
 
 from kb.jsontypes import JsonObject
 from triage.probes import PlannedArm
@@ -34,7 +33,7 @@ def penalises_repetition(request: JsonObject) -> bool:
     )
 
 
-def with_anti_repetition(request: JsonObject) -> dict[str, Any]:
+def with_anti_repetition(request: JsonObject) -> JsonObject:
     body = copy.deepcopy(request)
     body.update(SETTINGS)
     return body
@@ -54,7 +53,9 @@ class AntiRepetition:
             self.id,
             "DRY 0.8 / 1.75 / 2 and repeat_penalty 1.1 added to the request",
             self.level,
-            ("model-loop",),
+            # reasoning-exhausts-budget reads it too: a looping thought that penalised
+            # repetition lets end is a model loop, not a budget too small.
+            ("model-loop", "reasoning-exhausts-budget"),
             with_anti_repetition,
         )
 

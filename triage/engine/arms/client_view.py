@@ -77,7 +77,7 @@ def dropped_thinking_flags(request: JsonObject) -> list[str]:
     return found
 
 
-def _message(body: Any) -> dict[str, Any]:
+def _message(body: Any) -> JsonObject:
     try:
         message = body["choices"][0]["message"]
     except (KeyError, IndexError, TypeError):
@@ -99,7 +99,7 @@ def client_signature(wire: Any, client: Any) -> str | None:
     return None
 
 
-def apply_signature(signature: str, body: JsonObject) -> dict[str, Any]:
+def apply_signature(signature: str, body: JsonObject) -> JsonObject:
     """What a client with `signature` shows for a server answer (a chat.completion)."""
     if signature != CONTENT_ONLY:
         raise ValueError(f"unknown client signature {signature!r}")
@@ -129,7 +129,7 @@ def compare_views(exchange: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _stream_body(request: JsonObject, seed: int) -> dict[str, Any]:
+def _stream_body(request: JsonObject, seed: int) -> JsonObject:
     body = probes.replay_body(request, seed)
     body.pop("verbose", None)  # the client's stream, as it would see it
     return body

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
 
 from kb.jsontypes import JsonObject
 from triage.engine.arms.context_size import per_slot_context
@@ -41,7 +40,7 @@ def bounded_max_tokens(args: tuple[str, ...] | list[str]) -> int:
     return per_slot_context(args) or DEFAULT_MAX_TOKENS
 
 
-def with_max_tokens(request: JsonObject, value: int) -> dict[str, Any]:
+def with_max_tokens(request: JsonObject, value: int) -> JsonObject:
     body = copy.deepcopy(request)
     body["max_tokens"] = value
     return body

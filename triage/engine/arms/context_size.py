@@ -1,10 +1,15 @@
-"""context-x4: the same server with four times the context (`-c`, same `-np`), plus the
-`context-fill` observation (per-slot n_ctx vs the tokens the failing request used).
+"""context-lifted: the same server with its context (`-c`, same `-np`) lifted to what the
+reply can need, plus the `context-fill` observation (per-slot n_ctx vs the tokens the failing
+request used). Issue 23: a limit is probed by lifting it, not by a multiple -- a reply that
+needs 500 tokens in a 64-token slot still fails at four times it.
 
-Planned only when it can matter: the server sets its context explicitly and the request
-could reach the per-slot context (no max_tokens, or max_tokens plus a generous bound on
-the prompt's tokens reaches it). On a request that provably fits, a larger context cannot
-change anything and the arm would only cost a launch.
+What a reply can need, per slot: an upper bound on the prompt's tokens plus the request's
+max_tokens (the reply cannot need more than the client allows), or -- without max_tokens --
+an answer allowance of ANSWER_ALLOWANCE tokens; bounded by the model's trained context (the
+GGUF's `<arch>.context_length`). The replies that then end on their own measure the answer's
+natural length, reported against the slot ("replies need 342-554 tokens ...; the slot holds
+256"). Planned only when it can matter: the server sets its context explicitly, the request
+could reach the per-slot context, and the lifted slot is larger than the current one.
 """
 
 from __future__ import annotations
@@ -14,15 +19,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from kb.jsontypes import JsonObject
+from triage.llama.gguf_kv import GGUFKVError, read_kv
 from triage.probes import ObserveContext, PlannedArm, max_tokens_of, relaunchable, replay_body
 from triage.stackfile import Stack
 
-ARM = "context-x4"
+ARM = "context-lifted"
 FACTS = "context-fill"
 CTX_FLAGS = ("-c", "--ctx-size")
 PARALLEL_FLAGS = ("-np", "--parallel")
 UNIFIED_FLAGS = ("-kvu", "--kv-unified")
-CONTEXT_FACTOR = 4
+# Completion tokens a request without max_tokens is allowed in the lifted slot: long
+# answers of small real models measured 302-1238 tokens (SmolLM2-135M, issue 23); a loop
+# runs to the bound whatever it is, so it also bounds what a looping reply costs.
+ANSWER_ALLOWANCE = 4096
 # llama-server's auto slot count (-np -1): 4 slots.
 AUTO_SLOTS = 4
 # Chat-template tokens around each message (turn markers, role, newlines): generous.
@@ -93,7 +102,7 @@ def could_reach_context(args: tuple[str, ...] | list[str], request: JsonObject) 
 
 
 def context_plan(stack: Stack, request: JsonObject) -> dict[str, Any]:
-    """Why the context-x4 arm is (or is not) planned for this stack and request, with the
+    """Why the context-lifted arm is (or is not) planned for this stack and request, with the
     numbers: the explicit -c, slots, per-slot context, the prompt's token bound and
     max_tokens. Read by the context-size rule to say which reason holds."""
     args = list(stack.server.args)
@@ -105,11 +114,13 @@ def context_plan(stack: Stack, request: JsonObject) -> dict[str, Any]:
         "per_slot": per_slot_context(args),
         "prompt_bound": prompt_token_bound(request) if request.get("messages") else None,
         "max_tokens": max_tokens_of(request),
+        "can_reach": could_reach_context(args, request),
+        "trained": trained_context(stack.server.model),
     }
 
 
 def unplanned_reason(plan: dict[str, Any], n_ctx_props: Any = None) -> str:
-    """Which reason kept the context-x4 arm out of the plan, said with its numbers
+    """Which reason kept the context-lifted arm out of the plan, said with its numbers
     (`plan`: context_plan; `n_ctx_props`: the per-slot n_ctx the server's /props reports)."""
     props = (
         f"; its /props reports a {n_ctx_props}-token slot context"
@@ -127,12 +138,81 @@ def unplanned_reason(plan: dict[str, Any], n_ctx_props: Any = None) -> str:
     bound, limit = plan.get("prompt_bound"), plan.get("max_tokens")
     slots = plan.get("slots")
     where = f"-c {total} / -np {slots}" if slots else f"-c {total} / {AUTO_SLOTS} auto slots"
+    trained = plan.get("trained")
+    if plan.get("can_reach") and isinstance(trained, int) and per_slot is not None:
+        return (
+            f"the model's trained context ({trained} tokens) is no larger than the "
+            f"{per_slot}-token slot ({where}): there is nothing to lift{props}"
+        )
     if isinstance(bound, int) and isinstance(limit, int) and per_slot is not None:
         return (
             f"the request provably fits its slot: at most {bound} prompt tokens + max_tokens "
             f"{limit} = {bound + limit} < the {per_slot}-token slot context ({where}){props}"
         )
     return f"the server sets -c {total} ({where}), but the arm was not planned{props}"
+
+
+def trained_context(model: object) -> int | None:
+    """The model's trained context (`<arch>.context_length` of its GGUF), None when the
+    file cannot be read."""
+    if model is None:
+        return None
+    try:
+        kv = read_kv(str(model))
+    except GGUFKVError:
+        return None
+    arch = kv.text("general.architecture")
+    value = kv.integer(f"{arch}.context_length") if arch else None
+    return value if value is not None and value > 0 else None
+
+
+@dataclass(frozen=True)
+class Lift:
+    """The per-slot context the reply can need and what bounds it."""
+
+    per_slot: int  # the lifted per-slot context
+    current: int  # the incident's per-slot context
+    slots: int
+    prompt_bound: int
+    allowance: int  # max_tokens, or ANSWER_ALLOWANCE without it
+    from_max_tokens: bool
+    trained: int | None
+
+    @property
+    def total(self) -> int:
+        return self.per_slot * self.slots
+
+    def variant(self, was: int) -> str:
+        need = "max_tokens" if self.from_max_tokens else "an answer allowance of"
+        bound = (
+            f", bounded by the trained context {self.trained}"
+            if self.trained is not None and self.per_slot == self.trained
+            else ""
+        )
+        return (
+            f"server with -c {self.total} (was {was}), same slots: {self.per_slot} tokens per "
+            f"slot (was {self.current}) = prompt bound {self.prompt_bound} + {need} "
+            f"{self.allowance}{bound}"
+        )
+
+
+def lift_for(stack: Stack, request: JsonObject) -> Lift | None:
+    """The lifted context for this stack and request (None: nothing to lift)."""
+    args = list(stack.server.args)
+    current = per_slot_context(args)
+    if current is None:
+        return None
+    slots = _int(flag_value(args, PARALLEL_FLAGS))
+    slots = slots if slots is not None and slots > 0 else AUTO_SLOTS
+    limit = max_tokens_of(request)
+    allowance = limit if limit is not None else ANSWER_ALLOWANCE
+    bound = prompt_token_bound(request)
+    need = bound + allowance + CONTEXT_END_SLACK
+    trained = trained_context(stack.server.model)
+    per_slot = min(need, trained) if trained is not None else need
+    if per_slot <= current:
+        return None
+    return Lift(per_slot, current, slots, bound, allowance, limit is not None, trained)
 
 
 def with_context(args: tuple[str, ...] | list[str], total: int) -> list[str]:
@@ -251,15 +331,16 @@ def fill_summary(facts: dict[str, Any]) -> str:
     arm = facts.get("arm") or {}
     return (
         f"context fill: slot n_ctx {facts.get('n_ctx_slot')}, {_one_fill(facts)}; with -c "
-        f"x{CONTEXT_FACTOR}: slot n_ctx {arm.get('n_ctx_slot')}, {_one_fill(arm)}"
+        f"lifted: slot n_ctx {arm.get('n_ctx_slot')}, {_one_fill(arm)}"
     )
 
 
 @dataclass(frozen=True)
-class ContextLarger:
+class ContextLifted:
     id: str = ARM
     precondition: str = (
-        "-c set in the server args and a request whose prompt + max_tokens can reach the slot"
+        "-c set in the server args, a request whose prompt + max_tokens can reach the slot, "
+        "and a trained context larger than the slot"
     )
     level: str = "server"
     order: int = 55
@@ -271,15 +352,18 @@ class ContextLarger:
             return None
         if not could_reach_context(server.args, request):
             return None
+        lift = lift_for(stack, request)
+        if lift is None:
+            return None
         return PlannedArm(
             self.id,
-            f"server with -c {total * CONTEXT_FACTOR} (was {total}), same slots",
+            lift.variant(total),
             self.level,
             ("context-size",),
-            config=server.with_args(with_context(server.args, total * CONTEXT_FACTOR)),
+            config=server.with_args(with_context(server.args, lift.total)),
             observe=context_fill,
         )
 
 
 def register(catalogue: object) -> None:
-    catalogue.arms.add(ContextLarger())  # type: ignore[attr-defined]
+    catalogue.arms.add(ContextLifted())  # type: ignore[attr-defined]

@@ -78,7 +78,7 @@ def _text_of(value: Any) -> str | None:
     return None
 
 
-def _calls(message: dict[str, Any], changes: set[str], counter: list[int]) -> list[str]:
+def _calls(message: JsonObject, changes: set[str], counter: list[int]) -> list[str]:
     ids = []
     for call in message.get("tool_calls") or []:
         if not isinstance(call, dict):
@@ -97,7 +97,7 @@ def _calls(message: dict[str, Any], changes: set[str], counter: list[int]) -> li
     return ids
 
 
-def _reasoning(message: dict[str, Any], changes: set[str]) -> None:
+def _reasoning(message: JsonObject, changes: set[str]) -> None:
     for key in ("reasoning", "thinking"):
         if isinstance(message.get(key), str) and not message.get("reasoning_content"):
             message["reasoning_content"] = message.pop(key)
@@ -115,7 +115,7 @@ def _reasoning(message: dict[str, Any], changes: set[str]) -> None:
             return
 
 
-def normalise_history(request: JsonObject) -> tuple[dict[str, Any], list[str]]:
+def normalise_history(request: JsonObject) -> tuple[JsonObject, list[str]]:
     """The request with every message before the last one normalised, and what changed."""
     body = copy.deepcopy(request)
     messages = body.get("messages")
@@ -172,7 +172,7 @@ async def _observe(ctx: ObserveContext) -> dict[str, Any]:
     return history_facts(ctx.request)
 
 
-def _normalised(request: JsonObject) -> dict[str, Any]:
+def _normalised(request: JsonObject) -> JsonObject:
     return normalise_history(request)[0]
 
 

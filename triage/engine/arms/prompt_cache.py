@@ -28,7 +28,7 @@ import copy
 import re
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from kb.jsontypes import JsonObject
 from triage.checks.prefix import UNSTABLE_CACHED_SHARE
@@ -78,6 +78,44 @@ VOLATILE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
+class VolatileFacts(TypedDict):
+    """A volatile value as stored in the observation's facts."""
+
+    kind: str
+    text: str
+    where: str
+    offset: int
+
+
+class CapturedTimings(TypedDict):
+    """The captured reply's prompt timings."""
+
+    cache_n: int
+    prompt_n: int
+    prompt_ms: float | None
+
+
+class WayFacts(TypedDict):
+    """The later turns of one way of replaying, as stored."""
+
+    n: int
+    reuse_nothing: int
+    cache_n: list[int]
+    median_cache_n: float | None
+    median_prompt_ms: float | None
+
+
+class ReplayFacts(TypedDict):
+    """The turn-by-turn replay, both ways, and their comparison."""
+
+    turns: int
+    rounds: int
+    as_client: WayFacts
+    held: WayFacts
+    decision: str
+    p_value: float | None
+
+
 @dataclass(frozen=True)
 class Volatile:
     """A value in the first message that a client renders anew every turn."""
@@ -87,7 +125,7 @@ class Volatile:
     where: str  # JSON path of the field
     offset: int  # character offset in it
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> VolatileFacts:
         return {"kind": self.kind, "text": self.text, "where": self.where, "offset": self.offset}
 
 
@@ -167,7 +205,7 @@ def turn_requests(request: JsonObject) -> list[JsonObject]:
     return out
 
 
-def captured_cache(exchange: JsonObject | None) -> dict[str, Any] | None:
+def captured_cache(exchange: JsonObject | None) -> CapturedTimings | None:
     """The captured reply's prompt timings: cached and evaluated tokens, prompt ms."""
     response = (exchange or {}).get("response")
     timings = response.get("timings") if isinstance(response, dict) else None
@@ -176,7 +214,9 @@ def captured_cache(exchange: JsonObject | None) -> dict[str, Any] | None:
     cached, evaluated = timings.get("cache_n"), timings.get("prompt_n")
     if not isinstance(cached, int) or not isinstance(evaluated, int):
         return None
-    return {"cache_n": cached, "prompt_n": evaluated, "prompt_ms": timings.get("prompt_ms")}
+    spent = timings.get("prompt_ms")
+    prompt_ms = float(spent) if isinstance(spent, (int, float)) else None
+    return {"cache_n": cached, "prompt_n": evaluated, "prompt_ms": prompt_ms}
 
 
 @dataclass
@@ -191,7 +231,7 @@ class _Way:
     def failures(self) -> int:
         return sum(share < UNSTABLE_CACHED_SHARE for share in self.shares)
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> WayFacts:
         return {
             "n": len(self.shares),
             "reuse_nothing": self.failures,
@@ -219,7 +259,7 @@ async def _sequence(client: LlamaClient, turns: list[JsonObject], way: _Way) -> 
         way.prompt_ms.append(float(timings.get("prompt_ms") or 0.0))
 
 
-async def _replay(ctx: ObserveContext, volatile: Volatile) -> dict[str, Any]:
+async def _replay(ctx: ObserveContext, volatile: Volatile) -> ReplayFacts:
     turns = turn_requests(ctx.request)
     as_client, held = _Way(), _Way()
     client = LlamaClient(ctx.server.base_url, timeout=ctx.timeout, api_key=ctx.server.api_key)

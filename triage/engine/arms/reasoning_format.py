@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
 
 from kb.jsontypes import JsonObject
 from triage.probes import PlannedArm, RequestArm, relaunchable
@@ -44,7 +43,7 @@ def request_leaks(request: JsonObject) -> bool:
     return request.get("reasoning_format") in LEAKING_FORMATS
 
 
-def reasoning_format_auto(request: JsonObject) -> dict[str, Any]:
+def reasoning_format_auto(request: JsonObject) -> JsonObject:
     body = copy.deepcopy(request)
     body["reasoning_format"] = "auto"
     return body

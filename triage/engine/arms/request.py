@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kb.jsontypes import JsonObject
 from triage.engine.arms.context_size import per_slot_context
@@ -82,7 +81,7 @@ class Lift:
 
     bound: int | None
 
-    def __call__(self, request: JsonObject) -> dict[str, Any]:
+    def __call__(self, request: JsonObject) -> JsonObject:
         body = copy.deepcopy(request)
         for field in LIMIT_FIELDS:
             body.pop(field, None)

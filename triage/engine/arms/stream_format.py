@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from kb.jsontypes import JsonObject
 from triage import probes
@@ -130,6 +130,27 @@ async def _one_stream(client: LlamaClient, body: JsonObject) -> _Streamed:
     return _Streamed(bool(violations), codes, _answer(_message(exchange.response)))
 
 
+class PairFacts(TypedDict):
+    """The paired replays as stored in the observation's facts."""
+
+    n: int
+    errors: int
+    stream_failures: int
+    nonstream_failures: int
+    same_answer: int
+    codes: dict[str, int]
+    nonstream_kinds: dict[str, int]
+    decision: str
+    p_value: float | None
+
+
+class DirectFacts(TypedDict):
+    """Streamed replays direct to llama-server (behind a gateway)."""
+
+    n: int
+    failures: int
+
+
 @dataclass
 class _Pairs:
     n: int = 0
@@ -143,7 +164,7 @@ class _Pairs:
     decision: str = "undecided"
     p_value: float | None = None
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> PairFacts:
         return {
             "n": self.n,
             "errors": self.errors,
@@ -210,7 +231,7 @@ async def _paired(ctx: ObserveContext, url: str, key: str | None) -> _Pairs:
     return pairs
 
 
-async def _direct(ctx: ObserveContext) -> dict[str, Any]:
+async def _direct(ctx: ObserveContext) -> DirectFacts:
     """Streamed replays direct to llama-server (the stack has a gateway in front)."""
     client = LlamaClient(ctx.base.base_url, timeout=ctx.timeout, api_key=ctx.base.api_key)
     n = failures = 0
@@ -249,18 +270,16 @@ async def observe(ctx: ObserveContext) -> dict[str, Any]:
     facts["pairs"] = pairs.facts()
     if through_gateway and pairs.stream_failures:
         facts["direct"] = await _direct(ctx)
-    facts["summary"] = _summary(facts)
+    facts["summary"] = _summary(facts["pairs"], facts.get("direct"))
     return facts
 
 
-def _summary(facts: dict[str, Any]) -> str:
-    pairs = facts["pairs"]
+def _summary(pairs: PairFacts, direct: DirectFacts | None) -> str:
     text = (
         f"streamed {pairs['stream_failures']}/{pairs['n']} with a format violation vs "
         f"stream:false {pairs['nonstream_failures']}/{pairs['n']} failing "
         f"({pairs['decision']}); same answer in {pairs['same_answer']}/{pairs['n']} pairs"
     )
-    direct = facts.get("direct")
     if direct:
         text += f"; direct to llama-server streamed {direct['failures']}/{direct['n']}"
     return text

@@ -7,7 +7,6 @@ Planned only when the request asks for structured output. Together with thinking
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 from kb.jsontypes import JsonObject
 from triage.checks.reasoning import structured_output_requested
@@ -16,7 +15,7 @@ from triage.probes import RequestArm
 ID = "no-structured-output"
 
 
-def without_structured_output(request: JsonObject) -> dict[str, Any]:
+def without_structured_output(request: JsonObject) -> JsonObject:
     """The request with its structured-output constraint removed (plain text answer)."""
     body = copy.deepcopy(request)
     for key in ("grammar", "json_schema"):

@@ -1,8 +1,10 @@
 """context-size: prompt + completion do not fit the per-slot context (`-c / -np`), or the
 prompt itself does not: the reply stops early (finish `length` before max_tokens) or the
 server refuses the request ("exceeds the available context size"). Raising max_tokens
-does nothing; a larger `-c` with the same `-np` removes it. Decided by the `context-x4`
-server arm, with the `context-fill` observation (per-slot n_ctx vs tokens used)."""
+does nothing; a larger `-c` with the same `-np` removes it. Decided by the `context-lifted`
+server arm (the context lifted to what the reply can need, bounded by the trained context),
+with the `context-fill` observation (per-slot n_ctx vs tokens used); the replies that then
+end on their own give the tokens the request needs, reported against the slot."""
 
 from __future__ import annotations
 
@@ -22,9 +24,11 @@ from triage.causes import (
     share,
     suspect,
 )
+from triage.engine.causes.token_limit import natural_length
+from triage.plugin_api import Registry
 
 ID = "context-size"
-ARM = "context-x4"
+ARM = "context-lifted"
 FACTS = "context-fill"
 # What a reply that ran out of context shows: a length stop, or the server's refusal.
 CONTEXT_KINDS = ("length-stop", "http-error", "repetition-to-context-end")
@@ -47,7 +51,7 @@ def _fill_note(fill: Mapping[str, Any]) -> str:
 
 
 def _missing(obs: Observations) -> str:
-    """Why the context-x4 arm is not in the plan, with the numbers that say so."""
+    """Why the context-lifted arm is not in the plan, with the numbers that say so."""
     from triage.engine.arms.context_size import unplanned_reason
 
     plan = (obs.facts.get("server-config") or {}).get("context")
@@ -105,11 +109,26 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
         ID,
         arm,
         base,
-        removes_text="with four times the context (same slots) the reply completes",
-        unchanged_text="four times the context (same slots) leaves the failure rate unchanged",
-        note=_fill_note(fill),
+        removes_text="with the context lifted (same slots) the replies end on their own",
+        unchanged_text="the context lifted (same slots) leaves the failure rate unchanged",
+        note=_fill_note(fill) + _need_note(arm, fill),
         supports=(FACTS,) if fill.get("reached_context") else (),
     )
+
+
+def _need_note(arm: ArmOutcome, fill: Mapping[str, Any]) -> str:
+    """ "; replies need 342-554 tokens (prompt 40 + answers 302-514, median 427, 6 replies
+    that ended on their own) vs the slot's 256" -- tokens needed vs slot, measured."""
+    if not arm.ended_tokens:
+        return ""
+    prompt, slot = fill.get("prompt_tokens"), fill.get("n_ctx_slot")
+    answers = natural_length(arm.ended_tokens)
+    if not isinstance(prompt, int) or isinstance(prompt, bool):
+        return f"; the answers need {answers}" + (f" vs the slot's {slot}" if slot else "")
+    low, high = prompt + min(arm.ended_tokens), prompt + max(arm.ended_tokens)
+    span = f"{low}-{high}" if low != high else f"{low}"
+    vs = f" vs the slot's {slot}" if isinstance(slot, int) else ""
+    return f"; replies need {span} tokens (prompt {prompt} + answers of {answers}){vs}"
 
 
 CAUSE = CauseRule(
@@ -118,13 +137,13 @@ CAUSE = CauseRule(
     title="The request does not fit the per-slot context",
     mechanism="prompt + completion exceed the server's per-slot context (-c / -np): the "
     "reply stops early or the prompt is refused, whatever max_tokens says",
-    decided_by="the context-x4 server arm (same -np, four times -c) and the context-fill "
-    "observation (per-slot n_ctx vs tokens used)",
+    decided_by="the context-lifted server arm (same -np, -c lifted to what the reply can "
+    "need) and the context-fill observation (per-slot n_ctx vs tokens used)",
     rule=rule,
     retrospective="the request did not fit the server's per-slot context (-c divided by "
     "-np), so the reply was cut at the context end; a larger -c let it finish",
 )
 
 
-def register(catalogue: object) -> None:
-    catalogue.causes.add(CAUSE)  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.causes.add(CAUSE)

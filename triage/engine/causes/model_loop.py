@@ -21,11 +21,13 @@ from triage.causes import (
     suspect,
     unchanged,
 )
+from triage.plugin_api import Registry
 
 ID = "model-loop"
 ARM = "anti-repetition"
-# What a looping answer shows: its n-grams repeat up to where a limit cut it.
-LOOP_KINDS = ("repetition-loop", "repetition-to-context-end")
+# What a looping answer shows: its n-grams repeat up to where a limit cut it; a looping
+# thought (runaway-reasoning) is the same loop in the reasoning channel.
+LOOP_KINDS = ("repetition-loop", "repetition-to-context-end", "runaway-reasoning")
 
 
 def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
@@ -99,5 +101,5 @@ CAUSE = CauseRule(
 )
 
 
-def register(catalogue: object) -> None:
-    catalogue.causes.add(CAUSE)  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.causes.add(CAUSE)

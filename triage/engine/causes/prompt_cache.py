@@ -1,21 +1,26 @@
-"""prompt-cache: llama-server's prompt cache is why the failure happens -- here, its latency
-variant: a conversation whose prompt begins with a value the client renders anew every turn
-(a timestamp first in the system prompt, a request id) reuses nothing of the slot's cache, so
-every turn re-evaluates the whole prompt and the latency grows with the history.
+"""prompt-cache: llama-server's prompt cache is why the failure happens. Two variants:
 
-Decided by the `prompt-cache-turns` observation (triage/engine/arms/prompt_cache.py): the
-captured conversation replayed turn by turn on one slot with the cache on, the volatile value
-re-rendered per turn (as the client does) vs held fixed.
+* a cache bug on restore: replies fail only when the prompt is restored from the slot's
+  cache -- decided by the `cache-as-client` observation (triage/engine/arms/cache_as_client.py:
+  the request with the cache on, restored from one slot) against the baseline, whose replays
+  all send `cache_prompt: false`;
+* latency: a conversation whose prompt begins with a value the client renders anew every turn
+  (a timestamp first in the system prompt, a request id) reuses nothing of the slot's cache,
+  so every turn re-evaluates the whole prompt and the latency grows with the history --
+  decided by the `prompt-cache-turns` observation (triage/engine/arms/prompt_cache.py): the
+  captured conversation replayed turn by turn on one slot with the cache on, the volatile
+  value re-rendered per turn (as the client does) vs held fixed.
 
-  confirmed  the captured turn took (almost) nothing from the cache (its timings: the
-             unstable-prefix reading), re-rendered per turn the later turns reuse nothing
-             (the reproduction: at least the baseline rule's share, never one sample), and
-             held fixed they reuse the prompt (the engine's test, p < 0.05);
+  confirmed  cache on reproduces the failure (the baseline rule's share) and the cache-off
+             baseline removes it (Fisher, p < 0.05); or the captured turn took (almost)
+             nothing from the cache (its timings: the unstable-prefix reading), re-rendered
+             per turn the later turns reuse nothing (the reproduction, never one sample),
+             and held fixed they reuse the prompt (the engine's test, p < 0.05);
   rejected   with the cache off the baseline reproduces the failure (the cache is not needed
              for it); the client turned the cache off; the captured turn reused its prefix;
              or held fixed the turns still reuse nothing;
-  suspected  otherwise: a one-request failure the cache-off baseline does not reproduce (a
-             cache bug on restore is not replayed: untested), a continuation that reused
+  suspected  otherwise: a failure neither the cache-off baseline nor the cache-on replays
+             reproduce (untested), a continuation that reused
              nothing with no volatile value found (capture consecutive turns: the sequence
              reading says where they differ), or a replay that does not reproduce.
 """
@@ -35,8 +40,9 @@ from triage.causes import (
     suspect,
 )
 from triage.checks.prefix import UNSTABLE_CACHED_SHARE
+from triage.engine.arms.cache_as_client import ARM as CACHE_ARM
 from triage.engine.arms.prompt_cache import ARM
-from triage.stats import baseline_reproduces, wilson
+from triage.stats import baseline_reproduces, compare, wilson
 
 ID = "prompt-cache"
 
@@ -116,11 +122,33 @@ def _replay_verdict(facts: Mapping[str, Any]) -> Verdict:
     )
 
 
+def _cache_on_verdict(base: ArmOutcome, cache_on: Mapping[str, Any]) -> Verdict | None:
+    """The cache-as-client replays (cache on, restored from one slot) against the cache-off
+    baseline; None when they did not run or do not reproduce the failure."""
+    n, k = int(cache_on.get("n") or 0), int(cache_on.get("failures") or 0)
+    if not cache_on.get("ran") or not baseline_reproduces(k, n) or base.n == 0:
+        return None
+    on, off = _kn(k, n), base.kn()
+    kinds = ", ".join(cache_on.get("kinds") or {}) or "failures"
+    result = compare(k, n, base.failures, base.n, looks=1)
+    if result.decision == "removes":
+        return Verdict(
+            ID,
+            "confirmed",
+            f"with the prompt cache as the client had it (on, the prompt restored from one "
+            f"slot) {on} replays fail ({kinds}); with it off (the baseline) {off} "
+            f"(p={result.p_less:.2g}): the failure needs the cache -- a cache bug on restore",
+            supports=[CACHE_ARM, "baseline"],
+            deciding_probe=CACHE_ARM,
+        )
+    return suspect(
+        ID,
+        f"undecided: cache on {on} vs off {off}",
+        f"{CACHE_ARM} and the baseline with more replays",
+    )
+
+
 def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
-    facts = obs.facts.get(ARM)
-    if not facts or facts.get("error"):
-        why = (facts or {}).get("error") or f"the {ARM} observation did not run"
-        return suspect(ID, str(why), ARM, basis="untested")
     base = baseline_of(arms)
     if reproduces(arms):
         return _rejected(
@@ -128,19 +156,30 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
             f"reproduces the failure ({base.kn()}): the cache is not needed for it",
             "baseline",
         )
+    facts = obs.facts.get(ARM)
+    if not facts or facts.get("error"):
+        why = (facts or {}).get("error") or f"the {ARM} observation did not run"
+        return suspect(ID, str(why), ARM, basis="untested")
     if facts.get("cache_off"):
         return _rejected(
             "the client turned the prompt cache off (cache_prompt: false): nothing was reused "
             "or restored",
             "request",
         )
+    cache_on = obs.facts.get(CACHE_ARM) or {}
+    restored = _cache_on_verdict(base, cache_on)
+    if restored is not None:
+        return restored
     if not facts.get("continuation"):
+        tried = "; no failing captured reply to replay with the cache on"
+        if cache_on.get("ran"):
+            on = _kn(int(cache_on["failures"]), int(cache_on["n"]))
+            tried = f"; with the cache on, restored from one slot: {on} replays fail"
         return suspect(
             ID,
             "one request, not a conversation, and the cache-off baseline does not reproduce "
-            f"the failure ({base.kn()}); a cache bug on restore (replies that differ with the "
-            "cache on) is not replayed",
-            "the request replayed twice on one slot with the cache on vs off (not built)",
+            f"the failure ({base.kn()}){tried}",
+            f"{CACHE_ARM} (the request with the cache on, restored from one slot)",
             basis="untested",
         )
     captured = facts.get("captured")
@@ -167,8 +206,9 @@ CAUSE = CauseRule(
     "the slot's last one from its first token; a value the client renders anew every turn "
     "at the start (a timestamp first in the system prompt, a request id) makes every turn "
     "re-evaluate the whole prompt, so latency grows with the conversation",
-    decided_by=f"the {ARM} observation (the conversation turn by turn on one slot, cache on, "
-    "the value re-rendered vs held), for a continuation whose first message holds one",
+    decided_by=f"the {CACHE_ARM} observation (cache on, restored from one slot) against the "
+    f"cache-off baseline; for latency, the {ARM} observation (the conversation turn by turn "
+    "on one slot, cache on, the value re-rendered vs held)",
     rule=rule,
     retrospective="the prompt began with a value the client changed every turn (e.g. a "
     "timestamp first in the system prompt), so llama-server's prompt cache reused nothing "

@@ -17,8 +17,11 @@ from triage.causes import (
     suspect,
     unchanged,
 )
+from triage.plugin_api import Registry
 
 ID = "reasoning-exhausts-budget"
+THOUGHT_LOOP = "runaway-reasoning"
+ANTI_REPETITION = "anti-repetition"
 
 
 def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
@@ -41,6 +44,9 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
             deciding_probe="baseline",
         )
     removing = [a for a in (off, budget, server_off) if a is not None and removes(a)]
+    looping = loop_instead(arms, obs, base) if removing else None
+    if looping is not None:
+        return looping
     if removing:
         named = "; ".join(f"{a.name} {a.kn()}" for a in removing)
         return Verdict(
@@ -83,6 +89,43 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
     )
 
 
+def loop_instead(
+    arms: Mapping[str, ArmOutcome], obs: Observations, base: ArmOutcome
+) -> Verdict | None:
+    """A looping THOUGHT that thinking-off "fixes" (issue 23): removing the thought removes
+    the loop, which says nothing about the budget. When most failing thoughts loop
+    (`runaway-reasoning`), the anti-repetition arm decides: penalised repetition lets the
+    replies end -> a model loop, not the budget (rejected); not decided yet -> suspected;
+    the loop resists it (unchanged), or the request already penalises repetition -> the
+    thought eats any budget it gets and only dropping or bounding it helps: None (the
+    removing arms confirm, as for any thought that eats the budget)."""
+    thought_loops = share(base, THOUGHT_LOOP)
+    if thought_loops < 0.5:
+        return None
+    arm = arms.get(ANTI_REPETITION)
+    if ANTI_REPETITION not in obs.planned or unchanged(arm):
+        return None
+    if removes(arm):
+        assert arm is not None
+        return Verdict(
+            ID,
+            "rejected",
+            f"{thought_loops:.0%} of the failing replies' thoughts loop, and with repetition "
+            f"penalised the replies end: {arm.kn()} vs baseline {base.kn()} -- a model loop "
+            "in the thought, not a budget too small (thinking off only removes the looping "
+            "channel)",
+            refutes=[ANTI_REPETITION],
+            deciding_probe=ANTI_REPETITION,
+        )
+    return suspect(
+        ID,
+        f"{thought_loops:.0%} of the failing replies' thoughts loop: thinking off removes "
+        "the failure, but whether the loop or the budget is the cause is undecided until "
+        f"{ANTI_REPETITION} decides ({arm.kn() if arm else 'not run'})",
+        f"{ANTI_REPETITION} with more replays",
+    )
+
+
 CAUSE = CauseRule(
     id=ID,
     number=0,
@@ -95,5 +138,5 @@ CAUSE = CauseRule(
 )
 
 
-def register(catalogue: object) -> None:
-    catalogue.causes.add(CAUSE)  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.causes.add(CAUSE)

@@ -14,6 +14,7 @@ from triage.causes import (
     removal_verdict,
     reproduces,
 )
+from triage.plugin_api import Registry
 
 ID = "speculative-decoding"
 ARM = "spec-off"
@@ -76,5 +77,5 @@ CAUSE = CauseRule(
 )
 
 
-def register(catalogue: object) -> None:
-    catalogue.causes.add(CAUSE)  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.causes.add(CAUSE)

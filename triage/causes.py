@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 # The module, not its function: `catalogue()` is read at call time (tests swap it).
 import triage.catalogue
+from kb.jsontypes import JsonObject
 from triage.stats import baseline_reproduces, wilson
 
 __all__ = [
@@ -359,7 +360,7 @@ def observations_from(
     *,
     speculative: bool,
     planned: tuple[str, ...] = (),
-    request: dict[str, Any] | None = None,
+    request: JsonObject | None = None,
 ) -> Observations:
     """The rules' view of a run: the built-in observations read into their fields, every
     observation (plugins' too) kept in `facts`."""

@@ -13,9 +13,9 @@ from datetime import date, datetime
 from functools import partial
 from typing import Any
 
+from kb.domain.errors import StoreError
 from kb.jsontypes import JsonObject
 from kb.repo.filerecord import parse_timestamp
-from kb.repo.store import StoreError
 
 
 class RecordError(StoreError):

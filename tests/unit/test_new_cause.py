@@ -17,8 +17,9 @@ from sqlmodel import select
 
 import triage.engine.causes as builtin_causes
 from kb import vocab
+from kb.domain.family import signature
 from kb.models import Cause, Incident
-from kb.repo.family import IncidentSignature, refresh_signatures, signature, similar_incidents
+from kb.repo.family import IncidentSignature, refresh_signatures, similar_incidents
 from kb.repo.runs import CauseSpec, VerdictRow, apply_verdicts, ensure_causes
 from kb.repo.store import Store
 from triage.catalogue import Catalogue

@@ -12,16 +12,19 @@ from fake_backend import FakeBackend
 
 from kb.repo.store import Store
 from triage import probes
+from triage.capture import exchange_from_http
 from triage.catalogue import catalogue
 from triage.commands.engine import validate_diagnosis
-from triage.engine import Diagnoser
+from triage.engine import Diagnoser, findings_json
 from triage.engine.decide import decide
 from triage.engine.events import ArmsPlanned, Event, LookStarted, ProgressEvent
 from triage.engine.execute import Executor
+from triage.engine.intake import FINDING_KEYS
 from triage.engine.plan import plan
 from triage.engine.record import record
 from triage.engine.servers import Server
 from triage.stackfile import Stack, parse_stack
+from triage.symptoms import classify
 
 REQUEST: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 64}
 FINDINGS = [{"kind": "length-stop", "passed": False, "score": 1.0, "reason": "cut", "where": "$"}]
@@ -145,3 +148,17 @@ def test_crash_mode_is_the_same_plan_arranged_for_a_crashed_server(tmp_path: Pat
     assert "no-repack" in crashed.arms and "no-repack" not in normal.arms
     assert {c.id for c in crashed.causes} > {c.id for c in normal.causes}
     assert crashed.known_good == {} and crashed.observe_only == ()
+
+
+def test_findings_become_json_in_one_place_with_the_diagnosis_fields() -> None:
+    response = {
+        "choices": [{"message": {"role": "assistant", "content": ""}, "finish_reason": "length"}],
+        "usage": {"completion_tokens": 64},
+    }
+    exchange = exchange_from_http(REQUEST, response, status=200)
+    findings = findings_json(exchange)
+    failed = [f for f in findings if not f["passed"]]
+    assert failed and {f["kind"] for f in failed} == {
+        f.kind for f in classify(exchange) if not f.passed
+    }
+    assert all(tuple(f) == FINDING_KEYS for f in findings)  # no offset: as the CLI records

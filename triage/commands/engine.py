@@ -25,6 +25,7 @@ from triage.engine import (
     EngineError,
     Event,
     diagnose,
+    findings_json,
     latest_diagnosis,
     latest_run_state,
     run_to_resume,
@@ -32,7 +33,6 @@ from triage.engine import (
 from triage.engine import resume as resume_run
 from triage.observe import observation_summary
 from triage.stackfile import Stack, StackError, load_stack
-from triage.symptoms import classify
 
 __all__ = ["ProgressPrinter", "format_diagnosis", "register", "validate_diagnosis"]
 
@@ -264,7 +264,7 @@ def _load_exchange(
     if not exchanges:
         raise click.ClickException(f"{request}: no exchange found")
     exchange = exchanges[0]
-    findings = [_finding_dict(f) for f in classify(exchange)]
+    findings = findings_json(exchange)
     return exchange.request, findings, exchange.to_dict()
 
 
@@ -275,13 +275,6 @@ def _request_only(data: Any) -> dict[str, Any] | None:
     except (ValueError, TypeError):
         return None
     return body if isinstance(body, dict) and "response" not in body else None
-
-
-def _finding_dict(finding: Any) -> dict[str, Any]:
-    if isinstance(finding, dict):
-        return finding
-    data = finding.to_dict() if hasattr(finding, "to_dict") else dict(vars(finding))
-    return {k: data.get(k) for k in ("kind", "passed", "score", "reason", "where")}
 
 
 def register(group: click.Group) -> None:

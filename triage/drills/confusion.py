@@ -36,9 +36,8 @@ from kb.repo.store import Store
 from triage import catalogue as plugins
 from triage.capture import load_file
 from triage.drills.registry import CAPTURE_RECORDERS, SERVED, build_drill, list_drills
-from triage.engine import DiagnoseOptions, diagnose
+from triage.engine import DiagnoseOptions, diagnose, findings_json
 from triage.stackfile import load_stack
-from triage.symptoms import classify
 
 OK = "ok"
 MISMATCH = "MISMATCH"
@@ -211,8 +210,7 @@ def _recorded_capture(drill: Any, work: Path) -> dict[str, Any] | None:
     if recorder is None:
         return None
     (exchange,) = load_file(recorder(drill, work))
-    keys = ("kind", "passed", "score", "reason", "where")
-    findings = [{k: f.to_dict().get(k) for k in keys} for f in classify(exchange)]
+    findings = findings_json(exchange)
     return {"request": exchange.request, "exchange": exchange.to_dict(), "findings": findings}
 
 

@@ -28,6 +28,7 @@ from triage.engine.events import (
     ProgressFn,
     RepliesIn,
 )
+from triage.engine.intake import diagnose_exchange, findings_json
 from triage.engine.replay import ArmResult, replay_rate
 from triage.engine.replayer import classify_reply
 from triage.engine.runner import ACTOR, DiagnoseOptions, Diagnoser
@@ -53,6 +54,8 @@ __all__ = [
     "Server",
     "classify_reply",
     "diagnose",
+    "diagnose_exchange",
+    "findings_json",
     "latest_diagnosis",
     "latest_run_state",
     "open_server",

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kb.domain.records import Reply
+from kb.jsontypes import JsonObject
 from kb.repo import runs
 from triage import probes
 from triage.causes import BASELINE, reproduces
@@ -53,7 +54,7 @@ class Executor:
         self,
         plan: Plan,
         *,
-        exchange: dict[str, Any],
+        exchange: JsonObject,
         signature: Signature,
         options: ExecuteOptions,
         backend: Backend,

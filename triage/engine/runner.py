@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from kb.repo import runs
 from kb.repo.engine import data_dir
 from kb.repo.store import Store
@@ -91,9 +92,9 @@ class Diagnoser:
         self,
         store: Store,
         stack: Stack,
-        request: dict[str, Any],
+        request: JsonObject,
         *,
-        exchange: dict[str, Any] | None = None,
+        exchange: JsonObject | None = None,
         findings: list[dict[str, Any]] | None = None,
         incident: str | None = None,
         options: DiagnoseOptions | None = None,

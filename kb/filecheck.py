@@ -8,14 +8,14 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from datetime import date, datetime
 from functools import partial
 from typing import Any
 
-from kb.models import CAUSE_CATALOGUE_IDS
+from kb.domain.errors import StoreError
+from kb.jsontypes import JsonObject
 from kb.repo.filerecord import parse_timestamp
-from kb.repo.store import StoreError
 
 
 class RecordError(StoreError):
@@ -73,8 +73,12 @@ KnownEvidence = Callable[[list[str], str], None]
 """Checks that every evidence key of a list (at a JSON path) names evidence of the file."""
 
 
-def _check_references(data: dict[str, Any], file: str) -> None:
-    """The checks JSON Schema cannot express: ids, links, history, dates."""
+def _check_references(data: JsonObject, file: str, causes: Collection[str] | None = None) -> None:
+    """The checks JSON Schema cannot express: ids, links, history, dates.
+
+    `causes` is the catalogue's full list of cause ids (passed in by triage: kb does not
+    know them); None when the caller has no catalogue, and then a cause without a
+    `catalogue` field is taken as the catalogue cause of its own id."""
     _check_dates(data, file)
     evidence_ids = _evidence_ids(data, file)
     known: KnownEvidence = partial(_check_known_evidence, evidence_ids, file)
@@ -87,12 +91,12 @@ def _check_references(data: dict[str, Any], file: str) -> None:
         if cause["id"] in cause_ids:
             raise RecordError(file, f"{path}.id", f"duplicate cause id {cause['id']!r}")
         cause_ids.add(cause["id"])
-        _check_cause(cause, file, path, evidence_ids, known)
+        _check_cause(cause, file, path, evidence_ids, known, causes)
     _check_decisions(data, file, known)
     _check_family(data, file, cause_ids)
 
 
-def _check_dates(data: dict[str, Any], file: str) -> None:
+def _check_dates(data: JsonObject, file: str) -> None:
     """The slug starts with the opened date; an incident closes no earlier than it opened."""
     slug: str = data["slug"]
     opened = date.fromisoformat(data["opened"])
@@ -104,7 +108,7 @@ def _check_dates(data: dict[str, Any], file: str) -> None:
         raise RecordError(file, "$.closed", f"closed {data['closed']} is before opened")
 
 
-def _evidence_ids(data: dict[str, Any], file: str) -> set[str]:
+def _evidence_ids(data: JsonObject, file: str) -> set[str]:
     """The evidence ids of the file, each used once."""
     evidence_ids: set[str] = set()
     for index, item in enumerate(data.get("evidence", [])):
@@ -122,7 +126,7 @@ def _check_known_evidence(evidence_ids: set[str], file: str, ids: list[str], pat
             raise RecordError(file, f"{path}[{index}]", f"no evidence with id {key!r} in this file")
 
 
-def _check_symptoms(data: dict[str, Any], file: str, known: KnownEvidence) -> None:
+def _check_symptoms(data: JsonObject, file: str, known: KnownEvidence) -> None:
     symptom_ids: set[str] = set()
     for index, symptom in enumerate(data.get("symptoms", [])):
         if symptom["id"] in symptom_ids:
@@ -134,10 +138,16 @@ def _check_symptoms(data: dict[str, Any], file: str, known: KnownEvidence) -> No
 
 
 def _check_cause(
-    cause: dict[str, Any], file: str, path: str, evidence_ids: set[str], known: KnownEvidence
+    cause: JsonObject,
+    file: str,
+    path: str,
+    evidence_ids: set[str],
+    known: KnownEvidence,
+    causes: Collection[str] | None,
 ) -> None:
     """One cause: its catalogue id, its evidence links and its status history."""
-    _check_catalogue(cause, file, path)
+    if causes is not None:
+        _check_catalogue(cause, file, path, causes)
     links: set[tuple[str, str]] = set()
     for link_index, link in enumerate(cause.get("evidence", [])):
         link_path = f"{path}.evidence[{link_index}]"
@@ -153,11 +163,11 @@ def _check_cause(
     _check_history(cause, file, path, known)
 
 
-def _check_catalogue(cause: dict[str, Any], file: str, path: str) -> None:
+def _check_catalogue(cause: JsonObject, file: str, path: str, causes: Collection[str]) -> None:
     """A cause is a catalogue cause, or a sub-hypothesis naming the catalogue cause it refines."""
     key = cause["id"]
     catalogue = cause.get("catalogue")
-    if key in CAUSE_CATALOGUE_IDS:
+    if key in causes:
         if catalogue not in (None, key):
             raise RecordError(
                 file,
@@ -169,12 +179,12 @@ def _check_catalogue(cause: dict[str, Any], file: str, path: str) -> None:
         raise RecordError(
             file,
             f"{path}.id",
-            f"unknown cause id {key!r}: not a catalogue id ({', '.join(CAUSE_CATALOGUE_IDS)}) "
+            f"unknown cause id {key!r}: not a catalogue id ({', '.join(causes)}) "
             "and no `catalogue` field naming the catalogue cause it refines",
         )
 
 
-def _check_decisions(data: dict[str, Any], file: str, known: KnownEvidence) -> None:
+def _check_decisions(data: JsonObject, file: str, known: KnownEvidence) -> None:
     for index, decision in enumerate(data.get("decisions", [])):
         path = f"$.decisions[{index}]"
         known(decision.get("evidence", []), f"{path}.evidence")
@@ -185,7 +195,7 @@ def _check_decisions(data: dict[str, Any], file: str, known: KnownEvidence) -> N
             )
 
 
-def _check_family(data: dict[str, Any], file: str, cause_ids: set[str]) -> None:
+def _check_family(data: JsonObject, file: str, cause_ids: set[str]) -> None:
     """Family links start at a cause of this file, once each; links within it name a cause
     of it other than their own."""
     slug: str = data["slug"]
@@ -210,7 +220,7 @@ def _check_family(data: dict[str, Any], file: str, cause_ids: set[str]) -> None:
             raise RecordError(file, path, "a cause cannot be linked to itself")
 
 
-def _check_history(cause: dict[str, Any], file: str, path: str, known: KnownEvidence) -> None:
+def _check_history(cause: JsonObject, file: str, path: str, known: KnownEvidence) -> None:
     history = cause.get("history", [])
     previous: str | None = None
     previous_at: datetime | None = None

@@ -12,10 +12,8 @@ from typing import Any, Optional
 from sqlalchemy import JSON, Column, Index, LargeBinary, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
-from kb.vocab import CATALOGUE_CAUSES
-
-# Stable identifiers used in files, JSON and tests (their numbers live in kb/vocab.py).
-CAUSE_CATALOGUE_IDS = tuple(term.id for term in CATALOGUE_CAUSES)
+# Stable identifiers used in files, JSON and tests. Cause ids and finding kinds are the
+# catalogue's (triage), passed in where kb needs them (kb/vocab.py).
 CAUSE_STATUSES = ("confirmed", "suspected", "rejected")
 CAUSE_BASES = ("measured", "inferred", "untested")
 EVIDENCE_KINDS = ("measurement", "probe", "observation", "reference", "log", "exchange")

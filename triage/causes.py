@@ -20,6 +20,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+# The module, not its function: `catalogue()` is read at call time (tests swap it).
+import triage.catalogue
+from kb.jsontypes import JsonObject
 from triage.stats import baseline_reproduces, wilson
 
 __all__ = [
@@ -28,10 +31,12 @@ __all__ = [
     "Cause",
     "CauseRule",
     "Observations",
+    "Removal",
     "Verdict",
     "arm_gate",
     "decide",
     "not_reproduced",
+    "removal_rule",
     "removal_verdict",
     "removes",
     "share",
@@ -118,7 +123,8 @@ class Cause(Protocol):
     """What a cause plugin implements (register it with `catalogue.causes.add(obj)`).
 
     - `id`: stable string id (files, JSON, tests); `number`: stable bit position in stored
-      family bit sets (never reuse or move one; plugins pick numbers >= 64);
+      family bit sets, declared in the cause's own file (never reuse or move one;
+      built-ins 0..31, plugins from 32: triage/plugin_api.py);
     - `title`, `mechanism`, `decided_by`: text for the diagnosis, UI and retrospective;
     - `retrospective`: how a retrospective words the cause once confirmed ("what happened");
     - `decide(arms, observations) -> Verdict`: the rule. `arms` maps arm names (the baseline
@@ -138,27 +144,63 @@ class Cause(Protocol):
     def decide(self, arms: Mapping[str, ArmOutcome], observations: Observations) -> Verdict: ...
 
 
+Rule = Callable[[Mapping[str, ArmOutcome], Observations], Verdict]
+
+
+@dataclass(frozen=True)
+class Removal:
+    """How a cause that one arm removes words its verdicts (`CauseRule(removed_by=...)`);
+    the shared `removal_rule` decides.
+
+    `precheck(obs)` may decide before the arm (e.g. "rejected: not in this stack at all");
+    `available(obs)` says whether this stack can test it (default: the arm is in the plan),
+    else `missing` and `hint` say why not and what would; `note(obs)` is appended to the
+    rationale (`rejected_note` too, on a rejection) and `supports(obs)` names observations
+    that back a confirmation."""
+
+    removes_text: str
+    unchanged_text: str
+    missing: str = ""
+    hint: str = ""
+    precheck: Callable[[Observations], Verdict | None] | None = None
+    available: Callable[[Observations], bool] | None = None
+    note: Callable[[Observations], str] | None = None
+    rejected_note: str = ""
+    supports: Callable[[Observations], tuple[str, ...]] | None = None
+
+
 @dataclass(frozen=True)
 class CauseRule:
-    """A cause defined by a rule function: the shape every built-in cause uses."""
+    """A cause: the shape every built-in cause uses. Either a `rule` function, or
+    declaratively "this arm removes it": `removed_by=("arm-id",)` with its `removal` texts
+    (see `removal_rule`). The number is declared here, in the cause's own file."""
 
     id: str
     number: int
     title: str
     mechanism: str
     decided_by: str
-    rule: Callable[[Mapping[str, ArmOutcome], Observations], Verdict]
+    rule: Rule | None = None
     retrospective: str = ""
     when: str = "always"  # or "crash": decided only when the server crashes at startup
+    removed_by: tuple[str, ...] = ()
+    removal: Removal | None = None
+
+    def __post_init__(self) -> None:
+        if self.rule is None and (len(self.removed_by) != 1 or self.removal is None):
+            raise ValueError(
+                f"cause {self.id!r}: give a `rule`, or `removed_by=(arm,)` with a `removal`"
+            )
 
     def decide(self, arms: Mapping[str, ArmOutcome], observations: Observations) -> Verdict:
-        return self.rule(arms, observations)
+        if self.rule is not None:
+            return self.rule(arms, observations)
+        assert self.removal is not None  # __post_init__
+        return removal_rule(self.id, self.removed_by[0], self.removal)(arms, observations)
 
 
 def _catalogue_causes() -> list[Any]:
-    from triage.catalogue import catalogue
-
-    return list(catalogue().causes)
+    return list(triage.catalogue.catalogue().causes)
 
 
 def decide(
@@ -282,35 +324,39 @@ def removal_verdict(
     )
 
 
-def server_arm_rule(
-    cause: str,
-    arm_name: str,
-    *,
-    available: Callable[[Observations], bool],
-    missing: str,
-    hint: str,
-    removes_text: str,
-    unchanged_text: str,
-) -> Callable[[Mapping[str, ArmOutcome], Observations], Verdict]:
-    """The common rule of a cause decided by one server-level arm that removes it."""
+def removal_rule(cause: str, arm_name: str, removal: Removal) -> Rule:
+    """The shared rule of a cause one arm removes: untested when the stack cannot test it or
+    the arm did not run, not attributed when the baseline does not reproduce, confirmed when
+    the arm removes the failure, rejected when it leaves the rate unchanged, else suspected."""
 
     def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
+        early = removal.precheck(obs) if removal.precheck else None
+        if early is not None:
+            return early
         base, arm = baseline_of(arms), arms.get(arm_name)
+        available = removal.available(obs) if removal.available else arm_name in obs.planned
         gate = arm_gate(
             cause,
             arm,
             base,
             reproduces(arms),
             arm_name,
-            available=available(obs),
-            missing=missing,
-            hint=hint,
+            available=available,
+            missing=removal.missing,
+            hint=removal.hint,
         )
         if gate is not None:
             return gate
         assert arm is not None
         return removal_verdict(
-            cause, arm, base, removes_text=removes_text, unchanged_text=unchanged_text
+            cause,
+            arm,
+            base,
+            removes_text=removal.removes_text,
+            unchanged_text=removal.unchanged_text,
+            note=removal.note(obs) if removal.note else "",
+            rejected_note=removal.rejected_note,
+            supports=removal.supports(obs) if removal.supports else (),
         )
 
     return rule
@@ -322,7 +368,7 @@ def observations_from(
     *,
     speculative: bool,
     planned: tuple[str, ...] = (),
-    request: dict[str, Any] | None = None,
+    request: JsonObject | None = None,
 ) -> Observations:
     """The rules' view of a run: the built-in observations read into their fields, every
     observation (plugins' too) kept in `facts`."""

@@ -19,9 +19,11 @@ from typing import Any
 import click
 
 from kb.jsontypes import JsonObject
+from kb.repo.engine import data_dir
 from kb.repo.files import import_paths
-from kb.repo.store import Store, data_dir, get_incident
+from kb.repo.store import Store, get_incident
 from triage.capture import load_file
+from triage.catalogue import catalogue
 from triage.drills import build_drill
 from triage.engine import (
     DiagnoseOptions,
@@ -160,7 +162,7 @@ def _run(
             with store.session(readonly=True) as session:
                 have = get_incident(session, "2026-06-10-gemma4-empty-response") is not None
             if not have:
-                import_paths(store, [REPO_INCIDENTS])
+                import_paths(store, [REPO_INCIDENTS], causes=catalogue().causes.ids())
         return diagnose(
             store,
             load_stack(stack_path),

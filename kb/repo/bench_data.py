@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import insert, text
 from sqlmodel import SQLModel
 
 import kb.models  # noqa: F401  (registers the tables)
+from kb.domain.errors import StoreError
 from kb.repo.family import refresh_signatures
 from kb.repo.migrate import current_revision
-from kb.repo.store import Store, StoreError
+from kb.repo.store import Store
+from kb.vocab import Vocabulary
 
 # Insert order (foreign keys); a batch maps each name to its rows (explicit ids).
 TABLES = (
@@ -42,9 +45,14 @@ def empty_batch() -> Batch:
 
 
 def load(
-    store: Store, batches: Iterable[Batch], *, progress: Callable[[str], None] | None = None
+    store: Store,
+    batches: Iterable[Batch],
+    *,
+    progress: Callable[[str], None] | None = None,
+    vocabulary: Vocabulary | None = None,
 ) -> dict[str, float]:
-    """Load `batches` into an empty database, then index it; seconds spent per phase."""
+    """Load `batches` into an empty database, then index it; seconds spent per phase.
+    `vocabulary` (the catalogue's numbers) gives the signature masks their bits."""
     say = progress or (lambda _message: None)
     revision = current_revision(store.engine)
     if revision not in (None, BASE_REVISION):
@@ -82,7 +90,7 @@ def load(
 
     started = time.perf_counter()
     with store.session() as session:
-        refresh_signatures(session, batch=5000)
+        refresh_signatures(session, batch=5000, vocabulary=vocabulary)
     timings["signatures_s"] = time.perf_counter() - started
     say(f"  signatures in {timings['signatures_s']:.0f} s")
 
@@ -106,8 +114,6 @@ def optimize(store: Store) -> None:
 def database_size(store: Store) -> int:
     """Bytes on disk of the database (SQLite file plus WAL, or the PostgreSQL database)."""
     if store.dialect == "sqlite":
-        from pathlib import Path
-
         path = Path(store.url.split("///", 1)[1])
         return sum(p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists())
     with store.engine.connect() as conn:

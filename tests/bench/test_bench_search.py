@@ -23,8 +23,9 @@ from typing import Any
 import datagen
 import pytest
 
+from kb.domain.family import signature
 from kb.repo.bench_data import database_size, server_version
-from kb.repo.family import FINDING_KINDS, signature, similar_incidents
+from kb.repo.family import similar_incidents
 from kb.repo.search import search
 from kb.repo.store import Store
 
@@ -81,7 +82,7 @@ def _new_exchange_signature(rng: random.Random) -> Any:
         "args": ["-c", "8192"] + (["-md", "draft.gguf"] if rng.random() < 0.3 else []),
         "thinking_default": rng.random() < 0.6,
     }
-    return signature(rng.sample(FINDING_KINDS, rng.randint(1, 4)), set(), stack)
+    return signature(rng.sample(datagen.FINDING_KINDS, rng.randint(1, 4)), set(), stack)
 
 
 def _timed(function: Callable[[], Any]) -> tuple[float, Any]:

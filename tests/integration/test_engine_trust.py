@@ -16,6 +16,7 @@ from kb.repo.store import Store
 from triage.capture import exchange_from_http
 from triage.drills import build_drill
 from triage.engine import DiagnoseOptions, EngineError, diagnose
+from triage.llama.model_lint import LINT_KINDS
 from triage.stackfile import load_stack, parse_stack
 from triage.symptoms import classify
 
@@ -220,7 +221,9 @@ def test_cli_diagnoses_from_the_request_alone_and_show_prints_it(
     )
     assert done.returncode == 0, done.stderr
     diagnosis = json.loads(out.read_text())
-    assert diagnosis["exchange_evidence"] is None and diagnosis["findings"] == []
+    # No exchange: no exchange findings, only the model-file lint's (passed on the drill).
+    assert diagnosis["exchange_evidence"] is None
+    assert {f["kind"] for f in diagnosis["findings"]} <= set(LINT_KINDS)
     assert diagnosis["reproduction"]["reproduced"] is True
     assert {c["id"]: c for c in diagnosis["causes"]}["reasoning-exhausts-budget"][
         "status"

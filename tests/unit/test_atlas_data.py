@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kb import vocab
+from triage.catalogue import catalogue
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRIES = ROOT / "kb" / "atlas" / "entries"
@@ -57,12 +57,12 @@ def test_entry_front_matter_is_complete_and_in_vocabulary(path: Path) -> None:
     assert data["project"] in PROJECTS
     assert str(data["source"]).startswith("https://")
     assert all(str(url).startswith("https://") for url in data.get("related") or [])
-    assert data["cause"] in {term.id for term in vocab.CAUSES} | ASSIGNED_CAUSES | {"other"}
+    assert data["cause"] in set(catalogue().causes.ids()) | ASSIGNED_CAUSES | {"other"}
     for key in ("title", "identified_by", "cause_text"):
         assert isinstance(data.get(key), str) and data[key].strip(), f"{key} is empty"
     signatures = data["signatures"]
     assert any(signatures.get(name) for name in SIGNATURE_LISTS), "no signature"
-    kinds = {term.id for term in vocab.FINDING_KINDS}
+    kinds = set(catalogue().checks.ids())
     assert set(signatures.get("finding_kinds") or []) <= kinds
     assert all(isinstance(s, int) and 100 <= s <= 599 for s in signatures.get("http_status") or [])
     for name in ("error_strings", "log_strings"):

@@ -16,8 +16,8 @@ from sqlmodel import select
 
 from kb.models import Evidence, Incident
 from kb.repo.store import Store
-from kb.vocab import FINDING_KINDS
 from triage.cli import cli
+from triage.symptoms import KINDS as FINDING_KINDS
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "captures"
 REAL = FIXTURES / "real"

@@ -17,9 +17,9 @@ from sqlalchemy import func
 from sqlmodel import SQLModel, select
 
 import kb.repo.files as files
+from kb.domain.errors import StoreError
 from kb.models import (
     CAUSE_BASES,
-    CAUSE_CATALOGUE_IDS,
     CAUSE_STATUSES,
     DECISION_KINDS,
     EVIDENCE_KINDS,
@@ -28,6 +28,7 @@ from kb.models import (
     Cause,
     CauseStatusChange,
 )
+from kb.repo.fileparse import parse_file, parse_text
 from kb.repo.files import (
     RecordError,
     dump_yaml,
@@ -37,11 +38,13 @@ from kb.repo.files import (
     list_records,
     load_record,
     load_yaml,
-    parse_file,
-    parse_text,
     render_record,
 )
-from kb.repo.store import Store, StoreError, add_evidence, get_incident, record_status_change
+from kb.repo.store import Store, add_evidence, get_incident, record_status_change
+from triage.catalogue import catalogue
+
+# The catalogue's full list of cause ids, passed in as triage's import does (kb has none).
+CAUSE_CATALOGUE_IDS = catalogue().causes.ids()
 
 INCIDENTS = Path(__file__).resolve().parents[2] / "incidents"
 COMMITTED = sorted(INCIDENTS.glob("*.md"))
@@ -562,7 +565,7 @@ def test_bad_record_names_file_and_field_and_changes_nothing(
     mutate(record)
     bad = _write(tmp_path / "batch", record, name="2026-07-01-minimal")
     with pytest.raises(RecordError) as caught:
-        import_paths(store, [good, bad])
+        import_paths(store, [good, bad], causes=CAUSE_CATALOGUE_IDS)
     assert caught.value.file == str(bad)
     assert caught.value.json_path == json_path
     assert fragment in str(caught.value)

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 from plugin_dist import installed
+from test_vocab import STORED_KINDS
 
-from kb import vocab
 from triage import symptoms
 from triage.catalogue import Catalogue, CatalogueError, catalogue
-from triage.catalogue.numbering import check_numbering
 from triage.checks import content, tools, transport
 
 PLUGIN = '''
@@ -60,9 +59,9 @@ def installed_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
 
 def test_builtin_checks_are_registered_through_entry_points() -> None:
     checks = catalogue().checks
-    # Registration order follows the entry-point names; the numbers are the vocabulary's.
+    # Registration order follows the entry-point names; KINDS are in number order.
     by_number = sorted(checks, key=lambda entry: entry.number)
-    assert tuple(entry.id for entry in by_number) == tuple(t.id for t in vocab.FINDING_KINDS)
+    assert tuple(entry.id for entry in by_number) == symptoms.KINDS
     assert {checks.origin(kind) for kind in checks.ids()} == {
         "checks-content",
         "checks-context",
@@ -82,7 +81,7 @@ def test_builtin_checks_are_registered_through_entry_points() -> None:
         "checks-model-file",
         "checks-template-markup",
     }
-    assert {entry.id: entry.number for entry in checks} == vocab.KIND_NUMBERS
+    assert {entry.id: entry.number for entry in checks} == STORED_KINDS
     assert [c.id for c in checks if not c.user_facing] == [
         "runaway-reasoning",
         "chat-template-missing",
@@ -103,7 +102,7 @@ def test_a_plugin_check_runs_on_every_capture() -> None:
     assert symptoms.failure_kinds(_reply("THE ANSWER IS NO")) == {"shouting"}
     assert symptoms.is_failure(_reply("THE ANSWER IS NO"))
     assert not symptoms.is_failure(_reply("The answer is no."))
-    check_numbering(catalogue(), {})  # 40 is in the plugin range
+    assert catalogue().checks.numbers()["shouting"] == 40  # in the plugin range
 
 
 def test_classify_without_the_plugin_does_not_report_it() -> None:
@@ -124,13 +123,15 @@ def test_a_plugin_check_on_a_builtin_kind_or_number_is_refused() -> None:
         cat.register_plugin(module.__name__, module.register)
 
     def clash(catalogue: Catalogue) -> None:
-        catalogue.checks.add(symptoms.check("empty-content")(lambda view: []))
+        catalogue.checks.add(symptoms.check("empty-content", number=40)(lambda view: []))
 
     with pytest.raises(CatalogueError, match="already registered by triage.checks.content"):
         cat.register_plugin("clash", clash)
-    low = Catalogue()
-    low.checks.add(symptoms.check("my-kind", number=11)(lambda view: []))
+
+    def low(catalogue: Catalogue) -> None:
+        catalogue.checks.add(symptoms.check("my-kind", number=11)(lambda view: []))
+
     with pytest.raises(CatalogueError, match="numbers below 32"):
-        check_numbering(low, {})
+        cat.register_plugin("low", low)
     with pytest.raises(ValueError, match="needs a number"):
         symptoms.check("my-kind")

@@ -1,8 +1,10 @@
-"""kb.vocab: stable numbers, stored id -> number records, and the catalogue's numbering check
-(SQLite and PostgreSQL)."""
+"""kb.vocab: (section, id, number) records passed in by the catalogue, family bits for every
+recorded number (built-in or plugin), and the store-open check (SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import dataclass
 from datetime import date
 
@@ -11,18 +13,37 @@ from click.testing import CliRunner
 from sqlmodel import select
 
 from kb import vocab
-from kb.models import CAUSE_CATALOGUE_IDS, Cause, Incident, Symptom
-from kb.repo.family import (
-    CAUSE_BITS,
-    KIND_BITS,
-    IncidentSignature,
-    refresh_signatures,
-    signature,
-    similar_incidents,
-)
+from kb.domain.errors import StoreError
+from kb.domain.family import signature
+from kb.models import Cause, Incident, Symptom
+from kb.repo.family import IncidentSignature, refresh_signatures, similar_incidents
 from kb.repo.store import Store
-from triage.catalogue import Catalogue, CatalogueError
-from triage.catalogue.numbering import check_numbering, check_store_numbering
+from triage import plugin_api
+from triage.catalogue import Catalogue, CatalogueError, catalogue
+from triage.catalogue.numbering import check_store_numbering, vocabulary
+
+# Every number stored by a knowledge base before the numbers moved into the catalogue's own
+# files (kb/vocab.py up to 0011_embed_batch_vocab). Stored masks use them: they never move.
+STORED_CAUSES = {
+    "reasoning-exhausts-budget": 0, "speculative-decoding": 1, "quantized-weights": 2,
+    "server-build": 3, "output-parsing": 4, "token-limit": 5, "cpu-backend": 6,
+    "kv-cache-quant": 7, "context-size": 8, "context-shift": 9, "structured-output": 10,
+    "reasoning-leak": 11, "client-handling": 12, "conversation-shape": 13, "model-file": 14,
+    "warmup-decode": 15, "cpu-threads": 16, "model-loop": 17, "gateway-timeout": 18,
+    "server-flags": 19, "schema-not-enforced": 20, "prompt-cache": 21, "stream-format": 22,
+    "embedding-batch": 23,
+}  # fmt: skip
+STORED_KINDS = {
+    "empty-content": 0, "length-stop": 1, "reasoning-exhausted-budget": 2,
+    "runaway-reasoning": 3, "tool-args-invalid-json": 4, "tool-args-schema-violation": 5,
+    "tool-markup-leaked": 6, "parse-failure": 7, "truncated-stream": 8, "http-error": 9,
+    "timeout": 10, "server-crash": 11, "server-hang": 12, "repetition-to-context-end": 13,
+    "structured-output-failed": 14, "reasoning-markup-in-content": 15, "client-lost-reply": 16,
+    "mojibake": 17, "repetition-loop": 18, "chat-template-missing": 19,
+    "base-model-for-chat": 20, "end-of-turn-mismatch": 21, "gateway-error": 22,
+    "server-flag-error": 23, "schema-violation": 24, "stream-format-violation": 25,
+    "unstable-prefix": 26, "embedding-failed": 27, "template-markup-in-content": 28,
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -32,55 +53,74 @@ class Entry:
 
 
 def _catalogue(causes: dict[str, int] | None = None, checks: dict[str, int] | None = None):
-    catalogue = Catalogue()
-    causes = {t.id: t.number for t in vocab.CATALOGUE_CAUSES} if causes is None else causes
-    checks = dict(vocab.KIND_NUMBERS) if checks is None else checks
-    for entry_id, number in causes.items():
-        catalogue.causes.add(Entry(entry_id, number))
-    for entry_id, number in checks.items():
-        catalogue.checks.add(Entry(entry_id, number))
-    return catalogue
+    cat = Catalogue()
+    for entry_id, number in (STORED_CAUSES if causes is None else causes).items():
+        cat.causes.add(Entry(entry_id, number))
+    for entry_id, number in (STORED_KINDS if checks is None else checks).items():
+        cat.checks.add(Entry(entry_id, number))
+    return cat
 
 
-def test_numbers_are_the_documented_ones_and_bits_follow_them() -> None:
-    assert [(t.id, t.number) for t in vocab.FINDING_KINDS][:3] == [
-        ("empty-content", 0),
-        ("length-stop", 1),
-        ("reasoning-exhausted-budget", 2),
-    ]
-    assert vocab.KIND_NUMBERS["timeout"] == 10
-    assert vocab.CAUSE_NUMBERS["token-limit"] == 5
-    assert vocab.CAUSE_NUMBERS["cpu-backend"] == 6
-    assert vocab.CAUSE_NUMBERS["model-file"] == 14
-    assert CAUSE_CATALOGUE_IDS == (
-        "reasoning-exhausts-budget",
-        "speculative-decoding",
-        "quantized-weights",
-        "server-build",
-        "output-parsing",
-        "token-limit",
+def test_the_catalogue_keeps_every_stored_number() -> None:
+    numbers = vocabulary(catalogue())
+    assert {i: n for i, n in numbers.causes.items() if i in STORED_CAUSES} == STORED_CAUSES
+    assert {i: n for i, n in numbers.checks.items() if i in STORED_KINDS} == STORED_KINDS
+    # Built-ins number below the plugin range, and each number once per section.
+    for section in (numbers.causes, numbers.checks):
+        assert all(n <= plugin_api.BUILTIN_LAST for n in section.values())
+        assert len(set(section.values())) == len(section)
+
+
+def test_one_first_plugin_number_everywhere() -> None:
+    assert plugin_api.PLUGIN_FIRST == plugin_api.BUILTIN_LAST + 1 == 32
+    assert plugin_api.FAMILY_BIT_LAST == vocab.BIT_LIMIT - 1
+
+
+def test_a_plugin_numbers_from_32_and_a_built_in_below() -> None:
+    def low(cat: Catalogue) -> None:
+        cat.causes.add(Entry("my-cause", 20))
+
+    with pytest.raises(CatalogueError, match=r"my-plugin: cause 'my-cause' uses number 20.*32"):
+        Catalogue().register_plugin("my-plugin", low)
+
+    def high(cat: Catalogue) -> None:
+        cat.checks.add(Entry("my-kind", 40))
+
+    with pytest.raises(CatalogueError, match=r"built-in symptom check 'my-kind' uses number 40"):
+        Catalogue().register_plugin("checks-mine", high, builtin=True)
+    ok = Catalogue()
+    ok.register_plugin("my-plugin", lambda cat: cat.causes.add(Entry("my-cause", 32)))
+    assert ok.causes.numbers() == {"my-cause": 32}
+
+
+def test_kb_imports_no_vocabulary_and_the_plugin_api_nothing_of_the_project() -> None:
+    code = (
+        "import sys, kb.models, kb.repo.store, triage.plugin_api\n"
+        "mine = sorted(m for m in sys.modules if m.split('.')[0] in ('kb', 'triage'))\n"
+        "print(' '.join(mine))\n"
     )
-    assert KIND_BITS["http-error"] == 1 << 9
-    assert CAUSE_BITS["output-parsing"] == 1 << 4
-    assert CAUSE_BITS["kv-cache-quant"] == 1 << 7  # reserved ids have their bit already
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout.split()
+    assert "kb.vocab" not in loaded  # models no longer needs it: no models/vocab/store circle
+    assert [m for m in loaded if m.startswith("triage")] == ["triage", "triage.plugin_api"]
 
 
 def test_a_fresh_store_records_the_catalogue_numbers_once(db_url: str) -> None:
     store = Store(db_url)
     try:
-        catalogue = _catalogue()
-        check_store_numbering(store, catalogue)  # opening checks, writes nothing
+        cat = _catalogue()
+        check_store_numbering(store, cat)  # opening checks, writes nothing
         with store.session(readonly=True) as session:
             assert vocab.stored_numbers(session) == {"cause": {}, "check": {}}
-        check_store_numbering(store, catalogue, record=True)
+        check_store_numbering(store, cat, record=True)
         with store.session(readonly=True) as session:
             stored = vocab.stored_numbers(session)
-        assert stored["check"] == vocab.KIND_NUMBERS
-        assert stored["cause"]["token-limit"] == 5
-        check_store_numbering(store, catalogue, record=True)  # again: nothing to write
+        assert stored == {"cause": STORED_CAUSES, "check": STORED_KINDS}
+        check_store_numbering(store, cat, record=True)  # again: nothing to write
         with store.session(readonly=True) as session:
             rows = session.exec(select(vocab.VocabNumber)).all()
-        assert len(rows) == len(vocab.KIND_NUMBERS) + len(vocab.CATALOGUE_CAUSES)
+        assert len(rows) == len(STORED_KINDS) + len(STORED_CAUSES)
     finally:
         store.close()
 
@@ -88,16 +128,20 @@ def test_a_fresh_store_records_the_catalogue_numbers_once(db_url: str) -> None:
 def test_a_catalogue_whose_numbers_moved_is_refused(db_url: str) -> None:
     store = Store(db_url)
     try:
-        plugin = _catalogue(checks={**vocab.KIND_NUMBERS, "plug-kind": 40})
+        plugin = _catalogue(checks={**STORED_KINDS, "plug-kind": 40})
         check_store_numbering(store, plugin, record=True)
         # The plugin is gone; another plugin takes its number: its rows would be mis-read.
-        moved = _catalogue(checks={**vocab.KIND_NUMBERS, "other-kind": 40})
+        moved = _catalogue(checks={**STORED_KINDS, "other-kind": 40})
         with pytest.raises(CatalogueError, match=r"number 40 is stored for 'plug-kind'"):
             check_store_numbering(store, moved, record=True)
         # The plugin comes back with another number.
-        renumbered = _catalogue(checks={**vocab.KIND_NUMBERS, "plug-kind": 41})
+        renumbered = _catalogue(checks={**STORED_KINDS, "plug-kind": 41})
         with pytest.raises(CatalogueError, match=r"'plug-kind' is stored as number 40"):
             check_store_numbering(store, renumbered)
+        # A built-in moved (an older kb numbered model-file 13: now conversation-shape's).
+        swapped = {**STORED_CAUSES, "model-file": 13, "conversation-shape": 14}
+        with pytest.raises(CatalogueError, match=r"'conversation-shape' is stored as number 13"):
+            check_store_numbering(store, _catalogue(causes=swapped))
         with store.session(readonly=True) as session:
             assert "other-kind" not in vocab.stored_numbers(session)["check"]
         # Without the plugin, the store still opens.
@@ -106,32 +150,11 @@ def test_a_catalogue_whose_numbers_moved_is_refused(db_url: str) -> None:
         store.close()
 
 
-def test_built_in_ids_keep_kb_numbers_and_plugins_number_from_32() -> None:
-    swapped = {t.id: t.number for t in vocab.CATALOGUE_CAUSES}
-    swapped["server-build"], swapped["token-limit"] = 5, 3
-    with pytest.raises(CatalogueError, match=r"'server-build'.*number 5.*kb.vocab numbers it 3"):
-        check_numbering(_catalogue(causes=swapped), {})
-    with pytest.raises(CatalogueError, match=r"numbers below 32"):
-        check_numbering(_catalogue(causes={"my-cause": 20}), {})
-    check_numbering(_catalogue(causes={"my-cause": 32}), {})
-
-
-def test_a_store_recorded_by_a_kb_with_other_numbers_is_refused_on_open(db_url: str) -> None:
-    store = Store(db_url)
-    try:
-        with store.session() as session:  # an older kb numbered model-file 13
-            vocab.record_numbers(session, "cause", {"model-file": 13})
-        with pytest.raises(CatalogueError, match=r"kb.vocab numbers cause .*'model-file'"):
-            check_store_numbering(store, _catalogue())
-    finally:
-        store.close()
-
-
 def test_record_numbers_refuses_a_conflicting_row(db_url: str) -> None:
     store = Store(db_url)
     try:
         with store.session() as session:
-            assert vocab.record_numbers(session, "cause", {"a-cause": 33}) == 1
+            assert vocab.record_numbers(session, "cause", {"a-cause": 33}) == ["a-cause"]
         with pytest.raises(Exception, match="(?i)unique|duplicate"):
             with store.session() as session:
                 vocab.record_numbers(session, "cause", {"b-cause": 33})
@@ -156,7 +179,7 @@ def test_the_cli_refuses_a_store_recorded_with_other_numbers(db_url: str) -> Non
     result = CliRunner().invoke(cli, ["--database", db_url, "incidents", "list"])
     assert result.exit_code == 1
     assert "cannot use this knowledge base" in result.output
-    assert "this knowledge base stored 'empty-content' as 12" in result.output
+    assert "'empty-content' is stored as number 12 but numbered 0 now" in result.output
     assert "Traceback" not in result.output
 
 
@@ -179,20 +202,22 @@ def _incident(session, slug: str, kinds: list[str], causes: list[str]) -> None:
     session.flush()
 
 
-def test_the_first_signature_write_records_kb_numbers_and_refuses_moved_ones(
+def test_the_first_signature_write_records_the_numbers_and_refuses_moved_ones(
     db_url: str,
 ) -> None:
-    from kb.repo.store import StoreError
-
     store = Store(db_url)
+    numbers = vocabulary(_catalogue())
     try:
         with store.session() as session:
             _incident(session, "2026-01-01-a", ["empty-content"], ["token-limit"])
         with store.session() as session:
-            assert refresh_signatures(session) == 1
+            assert refresh_signatures(session, vocabulary=numbers) == 1
         with store.session(readonly=True) as session:
-            assert vocab.stored_numbers(session) == vocab.builtin_numbers()
-        # A knowledge base written by a kb that numbered things differently is refused.
+            assert vocab.stored_numbers(session) == {"cause": STORED_CAUSES, "check": STORED_KINDS}
+            row = session.get(IncidentSignature, 1)
+            assert row is not None
+            assert (row.kinds_mask, row.causes_mask) == (1 << 0, 1 << 5)
+        # A knowledge base written with other numbers is refused before a mask is written.
         with store.session() as session:
             row = session.get(vocab.VocabNumber, ("check", "timeout"))
             assert row is not None
@@ -200,33 +225,75 @@ def test_the_first_signature_write_records_kb_numbers_and_refuses_moved_ones(
             session.add(row)
         with store.session() as session:
             _incident(session, "2026-01-02-b", ["timeout"], [])
-        moved = r"check 'timeout' as 10, but .* stored 'timeout' as 30"
-        with pytest.raises(StoreError, match=moved):
+        with pytest.raises(StoreError, match=r"check 'timeout' is stored as number 30"):
             with store.session() as session:
-                refresh_signatures(session)
+                refresh_signatures(session, vocabulary=numbers)
     finally:
         store.close()
 
 
-def test_plugin_and_reserved_ids_match_in_family_search(db_url: str) -> None:
+def test_a_plugin_cause_and_check_get_family_bits_like_built_ins(db_url: str) -> None:
+    plugin = Catalogue.load()
+    plugin.register_plugin(
+        "my-plugin",
+        lambda cat: (cat.causes.add(Entry("my-cause", 40)), cat.checks.add(Entry("my-kind", 41))),
+    )
     store = Store(db_url)
     try:
         with store.session() as session:
-            _incident(session, "2026-01-01-plugin", ["plug-kind"], ["my-plugin-cause"])
-            _incident(session, "2026-01-02-reserved", ["empty-content"], ["kv-cache-quant"])
-            _incident(session, "2026-01-03-other", ["timeout"], ["server-build"])
-            refresh_signatures(session)
+            _incident(session, "2026-01-01-plugin", ["my-kind"], ["my-cause"])
+            _incident(session, "2026-01-02-builtin", ["empty-content"], ["kv-cache-quant"])
+            _incident(session, "2026-01-03-other", ["timeout", "far-kind"], ["server-build"])
+            refresh_signatures(session, vocabulary=vocabulary(plugin))
         with store.session(readonly=True) as session:
-            row = session.get(IncidentSignature, 2)
-            assert row is not None and row.causes_mask == CAUSE_BITS["kv-cache-quant"]
-            by_text = similar_incidents(session, signature(["plug-kind"], ["my-plugin-cause"], {}))
-            by_bit = similar_incidents(
+            rows = {r.incident_id: r for r in session.exec(select(IncidentSignature)).all()}
+            assert (rows[1].kinds_mask, rows[1].causes_mask) == (1 << 41, 1 << 40)
+            assert (rows[2].kinds_mask, rows[2].causes_mask) == (1 << 0, 1 << 7)
+            # An id the catalogue does not number has no bit (matched by its text).
+            assert rows[3].kinds_mask == 1 << 10 and rows[3].kinds == "far-kind,timeout"
+            assert vocab.family_bits(session)["cause"]["my-cause"] == 1 << 40
+            by_plugin = similar_incidents(session, signature(["my-kind"], ["my-cause"], {}))
+            by_builtin = similar_incidents(
                 session, signature(["empty-content"], ["kv-cache-quant"], {})
             )
-        assert [m.slug for m in by_text] == ["2026-01-01-plugin"]
-        assert by_text[0].score == 1.0
-        assert [m.slug for m in by_bit] == ["2026-01-02-reserved"]
-        assert by_bit[0].shared_causes == ["kv-cache-quant"]
+            by_text = similar_incidents(session, signature(["far-kind"], [], {}))
+        assert [(m.slug, m.score) for m in by_plugin] == [("2026-01-01-plugin", 1.0)]
+        assert by_plugin[0].shared_causes == ["my-cause"]
+        assert [m.slug for m in by_builtin] == ["2026-01-02-builtin"]
+        assert [m.slug for m in by_text] == ["2026-01-03-other"]
+    finally:
+        store.close()
+
+
+def _stale(session) -> dict[int, bool]:
+    return {r.incident_id: r.stale for r in session.exec(select(IncidentSignature)).all()}
+
+
+def test_a_newly_recorded_number_marks_the_signatures_holding_it_stale(db_url: str) -> None:
+    store = Store(db_url)
+    try:
+        with store.session() as session:
+            _incident(session, "2026-01-01-a", ["my-kind"], [])
+            _incident(session, "2026-01-02-b", ["timeout"], [])
+            refresh_signatures(session, vocabulary=vocabulary(_catalogue()))
+        with store.session(readonly=True) as session:
+            assert _stale(session) == {1: False, 2: False}
+            assert session.get(IncidentSignature, 1).kinds_mask == 0  # my-kind: no number yet
+        later = vocabulary(_catalogue(checks={**STORED_KINDS, "my-kind": 40}))
+        with store.session() as session:
+            assert vocab.record_vocabulary(session, later)["check"] == ["my-kind"]
+        with store.session(readonly=True) as session:
+            # Its bit now reads as "not there" in the old mask: that row is recomputed.
+            assert _stale(session) == {1: True, 2: False}
+            found = similar_incidents(session, signature(["my-kind"], [], {}))
+        assert [m.slug for m in found] == ["2026-01-01-a"]
+        with store.session() as session:
+            assert refresh_signatures(session, vocabulary=later) == 1
+        with store.session(readonly=True) as session:
+            assert session.get(IncidentSignature, 1).kinds_mask == 1 << 40
+            assert [m.slug for m in similar_incidents(session, signature(["my-kind"], [], {}))] == [
+                "2026-01-01-a"
+            ]
     finally:
         store.close()
 

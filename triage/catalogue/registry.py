@@ -9,16 +9,20 @@ entry points of this distribution, so adding a cause, an arm, a check, a format 
 trigger kind is one module plus one line in pyproject.toml -- and a third-party package
 does the same in its own pyproject.
 
-Entries are plain objects with an `id` attribute (a stable string). Sections whose order
-is stored (cause ids and finding kinds are packed into bit sets in the database) also need
-an explicit `number`; `Section.check_numbering` refuses a registry whose numbers moved.
+Entries are plain objects with an `id` attribute (a stable string); what each section's
+entries implement is in triage/plugin_api.py. Sections whose order is stored (cause ids
+and finding kinds are packed into bit sets in the database) also need an explicit
+`number`, declared in the entry's own file: built-in plugins number 0..31, others from
+`PLUGIN_FIRST` (32); kb records and checks them against the store (numbering.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from importlib import metadata
 from typing import Any, Generic, Protocol, TypeVar
+
+from triage.plugin_api import BUILTIN_LAST, PLUGIN_FIRST
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -116,23 +120,6 @@ class Section(Generic[T]):
             for entry_id, e in self._entries.items()
         }
 
-    def check_numbering(self, stored: Mapping[str, int]) -> None:
-        """Refuse a registry in which a stored id changed its number or a number its id."""
-        current = self.numbers()
-        by_number = {number: entry_id for entry_id, number in current.items()}
-        for entry_id, number in stored.items():
-            if entry_id in current and current[entry_id] != number:
-                raise CatalogueError(
-                    f"{self.name} {entry_id!r} is stored as number {number} but registered as "
-                    f"{current[entry_id]}: stored rows would be mis-read"
-                )
-            holder = by_number.get(number)
-            if holder is not None and holder != entry_id:
-                raise CatalogueError(
-                    f"{self.name} number {number} is stored for {entry_id!r} but registered for "
-                    f"{holder!r}: stored rows would be mis-read"
-                )
-
 
 class Catalogue:
     """All sections; `load()` fills a fresh one from the `triage.plugins` entry points."""
@@ -148,12 +135,26 @@ class Catalogue:
     def _sections(self) -> tuple[Section[Any], ...]:
         return (self.causes, self.arms, self.checks, self.formats, self.triggers)
 
-    def register_plugin(self, name: str, register: Callable[[Catalogue], object]) -> None:
-        """Run one plugin's `register(catalogue)`, attributing its entries to `name`."""
+    def register_plugin(
+        self,
+        name: str,
+        register: Callable[[Catalogue], object],
+        *,
+        builtin: bool | None = None,
+    ) -> None:
+        """Run one plugin's `register(catalogue)`, attributing its entries to `name`.
+
+        A built-in plugin (`register` defined in a module of this distribution, unless
+        `builtin` says otherwise) numbers its causes and checks 0..BUILTIN_LAST; any other
+        plugin from PLUGIN_FIRST, so that it never takes a number a future built-in needs."""
+        if builtin is None:
+            builtin = str(getattr(register, "__module__", "")).startswith(BUILTIN_PREFIXES)
+        before = {section.name: set(section.ids()) for section in self._sections()}
         for section in self._sections():
             section._plugin = name
         try:
             register(self)
+            self._check_range(name, before, builtin=builtin)
         except CatalogueError:
             raise
         except Exception as exc:  # a broken plugin must name itself, not crash the CLI
@@ -162,6 +163,23 @@ class Catalogue:
             for section in self._sections():
                 section._plugin = "<direct>"
         self.plugins.append(name)
+
+    def _check_range(self, name: str, before: dict[str, set[str]], *, builtin: bool) -> None:
+        for section in (self.causes, self.checks):
+            for entry_id, number in section.numbers().items():
+                if entry_id in before[section.name]:
+                    continue
+                if builtin and number > BUILTIN_LAST:
+                    raise CatalogueError(
+                        f"{name}: built-in {section.name} {entry_id!r} uses number {number}: "
+                        f"built-in numbers are 0..{BUILTIN_LAST}"
+                    )
+                if not builtin and number < PLUGIN_FIRST:
+                    raise CatalogueError(
+                        f"{name}: {section.name} {entry_id!r} uses number {number}: numbers "
+                        f"below {PLUGIN_FIRST} belong to the built-ins; a plugin numbers from "
+                        f"{PLUGIN_FIRST}"
+                    )
 
     @classmethod
     def load(cls, entry_points: list[metadata.EntryPoint] | None = None) -> Catalogue:

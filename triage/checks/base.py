@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from kb.jsontypes import JsonObject
-from kb.vocab import KIND_NUMBERS
 from triage.capture import Exchange
 
 __all__ = [
@@ -125,7 +124,7 @@ class View:
     # How long the client waited for this answer, when the capture says (milliseconds).
     elapsed_ms: float | None = None
 
-    def declared_tools(self) -> dict[str, Any] | None:
+    def declared_tools(self) -> JsonObject | None:
         if self._declared is False:
             self._declared = _declared_tools(self.request)
         return self._declared  # type: ignore[no-any-return]
@@ -145,7 +144,7 @@ def _text(value: Any) -> str:
     return ""
 
 
-def _dict_or_empty(value: Any) -> dict[str, Any]:
+def _dict_or_empty(value: Any) -> JsonObject:
     return value if isinstance(value, dict) else {}
 
 
@@ -242,7 +241,7 @@ def _no_completion_reason(view: View) -> str:
     return "no completion to check"
 
 
-def _declared_tools(request: JsonObject) -> dict[str, Any] | None:
+def _declared_tools(request: JsonObject) -> JsonObject | None:
     """Tool name -> parameters schema from `tools` (or legacy `functions`); None if none."""
     tools = request.get("tools")
     declared: dict[str, Any] = {}
@@ -303,17 +302,15 @@ class FunctionCheck:
 def check(
     kind: str, *, number: int | None = None, user_facing: bool = True
 ) -> Callable[[CheckFn], FunctionCheck]:
-    """Make a function a `Check` for finding kind `kind`.
-
-    Built-in kinds take their number from kb.vocab; any other kind needs an explicit
-    `number` (32 and up). Register the result with `catalogue.checks.add(...)`.
+    """Make a function a `Check` for finding kind `kind`, with its stable `number` (declared
+    here, in the check's own file: built-ins 0..31, plugins from 32; see
+    triage/plugin_api.py). Register the result with `catalogue.checks.add(...)`.
     """
     if number is None:
-        if kind not in KIND_NUMBERS:
-            raise ValueError(
-                f"unknown finding kind {kind!r}: a check outside kb.vocab needs a number"
-            )
-        number = KIND_NUMBERS[kind]
+        raise ValueError(
+            f"finding kind {kind!r} needs a number, declared where the check is defined "
+            "(built-ins 0..31, plugins from 32; see triage/plugin_api.py)"
+        )
 
     def make(func: CheckFn) -> FunctionCheck:
         return FunctionCheck(kind, number, user_facing, func)

@@ -29,7 +29,7 @@ def _names(tool_calls: list[object]) -> list[str]:
     return out
 
 
-@check(KIND)
+@check(KIND, number=16)
 def client_lost_reply(v: View) -> list[Finding]:
     if v.wire_response is None:
         return _pass(KIND, "no client view in this capture")

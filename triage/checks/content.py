@@ -31,7 +31,7 @@ from triage.checks.base import (
 # --------------------------------------------------------------------------------------
 
 
-@check("empty-content")
+@check("empty-content", number=0)
 def check_empty_content(view: View) -> list[Finding]:
     """The reply has no content and no tool call: the agent has nothing to show or run."""
     if not view.choices:
@@ -57,7 +57,7 @@ def check_empty_content(view: View) -> list[Finding]:
     return findings or _pass("empty-content", "content present", view.choices[0].content_path)
 
 
-@check("length-stop")
+@check("length-stop", number=1)
 def check_length_stop(view: View) -> list[Finding]:
     """Generation stopped at the token limit."""
     if not view.choices:
@@ -135,7 +135,7 @@ def _tool_args_chars(tool_calls: list[Any]) -> int:
     return total
 
 
-@check("reasoning-exhausted-budget")
+@check("reasoning-exhausted-budget", number=2)
 def check_reasoning_budget(view: View) -> list[Finding]:
     """The thinking channel used up the token budget before the answer was written."""
     kind = "reasoning-exhausted-budget"
@@ -237,7 +237,7 @@ def repeated_ngram_share(text: str) -> float:
     )
 
 
-@check("runaway-reasoning", user_facing=False)
+@check("runaway-reasoning", number=3, user_facing=False)
 def check_runaway_reasoning(view: View) -> list[Finding]:
     """The thinking channel repeats itself: a loop instead of progress."""
     kind = "runaway-reasoning"

@@ -35,7 +35,7 @@ def _limit_not_the_clients(view: View) -> str | None:
     return None
 
 
-@check(KIND)
+@check(KIND, number=13)
 def check_repetition_to_context_end(view: View) -> list[Finding]:
     """The reply loops until a limit the client did not set (the context end) stops it."""
     if not view.choices:

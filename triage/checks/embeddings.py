@@ -155,7 +155,7 @@ def _rerank_problems(view: View, results: list[Any]) -> list[Finding]:
     return findings
 
 
-@check(KIND)
+@check(KIND, number=27)
 def check_embedding_failed(view: View) -> list[Finding]:
     """An embeddings/rerank request refused for the physical batch, or answered with
     missing, too few or NaN vectors (scores)."""

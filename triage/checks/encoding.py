@@ -55,7 +55,7 @@ def _fields(view: View) -> list[tuple[str, str]]:
     return fields
 
 
-@check(KIND)
+@check(KIND, number=17)
 def check_mojibake(view: View) -> list[Finding]:
     """Content or tool-call arguments hold mis-decoded UTF-8 or replacement characters."""
     if not view.choices:

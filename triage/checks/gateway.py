@@ -100,7 +100,7 @@ def _wait(view: View) -> str:
     return text
 
 
-@check(KIND)
+@check(KIND, number=22)
 def check_gateway_error(view: View) -> list[Finding]:
     """A gateway (nginx, LiteLLM, ...) answered with its own error page."""
     page = gateway_page(view)

@@ -37,7 +37,7 @@ def loop_share(text: str) -> float:
     return repeated_ngram_share(_DIGITS.sub("0", text))
 
 
-@check(KIND)
+@check(KIND, number=18)
 def check_repetition_loop(view: View) -> list[Finding]:
     """The answer repeats itself up to where a limit cut it: a loop, not an answer."""
     if not view.choices:

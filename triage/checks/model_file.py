@@ -22,15 +22,19 @@ NOT_FROM_AN_EXCHANGE = (
 )
 
 
-def _lint_kind(kind: str) -> FunctionCheck:
+def _lint_kind(kind: str, number: int) -> FunctionCheck:
     def run(view: View) -> list[Finding]:
         return _pass(kind, NOT_FROM_AN_EXCHANGE)
 
     run.__doc__ = f"{kind}: {NOT_FROM_AN_EXCHANGE}."
-    return check(kind, user_facing=False)(run)
+    return check(kind, number=number, user_facing=False)(run)
 
 
-CHECKS = tuple(_lint_kind(kind) for kind in (TEMPLATE_KIND, BASE_KIND, EOT_KIND))
+# Each kind with its stable number (triage/plugin_api.py).
+CHECKS = tuple(
+    _lint_kind(kind, number)
+    for kind, number in ((TEMPLATE_KIND, 19), (BASE_KIND, 20), (EOT_KIND, 21))
+)
 
 
 def register(catalogue: Catalogue) -> None:

@@ -61,7 +61,7 @@ def _continuation(request: Mapping[str, Any]) -> bool:
     return any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
 
 
-@check(KIND, user_facing=False)
+@check(KIND, number=26, user_facing=False)
 def check_unstable_prefix(view: View) -> list[Finding]:
     """A conversation's next turn took (almost) nothing from the server's prompt cache."""
     if _cache_off(view.request):

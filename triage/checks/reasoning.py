@@ -69,7 +69,7 @@ def _error_text(view: View) -> str:
     return view.response_text or ""
 
 
-@check("structured-output-failed")
+@check("structured-output-failed", number=14)
 def check_structured_output(view: View) -> list[Finding]:
     """Structured output was asked for and the reply has none (refused, or all in the thought)."""
     kind = "structured-output-failed"
@@ -111,7 +111,7 @@ def check_structured_output(view: View) -> list[Finding]:
     return findings or _pass(kind, f"the request sets {asked} and content is present")
 
 
-@check("reasoning-markup-in-content")
+@check("reasoning-markup-in-content", number=15)
 def check_reasoning_markup(view: View) -> list[Finding]:
     """Thought markup appears in content: the server did not separate the thought."""
     kind = "reasoning-markup-in-content"

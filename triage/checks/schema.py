@@ -65,7 +65,7 @@ def _unread_note(request: JsonObject) -> str:
     return ""
 
 
-@check(KIND)
+@check(KIND, number=24)
 def check_schema_violation(view: View) -> list[Finding]:
     """The content does not follow the JSON Schema the request asked for."""
     found = requested_schema(view.request)

@@ -38,7 +38,7 @@ def _error_text(view: View) -> str:
     return "\n".join(parts)
 
 
-@check("server-crash")
+@check("server-crash", number=11)
 def check_server_crash(view: View) -> list[Finding]:
     """The server died under the request: a proxy's 502, or a reset / closed connection."""
     kind = "server-crash"
@@ -73,7 +73,7 @@ def check_server_crash(view: View) -> list[Finding]:
     return _pass(kind, "no sign of a server crash")
 
 
-@check("server-hang")
+@check("server-hang", number=12)
 def check_server_hang(view: View) -> list[Finding]:
     """The server stopped answering: a proxy's 504 gateway timeout."""
     kind = "server-hang"

@@ -16,7 +16,7 @@ KIND = "server-flag-error"
 MAX_TEXT = 4000
 
 
-@check(KIND)
+@check(KIND, number=23)
 def check_server_flag_error(view: View) -> list[Finding]:
     """The server refused the request for want of a launch flag (e.g. --jinja)."""
     if view.status is not None and view.status < 400 and view.error is None:

@@ -18,7 +18,7 @@ from triage.checks.base import Finding, View, _dict_or_empty, _pass, check
 KIND = "stream-format-violation"
 
 
-@check(KIND)
+@check(KIND, number=25)
 def check_stream_format(view: View) -> list[Finding]:
     """A streamed delta breaks the OpenAI chunk format."""
     responses = [("$.response", view.response)]

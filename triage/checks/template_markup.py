@@ -44,7 +44,7 @@ def _request_markup(view: View) -> set[str]:
     return set(_TURN_MARKUP.findall(text))
 
 
-@check(KIND)
+@check(KIND, number=28)
 def check_template_markup(view: View) -> list[Finding]:
     """The chat template's turn markup is written as text into the reply's content."""
     if not view.choices:

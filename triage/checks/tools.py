@@ -61,7 +61,7 @@ def _parse_arguments(raw: Any) -> tuple[Any, str | None, int | None]:
     return value, None, None
 
 
-@check("tool-args-invalid-json")
+@check("tool-args-invalid-json", number=4)
 def check_tool_args_json(view: View) -> list[Finding]:
     """Every tool call's arguments parse as a JSON object."""
     kind = "tool-args-invalid-json"
@@ -108,7 +108,7 @@ def _validator(schema: Any) -> Any:
     return validator
 
 
-@check("tool-args-schema-violation")
+@check("tool-args-schema-violation", number=5)
 def check_tool_args_schema(view: View) -> list[Finding]:
     """Tool-call arguments validate against the request's tools[].function.parameters."""
     kind = "tool-args-schema-violation"
@@ -183,7 +183,7 @@ _BARE_CALL = re.compile(
 BARE_CALL_UNKNOWN_REQUEST_SCORE = 0.5
 
 
-@check("tool-markup-leaked")
+@check("tool-markup-leaked", number=6)
 def check_tool_markup(view: View) -> list[Finding]:
     """Tool-call syntax appears as text in content or reasoning instead of in tool_calls."""
     kind = "tool-markup-leaked"

@@ -35,7 +35,7 @@ def _error_message(view: View) -> str:
     return ""
 
 
-@check("parse-failure")
+@check("parse-failure", number=7)
 def check_parse_failure(view: View) -> list[Finding]:
     """llama-server could not parse the model's output into a message (HTTP 500 / stream error)."""
     kind = "parse-failure"
@@ -65,7 +65,7 @@ def check_parse_failure(view: View) -> list[Finding]:
     return _pass(kind, "no parser error")
 
 
-@check("truncated-stream")
+@check("truncated-stream", number=8)
 def check_truncated(view: View) -> list[Finding]:
     """The stream ended without [DONE] and without a finish_reason."""
     if view.truncated:
@@ -81,7 +81,7 @@ def check_truncated(view: View) -> list[Finding]:
     return _pass("truncated-stream", "stream complete (or not streamed)")
 
 
-@check("http-error")
+@check("http-error", number=9)
 def check_http_error(view: View) -> list[Finding]:
     """The server answered with an error status or an error object (also mid-stream)."""
     kind = "http-error"
@@ -105,7 +105,7 @@ def check_http_error(view: View) -> list[Finding]:
     return _pass(kind, f"HTTP {view.status}" if view.status else "no error")
 
 
-@check("timeout")
+@check("timeout", number=10)
 def check_timeout(view: View) -> list[Finding]:
     """The request timed out (client-side, or a 408/504 from a proxy)."""
     if view.timed_out:

@@ -12,9 +12,10 @@ from typing import Any, TypeVar
 
 import click
 
-from kb.repo.store import Store, StoreError
+from kb.domain.errors import StoreError
+from kb.repo.store import Store
 from kb.service import DatabaseError, KnowledgeBase, OpenError
-from triage.catalogue import CatalogueError
+from triage.catalogue import CatalogueError, catalogue
 from triage.catalogue.numbering import check_store_numbering
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -34,7 +35,7 @@ def open_kb(ctx: click.Context) -> Iterator[KnowledgeBase]:
     try:
         try:
             with kb.errors():
-                check_store_numbering(kb.store)  # before any stored bit mask is read or written
+                check_store_numbering(kb.store, catalogue())  # before any mask is read
         except CatalogueError as exc:
             raise click.ClickException(
                 f"the installed catalogue cannot use this knowledge base: {exc}"

@@ -11,10 +11,10 @@ from typing import Any, NoReturn
 
 import click
 
+from kb.domain.errors import StoreError
 from kb.repo.store import (
     CONTENT_HASH,
     Store,
-    StoreError,
     add_evidence_many,
     attach_evidence,
     exchange_content_hash,

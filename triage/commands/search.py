@@ -10,20 +10,15 @@ from typing import Any
 
 import click
 
+from kb.domain.errors import StoreError
+from kb.domain.family import FamilyMatch, Signature, signature, stack_fingerprint
 from kb.models import INCIDENT_STATUSES
-from kb.repo.family import (
-    FamilyMatch,
-    Signature,
-    incident_signature,
-    link_family,
-    refresh_signatures,
-    signature,
-    similar_incidents,
-    stack_fingerprint,
-)
+from kb.repo.family import incident_signature, link_family, refresh_signatures, similar_incidents
 from kb.repo.search import HIGHLIGHT_END, HIGHLIGHT_START, SearchHit, search
-from kb.repo.store import Store, StoreError, get_incident
+from kb.repo.store import Store, get_incident
 from triage.capture import CaptureError, load_file
+from triage.catalogue import catalogue
+from triage.catalogue.numbering import vocabulary
 from triage.commands import echo_json, open_store
 from triage.stackfile import StackError, load_stack
 from triage.symptoms import failure_kinds
@@ -298,7 +293,7 @@ def _check_target(store: Store, target: str, link: bool) -> bool:
     with store.session() as session:
         incident = get_incident(session, target)
         # Signatures stay correct without this; a refresh makes matching one SQL scan.
-        refresh_signatures(session)
+        refresh_signatures(session, vocabulary=vocabulary(catalogue()))
     if incident is None and not Path(target).is_file():
         raise click.ClickException(f"{target!r} is neither a stored incident nor a file")
     if incident is None and link:

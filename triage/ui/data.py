@@ -14,15 +14,15 @@ from typing import Any
 
 import streamlit as st
 
+from kb.domain.decisions import ParkedIncident
 from kb.jsontypes import JsonObject
 from kb.models import (
-    CAUSE_CATALOGUE_IDS,
     CAUSE_STATUSES,
     DECISION_KINDS,
     INCIDENT_STATUSES,
 )
 from kb.repo import decisions as kb_decisions
-from kb.repo.store import database_url
+from kb.repo.engine import database_url
 from kb.service import (
     PAGE_SIZE,
     SEARCH_LIMIT,
@@ -33,6 +33,7 @@ from kb.service import (
     IncidentTitle,
     KnowledgeBase,
 )
+from kb.triggers import stored_trigger
 from triage.catalogue import CatalogueError
 from triage.catalogue import catalogue as process_catalogue
 from triage.catalogue.numbering import check_store_numbering
@@ -60,7 +61,7 @@ def _store_for(url: str) -> KnowledgeBase:
         # The installed catalogue (plugins included) must agree with the numbers this
         # database recorded before any stored bit mask is read: as the CLI checks.
         with kb.errors():
-            check_store_numbering(kb.store)
+            check_store_numbering(kb.store, process_catalogue())
     except Exception:
         kb.close()
         raise
@@ -107,11 +108,11 @@ def families(kb: KnowledgeBase) -> list[Family]:
     return kb.families()
 
 
-def filter_choices() -> dict[str, tuple[str, ...]]:
-    """The fixed vocabularies the filters offer."""
+def filter_choices(causes: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """The vocabularies the filters offer; `causes` is the catalogue's full list."""
     return {
         "statuses": INCIDENT_STATUSES,
-        "causes": CAUSE_CATALOGUE_IDS,
+        "causes": causes,
         "cause_statuses": CAUSE_STATUSES,
         "decisions": DECISION_KINDS,
     }
@@ -155,7 +156,7 @@ class DecisionEntry:
 
 def describe_trigger(trigger: dict[str, Any]) -> str:
     """One line for people: what a revisit trigger waits for."""
-    return str(kb_decisions.describe_trigger(trigger, process_catalogue().triggers))
+    return str(kb_decisions.describe_trigger(stored_trigger(trigger), process_catalogue().triggers))
 
 
 @dataclass(frozen=True)
@@ -226,6 +227,6 @@ def decision_log(kb: KnowledgeBase, *, on: date | None = None) -> list[DecisionE
 
 def incident_parked_state(
     kb: KnowledgeBase, slug: str, on: date | None = None
-) -> kb_decisions.ParkedIncident | None:
+) -> ParkedIncident | None:
     """kb.repo.decisions' ParkedIncident for one incident (None unless it is parked)."""
     return kb.parked_incident(slug, on or today(), process_catalogue().triggers)

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from triage.causes import CauseRule, server_arm_rule
-
-ID = "server-build"
+from triage.causes import CauseRule, Removal
+from triage.plugin_api import Registry
 
 CAUSE = CauseRule(
-    id=ID,
+    id="server-build",
     number=3,
     title="The llama-server build",
     mechanism="a regression in the server build (chat parser, sampling, kernels)",
     decided_by="an alternate llama-server binary",
-    rule=server_arm_rule(
-        ID,
-        "alt-build",
+    removed_by=("alt-build",),
+    removal=Removal(
         available=lambda obs: obs.has_alt_binary,
         missing="no alternate llama-server binary",
         hint="add [alternates] binary to stack.toml",
@@ -25,5 +23,5 @@ CAUSE = CauseRule(
 )
 
 
-def register(catalogue: object) -> None:
-    catalogue.causes.add(CAUSE)  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.causes.add(CAUSE)

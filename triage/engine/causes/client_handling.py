@@ -40,6 +40,7 @@ from triage.causes import (
     suspect,
     unchanged,
 )
+from triage.plugin_api import Registry
 from triage.stats import wilson
 
 ID = "client-handling"
@@ -212,5 +213,5 @@ CAUSE = CauseRule(
 )
 
 
-def register(catalogue: Any) -> None:
+def register(catalogue: Registry) -> None:
     catalogue.causes.add(CAUSE)

@@ -22,6 +22,7 @@ from triage.causes import (
     share,
     suspect,
 )
+from triage.plugin_api import Registry
 
 ID = "context-shift"
 OFF = "context-shift-off"
@@ -103,5 +104,5 @@ CAUSE = CauseRule(
 )
 
 
-def register(catalogue: object) -> None:
-    catalogue.causes.add(CAUSE)  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.causes.add(CAUSE)

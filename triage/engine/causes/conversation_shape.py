@@ -12,7 +12,6 @@ A history these rules leave as it is stays suspected: no arm can test it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from triage.causes import (
     ArmOutcome,
@@ -25,6 +24,7 @@ from triage.causes import (
     reproduces,
     suspect,
 )
+from triage.plugin_api import Registry
 
 ID = "conversation-shape"
 ARM = "history-normalised"
@@ -93,5 +93,5 @@ CAUSE = CauseRule(
 )
 
 
-def register(catalogue: Any) -> None:
+def register(catalogue: Registry) -> None:
     catalogue.causes.add(CAUSE)

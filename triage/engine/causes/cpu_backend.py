@@ -4,39 +4,13 @@ by the `no-repack` server arm."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from triage.causes import (
-    ArmOutcome,
-    CauseRule,
-    Observations,
-    Verdict,
-    arm_gate,
-    baseline_of,
-    removal_verdict,
-    reproduces,
-)
-
-ID = "cpu-backend"
-ARM = "no-repack"
+from triage.causes import CauseRule, Observations, Removal
+from triage.plugin_api import Registry
 
 
-def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
-    base, arm = baseline_of(arms), arms.get(ARM)
+def _where(obs: Observations) -> str:
+    """What the startup crash showed, for the rationale."""
     crash = obs.facts.get("startup-crash") or {}
-    gate = arm_gate(
-        ID,
-        arm,
-        base,
-        reproduces(arms),
-        ARM,
-        available=ARM in obs.planned,
-        missing="the server does not run on a CPU backend that repacks weights",
-        hint="a stack whose server crashes at startup",
-    )
-    if gate is not None:
-        return gate
-    assert arm is not None
     where = ""
     if crash:
         where = f"; crash: {crash.get('signal')}"
@@ -46,30 +20,30 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
             where += ", the server's system_info shows REPACK = 1"
         if crash.get("amx_lines"):
             where += ", AMX in use"
-    return removal_verdict(
-        ID,
-        arm,
-        base,
-        removes_text="without weight repacking (--no-repack) the server starts and serves",
-        unchanged_text="without weight repacking the server still crashes",
-        note=where,
-        supports=("startup-crash",),
-    )
+    return where
 
 
 CAUSE = CauseRule(
-    id=ID,
+    id="cpu-backend",
     number=6,
     title="A CPU backend kernel / the repacked weight path",
     mechanism="the CPU backend's repacked weights path (e.g. AMX) crashes or corrupts the "
     "computation on this host",
     decided_by="the no-repack server arm when the server crashes at startup",
-    rule=rule,
+    removed_by=("no-repack",),
+    removal=Removal(
+        missing="the server does not run on a CPU backend that repacks weights",
+        hint="a stack whose server crashes at startup",
+        removes_text="without weight repacking (--no-repack) the server starts and serves",
+        unchanged_text="without weight repacking the server still crashes",
+        note=_where,
+        supports=lambda obs: ("startup-crash",),
+    ),
     retrospective="llama-server crashed on this host's CPU backend (repacked weights path); "
     "it ran with --no-repack",
     when="crash",  # only decided when the incident's server crashes at startup
 )
 
 
-def register(catalogue: object) -> None:
-    catalogue.causes.add(CAUSE)  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.causes.add(CAUSE)

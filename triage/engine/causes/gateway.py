@@ -37,6 +37,7 @@ from triage.causes import (
     share,
     suspect,
 )
+from triage.plugin_api import Registry
 
 ID = "gateway-timeout"
 DIRECT = "gateway-direct"
@@ -193,5 +194,5 @@ CAUSE = CauseRule(
 )
 
 
-def register(catalogue: object) -> None:
-    catalogue.causes.add(CAUSE)  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.causes.add(CAUSE)

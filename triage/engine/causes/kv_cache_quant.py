@@ -22,6 +22,7 @@ from triage.causes import (
     reproduces,
     suspect,
 )
+from triage.plugin_api import Registry
 
 ID = "kv-cache-quant"
 ARM = "kv-f16"
@@ -91,5 +92,5 @@ CAUSE = CauseRule(
 )
 
 
-def register(catalogue: object) -> None:
-    catalogue.causes.add(CAUSE)  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.causes.add(CAUSE)

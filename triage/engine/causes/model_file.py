@@ -23,6 +23,7 @@ from triage.causes import (
     reproduces,
     suspect,
 )
+from triage.plugin_api import Registry
 
 ID = "model-file"
 ARM = "alt-weights"
@@ -105,5 +106,5 @@ CAUSE = CauseRule(
 )
 
 
-def register(catalogue: object) -> None:
-    catalogue.causes.add(CAUSE)  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.causes.add(CAUSE)

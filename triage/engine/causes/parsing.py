@@ -16,6 +16,7 @@ from triage.causes import (
     share,
     suspect,
 )
+from triage.plugin_api import Registry
 
 ID = "output-parsing"
 PARSE_KINDS = (
@@ -100,5 +101,5 @@ CAUSE = CauseRule(
 )
 
 
-def register(catalogue: object) -> None:
-    catalogue.causes.add(CAUSE)  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.causes.add(CAUSE)

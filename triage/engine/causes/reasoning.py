@@ -17,6 +17,7 @@ from triage.causes import (
     suspect,
     unchanged,
 )
+from triage.plugin_api import Registry
 
 ID = "reasoning-exhausts-budget"
 THOUGHT_LOOP = "runaway-reasoning"
@@ -137,5 +138,5 @@ CAUSE = CauseRule(
 )
 
 
-def register(catalogue: object) -> None:
-    catalogue.causes.add(CAUSE)  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.causes.add(CAUSE)

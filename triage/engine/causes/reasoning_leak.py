@@ -25,6 +25,7 @@ from triage.causes import (
     unchanged,
 )
 from triage.engine.arms.reasoning_format import REQUEST_ARM, SERVER_ARM
+from triage.plugin_api import Registry
 
 ID = "reasoning-leak"
 KIND = "reasoning-markup-in-content"
@@ -105,5 +106,5 @@ CAUSE = CauseRule(
 )
 
 
-def register(catalogue: object) -> None:
-    catalogue.causes.add(CAUSE)  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.causes.add(CAUSE)

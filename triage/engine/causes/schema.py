@@ -30,6 +30,7 @@ from triage.causes import (
     suspect,
 )
 from triage.engine.arms.schema import ID as ARM
+from triage.plugin_api import Registry
 
 ID = "schema-not-enforced"
 KIND = "schema-violation"
@@ -97,5 +98,5 @@ CAUSE = CauseRule(
 )
 
 
-def register(catalogue: object) -> None:
-    catalogue.causes.add(CAUSE)  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.causes.add(CAUSE)

@@ -28,6 +28,7 @@ from triage.causes import (
     unchanged,
 )
 from triage.engine.arms.structured_output import ID as ARM
+from triage.plugin_api import Registry
 
 ID = "structured-output"
 KIND = "structured-output-failed"
@@ -117,5 +118,5 @@ CAUSE = CauseRule(
 )
 
 
-def register(catalogue: object) -> None:
-    catalogue.causes.add(CAUSE)  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.causes.add(CAUSE)

@@ -24,6 +24,7 @@ from triage.causes import (
     suspect,
     unchanged,
 )
+from triage.plugin_api import Registry
 
 ID = "token-limit"
 LIFTED = "token-limit-lifted"
@@ -135,5 +136,5 @@ CAUSE = CauseRule(
 )
 
 
-def register(catalogue: object) -> None:
-    catalogue.causes.add(CAUSE)  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.causes.add(CAUSE)

@@ -19,6 +19,7 @@ from triage.causes import (
     reproduces,
     suspect,
 )
+from triage.plugin_api import Registry
 
 ID = "quantized-weights"
 ARM = "alt-weights"
@@ -96,5 +97,5 @@ CAUSE = CauseRule(
 )
 
 
-def register(catalogue: object) -> None:
-    catalogue.causes.add(CAUSE)  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.causes.add(CAUSE)

@@ -7,6 +7,7 @@ import hashlib
 import pandas as pd
 import streamlit as st
 
+from triage.catalogue import catalogue as process_catalogue
 from triage.ui import data, nav
 
 # The shareable deep link: /?incident=SLUG opens that incident. Loaded at the root, the
@@ -17,7 +18,7 @@ if shared := st.query_params.get("incident"):
 
 st.title("Incidents")
 store = data.get_store()
-choices = data.filter_choices()
+choices = data.filter_choices(process_catalogue().causes.ids())
 families = data.families(store)
 family_labels = {family.key: family.label for family in families}
 

@@ -34,7 +34,7 @@ from triage.stackfile import Stack, set_flag
 from triage_example.thought import KIND as ALL_THOUGHT
 
 ID = "unbounded-reasoning-budget"
-NUMBER = 32  # stable: plugins number from 32 (kb/vocab.py PLUGIN_FIRST)
+NUMBER = 32  # stable: plugins number from 32 (triage/plugin_api.py PLUGIN_FIRST)
 ARM = "server-reasoning-budget"
 FLAG = "--reasoning-budget"
 # The bounded budget the arm tries: a quarter of max_tokens leaves the answer the rest.

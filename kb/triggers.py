@@ -24,15 +24,18 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timezone
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict, cast
 
 from sqlmodel import Session, col, select
 
 from kb import vocab
+from kb.domain.errors import StoreError
+from kb.jsontypes import JsonObject
 from kb.models import Evidence, Incident
-from kb.repo.store import StoreError
 
 __all__ = [
+    "Trigger",
+    "stored_trigger",
     "BUILTIN_KINDS",
     "DEFAULT_MIN_CAPTURES",
     "DateTrigger",
@@ -56,6 +59,25 @@ DEFAULT_MIN_CAPTURES = 5
 # Payload keys that carry a build or a weights hash, searched at any depth (kb/vocab.py).
 BUILD_KEYS = vocab.BUILD_KEYS
 WEIGHTS_KEYS = vocab.WEIGHTS_KEYS
+
+
+class Trigger(TypedDict, total=False):
+    """A revisit trigger as in an incident file and the decision's JSON column: `kind` first,
+    then the kind's own keys as written (a plugin kind adds its own; every key is kept)."""
+
+    kind: str
+    note: str
+    after: Any  # new-build: the build it waits to pass (a number, or text naming one)
+    hash: str  # new-weights: the weights hash already seen
+    threshold: Any  # failure-rate: a rate between 0 and 1 (checked by `normalise`)
+    min_captures: Any  # failure-rate: at least this many new captures (checked likewise)
+    on: Any  # date: YYYY-MM-DD (checked likewise)
+
+
+def stored_trigger(value: JsonObject) -> Trigger:
+    """A trigger as read back from where it was stored (the decision's JSON column, an
+    incident file): written by `normalise`, so it has the Trigger shape."""
+    return cast(Trigger, value)
 
 
 class DecisionError(StoreError):
@@ -125,7 +147,7 @@ def evidence_weights(evidence: Evidence) -> list[str]:
     return sorted({str(v).lower() for v in find_values(evidence.payload, WEIGHTS_KEYS) if v})
 
 
-def capture_failed(payload: dict[str, Any]) -> bool | None:
+def capture_failed(payload: JsonObject) -> bool | None:
     """Whether a captured exchange shows the failure: an explicit `failed`, else any finding
     that did not pass; None when the capture does not say."""
     failed = payload.get("failed")
@@ -159,7 +181,7 @@ def incident_evidence(session: Session, incident_id: int) -> list[Evidence]:
 class TriggerState:
     """One revisit condition of a parked incident, checked against the record."""
 
-    trigger: dict[str, Any]
+    trigger: Trigger
     description: str
     fired: bool
     reason: str
@@ -190,15 +212,15 @@ class TriggerKind(Protocol):
     @property
     def syntax(self) -> str: ...
 
-    def parse(self, text: str) -> dict[str, Any] | None: ...
+    def parse(self, text: str) -> Trigger | None: ...
 
-    def normalise(self, trigger: dict[str, Any]) -> None: ...
+    def normalise(self, trigger: Trigger) -> None: ...
 
-    def describe(self, trigger: dict[str, Any]) -> str: ...
+    def describe(self, trigger: Trigger) -> str: ...
 
-    def pin(self, trigger: dict[str, Any], session: Session, incident: Incident) -> None: ...
+    def pin(self, trigger: Trigger, session: Session, incident: Incident) -> None: ...
 
-    def check(self, trigger: dict[str, Any], context: TriggerContext) -> TriggerState: ...
+    def check(self, trigger: Trigger, context: TriggerContext) -> TriggerState: ...
 
 
 class KindLookup(Protocol):
@@ -230,7 +252,7 @@ class TriggerKinds:
         return iter(list(self._kinds.values()))
 
 
-def labelled(text: str, trigger: dict[str, Any]) -> str:
+def labelled(text: str, trigger: Trigger) -> str:
     """A trigger's description with its `note`, if any."""
     note = trigger.get("note")
     return f"{text} ({note})" if note else text
@@ -251,19 +273,19 @@ class BaseKind:
     id = ""
     syntax = ""
 
-    def parse(self, text: str) -> dict[str, Any] | None:
+    def parse(self, text: str) -> Trigger | None:
         return {"kind": self.id} if text.strip().lower() == self.id else None
 
-    def normalise(self, trigger: dict[str, Any]) -> None:
+    def normalise(self, trigger: Trigger) -> None:
         return None
 
-    def describe(self, trigger: dict[str, Any]) -> str:
+    def describe(self, trigger: Trigger) -> str:
         return self.id
 
-    def pin(self, trigger: dict[str, Any], session: Session, incident: Incident) -> None:
+    def pin(self, trigger: Trigger, session: Session, incident: Incident) -> None:
         return None
 
-    def check(self, trigger: dict[str, Any], context: TriggerContext) -> TriggerState:
+    def check(self, trigger: Trigger, context: TriggerContext) -> TriggerState:
         return TriggerState(trigger, self.describe(trigger), False, "not checked")
 
 
@@ -296,11 +318,11 @@ class NewBuild(BaseKind):
     id = "new-build"
     syntax = "new-build[>BUILD]"
 
-    def parse(self, text: str) -> dict[str, Any] | None:
+    def parse(self, text: str) -> Trigger | None:
         match = re.fullmatch(r"(?:new-)?build(?:\s*>\s*(\S+))?", text.strip(), re.IGNORECASE)
         if not match:
             return None
-        trigger: dict[str, Any] = {"kind": self.id}
+        trigger: Trigger = {"kind": self.id}
         if match.group(1):
             after = build_number(match.group(1))
             if after is None:
@@ -308,23 +330,23 @@ class NewBuild(BaseKind):
             trigger["after"] = after
         return trigger
 
-    def normalise(self, trigger: dict[str, Any]) -> None:
+    def normalise(self, trigger: Trigger) -> None:
         if "after" in trigger and build_number(trigger["after"]) is None:
             raise DecisionError(
                 f"new-build trigger: 'after' is not a build number: {trigger['after']!r}"
             )
 
-    def describe(self, trigger: dict[str, Any]) -> str:
+    def describe(self, trigger: Trigger) -> str:
         after = trigger.get("after")
         return f"a llama-server build newer than b{after}" if after else "a new llama-server build"
 
-    def pin(self, trigger: dict[str, Any], session: Session, incident: Incident) -> None:
+    def pin(self, trigger: Trigger, session: Session, incident: Incident) -> None:
         if "after" not in trigger:
             build = known_build(session, incident)
             if build is not None:
                 trigger["after"] = build
 
-    def check(self, trigger: dict[str, Any], context: TriggerContext) -> TriggerState:
+    def check(self, trigger: Trigger, context: TriggerContext) -> TriggerState:
         label = labelled(self.describe(trigger), trigger)
         known = [build_number(trigger.get("after")), build_number(context.incident.server_build)]
         for row in context.before:
@@ -346,26 +368,26 @@ class NewWeights(BaseKind):
     id = "new-weights"
     syntax = "new-weights[!=SHA256]"
 
-    def parse(self, text: str) -> dict[str, Any] | None:
+    def parse(self, text: str) -> Trigger | None:
         match = re.fullmatch(r"(?:new-)?weights(?:\s*!=\s*(\S+))?", text.strip(), re.IGNORECASE)
         if not match:
             return None
-        trigger: dict[str, Any] = {"kind": self.id}
+        trigger: Trigger = {"kind": self.id}
         if match.group(1):
             trigger["hash"] = match.group(1).lower()
         return trigger
 
-    def describe(self, trigger: dict[str, Any]) -> str:
+    def describe(self, trigger: Trigger) -> str:
         known = trigger.get("hash")
         return f"weights other than {str(known)[:12]}" if known else "a new weights file"
 
-    def pin(self, trigger: dict[str, Any], session: Session, incident: Incident) -> None:
+    def pin(self, trigger: Trigger, session: Session, incident: Incident) -> None:
         if "hash" not in trigger:
             weights = known_weights(session, incident)
             if weights is not None:
                 trigger["hash"] = weights
 
-    def check(self, trigger: dict[str, Any], context: TriggerContext) -> TriggerState:
+    def check(self, trigger: Trigger, context: TriggerContext) -> TriggerState:
         label = labelled(self.describe(trigger), trigger)
         known = {str(trigger["hash"]).lower()} if trigger.get("hash") else set()
         known |= {str(v).lower() for v in find_values(context.incident.stack, WEIGHTS_KEYS) if v}
@@ -385,7 +407,7 @@ class FailureRate(BaseKind):
     id = "failure-rate"
     syntax = "failure-rate[>RATE][,min=N]"
 
-    def parse(self, text: str) -> dict[str, Any] | None:
+    def parse(self, text: str) -> Trigger | None:
         match = re.fullmatch(
             r"failure-rate(?:\s*>\s*([0-9.]+)(%?))?(?:\s*,\s*min\s*=\s*(\d+))?",
             text.strip(),
@@ -393,7 +415,7 @@ class FailureRate(BaseKind):
         )
         if not match:
             return None
-        trigger: dict[str, Any] = {"kind": self.id}
+        trigger: Trigger = {"kind": self.id}
         if match.group(1):
             try:
                 threshold = float(match.group(1))
@@ -404,7 +426,7 @@ class FailureRate(BaseKind):
             trigger["min_captures"] = int(match.group(3))
         return trigger
 
-    def normalise(self, trigger: dict[str, Any]) -> None:
+    def normalise(self, trigger: Trigger) -> None:
         if "threshold" in trigger:
             threshold = trigger.get("threshold")
             if (
@@ -419,14 +441,14 @@ class FailureRate(BaseKind):
         if not isinstance(minimum, int) or isinstance(minimum, bool) or minimum < 1:
             raise DecisionError(f"failure-rate trigger: min_captures must be >= 1, got {minimum!r}")
 
-    def describe(self, trigger: dict[str, Any]) -> str:
+    def describe(self, trigger: Trigger) -> str:
         minimum = trigger.get("min_captures", DEFAULT_MIN_CAPTURES)
         if "threshold" in trigger:
             threshold = float(trigger["threshold"])
             return f"failure rate above {threshold:.0%} in >= {minimum} new captures"
         return f"any failures in >= {minimum} new captures (no threshold set)"
 
-    def check(self, trigger: dict[str, Any], context: TriggerContext) -> TriggerState:
+    def check(self, trigger: Trigger, context: TriggerContext) -> TriggerState:
         label = labelled(self.describe(trigger), trigger)
         threshold = float(trigger.get("threshold", 0))
         minimum = int(trigger.get("min_captures", DEFAULT_MIN_CAPTURES))
@@ -461,7 +483,7 @@ class FailureRate(BaseKind):
 
 def date_state(on: date, today: date, revisit: Evidence | None, label: str) -> TriggerState:
     """A date condition: fired once `on` has passed, unless a revisit since settled it."""
-    trigger = {"kind": "date", "on": on.isoformat()}
+    trigger: Trigger = {"kind": "date", "on": on.isoformat()}
     if today < on:
         return TriggerState(trigger, label, False, f"{label} {on} is in {(on - today).days} day(s)")
     if revisit is not None and aware(revisit.recorded_at).date() >= on:
@@ -484,17 +506,17 @@ class DateTrigger(BaseKind):
     id = "date"
     syntax = "date=YYYY-MM-DD"
 
-    def parse(self, text: str) -> dict[str, Any] | None:
+    def parse(self, text: str) -> Trigger | None:
         match = re.fullmatch(r"date\s*[=:]\s*(\S+)", text.strip(), re.IGNORECASE)
         return {"kind": self.id, "on": match.group(1)} if match else None
 
-    def normalise(self, trigger: dict[str, Any]) -> None:
+    def normalise(self, trigger: Trigger) -> None:
         as_date(trigger.get("on"), "date trigger 'on'")
 
-    def describe(self, trigger: dict[str, Any]) -> str:
+    def describe(self, trigger: Trigger) -> str:
         return f"date {trigger.get('on')}"
 
-    def check(self, trigger: dict[str, Any], context: TriggerContext) -> TriggerState:
+    def check(self, trigger: Trigger, context: TriggerContext) -> TriggerState:
         on = as_date(trigger.get("on"), "date trigger")
         state = date_state(on, context.today, context.revisit, "date")
         return TriggerState(
@@ -522,7 +544,7 @@ def _lookup(kinds: KindLookup | None) -> KindLookup:
     return BUILTIN_KINDS if kinds is None else kinds
 
 
-def parse(text: str, kinds: KindLookup | None = None) -> dict[str, Any]:
+def parse(text: str, kinds: KindLookup | None = None) -> Trigger:
     """A trigger from its command-line form (the first kind whose syntax matches)."""
     registry = _lookup(kinds)
     for kind in registry:
@@ -532,7 +554,7 @@ def parse(text: str, kinds: KindLookup | None = None) -> dict[str, Any]:
     raise DecisionError(f"unknown trigger {text!r}; expected one of: {syntax(registry)}")
 
 
-def normalise(trigger: Any, kinds: KindLookup | None = None) -> dict[str, Any]:
+def normalise(trigger: Any, kinds: KindLookup | None = None) -> Trigger:
     """Check a trigger dict; returns it with `kind` first (the file order)."""
     registry = _lookup(kinds)
     if not isinstance(trigger, dict):
@@ -542,10 +564,11 @@ def normalise(trigger: Any, kinds: KindLookup | None = None) -> dict[str, Any]:
     if kind is None:
         raise DecisionError(f"unknown trigger kind {kind_id!r} (expected one of {ids(registry)})")
     kind.normalise(trigger)
-    return {"kind": kind_id, **{k: v for k, v in trigger.items() if k != "kind"}}
+    # Checked above; the kind's own keys are kept as written (a plugin's too).
+    return cast(Trigger, {"kind": kind_id, **{k: v for k, v in trigger.items() if k != "kind"}})
 
 
-def describe(trigger: dict[str, Any], kinds: KindLookup | None = None) -> str:
+def describe(trigger: Trigger, kinds: KindLookup | None = None) -> str:
     """One line for people: what the trigger waits for (and its note)."""
     kind_id = trigger.get("kind")
     kind = _lookup(kinds).get(kind_id) if isinstance(kind_id, str) else None
@@ -553,7 +576,7 @@ def describe(trigger: dict[str, Any], kinds: KindLookup | None = None) -> str:
 
 
 def check(
-    trigger: dict[str, Any], context: TriggerContext, kinds: KindLookup | None = None
+    trigger: Trigger, context: TriggerContext, kinds: KindLookup | None = None
 ) -> TriggerState:
     """Whether one trigger has fired; an unknown kind (its plugin is gone) is shown, not lost."""
     kind_id = trigger.get("kind")

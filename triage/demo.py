@@ -19,8 +19,9 @@ from typing import Any
 import click
 
 from kb.jsontypes import JsonObject
+from kb.repo.engine import data_dir
 from kb.repo.files import import_paths
-from kb.repo.store import Store, data_dir, get_incident
+from kb.repo.store import Store, get_incident
 from triage.capture import load_file
 from triage.catalogue import catalogue
 from triage.drills import build_drill

@@ -18,24 +18,24 @@ from types import TracebackType
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session
 
+from kb.domain.decisions import ParkedIncident
+from kb.domain.errors import StoreError
 from kb.filecheck import RecordError
 from kb.jsontypes import JsonObject
 from kb.repo import decisions as kb_decisions
 from kb.repo import live as kb_live
+from kb.repo.engine import database_url, describe_db_error, redact_url
 from kb.repo.filerecord import list_records, load_record
 from kb.repo.files import IMPORT_BATCH, export_incidents, import_files
 from kb.repo.importbatch import ImportResult
+from kb.repo.liveincidents import live_incidents
 from kb.repo.runlog import evidence_runs, incident_runs
 from kb.repo.store import (
     Store,
-    StoreError,
     count_orphan_evidence,
-    database_url,
-    describe_db_error,
     get_incident,
     open_incident,
     record_status_change,
-    redact_url,
 )
 from kb.service import incidents as queries
 from kb.service.errors import NotFoundError, OpenError, database_errors
@@ -215,14 +215,14 @@ class KnowledgeBase:
 
     def parked(
         self, on: date, trigger_kinds: KindLookup | None = None, *, due_only: bool = False
-    ) -> list[kb_decisions.ParkedIncident]:
+    ) -> list[ParkedIncident]:
         """Parked incidents as of `on`: revisit date, triggers, whether due and why."""
         with self.transaction(readonly=True) as session:
             return kb_decisions.parked(session, on, due_only=due_only, trigger_kinds=trigger_kinds)
 
     def parked_incident(
         self, slug: str, on: date, trigger_kinds: KindLookup | None = None
-    ) -> kb_decisions.ParkedIncident | None:
+    ) -> ParkedIncident | None:
         """One incident's parked-list entry as of `on` (None unless it is parked)."""
         with self.transaction(readonly=True) as session:
             incident = get_incident(session, slug)
@@ -319,5 +319,5 @@ class KnowledgeBase:
                 upstream=Upstream(**upstream) if upstream is not None else None,
                 points=kb_live.series(session, since, until, bucket),
                 cells=kb_live.cell_counts(session, since, until),
-                opened=kb_live.live_incidents(session),
+                opened=live_incidents(session),
             )

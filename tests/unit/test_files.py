@@ -17,6 +17,7 @@ from sqlalchemy import func
 from sqlmodel import SQLModel, select
 
 import kb.repo.files as files
+from kb.domain.errors import StoreError
 from kb.models import (
     CAUSE_BASES,
     CAUSE_STATUSES,
@@ -27,6 +28,7 @@ from kb.models import (
     Cause,
     CauseStatusChange,
 )
+from kb.repo.fileparse import parse_file, parse_text
 from kb.repo.files import (
     RecordError,
     dump_yaml,
@@ -36,11 +38,9 @@ from kb.repo.files import (
     list_records,
     load_record,
     load_yaml,
-    parse_file,
-    parse_text,
     render_record,
 )
-from kb.repo.store import Store, StoreError, add_evidence, get_incident, record_status_change
+from kb.repo.store import Store, add_evidence, get_incident, record_status_change
 from triage.catalogue import catalogue
 
 # The catalogue's full list of cause ids, passed in as triage's import does (kb has none).

@@ -13,8 +13,9 @@ from plugin_dist import installed
 
 from kb import triggers
 from kb.models import Incident
-from kb.repo.decisions import DecisionError, parse_trigger
+from kb.repo.decisions import parse_trigger
 from kb.repo.store import Store, add_evidence, require_incident
+from kb.triggers import DecisionError
 from triage.catalogue import catalogue
 from triage.cli import cli
 

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import click
 
+from kb.domain.decisions import STATUS_AFTER, ParkedIncident
 from kb.jsontypes import JsonObject
 from kb.repo import decisions as kb_decisions
-from kb.repo.decisions import DecisionError
 from kb.service import DecisionRequest, RecordedDecision
+from kb.triggers import DecisionError
 from triage.catalogue import catalogue
 from triage.commands import echo_json, open_kb
 from triage.engine import EngineError
@@ -176,7 +177,7 @@ def _decision_data(decision: RecordedDecision) -> JsonObject:
 
 def format_decision(slug: str, data: JsonObject) -> str:
     """A recorded decision for people."""
-    status = kb_decisions.STATUS_AFTER[data["kind"]]
+    status = STATUS_AFTER[data["kind"]]
     lines = [f"recorded {data['kind']} for {slug} (status {status})"]
     if data["kind"] == "FIXED" and not data["verified"]:
         lines.append("  UNVERIFIED: recorded with --force, without the evidence a fix needs")
@@ -193,7 +194,7 @@ def format_decision(slug: str, data: JsonObject) -> str:
 # --------------------------------------------------------------------------- parked
 
 
-def format_parked(items: list[kb_decisions.ParkedIncident], day: date) -> str:
+def format_parked(items: list[ParkedIncident], day: date) -> str:
     """The parked list for people."""
     if not items:
         return f"no parked incidents are due as of {day}"
@@ -341,7 +342,7 @@ def retro_command(
     """The incident's retrospective, generated from its record; every claim cites its
     evidence once. Markup in recorded text is inert in the HTML."""
     # Lazy: kb.domain.retro loads markdown-it (~0.2 s), which no other command needs.
-    from kb.domain.retro import retro_html, retro_text
+    from kb.domain.retroformat import retro_html, retro_text
 
     if as_html and fmt != "markdown":
         raise click.UsageError("--html renders the markdown format; leave out --format")

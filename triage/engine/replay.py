@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kb.domain.records import Reply
-from kb.repo.store import data_dir
+from kb.repo.engine import data_dir
 from triage import probes
 from triage.engine.diagnosis import arm_summary
 from triage.engine.replayer import score_one

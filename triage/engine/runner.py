@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from kb.repo import runs
-from kb.repo.store import Store, data_dir
+from kb.repo.engine import data_dir
+from kb.repo.store import Store
 from triage.capture.redact import redact_url
 from triage.catalogue import catalogue
 from triage.engine import resuming

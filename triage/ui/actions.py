@@ -16,9 +16,9 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from kb.repo import decisions as kb_decisions
-from kb.repo.store import StoreError
+from kb.domain.errors import StoreError
 from kb.service import DecisionRequest, KnowledgeBase, RecordedDecision, StatusChange
+from kb.triggers import DecisionError
 from triage import capture, engine, stackfile, symptoms
 from triage.catalogue import catalogue
 from triage.revisit import ReplayRate, RevisitResult, revisit_incident
@@ -219,5 +219,5 @@ def revisit(
         return revisit_incident(
             kb.store, slug, stack_path, max_requests=max_requests, replay_rate=replay_rate
         )
-    except (kb_decisions.DecisionError, stackfile.StackError, engine.EngineError) as exc:
+    except (DecisionError, stackfile.StackError, engine.EngineError) as exc:
         raise ActionError(str(exc)) from exc

@@ -28,7 +28,7 @@ from kb.models import (
     Cause,
     CauseStatusChange,
 )
-from kb.repo.fileparse import parse_file, parse_text
+from kb.repo.fileparse import SCHEMA_PATH, parse_file, parse_text, split_front_matter
 from kb.repo.files import (
     RecordError,
     dump_yaml,
@@ -133,7 +133,7 @@ def _write(directory: Path, record: dict[str, Any], name: str | None = None) -> 
 
 
 def test_schema_is_valid_2020_12_and_matches_the_model_constants() -> None:
-    schema = json.loads(files.SCHEMA_PATH.read_text(encoding="utf-8"))
+    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     Draft202012Validator.check_schema(schema)
     defs = schema["$defs"]
@@ -259,7 +259,7 @@ def test_non_canonical_file_reaches_a_fixed_point(store: Store, tmp_path: Path) 
     import_paths(store, [source])
     (first,) = export_all(store, tmp_path / "a")
     exported = first.read_text(encoding="utf-8")
-    front = load_yaml(files.split_front_matter(exported, "x")[0])
+    front = load_yaml(split_front_matter(exported, "x")[0])
     assert not {"closed", "summary", "timeline"} & set(front)
     assert "recorded_at: 2026-07-02T01:30:00Z" in exported
     assert "catalogue: token-limit" in exported

@@ -781,3 +781,19 @@ def test_any_text_round_trips_import_export_import(
     assert second == first
     again = export_incident(second_store, slug, directory / "again")
     assert again.read_bytes() == path.read_bytes()
+
+
+def test_every_registered_cause_is_a_catalogue_cause_of_a_file(
+    store: Store, tmp_path: Path
+) -> None:
+    """The file check takes the catalogue's full list (passed in), not a list kept in kb."""
+    record = _minimal("2026-07-02-kv")
+    record["causes"][0]["id"] = "kv-cache-quant"  # registered, not one of the first six
+    del record["causes"][0]["catalogue"]
+    assert import_paths(store, [_write(tmp_path / "ok", record)], causes=CAUSE_CATALOGUE_IDS) == [
+        "2026-07-02-kv"
+    ]
+    record = _minimal("2026-07-03-kv")
+    record["causes"][0].update(id="kv-cache-quant", catalogue="token-limit")
+    with pytest.raises(RecordError, match="catalogue cause 'kv-cache-quant' cannot refine"):
+        import_paths(store, [_write(tmp_path / "bad", record)], causes=CAUSE_CATALOGUE_IDS)

@@ -24,6 +24,7 @@ from triage.capture import (
 )
 from triage.capture import parse as parse_capture
 from triage.capture.common import check_unicode
+from triage.catalogue import catalogue
 from triage.commands import open_kb
 from triage.symptoms import Finding, classify
 
@@ -52,7 +53,8 @@ class Classified:
         where = f" ({self.exchange.location})" if self.exchange.location else ""
         return f"{self.exchange.source_file}#{self.exchange.index}{where}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
+        """The exchange and its findings as `check --json` / `capture --json` print them."""
         ex = self.exchange
         return {
             "file": ex.source_file,
@@ -319,8 +321,6 @@ def _fail_on_kinds(
     ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 ) -> frozenset[str]:
     """`--fail-on`: `any`, or finding kinds the installed checks can report."""
-    from triage.catalogue import catalogue
-
     known = set(catalogue().checks.ids())
     unknown = sorted(set(values) - known - {"any"})
     if unknown:

@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kb.domain.decisions import REVISIT_ARM, ArmCounts
+from kb.domain.triggers import DecisionError
 from kb.jsontypes import JsonObject
 from kb.models import utcnow
 from kb.repo import decisions as kb_decisions
 from kb.repo.store import Store, add_evidence, require_incident
-from kb.triggers import DecisionError
 from triage.engine import replay_rate as engine_replay_rate
 from triage.engine.servers import safe_describe
 from triage.llama.build import binary_build_info, find_server_binary

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from datetime import date
-from typing import TYPE_CHECKING
 
 from scipy.stats import fisher_exact
 
+from kb.domain.triggers import TriggerState
 from kb.jsontypes import JsonObject
-
-if TYPE_CHECKING:  # a type only: kb.triggers reads the store (its kinds pin from it)
-    from kb.triggers import TriggerState
 
 __all__ = [
     "ALLOWED_FROM",

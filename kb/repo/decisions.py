@@ -38,24 +38,27 @@ from kb.domain.decisions import (
     one_sided_p,
     request_of,
 )
+from kb.domain.triggers import (
+    DecisionError,
+    KindLookup,
+    Trigger,
+    TriggerState,
+    as_date,
+    capture_failed,
+    ids,
+    stored_trigger,
+    syntax,
+)
+from kb.domain.triggers import aware as _aware
 from kb.jsontypes import JsonObject
 from kb.models import DECISION_KINDS, Cause, Decision, Evidence, Incident, TriageRun, utcnow
 from kb.repo.live import incident_live_counts
 from kb.repo.store import get_incident
-from kb.triggers import (
-    DecisionError,
-    KindLookup,
-    Trigger,
-    TriggerContext,
-    TriggerState,
-    capture_failed,
-    stored_trigger,
-)
-from kb.triggers import aware as _aware
+from kb.triggers import TriggerContext
 from kb.triggers import incident_evidence as _incident_evidence
 
-TRIGGER_KINDS = kb_triggers.ids(kb_triggers.BUILTIN_KINDS)
-TRIGGER_SYNTAX = kb_triggers.syntax(kb_triggers.BUILTIN_KINDS)
+TRIGGER_KINDS = ids(kb_triggers.BUILTIN_KINDS)
+TRIGGER_SYNTAX = syntax(kb_triggers.BUILTIN_KINDS)
 
 
 # --------------------------------------------------------------------------- triggers
@@ -278,7 +281,7 @@ def record_decision(
     if unknown:
         raise DecisionError(f"{slug}: unknown evidence id(s) {unknown}")
     rationale, tradeoff, fix = rationale.strip(), tradeoff.strip(), fix.strip()
-    revisit_date = kb_triggers.as_date(revisit_on, "revisit date") if revisit_on else None
+    revisit_date = as_date(revisit_on, "revisit date") if revisit_on else None
     normalised = [
         kb_triggers.parse(t, trigger_kinds)
         if isinstance(t, str)
@@ -494,7 +497,7 @@ def _trigger_context(
 def _parked_state(states: list[TriggerState], today: date) -> tuple[str, tuple[str, ...], int]:
     """Waiting, due or overdue (with the reasons and the days overdue) from the trigger states."""
     dates = [
-        kb_triggers.as_date(s.trigger["on"], "date")
+        as_date(s.trigger["on"], "date")
         for s in states
         if s.fired and s.trigger.get("kind") == "date"
     ]

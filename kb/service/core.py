@@ -20,6 +20,7 @@ from sqlmodel import Session
 
 from kb.domain.decisions import ParkedIncident
 from kb.domain.errors import StoreError
+from kb.domain.triggers import KindLookup
 from kb.filecheck import RecordError
 from kb.jsontypes import JsonObject
 from kb.repo import decisions as kb_decisions
@@ -52,7 +53,6 @@ from kb.service.records import (
     StatusChange,
     Upstream,
 )
-from kb.triggers import KindLookup
 
 PAGE_SIZE = 50
 

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from sqlmodel import select
 
+from kb.domain.triggers import DecisionError, build_number, capture_failed
 from kb.models import Decision, Incident
 from kb.repo.decisions import check_fix, failing_requests, parked, parse_trigger, record_decision
 from kb.repo.files import import_paths
 from kb.repo.store import Store, add_evidence, get_incident, require_incident
-from kb.triggers import DecisionError, build_number, capture_failed
 
 INCIDENTS = Path(__file__).resolve().parents[2] / "incidents"
 REFERENCE = "2026-06-10-gemma4-empty-response"

@@ -75,3 +75,20 @@ def test_the_checker_sees_a_storage_import() -> None:
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import sqlmodel\n"
     )
     assert "sqlmodel" not in _runtime_imports(guarded)
+
+
+LAYERED = sorted([*DOMAIN, *(KB / "repo").glob("*.py")])
+
+
+@pytest.mark.parametrize("path", LAYERED, ids=lambda path: f"{path.parent.name}/{path.stem}")
+def test_a_kb_module_imports_at_its_top(path: Path) -> None:
+    """Imports sit at the top of the module (a function that imports hides a dependency)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    inside = [
+        f"{node.name}: {ast.unparse(statement)}"
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for statement in ast.walk(node)
+        if isinstance(statement, (ast.Import, ast.ImportFrom))
+    ]
+    assert inside == [], f"{path.name} imports inside functions: {inside}"

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from sqlmodel import select
 
+from kb.domain.triggers import DecisionError
 from kb.models import Cause, Evidence, Incident
 from kb.repo.decisions import record_decision
 from kb.repo.store import Store, add_evidence
 from kb.service import KnowledgeBase
-from kb.triggers import DecisionError
 from triage.revisit import ProbeOutcome, Rate, revisit_incident
 
 SLUG = "2026-07-01-drill"

@@ -12,10 +12,10 @@ from click.testing import CliRunner, Result
 from plugin_dist import installed
 
 from kb import triggers
+from kb.domain.triggers import DecisionError
 from kb.models import Incident
 from kb.repo.decisions import parse_trigger
 from kb.repo.store import Store, add_evidence, require_incident
-from kb.triggers import DecisionError
 from triage.catalogue import catalogue
 from triage.cli import cli
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import click
 
 from kb.domain.decisions import STATUS_AFTER, ParkedIncident
+from kb.domain.triggers import DecisionError
 from kb.jsontypes import JsonObject
 from kb.repo import decisions as kb_decisions
 from kb.service import DecisionRequest, RecordedDecision
-from kb.triggers import DecisionError
 from triage.catalogue import catalogue
 from triage.commands import echo_json, open_kb
 from triage.engine import EngineError

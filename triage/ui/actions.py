@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from kb.domain.errors import StoreError
+from kb.domain.triggers import DecisionError
 from kb.service import DecisionRequest, KnowledgeBase, RecordedDecision, StatusChange
-from kb.triggers import DecisionError
 from triage import capture, engine, stackfile
 from triage.catalogue import catalogue
 from triage.revisit import ReplayRate, RevisitResult, revisit_incident

@@ -15,6 +15,7 @@ from typing import Any
 import streamlit as st
 
 from kb.domain.decisions import ParkedIncident
+from kb.domain.triggers import stored_trigger
 from kb.jsontypes import JsonObject
 from kb.models import (
     CAUSE_STATUSES,
@@ -33,7 +34,6 @@ from kb.service import (
     IncidentTitle,
     KnowledgeBase,
 )
-from kb.triggers import stored_trigger
 from triage.catalogue import CatalogueError
 from triage.catalogue import catalogue as process_catalogue
 from triage.catalogue.numbering import check_store_numbering

@@ -13,8 +13,9 @@ from datetime import date, datetime
 from functools import partial
 from typing import Any
 
+from kb.domain.errors import StoreError
+from kb.jsontypes import JsonObject
 from kb.repo.filerecord import parse_timestamp
-from kb.repo.store import StoreError
 
 
 class RecordError(StoreError):
@@ -72,9 +73,7 @@ KnownEvidence = Callable[[list[str], str], None]
 """Checks that every evidence key of a list (at a JSON path) names evidence of the file."""
 
 
-def _check_references(
-    data: dict[str, Any], file: str, causes: Collection[str] | None = None
-) -> None:
+def _check_references(data: JsonObject, file: str, causes: Collection[str] | None = None) -> None:
     """The checks JSON Schema cannot express: ids, links, history, dates.
 
     `causes` is the catalogue's full list of cause ids (passed in by triage: kb does not
@@ -97,7 +96,7 @@ def _check_references(
     _check_family(data, file, cause_ids)
 
 
-def _check_dates(data: dict[str, Any], file: str) -> None:
+def _check_dates(data: JsonObject, file: str) -> None:
     """The slug starts with the opened date; an incident closes no earlier than it opened."""
     slug: str = data["slug"]
     opened = date.fromisoformat(data["opened"])
@@ -109,7 +108,7 @@ def _check_dates(data: dict[str, Any], file: str) -> None:
         raise RecordError(file, "$.closed", f"closed {data['closed']} is before opened")
 
 
-def _evidence_ids(data: dict[str, Any], file: str) -> set[str]:
+def _evidence_ids(data: JsonObject, file: str) -> set[str]:
     """The evidence ids of the file, each used once."""
     evidence_ids: set[str] = set()
     for index, item in enumerate(data.get("evidence", [])):
@@ -127,7 +126,7 @@ def _check_known_evidence(evidence_ids: set[str], file: str, ids: list[str], pat
             raise RecordError(file, f"{path}[{index}]", f"no evidence with id {key!r} in this file")
 
 
-def _check_symptoms(data: dict[str, Any], file: str, known: KnownEvidence) -> None:
+def _check_symptoms(data: JsonObject, file: str, known: KnownEvidence) -> None:
     symptom_ids: set[str] = set()
     for index, symptom in enumerate(data.get("symptoms", [])):
         if symptom["id"] in symptom_ids:
@@ -139,7 +138,7 @@ def _check_symptoms(data: dict[str, Any], file: str, known: KnownEvidence) -> No
 
 
 def _check_cause(
-    cause: dict[str, Any],
+    cause: JsonObject,
     file: str,
     path: str,
     evidence_ids: set[str],
@@ -164,7 +163,7 @@ def _check_cause(
     _check_history(cause, file, path, known)
 
 
-def _check_catalogue(cause: dict[str, Any], file: str, path: str, causes: Collection[str]) -> None:
+def _check_catalogue(cause: JsonObject, file: str, path: str, causes: Collection[str]) -> None:
     """A cause is a catalogue cause, or a sub-hypothesis naming the catalogue cause it refines."""
     key = cause["id"]
     catalogue = cause.get("catalogue")
@@ -185,7 +184,7 @@ def _check_catalogue(cause: dict[str, Any], file: str, path: str, causes: Collec
         )
 
 
-def _check_decisions(data: dict[str, Any], file: str, known: KnownEvidence) -> None:
+def _check_decisions(data: JsonObject, file: str, known: KnownEvidence) -> None:
     for index, decision in enumerate(data.get("decisions", [])):
         path = f"$.decisions[{index}]"
         known(decision.get("evidence", []), f"{path}.evidence")
@@ -196,7 +195,7 @@ def _check_decisions(data: dict[str, Any], file: str, known: KnownEvidence) -> N
             )
 
 
-def _check_family(data: dict[str, Any], file: str, cause_ids: set[str]) -> None:
+def _check_family(data: JsonObject, file: str, cause_ids: set[str]) -> None:
     """Family links start at a cause of this file, once each; links within it name a cause
     of it other than their own."""
     slug: str = data["slug"]
@@ -221,7 +220,7 @@ def _check_family(data: dict[str, Any], file: str, cause_ids: set[str]) -> None:
             raise RecordError(file, path, "a cause cannot be linked to itself")
 
 
-def _check_history(cause: dict[str, Any], file: str, path: str, known: KnownEvidence) -> None:
+def _check_history(cause: JsonObject, file: str, path: str, known: KnownEvidence) -> None:
     history = cause.get("history", [])
     previous: str | None = None
     previous_at: datetime | None = None

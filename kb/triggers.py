@@ -1,7 +1,8 @@
 """Revisit trigger kinds: what brings a parked incident back, one class per kind.
 
-A trigger is a dict as in the incident files (`kind` first, extra keys kept), e.g.
-`{"kind": "new-build", "after": 9586}`. Its kind is an object with:
+A trigger is a `Trigger` record as in the incident files (`kind` first, extra keys kept),
+e.g. `{"kind": "new-build", "after": 9586}`; it, the state a check reports and the shared
+value rules are pure, in kb.domain.triggers. A kind is an object with:
 
     id          the `kind` string
     syntax      its command-line form (`--when`), shown in help and errors
@@ -23,95 +24,58 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import date, datetime, timezone
-from typing import Any, Protocol
+from datetime import date
+from typing import Any, Protocol, cast
 
 from sqlmodel import Session, col, select
 
-from kb import vocab
+from kb.domain.triggers import (
+    BUILD_KEYS,
+    DEFAULT_MIN_CAPTURES,
+    WEIGHTS_KEYS,
+    DecisionError,
+    KindLookup,
+    Trigger,
+    TriggerState,
+    as_date,
+    aware,
+    build_number,
+    capture_failed,
+    find_values,
+    ids,
+    labelled,
+    syntax,
+)
 from kb.models import Evidence, Incident
-from kb.repo.store import StoreError
 
+# A trigger-kind plugin writes against this module: the records it returns and raises
+# (kb.domain.triggers) are part of that surface.
 __all__ = [
     "BUILTIN_KINDS",
-    "DEFAULT_MIN_CAPTURES",
-    "DateTrigger",
     "DecisionError",
+    "Trigger",
+    "TriggerState",
+    "BaseKind",
+    "DateTrigger",
     "FailureRate",
-    "KindLookup",
     "NewBuild",
     "NewWeights",
     "TriggerContext",
     "TriggerKind",
     "TriggerKinds",
-    "TriggerState",
-    "build_number",
-    "capture_failed",
+    "check",
+    "date_state",
+    "describe",
     "evidence_builds",
     "evidence_weights",
+    "incident_evidence",
+    "normalise",
+    "parse",
     "register",
 ]
 
-DEFAULT_MIN_CAPTURES = 5
-# Payload keys that carry a build or a weights hash, searched at any depth (kb/vocab.py).
-BUILD_KEYS = vocab.BUILD_KEYS
-WEIGHTS_KEYS = vocab.WEIGHTS_KEYS
-
-
-class DecisionError(StoreError):
-    """A decision the knowledge base refuses; the message says what is missing."""
-
 
 # --------------------------------------------------------------------------- helpers
-
-
-def build_number(value: Any) -> int | None:
-    """The build number in `11434`, `"11434"`, `"b11434"`, `"b11434-abc1234"`, else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value if value > 0 else None
-    if isinstance(value, str):
-        match = re.match(r"^\s*(?:build\s*)?[bv]?(\d+)\b", value, re.IGNORECASE)
-        if match:
-            return int(match.group(1))
-    return None
-
-
-def as_date(value: Any, what: str) -> date:
-    """A date from a date, datetime or YYYY-MM-DD text; DecisionError naming `what`."""
-    if isinstance(value, datetime):
-        return value.date()
-    if isinstance(value, date):
-        return value
-    if isinstance(value, str):
-        try:
-            return date.fromisoformat(value.strip())
-        except ValueError:
-            pass
-    raise DecisionError(f"{what}: {value!r} is not a date (YYYY-MM-DD)")
-
-
-def aware(value: datetime) -> datetime:
-    # SQLite hands back naive values; the store writes UTC.
-    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value
-
-
-def find_values(payload: Any, keys: Sequence[str], depth: int = 0) -> list[Any]:
-    """Values under any of `keys` anywhere in a JSON payload (bounded depth)."""
-    found: list[Any] = []
-    if depth > 6:
-        return found
-    if isinstance(payload, dict):
-        for key, value in payload.items():
-            if key in keys and isinstance(value, (str, int)):
-                found.append(value)
-            elif isinstance(value, (dict, list)):
-                found.extend(find_values(value, keys, depth + 1))
-    elif isinstance(payload, list):
-        for value in payload[:1000]:
-            found.extend(find_values(value, keys, depth + 1))
-    return found
 
 
 def evidence_builds(evidence: Evidence) -> list[int]:
@@ -123,22 +87,6 @@ def evidence_builds(evidence: Evidence) -> list[int]:
 def evidence_weights(evidence: Evidence) -> list[str]:
     """Weights-file hashes an evidence payload reports."""
     return sorted({str(v).lower() for v in find_values(evidence.payload, WEIGHTS_KEYS) if v})
-
-
-def capture_failed(payload: dict[str, Any]) -> bool | None:
-    """Whether a captured exchange shows the failure: an explicit `failed`, else any finding
-    that did not pass; None when the capture does not say."""
-    failed = payload.get("failed")
-    if isinstance(failed, bool):
-        return failed
-    findings = payload.get("findings")
-    if isinstance(findings, list) and findings:
-        verdicts = [f.get("passed") for f in findings if isinstance(f, dict)]
-        if any(v is False for v in verdicts):
-            return True
-        if verdicts and all(v is True for v in verdicts):
-            return False
-    return None
 
 
 def incident_evidence(session: Session, incident_id: int) -> list[Evidence]:
@@ -153,17 +101,6 @@ def incident_evidence(session: Session, incident_id: int) -> list[Evidence]:
 
 
 # --------------------------------------------------------------------------- protocol
-
-
-@dataclass(frozen=True)
-class TriggerState:
-    """One revisit condition of a parked incident, checked against the record."""
-
-    trigger: dict[str, Any]
-    description: str
-    fired: bool
-    reason: str
-    evidence_keys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -190,23 +127,15 @@ class TriggerKind(Protocol):
     @property
     def syntax(self) -> str: ...
 
-    def parse(self, text: str) -> dict[str, Any] | None: ...
+    def parse(self, text: str) -> Trigger | None: ...
 
-    def normalise(self, trigger: dict[str, Any]) -> None: ...
+    def normalise(self, trigger: Trigger) -> None: ...
 
-    def describe(self, trigger: dict[str, Any]) -> str: ...
+    def describe(self, trigger: Trigger) -> str: ...
 
-    def pin(self, trigger: dict[str, Any], session: Session, incident: Incident) -> None: ...
+    def pin(self, trigger: Trigger, session: Session, incident: Incident) -> None: ...
 
-    def check(self, trigger: dict[str, Any], context: TriggerContext) -> TriggerState: ...
-
-
-class KindLookup(Protocol):
-    """What kb reads from a registry of trigger kinds (TriggerKinds, the catalogue section)."""
-
-    def get(self, kind_id: str) -> Any: ...
-
-    def __iter__(self) -> Iterator[Any]: ...
+    def check(self, trigger: Trigger, context: TriggerContext) -> TriggerState: ...
 
 
 class TriggerKinds:
@@ -230,40 +159,25 @@ class TriggerKinds:
         return iter(list(self._kinds.values()))
 
 
-def labelled(text: str, trigger: dict[str, Any]) -> str:
-    """A trigger's description with its `note`, if any."""
-    note = trigger.get("note")
-    return f"{text} ({note})" if note else text
-
-
-def ids(kinds: KindLookup) -> tuple[str, ...]:
-    return tuple(kind.id for kind in kinds)
-
-
-def syntax(kinds: KindLookup) -> str:
-    """The `--when` syntax of every kind, for help texts and errors."""
-    return " | ".join(kind.syntax for kind in kinds)
-
-
 class BaseKind:
     """Defaults for a trigger kind: no values to check, nothing to pin."""
 
     id = ""
     syntax = ""
 
-    def parse(self, text: str) -> dict[str, Any] | None:
+    def parse(self, text: str) -> Trigger | None:
         return {"kind": self.id} if text.strip().lower() == self.id else None
 
-    def normalise(self, trigger: dict[str, Any]) -> None:
+    def normalise(self, trigger: Trigger) -> None:
         return None
 
-    def describe(self, trigger: dict[str, Any]) -> str:
+    def describe(self, trigger: Trigger) -> str:
         return self.id
 
-    def pin(self, trigger: dict[str, Any], session: Session, incident: Incident) -> None:
+    def pin(self, trigger: Trigger, session: Session, incident: Incident) -> None:
         return None
 
-    def check(self, trigger: dict[str, Any], context: TriggerContext) -> TriggerState:
+    def check(self, trigger: Trigger, context: TriggerContext) -> TriggerState:
         return TriggerState(trigger, self.describe(trigger), False, "not checked")
 
 
@@ -296,11 +210,11 @@ class NewBuild(BaseKind):
     id = "new-build"
     syntax = "new-build[>BUILD]"
 
-    def parse(self, text: str) -> dict[str, Any] | None:
+    def parse(self, text: str) -> Trigger | None:
         match = re.fullmatch(r"(?:new-)?build(?:\s*>\s*(\S+))?", text.strip(), re.IGNORECASE)
         if not match:
             return None
-        trigger: dict[str, Any] = {"kind": self.id}
+        trigger: Trigger = {"kind": self.id}
         if match.group(1):
             after = build_number(match.group(1))
             if after is None:
@@ -308,23 +222,23 @@ class NewBuild(BaseKind):
             trigger["after"] = after
         return trigger
 
-    def normalise(self, trigger: dict[str, Any]) -> None:
+    def normalise(self, trigger: Trigger) -> None:
         if "after" in trigger and build_number(trigger["after"]) is None:
             raise DecisionError(
                 f"new-build trigger: 'after' is not a build number: {trigger['after']!r}"
             )
 
-    def describe(self, trigger: dict[str, Any]) -> str:
+    def describe(self, trigger: Trigger) -> str:
         after = trigger.get("after")
         return f"a llama-server build newer than b{after}" if after else "a new llama-server build"
 
-    def pin(self, trigger: dict[str, Any], session: Session, incident: Incident) -> None:
+    def pin(self, trigger: Trigger, session: Session, incident: Incident) -> None:
         if "after" not in trigger:
             build = known_build(session, incident)
             if build is not None:
                 trigger["after"] = build
 
-    def check(self, trigger: dict[str, Any], context: TriggerContext) -> TriggerState:
+    def check(self, trigger: Trigger, context: TriggerContext) -> TriggerState:
         label = labelled(self.describe(trigger), trigger)
         known = [build_number(trigger.get("after")), build_number(context.incident.server_build)]
         for row in context.before:
@@ -346,26 +260,26 @@ class NewWeights(BaseKind):
     id = "new-weights"
     syntax = "new-weights[!=SHA256]"
 
-    def parse(self, text: str) -> dict[str, Any] | None:
+    def parse(self, text: str) -> Trigger | None:
         match = re.fullmatch(r"(?:new-)?weights(?:\s*!=\s*(\S+))?", text.strip(), re.IGNORECASE)
         if not match:
             return None
-        trigger: dict[str, Any] = {"kind": self.id}
+        trigger: Trigger = {"kind": self.id}
         if match.group(1):
             trigger["hash"] = match.group(1).lower()
         return trigger
 
-    def describe(self, trigger: dict[str, Any]) -> str:
+    def describe(self, trigger: Trigger) -> str:
         known = trigger.get("hash")
         return f"weights other than {str(known)[:12]}" if known else "a new weights file"
 
-    def pin(self, trigger: dict[str, Any], session: Session, incident: Incident) -> None:
+    def pin(self, trigger: Trigger, session: Session, incident: Incident) -> None:
         if "hash" not in trigger:
             weights = known_weights(session, incident)
             if weights is not None:
                 trigger["hash"] = weights
 
-    def check(self, trigger: dict[str, Any], context: TriggerContext) -> TriggerState:
+    def check(self, trigger: Trigger, context: TriggerContext) -> TriggerState:
         label = labelled(self.describe(trigger), trigger)
         known = {str(trigger["hash"]).lower()} if trigger.get("hash") else set()
         known |= {str(v).lower() for v in find_values(context.incident.stack, WEIGHTS_KEYS) if v}
@@ -385,7 +299,7 @@ class FailureRate(BaseKind):
     id = "failure-rate"
     syntax = "failure-rate[>RATE][,min=N]"
 
-    def parse(self, text: str) -> dict[str, Any] | None:
+    def parse(self, text: str) -> Trigger | None:
         match = re.fullmatch(
             r"failure-rate(?:\s*>\s*([0-9.]+)(%?))?(?:\s*,\s*min\s*=\s*(\d+))?",
             text.strip(),
@@ -393,7 +307,7 @@ class FailureRate(BaseKind):
         )
         if not match:
             return None
-        trigger: dict[str, Any] = {"kind": self.id}
+        trigger: Trigger = {"kind": self.id}
         if match.group(1):
             try:
                 threshold = float(match.group(1))
@@ -404,7 +318,7 @@ class FailureRate(BaseKind):
             trigger["min_captures"] = int(match.group(3))
         return trigger
 
-    def normalise(self, trigger: dict[str, Any]) -> None:
+    def normalise(self, trigger: Trigger) -> None:
         if "threshold" in trigger:
             threshold = trigger.get("threshold")
             if (
@@ -419,14 +333,14 @@ class FailureRate(BaseKind):
         if not isinstance(minimum, int) or isinstance(minimum, bool) or minimum < 1:
             raise DecisionError(f"failure-rate trigger: min_captures must be >= 1, got {minimum!r}")
 
-    def describe(self, trigger: dict[str, Any]) -> str:
+    def describe(self, trigger: Trigger) -> str:
         minimum = trigger.get("min_captures", DEFAULT_MIN_CAPTURES)
         if "threshold" in trigger:
             threshold = float(trigger["threshold"])
             return f"failure rate above {threshold:.0%} in >= {minimum} new captures"
         return f"any failures in >= {minimum} new captures (no threshold set)"
 
-    def check(self, trigger: dict[str, Any], context: TriggerContext) -> TriggerState:
+    def check(self, trigger: Trigger, context: TriggerContext) -> TriggerState:
         label = labelled(self.describe(trigger), trigger)
         threshold = float(trigger.get("threshold", 0))
         minimum = int(trigger.get("min_captures", DEFAULT_MIN_CAPTURES))
@@ -461,7 +375,7 @@ class FailureRate(BaseKind):
 
 def date_state(on: date, today: date, revisit: Evidence | None, label: str) -> TriggerState:
     """A date condition: fired once `on` has passed, unless a revisit since settled it."""
-    trigger = {"kind": "date", "on": on.isoformat()}
+    trigger: Trigger = {"kind": "date", "on": on.isoformat()}
     if today < on:
         return TriggerState(trigger, label, False, f"{label} {on} is in {(on - today).days} day(s)")
     if revisit is not None and aware(revisit.recorded_at).date() >= on:
@@ -484,17 +398,17 @@ class DateTrigger(BaseKind):
     id = "date"
     syntax = "date=YYYY-MM-DD"
 
-    def parse(self, text: str) -> dict[str, Any] | None:
+    def parse(self, text: str) -> Trigger | None:
         match = re.fullmatch(r"date\s*[=:]\s*(\S+)", text.strip(), re.IGNORECASE)
         return {"kind": self.id, "on": match.group(1)} if match else None
 
-    def normalise(self, trigger: dict[str, Any]) -> None:
+    def normalise(self, trigger: Trigger) -> None:
         as_date(trigger.get("on"), "date trigger 'on'")
 
-    def describe(self, trigger: dict[str, Any]) -> str:
+    def describe(self, trigger: Trigger) -> str:
         return f"date {trigger.get('on')}"
 
-    def check(self, trigger: dict[str, Any], context: TriggerContext) -> TriggerState:
+    def check(self, trigger: Trigger, context: TriggerContext) -> TriggerState:
         on = as_date(trigger.get("on"), "date trigger")
         state = date_state(on, context.today, context.revisit, "date")
         return TriggerState(
@@ -522,7 +436,7 @@ def _lookup(kinds: KindLookup | None) -> KindLookup:
     return BUILTIN_KINDS if kinds is None else kinds
 
 
-def parse(text: str, kinds: KindLookup | None = None) -> dict[str, Any]:
+def parse(text: str, kinds: KindLookup | None = None) -> Trigger:
     """A trigger from its command-line form (the first kind whose syntax matches)."""
     registry = _lookup(kinds)
     for kind in registry:
@@ -532,7 +446,7 @@ def parse(text: str, kinds: KindLookup | None = None) -> dict[str, Any]:
     raise DecisionError(f"unknown trigger {text!r}; expected one of: {syntax(registry)}")
 
 
-def normalise(trigger: Any, kinds: KindLookup | None = None) -> dict[str, Any]:
+def normalise(trigger: Any, kinds: KindLookup | None = None) -> Trigger:
     """Check a trigger dict; returns it with `kind` first (the file order)."""
     registry = _lookup(kinds)
     if not isinstance(trigger, dict):
@@ -542,10 +456,11 @@ def normalise(trigger: Any, kinds: KindLookup | None = None) -> dict[str, Any]:
     if kind is None:
         raise DecisionError(f"unknown trigger kind {kind_id!r} (expected one of {ids(registry)})")
     kind.normalise(trigger)
-    return {"kind": kind_id, **{k: v for k, v in trigger.items() if k != "kind"}}
+    # Checked above; the kind's own keys are kept as written (a plugin's too).
+    return cast(Trigger, {"kind": kind_id, **{k: v for k, v in trigger.items() if k != "kind"}})
 
 
-def describe(trigger: dict[str, Any], kinds: KindLookup | None = None) -> str:
+def describe(trigger: Trigger, kinds: KindLookup | None = None) -> str:
     """One line for people: what the trigger waits for (and its note)."""
     kind_id = trigger.get("kind")
     kind = _lookup(kinds).get(kind_id) if isinstance(kind_id, str) else None
@@ -553,7 +468,7 @@ def describe(trigger: dict[str, Any], kinds: KindLookup | None = None) -> str:
 
 
 def check(
-    trigger: dict[str, Any], context: TriggerContext, kinds: KindLookup | None = None
+    trigger: Trigger, context: TriggerContext, kinds: KindLookup | None = None
 ) -> TriggerState:
     """Whether one trigger has fired; an unknown kind (its plugin is gone) is shown, not lost."""
     kind_id = trigger.get("kind")

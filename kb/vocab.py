@@ -40,8 +40,8 @@ from sqlalchemy import column as sql_column
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Field, Session, SQLModel, select
 
+from kb.domain.errors import StoreError
 from kb.models import utcnow
-from kb.repo.store import StoreError
 
 __all__ = [
     "BIT_LIMIT",

@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 # The module, not its function: `catalogue()` is read at call time (tests swap it).
 import triage.catalogue
+from kb.jsontypes import JsonObject
 from triage.stats import baseline_reproduces, wilson
 
 __all__ = [
@@ -151,16 +152,20 @@ class Removal:
     """How a cause that one arm removes words its verdicts (`CauseRule(removed_by=...)`);
     the shared `removal_rule` decides.
 
+    `precheck(obs)` may decide before the arm (e.g. "rejected: not in this stack at all");
     `available(obs)` says whether this stack can test it (default: the arm is in the plan),
     else `missing` and `hint` say why not and what would; `note(obs)` is appended to the
-    rationale and `supports(obs)` names observations that back a confirmation."""
+    rationale (`rejected_note` too, on a rejection) and `supports(obs)` names observations
+    that back a confirmation."""
 
     removes_text: str
     unchanged_text: str
     missing: str = ""
     hint: str = ""
+    precheck: Callable[[Observations], Verdict | None] | None = None
     available: Callable[[Observations], bool] | None = None
     note: Callable[[Observations], str] | None = None
+    rejected_note: str = ""
     supports: Callable[[Observations], tuple[str, ...]] | None = None
 
 
@@ -325,6 +330,9 @@ def removal_rule(cause: str, arm_name: str, removal: Removal) -> Rule:
     the arm removes the failure, rejected when it leaves the rate unchanged, else suspected."""
 
     def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
+        early = removal.precheck(obs) if removal.precheck else None
+        if early is not None:
+            return early
         base, arm = baseline_of(arms), arms.get(arm_name)
         available = removal.available(obs) if removal.available else arm_name in obs.planned
         gate = arm_gate(
@@ -347,6 +355,7 @@ def removal_rule(cause: str, arm_name: str, removal: Removal) -> Rule:
             removes_text=removal.removes_text,
             unchanged_text=removal.unchanged_text,
             note=removal.note(obs) if removal.note else "",
+            rejected_note=removal.rejected_note,
             supports=removal.supports(obs) if removal.supports else (),
         )
 
@@ -359,7 +368,7 @@ def observations_from(
     *,
     speculative: bool,
     planned: tuple[str, ...] = (),
-    request: dict[str, Any] | None = None,
+    request: JsonObject | None = None,
 ) -> Observations:
     """The rules' view of a run: the built-in observations read into their fields, every
     observation (plugins' too) kept in `facts`."""

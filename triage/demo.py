@@ -19,8 +19,9 @@ from typing import Any
 import click
 
 from kb.jsontypes import JsonObject
+from kb.repo.engine import data_dir
 from kb.repo.files import import_paths
-from kb.repo.store import Store, data_dir, get_incident
+from kb.repo.store import Store, get_incident
 from triage.capture import load_file
 from triage.catalogue import catalogue
 from triage.drills import build_drill
@@ -29,13 +30,12 @@ from triage.engine import (
     ProgressEvent,
     ProgressFn,
     classify_reply,
-    diagnose,
+    diagnose_exchange,
     open_server,
 )
 from triage.llama.client import LlamaClient, LlamaClientError
 from triage.llama.crash import CrashReport
 from triage.stackfile import load_stack
-from triage.symptoms import classify
 
 DRILL = "gemma4-thinking-budget"
 REPO_INCIDENTS = Path(__file__).resolve().parent.parent / "incidents"
@@ -154,7 +154,6 @@ def _run(
         stack_path, drill.request("sampled"), work
     )
     exchange = load_file(request_path, response=response_path)[0]
-    findings = [f.to_dict() if hasattr(f, "to_dict") else dict(vars(f)) for f in classify(exchange)]
     store = Store(database)
     try:
         if REPO_INCIDENTS.is_dir():
@@ -162,12 +161,10 @@ def _run(
                 have = get_incident(session, "2026-06-10-gemma4-empty-response") is not None
             if not have:
                 import_paths(store, [REPO_INCIDENTS], causes=catalogue().causes.ids())
-        return diagnose(
+        return diagnose_exchange(
             store,
+            exchange,
             load_stack(stack_path),
-            exchange.request,
-            exchange=exchange.to_dict(),
-            findings=findings,
             options=DiagnoseOptions(max_requests=max_requests, log_dir=work / "runs"),
             progress=progress,
         )

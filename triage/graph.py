@@ -216,8 +216,9 @@ def _add_arms(
             graph.add_edge(incident_node, probe, relation="measured")
 
 
-def arm_summaries(record: JsonObject) -> list[dict[str, Any]]:
-    """Probe-arm summaries recorded by the engine (evidence payload type `arm`)."""
+def arm_summaries(record: JsonObject) -> list[JsonObject]:
+    """Probe-arm summaries recorded by the engine (evidence payload type `arm`, as stored,
+    plus its evidence id)."""
     arms = []
     for item in record.get("evidence") or []:
         payload = item.get("payload") or {}

@@ -17,6 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 
 # The module, not its function: `catalogue()` is read at call time (tests swap it).
 import triage.catalogue
+from kb.jsontypes import JsonObject
 from triage.llama.endpoints import Endpoint, endpoint_of
 from triage.stackfile import ServerConfig, Stack, split_spec_flags
 
@@ -42,13 +43,13 @@ class ObserveContext:
 
     base: Any  # triage.engine.servers.Server
     server: Any
-    request: dict[str, Any]
+    request: JsonObject
     seed: int
     timeout: float
     divergence_seeds: int = 4
     # The captured exchange (its stored dict form) when the run has one: observation
     # hooks may compare it with what the server answers (client-handling does).
-    exchange: dict[str, Any] | None = None
+    exchange: JsonObject | None = None
     # Where the client's requests went: the stack's `[gateway]` when it has one (a
     # triage.engine.servers.Server), else None (the incident's server itself).
     client_side: Any = None
@@ -69,7 +70,7 @@ class PlannedArm:
     variant: str
     level: str  # request | server
     decides: tuple[str, ...] = ()
-    transform: Callable[[dict[str, Any]], dict[str, Any]] = copy.deepcopy
+    transform: Callable[[JsonObject], JsonObject] = copy.deepcopy
     config: ServerConfig | None = None
     observe: ObserveHook | None = None
     # "always", or "crash": only when the incident's server crashes at startup (each
@@ -112,7 +113,7 @@ class ProbeArm(Protocol):
     level: str
     order: int
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None: ...
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None: ...
 
 
 @dataclass(frozen=True)
@@ -121,10 +122,10 @@ class RequestArm:
 
     id: str
     variant: str
-    transform: Callable[[dict[str, Any]], dict[str, Any]]
+    transform: Callable[[JsonObject], JsonObject]
     decides: tuple[str, ...]
     order: int
-    applies: Callable[[dict[str, Any]], bool] = lambda request: True
+    applies: Callable[[JsonObject], bool] = lambda request: True
     level: str = "request"
     # What the arm needs to matter (printed when it is skipped), and the check made once the
     # server is observed.
@@ -135,7 +136,7 @@ class RequestArm:
     def name(self) -> str:
         return self.id
 
-    def plan(self, stack: Stack, request: dict[str, Any]) -> PlannedArm | None:
+    def plan(self, stack: Stack, request: JsonObject) -> PlannedArm | None:
         if not self.applies(request):
             return None
         return PlannedArm(
@@ -161,7 +162,7 @@ def _chat_only(request: Mapping[str, Any]) -> str:
 
 
 def skipped_arms(
-    stack: Stack, request: dict[str, Any], arms: Iterable[Any] | None = None
+    stack: Stack, request: JsonObject, arms: Iterable[Any] | None = None
 ) -> list[tuple[str, str]]:
     """(arm, why) for every catalogue arm that this stack and request do not plan: the
     arm's declared `precondition` (what it needs to matter), else a generic reason."""
@@ -222,7 +223,7 @@ def requires_thinking(facts: Mapping[str, Any], exchange: Mapping[str, Any] | No
     )
 
 
-def max_tokens_of(request: dict[str, Any]) -> int | None:
+def max_tokens_of(request: JsonObject) -> int | None:
     for field in ("max_tokens", "max_completion_tokens", "n_predict"):
         value = request.get(field)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -230,13 +231,13 @@ def max_tokens_of(request: dict[str, Any]) -> int | None:
     return None
 
 
-def _set_max_tokens(request: dict[str, Any], value: int) -> None:
+def _set_max_tokens(request: JsonObject, value: int) -> None:
     fields = [f for f in ("max_tokens", "max_completion_tokens", "n_predict") if f in request]
     for field in fields or ["max_tokens"]:
         request[field] = value
 
 
-def thinking_off(request: dict[str, Any]) -> dict[str, Any]:
+def thinking_off(request: JsonObject) -> JsonObject:
     body = copy.deepcopy(request)
     kwargs = dict(body.get("chat_template_kwargs") or {})
     kwargs["enable_thinking"] = False
@@ -244,7 +245,7 @@ def thinking_off(request: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def no_think_suffix(request: dict[str, Any]) -> dict[str, Any]:
+def no_think_suffix(request: JsonObject) -> JsonObject:
     """Append `/no_think` to the last user message, as the seed did (plain text to Gemma)."""
     body = copy.deepcopy(request)
     for message in reversed(body.get("messages") or []):
@@ -258,7 +259,7 @@ def no_think_suffix(request: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def token_limit_x4(request: dict[str, Any]) -> dict[str, Any]:
+def token_limit_x4(request: JsonObject) -> JsonObject:
     body = copy.deepcopy(request)
     limit = max_tokens_of(body)
     if limit is not None:
@@ -266,7 +267,7 @@ def token_limit_x4(request: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def reasoning_budget(request: dict[str, Any]) -> dict[str, Any]:
+def reasoning_budget(request: JsonObject) -> JsonObject:
     """Cap the thought at a quarter of the original max_tokens, keeping max_tokens itself."""
     body = copy.deepcopy(request)
     limit = max_tokens_of(body)
@@ -279,7 +280,7 @@ BASELINE_ARM = PlannedArm("baseline", "the failing request as sent, seeds varied
 
 def plan_arms(
     stack: Stack,
-    request: dict[str, Any],
+    request: JsonObject,
     arms: Iterable[Any] | None = None,
     causes: Iterable[Any] | None = None,
 ) -> list[PlannedArm]:
@@ -306,14 +307,14 @@ def plan_arms(
     return planned
 
 
-def request_arms(request: dict[str, Any]) -> list[PlannedArm]:
+def request_arms(request: JsonObject) -> list[PlannedArm]:
     """The request-level arms that apply to this request (baseline first)."""
     stack = Stack(ServerConfig())
     return [a for a in plan_arms(stack, request) if a.level == "request" and a.when != "observe"]
 
 
 def server_arms(
-    stack: Stack, request: dict[str, Any] | None = None, *, crashed: bool = False
+    stack: Stack, request: JsonObject | None = None, *, crashed: bool = False
 ) -> list[PlannedArm]:
     """The server-level arms this stack runs (each one launch); crash-only arms only when
     the incident's server crashes at startup."""
@@ -367,7 +368,7 @@ def thinking_on_in_prompt(prompt: str) -> bool:
     return OPEN_THINK_TAG in tail and CLOSE_THINK_TAG not in tail.split(OPEN_THINK_TAG)[-1]
 
 
-def replay_body(request: dict[str, Any], seed: int) -> dict[str, Any]:
+def replay_body(request: JsonObject, seed: int) -> JsonObject:
     """One replicate: the request's own sampling settings, a varied seed, no prompt cache,
     non-streaming, with the raw unparsed text (`verbose`) kept for output-parsing evidence."""
     body = copy.deepcopy(request)
@@ -379,7 +380,7 @@ def replay_body(request: dict[str, Any], seed: int) -> dict[str, Any]:
     return body
 
 
-def template_body(request: dict[str, Any]) -> dict[str, Any]:
+def template_body(request: JsonObject) -> JsonObject:
     """What /apply-template needs to render the request's prompt."""
     keys = ("messages", "tools", "tool_choice", "chat_template_kwargs", "reasoning_format")
     return {k: copy.deepcopy(request[k]) for k in keys if k in request}

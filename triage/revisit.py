@@ -21,10 +21,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from kb.domain.decisions import REVISIT_ARM, ArmCounts
+from kb.domain.triggers import DecisionError
 from kb.jsontypes import JsonObject
 from kb.models import utcnow
 from kb.repo import decisions as kb_decisions
-from kb.repo.decisions import DecisionError
 from kb.repo.store import Store, add_evidence, require_incident
 from triage.engine import replay_rate as engine_replay_rate
 from triage.engine.servers import safe_describe
@@ -148,7 +149,7 @@ class _Plan:
 
     status: str
     requests: list[tuple[str, dict[str, Any]]]
-    baseline: kb_decisions.ArmCounts | None
+    baseline: ArmCounts | None
     source: str
     deciding: list[tuple[str, str]]  # (cause key, deciding probe)
 
@@ -215,7 +216,7 @@ def _arm_payload(
     return payload
 
 
-def _summary_line(label: str, payload: dict[str, Any], base: kb_decisions.ArmCounts | None) -> str:
+def _summary_line(label: str, payload: dict[str, Any], base: ArmCounts | None) -> str:
     text = f"{label}: {_rate(payload['failures'], payload['n'])} failed"
     ci = payload.get("ci95")
     if isinstance(ci, list) and len(ci) == 2:
@@ -292,7 +293,7 @@ def _probe_payloads(
         )
         payload = _arm_payload(
             result,
-            f"{kb_decisions.REVISIT_ARM}:{probe}",
+            f"{REVISIT_ARM}:{probe}",
             f"deciding probe of {', '.join(cause_keys)} on the current stack",
             against,
         )
@@ -328,7 +329,7 @@ def _record(
             ).key
 
         keys.append(add(summary, after))
-        against = kb_decisions.ArmCounts((keys[0],), after["failures"], after["n"])
+        against = ArmCounts((keys[0],), after["failures"], after["n"])
         for probe, payload in probes:
             line = _summary_line(f"revisit probe {probe} on the current stack", payload, against)
             keys.append(add(line, payload))
@@ -338,7 +339,7 @@ def _record(
 def _proposal(
     slug: str,
     status: str,
-    baseline: kb_decisions.ArmCounts | None,
+    baseline: ArmCounts | None,
     after: dict[str, Any],
     key: str,
 ) -> tuple[str, str]:
@@ -402,7 +403,7 @@ def revisit_incident(
     result = replay(stack, bodies, max_requests=max_requests, baseline=base_pair, log_dir=run_dir)
     after = _arm_payload(
         result,
-        kb_decisions.REVISIT_ARM,
+        REVISIT_ARM,
         "recorded failing exchanges replayed on the current stack",
         base_pair,
     )

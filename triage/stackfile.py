@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 from urllib.parse import urlsplit
 
 from jsonschema import Draft202012Validator
@@ -50,6 +50,14 @@ BuildLog = Callable[[str], None]
 
 class StackError(Exception):
     """A stack file that cannot be used; the message names the file and the field."""
+
+
+class GatewayDescription(TypedDict):
+    """A gateway config as facts and JSON output name it (the key's variable, never the key)."""
+
+    url: str
+    name: str | None
+    api_key_env: str | None
 
 
 @dataclass(frozen=True)
@@ -93,7 +101,7 @@ class GatewayConfig:
     def api_key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> GatewayDescription:
         return {"url": self.url, "name": self.name, "api_key_env": self.api_key_env}
 
 

@@ -24,8 +24,8 @@ import yaml
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
+from kb.repo.engine import data_dir
 from kb.repo.fileio import InputTooLarge, load_yaml, read_bounded, write_atomic
-from kb.repo.store import data_dir
 
 __all__ = [
     "ATLAS_PATH_ENV",

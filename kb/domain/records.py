@@ -22,6 +22,8 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
+from kb.jsontypes import JsonObject
+
 __all__ = [
     "ArmSummary",
     "Diagnosis",
@@ -36,7 +38,7 @@ __all__ = [
 RAW_TEXT_LIMIT = 4000  # characters of each reply's text kept in evidence
 
 
-def _known_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+def _known_fields(cls: type, data: JsonObject) -> JsonObject:
     """The keys of `data` that are fields of dataclass `cls` (a stored row may carry keys a
     newer or older writer added; missing optional ones take their defaults)."""
     names = {f.name for f in fields(cls)}
@@ -66,7 +68,7 @@ class Reply:
     error: str = ""
     text: str = ""  # committed text (reasoning + content + tool calls), for divergence
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "type": "reply",
             "arm": self.arm,
@@ -86,7 +88,7 @@ class Reply:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Reply:
+    def from_dict(cls, data: JsonObject) -> Reply:
         return cls(
             arm=str(data["arm"]),
             index=int(data["index"]),
@@ -140,7 +142,7 @@ class ArmSummary:
     draft_n_accepted: int = 0
     draft_acceptance: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "type": "arm",
             "arm": self.arm,
@@ -167,7 +169,7 @@ class ArmSummary:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ArmSummary:
+    def from_dict(cls, data: JsonObject) -> ArmSummary:
         n, failures = int(data.get("n", 0) or 0), int(data.get("failures", 0) or 0)
         return cls(
             arm=str(data["arm"]),
@@ -231,7 +233,7 @@ class DiagnosisArm:
     # `p_value` is the two-sided Fisher p kept for older readers.
     p_less: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)  # the stored keys are the fields, in field order
 
     @classmethod
@@ -255,7 +257,7 @@ class DiagnosisArm:
         )
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> DiagnosisArm:
+    def from_dict(cls, data: JsonObject) -> DiagnosisArm:
         return cls(**_known_fields(cls, data))
 
 
@@ -271,11 +273,11 @@ class DiagnosisCause:
     previous_status: str | None = None
     undecided: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)  # the stored keys are the fields, in field order
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> DiagnosisCause:
+    def from_dict(cls, data: JsonObject) -> DiagnosisCause:
         return cls(**_known_fields(cls, data))
 
 
@@ -305,7 +307,7 @@ class Diagnosis:
     # "headline", and when unexplained "ruled_out" and "next_probes"}; absent in older ones.
     verdict: dict[str, Any] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         data: dict[str, Any] = {
             "schema_version": self.schema_version,
             "incident": self.incident,
@@ -332,7 +334,7 @@ class Diagnosis:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Diagnosis:
+    def from_dict(cls, data: JsonObject) -> Diagnosis:
         return cls(
             incident=str(data["incident"]),
             run_id=data.get("run_id"),
@@ -353,7 +355,7 @@ class Diagnosis:
             verdict=data.get("verdict"),
         )
 
-    def validated(self) -> dict[str, Any]:
+    def validated(self) -> JsonObject:
         """`to_dict()`, checked against the diagnosis schema (DiagnosisError if it breaks)."""
         data = self.to_dict()
         validate_diagnosis(data)
@@ -369,7 +371,7 @@ def _validator() -> Draft202012Validator:
     return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
 
 
-def validate_diagnosis(data: dict[str, Any]) -> None:
+def validate_diagnosis(data: JsonObject) -> None:
     """Raise DiagnosisError naming the JSON path if `data` breaks the diagnosis schema."""
     error = best_match(_validator().iter_errors(data))
     if error is not None:

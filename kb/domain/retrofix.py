@@ -9,9 +9,22 @@ compared with the baseline measured before it in the same record.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["fix_options", "fix_option_lines", "p_text"]
+from kb.jsontypes import JsonObject, JsonValue
+
+__all__ = ["RecordedArm", "fix_options", "fix_option_lines", "p_text"]
+
+
+@dataclass(frozen=True)
+class RecordedArm:
+    """One probe-arm measurement of an incident record: the evidence's payload as stored
+    (`type: arm`), the evidence id and when it was recorded."""
+
+    payload: JsonObject
+    evidence_id: str
+    recorded_at: JsonValue
 
 
 def _number(value: Any) -> float | None:
@@ -20,24 +33,25 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
-def fix_options(arms: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+def fix_options(arms: list[RecordedArm]) -> list[tuple[RecordedArm, RecordedArm | None]]:
     """(arm, its baseline) for each arm whose latest verdict is `removes`, in first-seen
-    order; `arms` in record order, as `kb.domain.retro._arms` lists them."""
-    baseline: dict[str, Any] | None = None
-    latest: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] = {}
+    order; `arms` in record order, as `kb.domain.retrotext.record_arms` lists them."""
+    baseline: RecordedArm | None = None
+    latest: dict[str, tuple[RecordedArm, RecordedArm | None]] = {}
     for arm in arms:
-        if arm.get("decision") == "baseline" or arm.get("arm") == "baseline":
+        payload = arm.payload
+        if payload.get("decision") == "baseline" or payload.get("arm") == "baseline":
             baseline = arm
             continue
-        name = str(arm.get("arm"))
-        if arm.get("decision") == "removes":
+        name = str(payload.get("arm"))
+        if payload.get("decision") == "removes":
             latest[name] = (arm, baseline)
         else:
             latest.pop(name, None)  # a later run no longer removes it
     return list(latest.values())
 
 
-def p_text(arm: dict[str, Any]) -> str:
+def p_text(arm: JsonObject) -> str:
     """ ", one-sided p = 0.019 vs baseline": the p-value the arm's decision uses (the
     one-sided `p_less`); older records carry only the two-sided `p_value`."""
     one_sided = _number(arm.get("p_less"))
@@ -47,7 +61,7 @@ def p_text(arm: dict[str, Any]) -> str:
     return f", p = {p_value:.2g} vs baseline" if p_value is not None else ""
 
 
-def _rate(arm: dict[str, Any] | None) -> str:
+def _rate(arm: JsonObject | None) -> str:
     if arm is None:
         return "no baseline on record"
     n, failures = arm.get("n"), arm.get("failures")
@@ -56,7 +70,7 @@ def _rate(arm: dict[str, Any] | None) -> str:
     return "failures not recorded"
 
 
-def _speed(arm: dict[str, Any], baseline: dict[str, Any] | None) -> str:
+def _speed(arm: JsonObject, baseline: JsonObject | None) -> str:
     speed = _number(arm.get("speed_tok_s"))
     base = _number(baseline.get("speed_tok_s")) if baseline else None
     if speed is None:
@@ -68,15 +82,18 @@ def _speed(arm: dict[str, Any], baseline: dict[str, Any] | None) -> str:
 
 
 def fix_option_lines(
-    arms: list[dict[str, Any]],
+    arms: list[RecordedArm],
     escape: Callable[[Any], str],
     cite: Callable[[list[str]], str],
 ) -> list[str]:
     """One Markdown line per fix option: removal and speed change, citing both arms."""
     lines = []
-    for arm, baseline in fix_options(arms):
+    for recorded, recorded_baseline in fix_options(arms):
+        arm = recorded.payload
+        baseline = recorded_baseline.payload if recorded_baseline else None
         variant = f" ({escape(arm['variant'])})" if arm.get("variant") else ""
-        keys = [arm["_id"]] + ([baseline["_id"]] if baseline else [])
+        keys = [recorded.evidence_id]
+        keys += [recorded_baseline.evidence_id] if recorded_baseline else []
         lines.append(
             f"- **{escape(arm.get('arm'))}**{variant}: removes the failure, "
             f"{_rate(arm)} vs {_rate(baseline)}{p_text(arm)}; "

@@ -1,6 +1,6 @@
-"""The text helpers of the retrospectives (kb/retro.py): recorded text as inert Markdown,
-evidence citations, and which evidence a sentence draws on. Split from kb/retro.py, which
-re-exports them."""
+"""The text helpers of the retrospectives (kb.domain.retro): recorded text as inert Markdown,
+evidence citations, which evidence a sentence draws on, and the views of a record's causes,
+evidence and probe arms that every section reads."""
 
 from __future__ import annotations
 
@@ -10,8 +10,18 @@ from collections.abc import Iterable, Sequence
 from datetime import date, datetime, time, timezone
 from typing import Any
 
+from kb.domain.retrofix import RecordedArm, p_text
+from kb.jsontypes import JsonObject
+
 __all__ = [
     "NO_EVIDENCE",
+    "REVISIT_ARM",
+    "arm_text",
+    "cause_rationale",
+    "decisive_keys",
+    "evidence_by_id",
+    "link_keys",
+    "record_arms",
     "failing_text",
     "attribute",
     "cite",
@@ -145,7 +155,7 @@ def _words(text: str) -> set[str]:
     return {w for w in _WORD.findall(text.lower()) if w not in _STOPWORDS}
 
 
-def evidence_index(record: dict[str, Any]) -> dict[str, str]:
+def evidence_index(record: JsonObject) -> dict[str, str]:
     """Evidence id -> the text a sentence is matched against (summary, source, payload)."""
     index = {}
     for item in record.get("evidence") or []:
@@ -226,7 +236,7 @@ def _key_sort(key: str) -> tuple[str, int, str]:
     return (key, -1, "")
 
 
-def failing_text(detection: dict[str, Any], window_minutes: int | None = None) -> str:
+def failing_text(detection: JsonObject, window_minutes: int | None = None) -> str:
     """The one wording of a live failing count: "10/47 failing (95% CI 13%-35%) in the 10
     min to 2026-12-01 14:48 UTC". Used by the Live page, the retrospective and the
     incident's summary, from the same stored detection."""
@@ -242,3 +252,72 @@ def failing_text(detection: dict[str, Any], window_minutes: int | None = None) -
         moment = str(as_of)[:16].replace("T", " ")
         text += f" in the {minutes} min to {moment} UTC" if minutes else f" as of {moment} UTC"
     return text
+
+
+def evidence_by_id(record: JsonObject) -> dict[str, JsonObject]:
+    return {str(e.get("id")): e for e in record.get("evidence") or []}
+
+
+def link_keys(cause: JsonObject, relations: Sequence[str] | None = None) -> list[str]:
+    return [
+        str(link.get("id"))
+        for link in cause.get("evidence") or []
+        if relations is None or link.get("relation") in relations
+    ]
+
+
+def decisive_keys(cause: JsonObject) -> list[str]:
+    """The evidence a cause's rationale rests on: supports/refutes links, else all links,
+    else the evidence of its latest status change that cites any."""
+    return (
+        link_keys(cause, ("supports", "refutes"))
+        or link_keys(cause)
+        or next(
+            (
+                [str(k) for k in change["evidence"]]
+                for change in reversed(cause.get("history") or [])
+                if change.get("evidence")
+            ),
+            [],
+        )
+    )
+
+
+def cause_rationale(cause: JsonObject) -> str:
+    """Why the cause has its status: its rationale, else its latest change's."""
+    if cause.get("rationale"):
+        return str(cause["rationale"])
+    for change in reversed(cause.get("history") or []):
+        if change.get("rationale") and change.get("to") == cause.get("status"):
+            return str(change["rationale"])
+    return f"{cause.get('status')} on the record"
+
+
+def record_arms(record: JsonObject) -> list[RecordedArm]:
+    """The probe-arm measurements among a record's evidence, in record order."""
+    arms = []
+    for item in record.get("evidence") or []:
+        payload = item.get("payload") or {}
+        if payload.get("type") == "arm" and payload.get("arm"):
+            arms.append(RecordedArm(payload, str(item.get("id")), item.get("recorded_at")))
+    return arms
+
+
+def arm_text(recorded: RecordedArm) -> str:
+    arm = recorded.payload
+    n, failures = arm.get("n"), arm.get("failures")
+    parts = [f"Probe arm {escape(arm.get('arm'))}"]
+    if arm.get("variant"):
+        parts.append(f" ({escape(arm['variant'])})")
+    if isinstance(n, int) and isinstance(failures, int) and n > 0:
+        parts.append(f": {failures}/{n} failed ({failures / n:.0%})")
+    ci = arm.get("ci95")
+    if isinstance(ci, list) and len(ci) == 2 and all(isinstance(v, (int, float)) for v in ci):
+        parts.append(f", 95% interval {ci[0]:.2f}-{ci[1]:.2f}")
+    parts.append(p_text(arm))
+    if arm.get("decision"):
+        parts.append(f", {escape(arm['decision'])}")
+    return "".join(parts) + "."
+
+
+REVISIT_ARM = "revisit"  # kb.repo.decisions.REVISIT_ARM: a re-measurement on a later stack

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import insert, text
 from sqlmodel import SQLModel
 
 import kb.models  # noqa: F401  (registers the tables)
+from kb.domain.errors import StoreError
 from kb.repo.family import refresh_signatures
 from kb.repo.migrate import current_revision
-from kb.repo.store import Store, StoreError
+from kb.repo.store import Store
 from kb.vocab import Vocabulary
 
 # Insert order (foreign keys); a batch maps each name to its rows (explicit ids).
@@ -112,8 +114,6 @@ def optimize(store: Store) -> None:
 def database_size(store: Store) -> int:
     """Bytes on disk of the database (SQLite file plus WAL, or the PostgreSQL database)."""
     if store.dialect == "sqlite":
-        from pathlib import Path
-
         path = Path(store.url.split("///", 1)[1])
         return sum(p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists())
     with store.engine.connect() as conn:

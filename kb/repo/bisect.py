@@ -3,11 +3,10 @@ build (kb knows nothing about builds or servers: it stores what `triage bisect` 
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlmodel import Session
 
 from kb.domain.slugs import unique_incident_slug
+from kb.jsontypes import JsonObject
 from kb.models import Evidence, Incident, utcnow
 from kb.repo.store import add_evidence, get_incident, require_incident
 
@@ -21,7 +20,7 @@ def bisect_incident(
     title: str,
     model: str,
     flags: list[str],
-    stack: dict[str, Any],
+    stack: JsonObject,
 ) -> Incident:
     """The named incident (must exist), or a new open one titled `title`."""
     if slug:
@@ -49,7 +48,7 @@ def record_bisect_step(
     session: Session,
     incident_id: int,
     summary: str,
-    payload: dict[str, Any],
+    payload: JsonObject,
     *,
     kind: str = "probe",
 ) -> Evidence:

@@ -21,42 +21,44 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
 from datetime import date, datetime, time, timedelta, timezone
-from typing import Any
 
-from scipy.stats import fisher_exact
 from sqlmodel import Session, col, select
 
 from kb import triggers as kb_triggers
+from kb.domain.decisions import (
+    ALLOWED_FROM,
+    BASELINE_ARM,
+    REVISIT_ARM,
+    SIGNIFICANCE,
+    STATUS_AFTER,
+    ArmCounts,
+    FixCheck,
+    ParkedIncident,
+    one_sided_p,
+    request_of,
+)
+from kb.domain.triggers import (
+    DecisionError,
+    KindLookup,
+    Trigger,
+    TriggerState,
+    as_date,
+    capture_failed,
+    ids,
+    stored_trigger,
+    syntax,
+)
+from kb.domain.triggers import aware as _aware
+from kb.jsontypes import JsonObject
 from kb.models import DECISION_KINDS, Cause, Decision, Evidence, Incident, TriageRun, utcnow
 from kb.repo.live import incident_live_counts
 from kb.repo.store import get_incident
-from kb.triggers import KindLookup, TriggerContext
-from kb.triggers import aware as _aware
+from kb.triggers import TriggerContext
 from kb.triggers import incident_evidence as _incident_evidence
 
-# Re-exported: these lived here before kb/triggers.py, and callers import them from here.
-BUILD_KEYS = kb_triggers.BUILD_KEYS
-WEIGHTS_KEYS = kb_triggers.WEIGHTS_KEYS
-DEFAULT_MIN_CAPTURES = kb_triggers.DEFAULT_MIN_CAPTURES
-DecisionError = kb_triggers.DecisionError
-TriggerState = kb_triggers.TriggerState
-build_number = kb_triggers.build_number
-capture_failed = kb_triggers.capture_failed
-evidence_builds = kb_triggers.evidence_builds
-evidence_weights = kb_triggers.evidence_weights
-TRIGGER_KINDS = kb_triggers.ids(kb_triggers.BUILTIN_KINDS)
-SIGNIFICANCE = 0.05
-REVISIT_ARM = "revisit"
-BASELINE_ARM = "baseline"
-STATUS_AFTER = {"PARKED": "parked", "FIXED": "fixed", "REOPENED": "reopened"}
-ALLOWED_FROM = {
-    "PARKED": ("open", "parked", "reopened"),
-    "FIXED": ("open", "parked", "reopened"),
-    "REOPENED": ("fixed", "closed"),
-}
-TRIGGER_SYNTAX = kb_triggers.syntax(kb_triggers.BUILTIN_KINDS)
+TRIGGER_KINDS = ids(kb_triggers.BUILTIN_KINDS)
+TRIGGER_SYNTAX = syntax(kb_triggers.BUILTIN_KINDS)
 
 
 # --------------------------------------------------------------------------- triggers
@@ -64,12 +66,12 @@ TRIGGER_SYNTAX = kb_triggers.syntax(kb_triggers.BUILTIN_KINDS)
 # (`trigger_kinds`, default the built-ins; triage passes `catalogue().triggers`).
 
 
-def parse_trigger(text: str, trigger_kinds: KindLookup | None = None) -> dict[str, Any]:
+def parse_trigger(text: str, trigger_kinds: KindLookup | None = None) -> Trigger:
     """A trigger from its command-line form (see TRIGGER_SYNTAX)."""
     return kb_triggers.parse(text, trigger_kinds)
 
 
-def describe_trigger(trigger: dict[str, Any], trigger_kinds: KindLookup | None = None) -> str:
+def describe_trigger(trigger: Trigger, trigger_kinds: KindLookup | None = None) -> str:
     """One line for people: what the trigger waits for."""
     return kb_triggers.describe(trigger, trigger_kinds)
 
@@ -77,25 +79,7 @@ def describe_trigger(trigger: dict[str, Any], trigger_kinds: KindLookup | None =
 # --------------------------------------------------------------------------- fix evidence
 
 
-@dataclass(frozen=True)
-class ArmCounts:
-    """Failures out of n replays, from one or more arm evidence rows."""
-
-    evidence_keys: tuple[str, ...]
-    failures: int
-    n: int
-    arm: str = ""
-
-    @property
-    def rate(self) -> float:
-        return self.failures / self.n if self.n else 0.0
-
-    def describe(self) -> str:
-        keys = ", ".join(self.evidence_keys)
-        return f"{self.failures}/{self.n} ({self.rate:.0%}) [{keys}]"
-
-
-def arm_payload(evidence: Evidence) -> dict[str, Any] | None:
+def arm_payload(evidence: Evidence) -> JsonObject | None:
     """The payload of an engine arm evidence (type `arm` with integer n and failures)."""
     payload = evidence.payload or {}
     if payload.get("type") != "arm":
@@ -127,40 +111,6 @@ def baseline_counts(
         failures += int(payload["failures"])
         n += int(payload["n"])
     return ArmCounts(tuple(keys), failures, n, BASELINE_ARM) if keys else None
-
-
-def one_sided_p(run: ArmCounts, baseline: ArmCounts) -> float:
-    """Fisher exact p that the run fails less often than the baseline."""
-    table = [
-        [run.failures, run.n - run.failures],
-        [baseline.failures, baseline.n - baseline.failures],
-    ]
-    return float(fisher_exact(table, alternative="less").pvalue)
-
-
-@dataclass(frozen=True)
-class FixCheck:
-    """Whether the record proves a fix, and if not, what is missing."""
-
-    verified: bool
-    baseline: ArmCounts | None
-    run: ArmCounts | None
-    p_value: float | None
-    missing: tuple[str, ...] = ()
-
-    def describe(self) -> str:
-        if self.verified and self.run and self.baseline:
-            return (
-                f"failure rate {self.run.describe()} on the current stack vs baseline "
-                f"{self.baseline.describe()}, one-sided Fisher p = {self.p_value:.2g}"
-            )
-        return "; ".join(self.missing)
-
-    def evidence_keys(self) -> list[str]:
-        keys = list(self.baseline.evidence_keys) if self.baseline else []
-        if self.run:
-            keys += [k for k in self.run.evidence_keys if k not in keys]
-        return keys
 
 
 def check_fix(session: Session, incident: Incident, evidence_keys: Sequence[str] = ()) -> FixCheck:
@@ -236,7 +186,7 @@ def _check_parked(
     incident: Incident,
     rationale: str,
     revisit_date: date | None,
-    normalised: list[dict[str, Any]],
+    normalised: list[Trigger],
     decided_at: datetime,
     trigger_kinds: KindLookup | None,
 ) -> None:
@@ -301,7 +251,7 @@ def record_decision(
     fix: str = "",
     by: str = "",
     revisit_on: date | str | None = None,
-    triggers: Iterable[dict[str, Any] | str] = (),
+    triggers: Iterable[Trigger | str] = (),
     evidence_keys: Sequence[str] = (),
     force: bool = False,
     at: datetime | None = None,
@@ -331,7 +281,7 @@ def record_decision(
     if unknown:
         raise DecisionError(f"{slug}: unknown evidence id(s) {unknown}")
     rationale, tradeoff, fix = rationale.strip(), tradeoff.strip(), fix.strip()
-    revisit_date = kb_triggers.as_date(revisit_on, "revisit date") if revisit_on else None
+    revisit_date = as_date(revisit_on, "revisit date") if revisit_on else None
     normalised = [
         kb_triggers.parse(t, trigger_kinds)
         if isinstance(t, str)
@@ -360,7 +310,7 @@ def record_decision(
         fix=fix,
         verified=verified if kind == "FIXED" else False,
         revisit_on=revisit_date if kind == "PARKED" else None,
-        revisit_triggers=normalised if kind == "PARKED" else [],
+        revisit_triggers=[dict(t) for t in normalised] if kind == "PARKED" else [],
         evidence_keys=keys,
     )
     incident.status = STATUS_AFTER[kind]
@@ -372,42 +322,6 @@ def record_decision(
 
 
 # --------------------------------------------------------------------------- parked list
-
-
-@dataclass(frozen=True)
-class ParkedIncident:
-    """A parked incident: when and why to look again, and whether that time has come."""
-
-    slug: str
-    title: str
-    parked_on: date | None
-    decided_by: str
-    rationale: str
-    tradeoff: str
-    fix: str
-    revisit_on: date | None
-    triggers: tuple[TriggerState, ...]
-    state: str  # waiting | due | overdue
-    reasons: tuple[str, ...]
-    days_overdue: int = 0
-    last_revisit: str | None = None
-    evidence_keys: tuple[str, ...] = field(default_factory=tuple)
-
-    @property
-    def due(self) -> bool:
-        return self.state in ("due", "overdue")
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["parked_on"] = self.parked_on.isoformat() if self.parked_on else None
-        data["revisit_on"] = self.revisit_on.isoformat() if self.revisit_on else None
-        data["due"] = self.due
-        data["triggers"] = [
-            {**asdict(t), "evidence_keys": list(t.evidence_keys)} for t in self.triggers
-        ]
-        data["reasons"] = list(self.reasons)
-        data["evidence_keys"] = list(self.evidence_keys)
-        return data
 
 
 def parked(
@@ -497,7 +411,7 @@ def _trigger_states(
             )
         )
     for trigger in decision.revisit_triggers:
-        states.append(kb_triggers.check(trigger, context, trigger_kinds))
+        states.append(kb_triggers.check(stored_trigger(trigger), context, trigger_kinds))
     return states
 
 
@@ -583,7 +497,7 @@ def _trigger_context(
 def _parked_state(states: list[TriggerState], today: date) -> tuple[str, tuple[str, ...], int]:
     """Waiting, due or overdue (with the reasons and the days overdue) from the trigger states."""
     dates = [
-        kb_triggers.as_date(s.trigger["on"], "date")
+        as_date(s.trigger["on"], "date")
         for s in states
         if s.fired and s.trigger.get("kind") == "date"
     ]
@@ -614,27 +528,17 @@ def _revisit_note(last_revisit: Evidence | None) -> str | None:
 # --------------------------------------------------------------------------- revisit inputs
 
 
-def _request_of(payload: dict[str, Any]) -> dict[str, Any] | None:
-    exchange = payload.get("exchange")
-    for holder in (exchange, payload):
-        if isinstance(holder, dict) and isinstance(holder.get("request"), dict):
-            request = holder["request"]
-            if isinstance(request.get("messages"), list):
-                return dict(request)
-    return None
-
-
-def failing_requests(session: Session, incident: Incident) -> list[tuple[str, dict[str, Any]]]:
+def failing_requests(session: Session, incident: Incident) -> list[tuple[str, JsonObject]]:
     """The incident's recorded failing exchanges as (evidence id, request body), oldest
     first, duplicates dropped. An exchange whose findings all passed is not a failure."""
     assert incident.id is not None
     seen: set[str] = set()
-    found: list[tuple[str, dict[str, Any]]] = []
+    found: list[tuple[str, JsonObject]] = []
     for row in _incident_evidence(session, incident.id):
         if row.kind != "exchange":
             continue
         payload = row.payload or {}
-        request = _request_of(payload)
+        request = request_of(payload)
         if request is None or capture_failed(payload) is False:
             continue
         identity = json.dumps(request, sort_keys=True, default=str)

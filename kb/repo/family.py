@@ -1,4 +1,6 @@
-"""Failure families: stack/exchange signatures, similar past incidents, family links.
+"""Failure families stored: signature rows, similar past incidents, family links.
+
+The signature and similarity rules are pure, in kb.domain.family.
 
 A signature is what "have we seen this before?" compares:
 
@@ -34,11 +36,7 @@ Python with the same formula, so results never depend on whether a refresh has r
 
 from __future__ import annotations
 
-import os
-import re
-import shlex
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 from sqlalchemy import (
@@ -62,93 +60,31 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from kb import vocab
-from kb.domain import flags
+from kb.domain.errors import StoreError
+from kb.domain.family import (
+    WEIGHTS,
+    FamilyMatch,
+    Signature,
+    elements,
+    signature,
+    similarity,
+)
 from kb.models import Cause, FamilyLink, Incident, Symptom
-from kb.repo.store import StoreError, require_incident
+from kb.repo.store import require_incident
 
 __all__ = [
-    "IMPLIED_CAUSES",
-    "MODEL_FAMILIES",
-    "WEIGHTS",
-    "FamilyMatch",
     "IncidentSignature",
-    "Signature",
     "incident_signature",
     "incident_stack",
     "link_family",
     "refresh_signatures",
-    "signature",
     "similar_incidents",
-    "similarity",
-    "stack_fingerprint",
 ]
 
 # Bits of `kinds_mask` / `causes_mask`: bit = the id's stable number as recorded in the
 # store (kb/vocab.py `family_bits`), never a tuple position, so stored masks mean the same
 # thing after an id is added anywhere. An id without a recorded number is matched by its
 # text in `kinds` / `causes`.
-
-# Finding kinds that are direct observations of one catalogue cause (see module docstring).
-IMPLIED_CAUSES = {
-    "reasoning-exhausted-budget": "reasoning-exhausts-budget",
-    "parse-failure": "output-parsing",
-    "tool-markup-leaked": "output-parsing",
-    # Issue 13: findings that name their mechanism (markup of the thought in content is the
-    # leak; a client view that lost what the wire carried is the client's handling).
-    "reasoning-markup-in-content": "reasoning-leak",
-    "client-lost-reply": "client-handling",
-}
-
-# Relative weights, integers so that SQL sums them exactly and cheaply (only the final
-# division is in floating point): a finding kind 4, a confirmed cause 8, a shared thinking
-# default 4, model family 2, speculative decoding 2, server build 1.
-WEIGHTS = {
-    "kind": 4,
-    "cause": 8,
-    "model_family": 2,
-    "server_build": 1,
-    "spec": 2,
-    "thinking": 4,
-}
-FINGERPRINT_FIELDS = ("model_family", "server_build", "spec", "thinking")
-
-# Looked for in the file name of the model/weights, at a word start; "llama" only when no
-# other family is named (it matches inside words: codellama, tinyllama).
-MODEL_FAMILIES = (
-    "gemma",
-    "qwen",
-    "mixtral",
-    "mistral",
-    "ministral",
-    "deepseek",
-    "phi",
-    "gpt-oss",
-    "glm",
-    "granite",
-    "command-r",
-    "falcon",
-    "olmo",
-    "smollm",
-    "internlm",
-    "minicpm",
-    "exaone",
-    "hunyuan",
-    "kimi",
-    "yi",
-    "llama",
-)
-_FAMILY_PATTERNS = [
-    (name, re.compile(("" if name == "llama" else r"(?<![a-z])") + re.escape(name)))
-    for name in MODEL_FAMILIES
-]
-# Stack keys read for each fingerprint field, in order of preference.
-_MODEL_KEYS = ("model", "weights", "model_path", "model_name")
-_BUILD_KEYS = vocab.BUILD_KEYS
-_SPEC_KEYS = ("speculative", "spec", "speculative_decoding")
-_THINKING_KEYS = ("thinking_default", "thinking", "enable_thinking")
-_ON = {"on", "true", "yes", "1", "enabled", "enable"}
-_OFF = {"off", "false", "no", "0", "none", "disabled", "disable"}
-_UNKNOWN = {"", "not", "unknown", "n", "na", "unrecorded", "null"}
 
 
 class IncidentSignature(SQLModel, table=True):
@@ -173,190 +109,6 @@ class IncidentSignature(SQLModel, table=True):
 _SIGNATURES = IncidentSignature.__table__  # type: ignore[attr-defined]
 
 
-@dataclass(frozen=True)
-class Signature:
-    """Finding kinds, confirmed causes and the stack fingerprint of an exchange or incident."""
-
-    kinds: frozenset[str] = frozenset()
-    causes: frozenset[str] = frozenset()
-    model_family: str = ""
-    server_build: str = ""
-    spec: str = ""  # "on" | "off" | "" (unknown)
-    thinking: str = ""  # "on" | "off" | "" (unknown)
-
-    def fingerprint(self) -> dict[str, str]:
-        return {name: getattr(self, name) for name in FINGERPRINT_FIELDS}
-
-    def compared_causes(self) -> frozenset[str]:
-        """The causes compared when this is the query: confirmed, else implied by findings."""
-        if self.causes:
-            return self.causes
-        return frozenset(IMPLIED_CAUSES[kind] for kind in self.kinds if kind in IMPLIED_CAUSES)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kinds": sorted(self.kinds),
-            "causes": sorted(self.causes),
-            **self.fingerprint(),
-        }
-
-
-@dataclass(frozen=True)
-class FamilyMatch:
-    """A past incident similar to the query signature, with what they share."""
-
-    slug: str
-    title: str
-    status: str
-    score: float
-    shared_kinds: list[str] = field(default_factory=list)
-    shared_causes: list[str] = field(default_factory=list)
-    shared_stack: list[str] = field(default_factory=list)  # e.g. ["spec=off", "thinking=on"]
-    confirmed_causes: list[str] = field(default_factory=list)
-    model_family: str = ""
-    linked: bool = False  # a FamilyLink already joins a cause of each incident
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-# ------------------------------------------------------------------ signatures (pure)
-
-
-def _switch(value: Any) -> str:
-    """The switch as on/off/"" (unknown) from a bool or a word; other words (a spec type) are on."""
-    if value is None or value == "":
-        return ""
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    # Free text is read by its first word: "on: the template enables thinking" is on,
-    # "draft-MTP speculative decoding" is on, "not recorded" is unknown.
-    first = re.match(r"\s*([a-z0-9]*)", str(value).lower())
-    word = first.group(1) if first else ""
-    if word in _UNKNOWN:
-        return ""
-    if word in _OFF:
-        return "off"
-    return "on"
-
-
-def _args(stack: Mapping[str, Any]) -> list[str] | None:
-    """Server arguments from `flags` or `args` (a list or one shell string); None if absent."""
-    found: list[str] | None = None
-    for key in ("flags", "args"):
-        value = stack.get(key)
-        if value is None:
-            continue
-        found = found or []
-        if isinstance(value, str):
-            try:
-                found.extend(shlex.split(value))
-            except ValueError:
-                found.extend(value.split())
-        else:
-            found.extend(str(item) for item in value)
-    return found
-
-
-def _flag_value(args: Sequence[str], *names: str) -> str | None:
-    """The value of the last `--name VALUE` or `--name=VALUE` among `args`."""
-    value: str | None = None
-    for index, arg in enumerate(args):
-        for name in names:
-            if arg == name:
-                value = args[index + 1] if index + 1 < len(args) else ""
-            elif arg.startswith(name + "="):
-                value = arg.split("=", 1)[1]
-    return value
-
-
-def model_family(*names: str) -> str:
-    """The model family in the first name that has one (file names and model ids)."""
-    for name in names:
-        base = os.path.basename(str(name or "").rstrip("/")).lower()
-        if not base:
-            continue
-        # The family named first wins ("deepseek-r1-distill-qwen" is deepseek).
-        found = [
-            (match.start(), family)
-            for family, pattern in _FAMILY_PATTERNS
-            if family != "llama" and (match := pattern.search(base))
-        ]
-        if found:
-            return min(found)[1]
-        if "llama" in base:
-            return "llama"
-    return ""
-
-
-def server_build(value: Any) -> str:
-    """A build number ("b9586", "9586 (abc)", "llama.cpp b11434") as digits, else the text."""
-    text = str(value or "").strip().lower()
-    if not text:
-        return ""
-    number = re.search(r"(?<![0-9a-f])b?(\d{3,})", text)
-    return number.group(1) if number else text[:50]
-
-
-def stack_fingerprint(stack: Mapping[str, Any]) -> dict[str, str]:
-    """Model family, build, spec on/off and thinking default from a stack dict.
-
-    Keys read: `model_family` or the file names in model/weights/model_path/model_name;
-    server_build/build/build_info/system_fingerprint (or `b<digits>` in the binary path);
-    speculative/spec (bool or word) else the server flags (`flags` or `args`:
-    --spec-type other than none, -md, --model-draft); thinking_default/thinking/
-    enable_thinking (bool or word) else the flags (--reasoning on|off, --reasoning-budget 0,
-    --chat-template-kwargs with enable_thinking). Unknown fields are "".
-    """
-    family = str(stack.get("model_family") or "").strip().lower()
-    if not family:
-        family = model_family(*(str(stack.get(key) or "") for key in _MODEL_KEYS))
-
-    build = ""
-    for key in _BUILD_KEYS:
-        build = server_build(stack.get(key))
-        if build:
-            break
-    if not build and stack.get("binary"):
-        match = re.search(r"(?:^|[^a-z0-9])b(\d{3,})", str(stack["binary"]).lower())
-        build = match.group(1) if match else ""
-
-    args = _args(stack)
-    spec = next((_switch(stack.get(key)) for key in _SPEC_KEYS if key in stack), "")
-    if not spec and args:  # no flags recorded is unknown, not "off"
-        spec_type = _flag_value(args, "--spec-type")
-        # A draft model turns it on; so does a --spec-type other than none.
-        on = any(arg.split("=", 1)[0] in flags.DRAFT_MODEL_FLAGS for arg in args)
-        if spec_type is not None and spec_type.strip().lower() not in _OFF:
-            on = True
-        spec = "on" if on else "off"
-
-    thinking = next((_switch(stack.get(key)) for key in _THINKING_KEYS if key in stack), "")
-    if not thinking and args:
-        reasoning = _flag_value(args, "--reasoning")
-        budget = _flag_value(args, "--reasoning-budget")
-        kwargs = _flag_value(args, "--chat-template-kwargs") or ""
-        kwargs_thinking = re.search(r'"enable_thinking"\s*:\s*(true|false)', kwargs)
-        if kwargs_thinking:
-            thinking = "on" if kwargs_thinking.group(1) == "true" else "off"
-        elif reasoning is not None and reasoning.strip().lower() in _OFF | _ON:
-            thinking = _switch(reasoning)
-        elif budget is not None and budget.strip() == "0":
-            thinking = "off"
-    return {"model_family": family, "server_build": build, "spec": spec, "thinking": thinking}
-
-
-def signature(
-    finding_kinds: Iterable[str], confirmed_causes: Iterable[str], stack: Mapping[str, Any]
-) -> Signature:
-    """The signature of an exchange or incident (see `stack_fingerprint` for `stack`)."""
-    return Signature(
-        kinds=frozenset(k.strip() for k in finding_kinds if k and k.strip()),
-        causes=frozenset(c.strip() for c in confirmed_causes if c and c.strip()),
-        **stack_fingerprint(stack),
-    )
-
-
 def incident_stack(incident: Incident) -> dict[str, Any]:
     """The stack dict of a stored incident: its stack columns plus its free-form extras."""
     return {
@@ -366,43 +118,6 @@ def incident_stack(incident: Incident) -> dict[str, Any]:
         "flags": list(incident.flags or []),
         **(incident.stack or {}),
     }
-
-
-def _elements(sig: Signature, *, as_query: bool = False) -> dict[str, int]:
-    causes = sig.compared_causes() if as_query else sig.causes
-    elements = {f"kind:{kind}": WEIGHTS["kind"] for kind in sig.kinds}
-    elements.update({f"cause:{cause}": WEIGHTS["cause"] for cause in causes})
-    for name, value in sig.fingerprint().items():
-        if value:
-            elements[f"{name}={value}"] = WEIGHTS[name]
-    return elements
-
-
-def _compared(query: Signature) -> set[str]:
-    dims = {name for name, value in query.fingerprint().items() if value}
-    if query.kinds:
-        dims.add("kinds")
-    if query.compared_causes():
-        dims.add("causes")
-    return dims
-
-
-def _dimension(element: str) -> str:
-    if element.startswith("kind:"):
-        return "kinds"
-    if element.startswith("cause:"):
-        return "causes"
-    return element.split("=", 1)[0]
-
-
-def similarity(query: Signature, past: Signature) -> float:
-    """Weighted Jaccard of two signatures over the dimensions the query knows (see module)."""
-    dims = _compared(query)
-    mine = _elements(query, as_query=True)
-    theirs = {e: w for e, w in _elements(past).items() if _dimension(e) in dims}
-    shared = sum(weight for element, weight in mine.items() if element in theirs)
-    union = sum(mine.values()) + sum(theirs.values()) - shared
-    return shared / union if union > 0 else 0.0
 
 
 # ------------------------------------------------------------------ stored signatures
@@ -601,7 +316,7 @@ def _ranked_statement(
         inner = inner.where(t.incident_id != exclude_id)
     rows = inner.offset(0).subquery("candidate")
     mine: ColumnElement[Any] = literal_column(
-        str(int(sum(_elements(query, as_query=True).values())))
+        str(int(sum(elements(query, as_query=True).values())))
     )
     score = (cast(rows.c.shared, Float) / cast(mine + rows.c.theirs - rows.c.shared, Float)).label(
         "score"
@@ -658,7 +373,7 @@ def similar_incidents(
     are already linked to it as the same family.
     """
     limit = max(1, int(limit))
-    if not _elements(query, as_query=True):
+    if not elements(query, as_query=True):
         return []
     exclude_id: int | None = None
     if exclude_slug is not None:

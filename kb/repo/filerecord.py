@@ -13,6 +13,8 @@ from typing import Any
 
 from sqlmodel import Session, select
 
+from kb.domain.errors import StoreError
+from kb.jsontypes import JsonObject
 from kb.models import (
     Cause,
     CauseStatusChange,
@@ -24,7 +26,7 @@ from kb.models import (
     Reference,
     Symptom,
 )
-from kb.repo.store import StoreError, get_incident
+from kb.repo.store import get_incident
 
 _DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
@@ -52,7 +54,7 @@ def format_timestamp(value: datetime) -> str:
 # --------------------------------------------------------------------------- records
 
 
-def _drop_empty(pairs: Iterable[tuple[str, Any]], *required: str) -> dict[str, Any]:
+def _drop_empty(pairs: Iterable[tuple[str, Any]], *required: str) -> JsonObject:
     """The canonical rule: optional keys with an empty value are not written.
 
     Keys the schema requires are always written, even when empty, so that a bad stored
@@ -63,7 +65,7 @@ def _drop_empty(pairs: Iterable[tuple[str, Any]], *required: str) -> dict[str, A
     }
 
 
-def _timeline_entry(entry: dict[str, Any]) -> dict[str, Any]:
+def _timeline_entry(entry: JsonObject) -> JsonObject:
     return _drop_empty(
         [
             ("at", entry["at"]),
@@ -75,7 +77,7 @@ def _timeline_entry(entry: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def _trigger(trigger: dict[str, Any]) -> dict[str, Any]:
+def _trigger(trigger: JsonObject) -> JsonObject:
     return {"kind": trigger["kind"], **{k: v for k, v in trigger.items() if k != "kind"}}
 
 
@@ -83,7 +85,7 @@ def _rows(session: Session, model: Any, *where: Any) -> list[Any]:
     return list(session.exec(select(model).where(*where).order_by(model.id)).all())
 
 
-def _stack_record(incident: Incident) -> dict[str, Any]:
+def _stack_record(incident: Incident) -> JsonObject:
     """The `stack` map: the indexed build columns, then the free-form extras in stored order."""
     stack = _drop_empty(
         [
@@ -97,9 +99,7 @@ def _stack_record(incident: Incident) -> dict[str, Any]:
     return stack
 
 
-def _evidence_link_record(
-    link: EvidenceLink, evidence_keys: dict[int | None, str]
-) -> dict[str, Any]:
+def _evidence_link_record(link: EvidenceLink, evidence_keys: dict[int | None, str]) -> JsonObject:
     return _drop_empty(
         [
             ("id", evidence_keys[link.evidence_id]),
@@ -111,7 +111,7 @@ def _evidence_link_record(
     )
 
 
-def _status_change_record(change: CauseStatusChange) -> dict[str, Any]:
+def _status_change_record(change: CauseStatusChange) -> JsonObject:
     return _drop_empty(
         [
             ("from", change.from_status),
@@ -130,7 +130,7 @@ def _status_change_record(change: CauseStatusChange) -> dict[str, Any]:
 
 def _cause_record(
     session: Session, cause: Cause, evidence_keys: dict[int | None, str]
-) -> dict[str, Any]:
+) -> JsonObject:
     """One cause with its evidence links and status history."""
     links = [
         _evidence_link_record(link, evidence_keys)
@@ -160,7 +160,7 @@ def _cause_record(
     )
 
 
-def _decision_record(decision: Decision) -> dict[str, Any]:
+def _decision_record(decision: Decision) -> JsonObject:
     return _drop_empty(
         [
             ("kind", decision.kind),
@@ -181,7 +181,7 @@ def _decision_record(decision: Decision) -> dict[str, Any]:
     )
 
 
-def _family_records(session: Session, cause_rows: dict[int | None, Cause]) -> list[dict[str, Any]]:
+def _family_records(session: Session, cause_rows: dict[int | None, Cause]) -> list[JsonObject]:
     """The family links leaving this incident's causes, naming the other incident by slug."""
     family = []
     family_links = _rows(
@@ -210,7 +210,7 @@ def _family_records(session: Session, cause_rows: dict[int | None, Cause]) -> li
     return family
 
 
-def _symptom_record(row: Symptom) -> dict[str, Any]:
+def _symptom_record(row: Symptom) -> JsonObject:
     return _drop_empty(
         [
             ("id", row.key),
@@ -224,7 +224,7 @@ def _symptom_record(row: Symptom) -> dict[str, Any]:
     )
 
 
-def _evidence_record(row: Evidence) -> dict[str, Any]:
+def _evidence_record(row: Evidence) -> JsonObject:
     return _drop_empty(
         [
             ("id", row.key),
@@ -241,11 +241,11 @@ def _evidence_record(row: Evidence) -> dict[str, Any]:
     )
 
 
-def _reference_record(row: Reference) -> dict[str, Any]:
+def _reference_record(row: Reference) -> JsonObject:
     return _drop_empty([("url", row.url), ("title", row.title), ("note", row.note)])
 
 
-def load_record(session: Session, slug: str) -> dict[str, Any]:
+def load_record(session: Session, slug: str) -> JsonObject:
     """The full record of one incident as a plain dict: the canonical front matter + `body`."""
     incident = get_incident(session, slug)
     if incident is None:
@@ -291,7 +291,7 @@ def list_records(
     cause: str | None = None,
     cause_status: str | None = None,
     model: str | None = None,
-) -> list[dict[str, Any]]:
+) -> list[JsonObject]:
     """Incident summaries, oldest first; filters: incident status, a cause (catalogue id or
     key) optionally with its status, a substring of the model."""
     query = select(Incident).order_by(Incident.opened_on, Incident.slug)  # type: ignore[arg-type]

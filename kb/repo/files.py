@@ -1,8 +1,8 @@
 """Incident files (`incidents/<slug>.md`) <-> the knowledge base.
 
 A file is YAML front matter between two `---` lines (the structured record, validated by
-`kb/schemas/incident.schema.json` and the referential checks below) followed by the
-Markdown narrative. Import validates every file before writing anything, then writes in
+`kb/schemas/incident.schema.json` and the referential checks: kb.repo.fileparse) followed
+by the Markdown narrative. Import validates every file before writing anything, then writes in
 atomic batches (`IMPORT_BATCH` incidents each; an import cut short resumes when run again,
 see `import_files`). Export writes the canonical form:
 
@@ -21,22 +21,18 @@ any valid file reaches the canonical form after one import/export.
 
 from __future__ import annotations
 
-import json
 import os
-import re
 from collections.abc import Callable, Collection, Iterable
-from datetime import date, datetime
-from functools import lru_cache
+from datetime import date
 from pathlib import Path
-from typing import Any
 
-import yaml
-from jsonschema import Draft202012Validator, FormatChecker
-from jsonschema.exceptions import best_match
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlmodel import Session, select
 
-from kb.filecheck import RecordError, _check_plain_data, _check_references
+from kb.domain.errors import StoreError
+from kb.domain.retroformat import replace_retro_section, retro_section
+from kb.filecheck import RecordError
+from kb.jsontypes import JsonObject
 from kb.models import (
     Cause,
     Decision,
@@ -46,14 +42,13 @@ from kb.models import (
     Reference,
     Symptom,
 )
+from kb.repo.engine import describe_db_error
 from kb.repo.fileio import (
-    MAX_FILE_BYTES,
-    InputTooLarge,
     dump_yaml,
     load_yaml,
-    read_bounded,
     write_atomic,
 )
+from kb.repo.fileparse import FRONT_MATTER_FENCE, INCIDENT_KEYS, parse_file, parse_text
 from kb.repo.filerecord import (
     _timeline_entry,
     _trigger,
@@ -64,28 +59,17 @@ from kb.repo.filerecord import (
 )
 from kb.repo.importbatch import IMPORT_BATCH, ImportResult, already_imported, import_batches
 from kb.repo.sidecar import (
-    SidecarError,
     decode_sidecar,
     encode_sidecar,
-    merge_evidence,
-    read_sidecar,
     sidecar_paths,
     split_evidence,
 )
-from kb.repo.store import (
-    Store,
-    StoreError,
-    add_evidence,
-    describe_db_error,
-    get_incident,
-    record_status_change,
-)
+from kb.repo.store import Store, add_evidence, get_incident, record_status_change
 
 __all__ = [
     "IMPORT_BATCH",
     "ExportError",
     "RecordError",
-    "SCHEMA_PATH",
     "dump_yaml",
     "export_all",
     "export_incident",
@@ -98,191 +82,15 @@ __all__ = [
     "list_records",
     "load_record",
     "load_yaml",
-    "parse_file",
-    "parse_text",
     "parse_timestamp",
     "render_record",
 ]
-
-SCHEMA_PATH = Path(__file__).parent.parent / "schemas" / "incident.schema.json"
-FRONT_MATTER_FENCE = "---"
-
-# Front matter key order; export writes exactly these keys in this order.
-INCIDENT_KEYS = (
-    "slug",
-    "title",
-    "status",
-    "opened",
-    "closed",
-    "summary",
-    "impact",
-    "stack",
-    "timeline",
-    "symptoms",
-    "evidence",
-    "causes",
-    "decisions",
-    "references",
-    "family",
-)
-STACK_KEYS = ("model", "weights", "server_build", "flags")
 
 
 # --------------------------------------------------------------------------- time
 
 
-_DATE_TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(Z|[+-]\d{2}:\d{2})$")
-
-
-def _is_date_time(instance: object) -> bool:
-    if not isinstance(instance, str):
-        return True
-    if not _DATE_TIME_RE.match(instance):
-        return False
-    datetime.fromisoformat(instance)  # ValueError for e.g. month 13
-    return True
-
-
-def _is_uri(instance: object) -> bool:
-    if not isinstance(instance, str):
-        return True
-    return bool(re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#]+[^\s]*$", instance))
-
-
-def _format_checker() -> FormatChecker:
-    checker = FormatChecker()
-    # jsonschema checks "date-time" and "uri" only when optional extra packages are
-    # installed; these two small checkers keep validation the same on every install.
-    checker.checks("date-time", raises=ValueError)(_is_date_time)
-    checker.checks("uri")(_is_uri)
-    return checker
-
-
 # --------------------------------------------------------------------------- parsing
-
-
-@lru_cache(maxsize=1)
-def schema_message(error: Any) -> str:
-    """A schema error's message without quoting a long value (jsonschema's own text of a
-    too-long title repeats all five megabytes of it)."""
-    if error.validator == "maxLength" and isinstance(error.instance, str):
-        return f"{len(error.instance):,} characters, at most {error.validator_value:,}"
-    if len(error.message) > 300:
-        return f"{error.message[:150]}...{error.message[-100:]}"
-    return str(error.message)
-
-
-def _validator() -> Draft202012Validator:
-    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
-    Draft202012Validator.check_schema(schema)
-    return Draft202012Validator(schema, format_checker=_format_checker())
-
-
-def split_front_matter(text: str, file: str) -> tuple[str, str]:
-    """(YAML text, Markdown body) of a file's text."""
-    if not text.startswith(FRONT_MATTER_FENCE + "\n"):
-        raise RecordError(file, "$", "the file must start with a '---' line (YAML front matter)")
-    rest = text[len(FRONT_MATTER_FENCE) + 1 :]
-    match = re.search(r"^---[ \t]*(?:\n|\Z)", rest, flags=re.MULTILINE)
-    if match is None:
-        raise RecordError(file, "$", "the front matter has no closing '---' line")
-    return rest[: match.start()], rest[match.end() :]
-
-
-def parse_text(
-    text: str,
-    file: str = "<text>",
-    sidecar: tuple[str, list[dict[str, Any]]] | None = None,
-    causes: Collection[str] | None = None,
-) -> dict[str, Any]:
-    """Parse and validate one incident file's text: the front matter dict plus `body`.
-
-    `causes`: the catalogue's cause ids (kb.filecheck), passed in by the caller.
-
-    `sidecar` is (file name, evidence entries) of its evidence sidecar (kb/sidecar.py):
-    the entries join the front matter's evidence and are checked with it; an error in one
-    names the sidecar and its line.
-    """
-    # Universal newlines (a lone CR too), so what export writes reads back the same.
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
-    front, body = split_front_matter(text, file)
-    try:
-        data = load_yaml(front)
-    except RecursionError:  # a backstop: the loader limits nesting well below this
-        raise RecordError(file, "$", "invalid YAML front matter: nested too deeply") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 2}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise RecordError(file, "$", f"invalid YAML front matter{where}: {problem}") from None
-    if not isinstance(data, dict):
-        raise RecordError(file, "$", "the front matter must be a YAML mapping")
-    front_ids = {id(item) for item in data.get("evidence") or [] if isinstance(item, dict)}
-    if sidecar is not None and sidecar[1] and isinstance(data.get("evidence") or [], list):
-        data["evidence"] = merge_evidence(list(data.get("evidence") or []), sidecar[1])
-    try:
-        _validate(data, file, causes)
-    except RecordError as exc:
-        raise _in_sidecar(exc, data, front_ids, sidecar) from None
-    stem = Path(file).name.removesuffix(".md") if file.endswith(".md") else None
-    if stem is not None and stem != data["slug"]:
-        raise RecordError(
-            file, "$.slug", f"slug {data['slug']!r} does not match the file name {stem!r}.md"
-        )
-    from kb.domain.retro import strip_retro_section
-
-    record = dict(data)
-    # The generated retrospective is derived from the record: not part of it, rewritten on
-    # every export (render_record).
-    record["body"] = strip_retro_section(body)
-    return record
-
-
-def _validate(data: dict[str, Any], file: str, causes: Collection[str] | None = None) -> None:
-    _check_plain_data(data, file, [])
-    error = best_match(_validator().iter_errors(data))
-    if error is not None:
-        raise RecordError(file, error.json_path, schema_message(error))
-    _check_references(data, file, causes)
-
-
-def _in_sidecar(
-    error: RecordError,
-    data: dict[str, Any],
-    front_ids: set[int],
-    sidecar: tuple[str, list[dict[str, Any]]] | None,
-) -> RecordError:
-    """An error about a sidecar entry, named by the sidecar file and line."""
-    match = re.match(r"^\$\.evidence\[(\d+)\](.*)$", error.json_path)
-    if sidecar is None or match is None:
-        return error
-    item = data["evidence"][int(match.group(1))]
-    if id(item) in front_ids:
-        return error
-    line = next(n for n, entry in enumerate(sidecar[1], start=1) if entry is item)
-    return RecordError(sidecar[0], f"line {line}: ${match.group(2)}", error.message)
-
-
-def parse_file(
-    path: str | os.PathLike[str], causes: Collection[str] | None = None
-) -> dict[str, Any]:
-    """Parse and validate one incident file and its evidence sidecar (see `parse_text`)."""
-    name = str(path)
-    try:
-        raw = read_bounded(path, MAX_FILE_BYTES)
-    except InputTooLarge as exc:
-        raise RecordError(name, "$", f"cannot read the file: {exc}") from None
-    except OSError as exc:
-        raise RecordError(name, "$", f"cannot read the file: {exc.strerror}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RecordError(name, "$", f"not UTF-8 text (byte {exc.start})") from None
-    try:
-        side_path, items = read_sidecar(Path(path))
-    except SidecarError as exc:
-        raise RecordError(exc.file, exc.where, exc.message) from None
-    return parse_text(text, name, (str(side_path), items) if side_path else None, causes)
 
 
 # --------------------------------------------------------------------------- import
@@ -350,7 +158,7 @@ def import_files(
         raise ValueError("batch must be at least 1")
     files = incident_paths(paths)
     records = [(str(path), parse_file(path, causes)) for path in files]
-    by_slug: dict[str, tuple[str, dict[str, Any]]] = {}
+    by_slug: dict[str, tuple[str, JsonObject]] = {}
     for file, record in records:
         if record["slug"] in by_slug:
             other = by_slug[record["slug"]][0]
@@ -407,7 +215,7 @@ def _kept(result: ImportResult) -> str:
 
 def _write_batch(
     session: Session,
-    group: list[tuple[str, dict[str, Any]]],
+    group: list[tuple[str, JsonObject]],
     cause_ids: dict[tuple[str, str], int],
 ) -> None:
     """One batch in the caller's transaction: the incidents, then their family links."""
@@ -419,8 +227,8 @@ def _write_batch(
 
 def _check_against_database(
     session: Session,
-    records: list[tuple[str, dict[str, Any]]],
-    by_slug: dict[str, tuple[str, dict[str, Any]]],
+    records: list[tuple[str, JsonObject]],
+    by_slug: dict[str, tuple[str, JsonObject]],
 ) -> set[str]:
     """Check the records against what is stored; the slugs already imported from the same
     files (to skip)."""
@@ -461,7 +269,7 @@ def _check_against_database(
     return stored
 
 
-def _insert_incident(session: Session, record: dict[str, Any], file: str) -> int:
+def _insert_incident(session: Session, record: JsonObject, file: str) -> int:
     """The incident row itself (stack columns split from the free-form extras); its id."""
     stack = dict(record.get("stack", {}))
     incident = Incident(
@@ -487,7 +295,7 @@ def _insert_incident(session: Session, record: dict[str, Any], file: str) -> int
     return incident.id
 
 
-def _insert_evidence(session: Session, incident_id: int, record: dict[str, Any]) -> dict[str, int]:
+def _insert_evidence(session: Session, incident_id: int, record: JsonObject) -> dict[str, int]:
     """The incident's evidence; the stored id of each evidence key."""
     evidence_ids: dict[str, int] = {}
     for item in record.get("evidence", []):
@@ -506,7 +314,7 @@ def _insert_evidence(session: Session, incident_id: int, record: dict[str, Any])
     return evidence_ids
 
 
-def _insert_symptoms(session: Session, incident_id: int, record: dict[str, Any]) -> None:
+def _insert_symptoms(session: Session, incident_id: int, record: JsonObject) -> None:
     for symptom in record.get("symptoms", []):
         session.add(
             Symptom(
@@ -523,7 +331,7 @@ def _insert_symptoms(session: Session, incident_id: int, record: dict[str, Any])
 def _insert_cause(
     session: Session,
     incident_id: int,
-    item: dict[str, Any],
+    item: JsonObject,
     evidence_ids: dict[str, int],
     file: str,
 ) -> int:
@@ -532,7 +340,7 @@ def _insert_cause(
     cause = Cause(
         incident_id=incident_id,
         key=item["id"],
-        catalogue_id=item.get("catalogue", item["id"]),
+        catalogue_id=item["catalogue"] if "catalogue" in item else item["id"],
         title=item["title"],
         status=history[0]["to"] if history else item["status"],
         basis=item["basis"],
@@ -572,7 +380,7 @@ def _insert_cause(
     return cause.id
 
 
-def _insert_decisions(session: Session, incident_id: int, record: dict[str, Any]) -> None:
+def _insert_decisions(session: Session, incident_id: int, record: JsonObject) -> None:
     for decision in record.get("decisions", []):
         session.add(
             Decision(
@@ -595,7 +403,7 @@ def _insert_decisions(session: Session, incident_id: int, record: dict[str, Any]
         )
 
 
-def _insert_references(session: Session, incident_id: int, record: dict[str, Any]) -> None:
+def _insert_references(session: Session, incident_id: int, record: JsonObject) -> None:
     for reference in record.get("references", []):
         session.add(
             Reference(
@@ -607,9 +415,7 @@ def _insert_references(session: Session, incident_id: int, record: dict[str, Any
         )
 
 
-def _insert_record(
-    session: Session, record: dict[str, Any], file: str
-) -> dict[tuple[str, str], int]:
+def _insert_record(session: Session, record: JsonObject, file: str) -> dict[tuple[str, str], int]:
     """One validated record (all but its family links); the stored id of each (slug, cause)."""
     incident_id = _insert_incident(session, record, file)
     evidence_ids = _insert_evidence(session, incident_id, record)
@@ -625,7 +431,7 @@ def _insert_record(
 
 
 def _insert_family(
-    session: Session, record: dict[str, Any], cause_ids: dict[tuple[str, str], int]
+    session: Session, record: JsonObject, cause_ids: dict[tuple[str, str], int]
 ) -> None:
     for link in record.get("family", []):
         target = (link["incident"], link["other_cause"])
@@ -652,7 +458,7 @@ def _insert_family(
 # --------------------------------------------------------------------------- export
 
 
-def render_record(record: dict[str, Any], *, front: dict[str, Any] | None = None) -> str:
+def render_record(record: JsonObject, *, front: JsonObject | None = None) -> str:
     """The canonical file text of a record (as returned by `load_record`).
 
     `front`: the record to write as front matter when it differs from the one the
@@ -660,15 +466,13 @@ def render_record(record: dict[str, Any], *, front: dict[str, Any] | None = None
     """
     # The retrospective is generated from the record on every export and replaces the one
     # the body held (between its markers), so re-import and re-export stay byte-stable.
-    from kb.domain.retro import replace_retro_section, retro_section
-
     shown = front if front is not None else record
     matter = {key: shown[key] for key in INCIDENT_KEYS if key in shown}
     body = replace_retro_section(str(record.get("body", "")), retro_section(record))
     return f"{FRONT_MATTER_FENCE}\n{dump_yaml(matter)}{FRONT_MATTER_FENCE}\n{body}"
 
 
-def _checked_files(record: dict[str, Any], path: Path) -> tuple[str, tuple[str, bytes] | None]:
+def _checked_files(record: JsonObject, path: Path) -> tuple[str, tuple[str, bytes] | None]:
     """The file text and evidence sidecar (suffix, bytes) of a record, validated like a
     file being imported.
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlmodel import Session
 
+from kb.jsontypes import JsonObject
 from kb.models import Incident
 from kb.repo.filerecord import load_record
 
@@ -28,8 +29,8 @@ class ImportResult:
 
 
 def import_batches(
-    records: list[tuple[str, dict[str, Any]]], size: int
-) -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    records: list[tuple[str, JsonObject]], size: int
+) -> Iterator[list[tuple[str, JsonObject]]]:
     """Batches of about `size` records, in file order; the records linked by `family` within
     this list (directly or through others) always share a batch."""
     index = {record["slug"]: n for n, (_file, record) in enumerate(records)}
@@ -59,7 +60,7 @@ def import_batches(
         yield [records[n] for n in sorted(current)]
 
 
-def _fingerprint(record: dict[str, Any]) -> tuple[Any, ...]:
+def _fingerprint(record: JsonObject) -> tuple[Any, ...]:
     """What must match for a stored incident to be this file's record imported before: the
     text fields, and the ids, kinds and statuses of what it holds."""
     return (

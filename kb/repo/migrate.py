@@ -10,6 +10,7 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
@@ -98,7 +99,5 @@ def downgrade(engine: Engine, revision: str = "base") -> None:
 
 def current_revision(engine: Engine) -> str | None:
     """The revision the database is at (None: no schema yet); a read, no write lock."""
-    from alembic.runtime.migration import MigrationContext
-
     with engine.execution_options(triage_begin="DEFERRED").connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()

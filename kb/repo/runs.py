@@ -15,8 +15,10 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
+from kb.domain.errors import StoreError
 from kb.domain.records import Reply
 from kb.domain.slugs import unique_incident_slug
+from kb.jsontypes import JsonObject
 from kb.models import (
     Cause,
     Evidence,
@@ -28,7 +30,6 @@ from kb.models import (
 )
 from kb.repo.store import (
     CONTENT_HASH,
-    StoreError,
     add_evidence,
     add_evidence_many,
     exchange_content_hash,
@@ -113,7 +114,7 @@ class RunOwner:
     def current(cls) -> RunOwner:
         return cls(os.getpid(), socket.gethostname(), _process_started(os.getpid()))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"pid": self.pid, "host": self.host, "started": self.started}
 
     @classmethod
@@ -169,7 +170,7 @@ class NewIncident:
     kinds: list[str]
     weights: str = ""
     flags: list[str] = field(default_factory=list)
-    stack: dict[str, Any] = field(default_factory=dict)
+    stack: JsonObject = field(default_factory=dict)
 
 
 @dataclass
@@ -235,7 +236,7 @@ def ensure_causes(
 
 
 def record_exchange(
-    session: Session, incident_id: int, exchange: dict[str, Any], findings: list[dict[str, Any]]
+    session: Session, incident_id: int, exchange: JsonObject, findings: list[dict[str, Any]]
 ) -> str:
     """Store the failing exchange as evidence and its failed findings as symptoms; its key.
 
@@ -281,7 +282,7 @@ def record_exchange(
 
 
 def start_run(
-    session: Session, incident_id: int, plan: dict[str, Any], owner: RunOwner | None = None
+    session: Session, incident_id: int, plan: JsonObject, owner: RunOwner | None = None
 ) -> int:
     """Open the run row (state running), owned by `owner` (default: this process)."""
     owner = owner or RunOwner.current()
@@ -396,7 +397,7 @@ def set_run_state(
     state: str,
     *,
     finished: bool = False,
-    result: dict[str, Any] | None = None,
+    result: JsonObject | None = None,
 ) -> None:
     run = session.get(TriageRun, run_id)
     if run is None:
@@ -410,7 +411,7 @@ def set_run_state(
     session.add(run)
 
 
-def finish_run(session: Session, run_id: int, state: str, result: dict[str, Any]) -> None:
+def finish_run(session: Session, run_id: int, state: str, result: JsonObject) -> None:
     set_run_state(session, run_id, state, finished=True, result=result)
 
 
@@ -534,7 +535,7 @@ class RunCandidate:
     slug: str
     state: str
     started: str
-    plan: dict[str, Any]
+    plan: JsonObject
     live: bool
     owner: str
 
@@ -574,7 +575,7 @@ def run_incident_slug(session: Session, run: TriageRun) -> str:
     return incident.slug
 
 
-def latest_diagnosis(session: Session, slug: str) -> dict[str, Any] | None:
+def latest_diagnosis(session: Session, slug: str) -> JsonObject | None:
     """The result of the incident's latest run that has one."""
     incident = get_incident(session, slug)
     if incident is None:

@@ -38,8 +38,9 @@ from typing import Any
 from sqlalchemy import bindparam, text
 from sqlmodel import Session, select
 
+from kb.domain.family import MODEL_FAMILIES
+from kb.jsontypes import JsonObject
 from kb.models import INCIDENT_STATUSES, Incident
-from kb.repo.family import MODEL_FAMILIES
 
 __all__ = [
     "FIELDS",
@@ -108,7 +109,7 @@ class SearchHit:
     snippet: str
     partial: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
 

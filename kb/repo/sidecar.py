@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from kb.repo.fileio import InputTooLarge, read_bounded
 
 __all__ = [
@@ -58,29 +59,29 @@ def sidecar_paths(md_path: Path) -> tuple[Path, Path]:
 
 
 def split_evidence(
-    evidence: list[dict[str, Any]],
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    evidence: list[JsonObject],
+) -> tuple[list[JsonObject], list[JsonObject]]:
     """(front-matter evidence, sidecar evidence), each in record order."""
     front = [item for item in evidence if item.get("kind") not in SIDECAR_KINDS]
     side = [item for item in evidence if item.get("kind") in SIDECAR_KINDS]
     return front, side
 
 
-def _key_order(item: dict[str, Any]) -> tuple[str, int, str]:
+def _key_order(item: JsonObject) -> tuple[str, int, str]:
     match = re.match(r"^([A-Za-z]*)(\d+)(.*)$", str(item.get("id", "")))
     if match:
         return (match.group(1), int(match.group(2)), match.group(3))
     return (str(item.get("id", "")), -1, "")
 
 
-def merge_evidence(front: list[dict[str, Any]], side: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def merge_evidence(front: list[JsonObject], side: list[JsonObject]) -> list[JsonObject]:
     """The record's evidence from its two halves: each half keeps its order, interleaved by
     evidence number -- the order the store numbered them in, so a re-import stores the
     rows in the original order and the next export is byte-identical."""
     return list(heapq.merge(front, side, key=_key_order))
 
 
-def encode_sidecar(items: list[dict[str, Any]]) -> tuple[str, bytes]:
+def encode_sidecar(items: list[JsonObject]) -> tuple[str, bytes]:
     """(suffix, bytes) of a sidecar holding `items`: plain JSONL, or gzip when large."""
     text = "".join(
         json.dumps(item, ensure_ascii=False, separators=(",", ":"), allow_nan=False) + "\n"
@@ -108,7 +109,7 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
-def decode_sidecar(raw: bytes, file: Path | str, gzipped: bool) -> list[dict[str, Any]]:
+def decode_sidecar(raw: bytes, file: Path | str, gzipped: bool) -> list[JsonObject]:
     """The evidence entries of a sidecar's bytes; errors name the file and the line."""
     if gzipped:
         try:
@@ -118,7 +119,7 @@ def decode_sidecar(raw: bytes, file: Path | str, gzipped: bool) -> list[dict[str
             raise SidecarError(file, "$", f"not a gzip file: {exc}") from None
         if len(raw) > MAX_SIDECAR_BYTES:
             raise SidecarError(file, "$", f"decompresses to more than {MAX_SIDECAR_BYTES} bytes")
-    items: list[dict[str, Any]] = []
+    items: list[JsonObject] = []
     for number, line in enumerate(raw.split(b"\n"), start=1):
         if not line.strip():
             continue
@@ -140,7 +141,7 @@ def decode_sidecar(raw: bytes, file: Path | str, gzipped: bool) -> list[dict[str
     return items
 
 
-def read_sidecar(md_path: Path) -> tuple[Path | None, list[dict[str, Any]]]:
+def read_sidecar(md_path: Path) -> tuple[Path | None, list[JsonObject]]:
     """(sidecar path, its evidence entries) of an incident file; (None, []) without one."""
     existing = [path for path in sidecar_paths(md_path) if path.exists()]
     if not existing:

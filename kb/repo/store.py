@@ -9,23 +9,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from sqlalchemy import event, func
 from sqlalchemy import inspect as sa_inspect
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import ArgumentError
-from sqlalchemy.pool import StaticPool
-from sqlmodel import Session, col, create_engine, select
+from sqlmodel import Session, col, select
 
+from kb.domain.errors import StoreError
+from kb.domain.slugs import unique_incident_slug
 from kb.domain.textguard import TextLimit, check_text, redact_secret_phrases
+from kb.jsontypes import JsonObject
 from kb.models import (
     CAUSE_STATUSES,
     EVIDENCE_KINDS,
@@ -40,13 +37,16 @@ from kb.models import (
     Symptom,
     utcnow,
 )
-
-SQLITE_BUSY_TIMEOUT_MS = 30_000
-
-
-class StoreError(Exception):
-    """A write that the knowledge base refuses; the message names what is wrong."""
-
+from kb.repo import migrate
+from kb.repo.engine import (
+    check_url,
+    database_url,
+    make_engine,
+    read_only_requested,
+    redact_url,
+    sqlite_file,
+    sqlite_is_read_only,
+)
 
 # Free-text fields: their bound in characters; every one is also scrubbed of secret
 # phrases ("password is X") before it is written (kb.domain.textguard). Checked on every flush, so
@@ -106,181 +106,6 @@ def _guard_flush(session: Session, _context: Any, _instances: Any) -> None:
             guard_text(row, new=False)
 
 
-def data_dir() -> Path:
-    """Where the default SQLite file and run logs live (`TRIAGE_HOME` overrides)."""
-    env = os.environ.get("TRIAGE_HOME")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_DATA_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".local" / "share"
-    return base / "triage"
-
-
-def database_url(url: str | None = None) -> str:
-    """The URL to use: explicit, else `TRIAGE_DATABASE_URL`, else the default SQLite file."""
-    if url:
-        return url
-    env = os.environ.get("TRIAGE_DATABASE_URL")
-    if env:
-        return env
-    return f"sqlite:///{data_dir() / 'triage.db'}"
-
-
-def redact_url(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
-
-
-class DatabaseURLError(StoreError, ArgumentError):
-    """A database URL the store does not support (also a SQLAlchemyError, so callers that
-    catch only those still print one line instead of a traceback)."""
-
-
-# Dialects (and drivers) the store is built and tested for. A URL naming another one is
-# refused by name instead of failing deep inside SQLAlchemy (ModuleNotFoundError: MySQLdb).
-SUPPORTED_SCHEMES = ("sqlite", "sqlite+pysqlite", "postgresql+psycopg")
-# Spellings of PostgreSQL without a driver (SQLAlchemy would pick psycopg2, not installed).
-_POSTGRES_ALIASES = ("postgresql", "postgres", "postgresql+psycopg3")
-
-
-def check_url(url: str) -> str:
-    """The URL to connect to: supported schemes only; `postgresql://` means psycopg (v3)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        raise DatabaseURLError(
-            f"not a database URL: {redact_url(url)!r} (expected sqlite:///PATH or "
-            "postgresql+psycopg://USER@HOST/DB)"
-        )
-    scheme_lower = scheme.lower()
-    if scheme_lower in _POSTGRES_ALIASES:
-        return f"postgresql+psycopg://{rest}"
-    if scheme_lower not in SUPPORTED_SCHEMES:
-        raise DatabaseURLError(
-            f"unsupported database URL scheme {scheme!r}: use sqlite or postgresql+psycopg"
-        )
-    return url
-
-
-def describe_db_error(exc: BaseException) -> str:
-    """One line for a database error: the driver's own message, never the SQL or parameters.
-
-    SQLAlchemy's text of an error carries the statement and its bound parameters (which
-    may hold exchange text); PostgreSQL's primary message and SQLite's message do not.
-    """
-    orig = getattr(exc, "orig", None)
-    source = orig if orig is not None else exc
-    diag = getattr(source, "diag", None)
-    message = getattr(diag, "message_primary", None) or ""
-    if not message:
-        lines = [
-            line.strip()
-            for line in str(source).splitlines()
-            if line.strip() and not line.lstrip().startswith(("[SQL", "[parameters", "(Background"))
-        ]
-        message = lines[0] if lines else ""
-        # SQLAlchemy's own wrapper text starts with "(driver.Error) ..." -- keep the message.
-        message = re.sub(r"^\([\w.]+\)\s*", "", message)
-    message = re.sub(r"(://[^:/@\s]+):[^@\s]*@", r"\1:***@", message)  # no passwords
-    name = type(source).__name__
-    return f"{name}: {message}" if message else name
-
-
-def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
-    # Run on every new DBAPI connection of the pool, not once.
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.close()
-    # Let SQLAlchemy emit BEGIN itself (see _sqlite_begin) instead of pysqlite's deferred one.
-    dbapi_connection.isolation_level = None
-
-
-def _sqlite_connect_readonly(dbapi_connection: Any, _record: Any) -> None:
-    # A read-only file: no journal mode change (a write), and nothing may write.
-    cursor = dbapi_connection.cursor()
-    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-    cursor.execute("PRAGMA query_only=ON")
-    cursor.close()
-    dbapi_connection.isolation_level = None
-
-
-def _sqlite_begin(conn: Any) -> None:
-    # Writers take the lock up front, so two writers queue on busy_timeout instead of one
-    # failing with "database is locked" when it upgrades a read lock. Read-only sessions
-    # use a deferred BEGIN and never wait for writers (WAL).
-    mode = conn.get_execution_options().get("triage_begin", "IMMEDIATE")
-    conn.exec_driver_sql(f"BEGIN {mode}")
-
-
-def _sqlite_begin_deferred(conn: Any) -> None:
-    conn.exec_driver_sql("BEGIN DEFERRED")  # a read-only store never takes the write lock
-
-
-def sqlite_file(url: str) -> Path | None:
-    """The file of a `sqlite:///PATH` URL (None: in memory, or not SQLite)."""
-    if not url.startswith("sqlite") or "///" not in url:
-        return None
-    path = url.split("///", 1)[1].split("?", 1)[0]
-    if not path or path == ":memory:" or path.startswith("file:"):
-        return None
-    return Path(path).expanduser()
-
-
-def read_only_requested() -> bool:
-    """`TRIAGE_READ_ONLY` (set by `triage --read-only`) asks every store to open read-only."""
-    return os.environ.get("TRIAGE_READ_ONLY", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def sqlite_is_read_only(path: Path) -> bool:
-    """An existing database file this process cannot write (its mode, an immutable or
-    read-only file system -- which stops root too -- or a directory it cannot create the
-    WAL files in)."""
-    if not path.is_file():
-        return False
-    return not os.access(path, os.W_OK) or not os.access(path.parent, os.W_OK | os.X_OK)
-
-
-def _sqlite_readonly_url(path: Path) -> str:
-    """`mode=ro`; `immutable=1` when the directory is not writable either (SQLite cannot
-    create the WAL index beside the file, and nobody can be writing the database)."""
-    resolved = path.resolve()
-    quoted = quote(str(resolved))
-    dir_writable = os.access(resolved.parent, os.W_OK | os.X_OK)
-    option = "mode=ro" if dir_writable or Path(f"{resolved}-shm").exists() else "immutable=1"
-    return f"sqlite:///file:{quoted}?{option}&uri=true"
-
-
-def make_engine(url: str, *, readonly: bool = False) -> Engine:
-    """An engine with the per-connection settings the store relies on; `readonly` opens a
-    SQLite file with `mode=ro` (PostgreSQL: read-only transactions)."""
-    if url.startswith("sqlite"):
-        in_memory = url in ("sqlite://", "sqlite:///:memory:")
-        path = sqlite_file(url)
-        kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False}}
-        if readonly and path is not None:
-            engine = create_engine(_sqlite_readonly_url(path), **kwargs)
-            event.listen(engine, "connect", _sqlite_connect_readonly)
-            event.listen(engine, "begin", _sqlite_begin_deferred)
-            return engine
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        if in_memory:
-            kwargs["poolclass"] = StaticPool
-        engine = create_engine(url, **kwargs)
-        event.listen(engine, "connect", _sqlite_connect)
-        event.listen(engine, "begin", _sqlite_begin)
-        return engine
-    if readonly:
-        return create_engine(
-            url,
-            pool_pre_ping=True,
-            connect_args={"options": "-c default_transaction_read_only=on"},
-        )
-    return create_engine(url, pool_pre_ping=True)
-
-
 class ReadOnlyError(StoreError):
     """A read-only knowledge base whose schema is behind, or absent: it cannot be migrated."""
 
@@ -315,9 +140,7 @@ class Store:
             self.upgrade()
 
     def _check_schema(self) -> None:
-        from kb.repo.migrate import current_revision, head_revision
-
-        current, head = current_revision(self.engine), head_revision()
+        current, head = migrate.current_revision(self.engine), migrate.head_revision()
         if current == head:
             return
         self.engine.dispose()
@@ -336,14 +159,10 @@ class Store:
 
     def upgrade(self, revision: str = "head") -> None:
         """Apply Alembic migrations up to `revision`."""
-        from kb.repo.migrate import upgrade
-
-        upgrade(self.engine, revision)
+        migrate.upgrade(self.engine, revision)
 
     def downgrade(self, revision: str = "base") -> None:
-        from kb.repo.migrate import downgrade
-
-        downgrade(self.engine, revision)
+        migrate.downgrade(self.engine, revision)
 
     @contextmanager
     def session(self, *, readonly: bool = False) -> Iterator[Session]:
@@ -369,8 +188,6 @@ def open_incident(
 ) -> Incident:
     """Open an incident by hand (status open): its slug from the date and the title, ASCII
     and unique (`kb.domain.slugs`). Refuses an empty or over-long title or model."""
-    from kb.domain.slugs import unique_incident_slug
-
     title = title.strip()
     if not title:
         raise StoreError("title: must not be empty")
@@ -557,7 +374,7 @@ def add_evidence(
     incident_id: int | None,
     kind: str,
     summary: str,
-    payload: dict[str, Any] | None = None,
+    payload: JsonObject | None = None,
     source: str = "",
     key: str | None = None,
     run_id: int | None = None,
@@ -592,7 +409,7 @@ def _check_evidence(kind: str, summary: str) -> None:
 def add_evidence_many(
     session: Session,
     incident_id: int | None,
-    items: list[dict[str, Any]],
+    items: list[JsonObject],
     *,
     run_id: int | None = None,
 ) -> list[Evidence]:
@@ -631,7 +448,7 @@ CONTENT_HASH = "content_sha256"
 _PROVENANCE = frozenset({"source_file", "source_format", "index", "location", "sha256"})
 
 
-def exchange_content_hash(exchange: dict[str, Any]) -> str:
+def exchange_content_hash(exchange: JsonObject) -> str:
     """SHA-256 of a (redacted) exchange dict without its provenance fields."""
     content = {k: v for k, v in exchange.items() if k not in _PROVENANCE}
     text = json.dumps(content, sort_keys=True, ensure_ascii=False, default=str)
@@ -732,7 +549,7 @@ def attach_evidence(
     return results
 
 
-def evidence_payloads(session: Session, slug: str, keys: list[str]) -> dict[str, dict[str, Any]]:
+def evidence_payloads(session: Session, slug: str, keys: list[str]) -> dict[str, JsonObject]:
     """Evidence key -> payload for these keys of one incident (unknown keys are left out);
     e.g. the arm measurements behind a printed diagnosis."""
     incident = get_incident(session, slug)

@@ -8,27 +8,35 @@ touches SQL, a session or an ORM row.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import os
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import date, datetime, timedelta
+from pathlib import Path
 from types import TracebackType
 
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session
 
+from kb.domain.decisions import ParkedIncident
+from kb.domain.errors import StoreError
+from kb.domain.triggers import KindLookup
+from kb.filecheck import RecordError
 from kb.jsontypes import JsonObject
 from kb.repo import decisions as kb_decisions
 from kb.repo import live as kb_live
-from kb.repo.filerecord import load_record
+from kb.repo.engine import database_url, describe_db_error, redact_url
+from kb.repo.filerecord import list_records, load_record
+from kb.repo.files import IMPORT_BATCH, export_incidents, import_files
+from kb.repo.importbatch import ImportResult
+from kb.repo.liveincidents import live_incidents
 from kb.repo.runlog import evidence_runs, incident_runs
 from kb.repo.store import (
     Store,
-    StoreError,
-    database_url,
-    describe_db_error,
+    count_orphan_evidence,
     get_incident,
+    open_incident,
     record_status_change,
-    redact_url,
 )
 from kb.service import incidents as queries
 from kb.service.errors import NotFoundError, OpenError, database_errors
@@ -45,7 +53,6 @@ from kb.service.records import (
     StatusChange,
     Upstream,
 )
-from kb.triggers import KindLookup
 
 PAGE_SIZE = 50
 
@@ -150,6 +157,50 @@ class KnowledgeBase:
             raise NotFoundError(f"no incident with slug {slug!r}")
         return record
 
+    def summaries(
+        self,
+        *,
+        status: str | None = None,
+        cause: str | None = None,
+        cause_status: str | None = None,
+    ) -> list[JsonObject]:
+        """Incident summaries, oldest first, as `triage incidents list --json` prints them."""
+        with self.transaction(readonly=True) as session:
+            return list_records(session, status=status, cause=cause, cause_status=cause_status)
+
+    def orphan_count(self) -> int:
+        """Captured exchanges attached to no incident."""
+        with self.transaction(readonly=True) as session:
+            return count_orphan_evidence(session)
+
+    def open_incident(self, title: str, *, model: str = "", summary: str = "") -> str:
+        """Open an incident by hand (status open); its new slug. The title is checked."""
+        with self.transaction() as session:
+            return open_incident(session, title, model=model, summary=summary).slug
+
+    def import_files(
+        self,
+        paths: Iterable[str | os.PathLike[str]],
+        *,
+        dry_run: bool = False,
+        batch: int = IMPORT_BATCH,
+        progress: Callable[[int, int], None] | None = None,
+        causes: Collection[str] | None = None,
+    ) -> ImportResult:
+        """Import incident files (all validated first; RecordError names the file/field);
+        `causes`: the cause ids the installed catalogue knows."""
+        with self.errors():
+            return import_files(
+                self.store, paths, dry_run=dry_run, batch=batch, progress=progress, causes=causes
+            )
+
+    def export_incidents(
+        self, out_dir: str | os.PathLike[str], slugs: Iterable[str] | None = None
+    ) -> tuple[list[Path], list[RecordError]]:
+        """Write incidents (all, or `slugs`) as files: (paths written, records refused)."""
+        with self.errors():
+            return export_incidents(self.store, out_dir, slugs)
+
     def incident_runs(self, slug: str) -> IncidentRuns:
         """The incident's engine runs (newest first) and which run recorded each evidence."""
         with self.transaction(readonly=True) as session:
@@ -164,14 +215,14 @@ class KnowledgeBase:
 
     def parked(
         self, on: date, trigger_kinds: KindLookup | None = None, *, due_only: bool = False
-    ) -> list[kb_decisions.ParkedIncident]:
+    ) -> list[ParkedIncident]:
         """Parked incidents as of `on`: revisit date, triggers, whether due and why."""
         with self.transaction(readonly=True) as session:
             return kb_decisions.parked(session, on, due_only=due_only, trigger_kinds=trigger_kinds)
 
     def parked_incident(
         self, slug: str, on: date, trigger_kinds: KindLookup | None = None
-    ) -> kb_decisions.ParkedIncident | None:
+    ) -> ParkedIncident | None:
         """One incident's parked-list entry as of `on` (None unless it is parked)."""
         with self.transaction(readonly=True) as session:
             incident = get_incident(session, slug)
@@ -197,15 +248,23 @@ class KnowledgeBase:
                 triggers=[t.strip() for t in decision.triggers if t.strip()],
                 evidence_keys=list(decision.evidence_keys),
                 force=decision.force,
+                at=decision.at,
                 trigger_kinds=trigger_kinds,
             )
             incident = get_incident(session, slug)
             return RecordedDecision(
                 slug=slug,
                 kind=row.kind,
+                at=row.decided_at,
+                by=row.decided_by,
+                rationale=row.rationale,
+                tradeoff=row.tradeoff,
+                fix=row.fix,
                 verified=row.verified,
-                incident_status=incident.status if incident is not None else "",
+                revisit_on=row.revisit_on,
+                triggers=tuple(row.revisit_triggers or ()),
                 evidence_keys=tuple(row.evidence_keys or ()),
+                incident_status=incident.status if incident is not None else "",
             )
 
     def change_cause_status(
@@ -260,5 +319,5 @@ class KnowledgeBase:
                 upstream=Upstream(**upstream) if upstream is not None else None,
                 points=kb_live.series(session, since, until, bucket),
                 cells=kb_live.cell_counts(session, since, until),
-                opened=kb_live.live_incidents(session),
+                opened=live_incidents(session),
             )

@@ -11,7 +11,8 @@ from contextlib import contextmanager
 
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from kb.repo.store import StoreError, describe_db_error, redact_url
+from kb.domain.errors import StoreError
+from kb.repo.engine import describe_db_error, redact_url
 
 __all__ = [
     "ConflictError",

@@ -20,6 +20,14 @@ from kb.jsontypes import JsonObject
 from kb.models import Incident, LiveSignature
 from kb.repo import live as kb_live
 from kb.repo.live import ShapeCounts
+from kb.repo.liveincidents import (
+    add_examples,
+    add_variant,
+    find_problem,
+    find_signature,
+    open_or_attach,
+    update_detection,
+)
 from kb.service.core import KnowledgeBase
 from kb.service.errors import ConflictError, NotFoundError
 
@@ -135,11 +143,11 @@ class LiveBatch:
         return kb_live.shape_counts(self._session, model, shape, since, until)
 
     def find_problem(self, model: str, problem: str) -> ProblemRef | None:
-        row = kb_live.find_problem(self._session, model, problem)
+        row = find_problem(self._session, model, problem)
         return _ref(row) if row is not None else None
 
     def find_signature(self, model: str, signature: str) -> ProblemRef | None:
-        row = kb_live.find_signature(self._session, model, signature)
+        row = find_signature(self._session, model, signature)
         return _ref(row) if row is not None else None
 
     def first_failing(
@@ -149,12 +157,12 @@ class LiveBatch:
         return kb_live.first_failing(self._session, model, signature, since, shape)
 
     def update_detection(self, ref: ProblemRef, facts: DetectionFacts) -> None:
-        kb_live.update_detection(self._session, self._row(ref), dict(facts))
+        update_detection(self._session, self._row(ref), dict(facts))
 
     def add_variant(
         self, ref: ProblemRef, *, signature: str, kinds: Iterable[str], shape: str, by: str
     ) -> None:
-        kb_live.add_variant(
+        add_variant(
             self._session,
             self._row(ref),
             signature=signature,
@@ -164,7 +172,7 @@ class LiveBatch:
         )
 
     def add_examples(self, ref: ProblemRef, examples: Sequence[LiveExample]) -> None:
-        kb_live.add_examples(self._session, self._row(ref), [dict(e) for e in examples])
+        add_examples(self._session, self._row(ref), [dict(e) for e in examples])
 
     def open_or_attach(
         self,
@@ -183,7 +191,7 @@ class LiveBatch:
     ) -> tuple[ProblemRef, str]:
         """Open an incident for the problem, or attach it to one of its family: (its
         signature row, `opened` | `attached` | `existing`)."""
-        row, outcome = kb_live.open_or_attach(
+        row, outcome = open_or_attach(
             self._session,
             model=model,
             signature=signature,

@@ -101,17 +101,27 @@ class DecisionRequest:
     evidence_keys: tuple[str, ...] = ()
     # Record a FIXED decision even when the evidence does not verify it (labelled unverified).
     force: bool = False
+    at: datetime | None = None  # when it was decided (default: now)
 
 
 @dataclass(frozen=True)
 class RecordedDecision:
-    """What a recorded decision left: its kind, whether FIXED was verified, the status."""
+    """A decision as stored (FIXED: its rationale says whether the evidence verified it)
+    and the incident status it left."""
 
     slug: str
     kind: str
+    at: datetime
+    by: str
+    rationale: str
+    tradeoff: str
+    fix: str
     verified: bool
-    incident_status: str
+    revisit_on: date | None
+    # Stored trigger documents (kb.triggers' normalised form, as in an incident file).
+    triggers: tuple[dict[str, Any], ...]
     evidence_keys: tuple[str, ...]
+    incident_status: str
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,9 @@ from typing import Any
 import datagen
 import pytest
 
+from kb.domain.family import signature
 from kb.repo.bench_data import database_size, server_version
-from kb.repo.family import signature, similar_incidents
+from kb.repo.family import similar_incidents
 from kb.repo.search import search
 from kb.repo.store import Store
 

@@ -25,7 +25,7 @@ import pytest
 from sqlmodel import select
 
 from kb.models import Incident, utcnow
-from kb.repo import live
+from kb.repo import live, liveincidents
 from kb.repo.store import Store
 from triage.drills import Drill
 from triage.llama.launcher import RunningServer
@@ -92,7 +92,7 @@ def test_proxy_measures_the_drill_rate_and_opens_one_incident(
             cells = live.cell_counts(
                 session, utcnow().replace(year=2000), utcnow().replace(year=3000)
             )
-            opened = live.live_incidents(session)
+            opened = liveincidents.live_incidents(session)
             incidents = session.exec(select(Incident)).all()
     finally:
         store.close()

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from kb.domain.retro import FACT_SECTIONS, retro_html, retro_markdown
+from kb.domain.retro import FACT_SECTIONS, retro_markdown
+from kb.domain.retroformat import retro_html
 from kb.models import utcnow
 from kb.repo.decisions import record_decision
 from kb.repo.files import load_record

@@ -9,17 +9,9 @@ from typing import Any
 import pytest
 from sqlmodel import select
 
+from kb.domain.triggers import DecisionError, build_number, capture_failed
 from kb.models import Decision, Incident
-from kb.repo.decisions import (
-    DecisionError,
-    build_number,
-    capture_failed,
-    check_fix,
-    failing_requests,
-    parked,
-    parse_trigger,
-    record_decision,
-)
+from kb.repo.decisions import check_fix, failing_requests, parked, parse_trigger, record_decision
 from kb.repo.files import import_paths
 from kb.repo.store import Store, add_evidence, get_incident, require_incident
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from kb.models import Cause
-from kb.repo.files import RecordError, export_all, import_paths, parse_file
+from kb.repo.fileparse import parse_file
+from kb.repo.files import RecordError, export_all, import_paths
 from kb.repo.sidecar import GZIP_FROM_BYTES
 from kb.repo.store import Store, add_evidence_many, get_incident, record_status_change
 

@@ -11,19 +11,17 @@ from kb_rows import QWEN, REFERENCE, add_incident, add_reference_incidents
 from sqlmodel import select
 
 from kb.domain import flags
+from kb.domain.errors import StoreError
+from kb.domain.family import Signature, signature, similarity, stack_fingerprint
 from kb.models import FamilyLink, Incident, Symptom
 from kb.repo.family import (
     IncidentSignature,
-    Signature,
     incident_signature,
     link_family,
     refresh_signatures,
-    signature,
     similar_incidents,
-    similarity,
-    stack_fingerprint,
 )
-from kb.repo.store import Store, StoreError
+from kb.repo.store import Store
 
 INCIDENTS_DIR = Path(__file__).resolve().parents[2] / "incidents"
 # What a capture of the Gemma 4 thinking-budget drill shows: no content, a length stop,
@@ -122,7 +120,7 @@ def test_family_and_the_spec_off_arm_read_one_flag_vocabulary() -> None:
 
 
 def test_findings_that_name_a_mechanism_imply_a_registered_cause() -> None:
-    from kb.repo.family import IMPLIED_CAUSES
+    from kb.domain.family import IMPLIED_CAUSES
     from triage.catalogue import catalogue
 
     for kind, cause in IMPLIED_CAUSES.items():

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_backend import FakeBackend, FakeReplayer
 
 from kb.domain.records import Reply
 from kb.repo.store import Store
@@ -81,20 +81,12 @@ def _reply(arm: str, index: int, failed: bool) -> Reply:
     )  # fmt: skip
 
 
-class StopCutsIt:
+def _stop_cuts_it(arm: str, body: dict[str, Any], server: Server, index: int) -> bool:
     """Every reply is empty (the stop string cuts it at once) unless `stop` is removed."""
-
-    def __init__(self) -> None:
-        self.routes: dict[str, Any] = {}
-        self.sent: dict[str, int] = {}
-
-    async def replay(self, arm: str, indices: Sequence[int]) -> list[Reply]:
-        self.sent[arm] = self.sent.get(arm, 0) + len(indices)
-        body = self.routes[arm].transform(REQUEST)
-        return [_reply(arm, i, "stop" in body) for i in indices]
+    return "stop" in body
 
 
-def _executor(store: Store, tmp_path: Path) -> tuple[Executor, StopCutsIt, Server, Diagnoser]:
+def _executor(store: Store, tmp_path: Path) -> tuple[Executor, FakeReplayer, Server, Diagnoser]:
     stack = parse_stack('[server]\nurl = "http://127.0.0.1:9"\n', base=tmp_path, source="s.toml")
     findings = [
         {"kind": "empty-content", "passed": False, "score": 1.0, "reason": "empty", "where": "$"}
@@ -107,13 +99,13 @@ def _executor(store: Store, tmp_path: Path) -> tuple[Executor, StopCutsIt, Serve
     # Only the baseline stands for the catalogue's arms here: 8/8 failing.
     plan = dataclasses.replace(plan, arms={"baseline": plan.arms["baseline"]})
     diagnoser._prepare(plan)
-    replayer = StopCutsIt()
+    backend = FakeBackend(_stop_cuts_it, kinds=("empty-content",))
     executor = Executor(
         plan,
         exchange={},
         signature=diagnoser.signature,
         options=diagnoser.progress.options,
-        replayer=replayer,  # type: ignore[arg-type]
+        backend=backend,
         recorder=diagnoser.recorder,
         progress=diagnoser.progress,
         secrets=[],
@@ -121,7 +113,7 @@ def _executor(store: Store, tmp_path: Path) -> tuple[Executor, StopCutsIt, Serve
     executor.arms["baseline"].replies = [_reply("baseline", i, True) for i in range(8)]
     executor.execution.reproduction = {"reproduced": True, "message": "reproduced", "signature": {}}
     base = Server("incident", stack.server, "http://127.0.0.1:9", 1, 0.0)
-    return executor, replayer, base, diagnoser
+    return executor, backend.replayers[0], base, diagnoser
 
 
 def test_unexplained_runs_the_ablation_and_names_the_field(store: Store, tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from sqlalchemy import func
 from sqlmodel import SQLModel, select
 
 import kb.repo.files as files
+from kb.domain.errors import StoreError
 from kb.models import (
     CAUSE_BASES,
     CAUSE_STATUSES,
@@ -27,6 +28,7 @@ from kb.models import (
     Cause,
     CauseStatusChange,
 )
+from kb.repo.fileparse import SCHEMA_PATH, parse_file, parse_text, split_front_matter
 from kb.repo.files import (
     RecordError,
     dump_yaml,
@@ -36,11 +38,9 @@ from kb.repo.files import (
     list_records,
     load_record,
     load_yaml,
-    parse_file,
-    parse_text,
     render_record,
 )
-from kb.repo.store import Store, StoreError, add_evidence, get_incident, record_status_change
+from kb.repo.store import Store, add_evidence, get_incident, record_status_change
 from triage.catalogue import catalogue
 
 # The catalogue's full list of cause ids, passed in as triage's import does (kb has none).
@@ -133,7 +133,7 @@ def _write(directory: Path, record: dict[str, Any], name: str | None = None) -> 
 
 
 def test_schema_is_valid_2020_12_and_matches_the_model_constants() -> None:
-    schema = json.loads(files.SCHEMA_PATH.read_text(encoding="utf-8"))
+    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     Draft202012Validator.check_schema(schema)
     defs = schema["$defs"]
@@ -259,7 +259,7 @@ def test_non_canonical_file_reaches_a_fixed_point(store: Store, tmp_path: Path) 
     import_paths(store, [source])
     (first,) = export_all(store, tmp_path / "a")
     exported = first.read_text(encoding="utf-8")
-    front = load_yaml(files.split_front_matter(exported, "x")[0])
+    front = load_yaml(split_front_matter(exported, "x")[0])
     assert not {"closed", "summary", "timeline"} & set(front)
     assert "recorded_at: 2026-07-02T01:30:00Z" in exported
     assert "catalogue: token-limit" in exported
@@ -781,3 +781,19 @@ def test_any_text_round_trips_import_export_import(
     assert second == first
     again = export_incident(second_store, slug, directory / "again")
     assert again.read_bytes() == path.read_bytes()
+
+
+def test_every_registered_cause_is_a_catalogue_cause_of_a_file(
+    store: Store, tmp_path: Path
+) -> None:
+    """The file check takes the catalogue's full list (passed in), not a list kept in kb."""
+    record = _minimal("2026-07-02-kv")
+    record["causes"][0]["id"] = "kv-cache-quant"  # registered, not one of the first six
+    del record["causes"][0]["catalogue"]
+    assert import_paths(store, [_write(tmp_path / "ok", record)], causes=CAUSE_CATALOGUE_IDS) == [
+        "2026-07-02-kv"
+    ]
+    record = _minimal("2026-07-03-kv")
+    record["causes"][0].update(id="kv-cache-quant", catalogue="token-limit")
+    with pytest.raises(RecordError, match="catalogue cause 'kv-cache-quant' cannot refine"):
+        import_paths(store, [_write(tmp_path / "bad", record)], causes=CAUSE_CATALOGUE_IDS)

@@ -18,6 +18,7 @@ import pytest
 
 from kb.domain.slugs import SLUG_RE, ascii_slug, incident_slug, unique_incident_slug
 from kb.models import Incident
+from kb.repo.fileparse import parse_file
 from kb.repo.files import (
     ExportError,
     RecordError,
@@ -26,7 +27,6 @@ from kb.repo.files import (
     export_incidents,
     import_paths,
     load_yaml,
-    parse_file,
 )
 from kb.repo.store import Store
 

@@ -14,15 +14,15 @@ from sqlalchemy import event, func
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import select
 
+from kb.domain.errors import StoreError
 from kb.models import Evidence, Incident
+from kb.repo.engine import describe_db_error
 from kb.repo.files import import_paths
 from kb.repo.store import (
     Store,
-    StoreError,
     add_evidence,
     add_evidence_many,
     allocate_evidence_keys,
-    describe_db_error,
     next_evidence_key,
 )
 from triage.cli import cli

@@ -12,8 +12,9 @@ from click.testing import CliRunner, Result
 from sqlalchemy import func
 from sqlmodel import select
 
+from kb.domain.errors import StoreError
 from kb.models import Cause, CauseStatusChange, Evidence, Incident
-from kb.repo.store import Store, StoreError, open_incident, record_status_change
+from kb.repo.store import Store, open_incident, record_status_change
 from triage.cli import cli
 from triage.stackfile import StackError, load_stack, parse_stack
 

@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 
 from kb.models import Cause
-from kb.repo.store import add_evidence, open_incident, record_status_change
+from kb.repo.store import (
+    add_evidence,
+    exchange_content_hash,
+    open_incident,
+    record_status_change,
+)
 from kb.service import (
     ConflictError,
     DatabaseError,
@@ -23,6 +28,7 @@ from kb.service import (
     OpenError,
     StoreError,
 )
+from kb.service.captures import CapturedExchange, attach_orphans, orphans, store_captures
 from kb.service.live import LiveBatch, LiveRow, record_live
 
 OPENED = date(2026, 7, 1)
@@ -251,3 +257,43 @@ def test_a_live_batch_that_keeps_conflicting_gives_up_with_the_conflict(kb: Know
     with pytest.raises(ConflictError):
         record_live(kb, write)
     assert len(calls) == 3
+
+
+def _captured(text: str) -> CapturedExchange:
+    exchange = {"request": {"messages": [{"role": "user", "content": text}]}, "status": 200}
+    return CapturedExchange(
+        exchange=exchange,
+        findings=[],
+        symptoms=[],
+        digest=exchange_content_hash(exchange),
+        summary=f"captured exchange {text}",
+        source="jsonl:capture.jsonl",
+    )
+
+
+def test_a_capture_stored_twice_is_stored_once_and_attached_later(kb: KnowledgeBase) -> None:
+    items = [_captured("one"), _captured("two"), _captured("one")]
+    first = store_captures(kb, items, None, batch=2)
+    assert first.duplicates == {2} and first.keys[2] == first.keys[0]
+    again = store_captures(kb, items, None, batch=2)
+    assert again.duplicates == {0, 1, 2} and again.keys == first.keys
+    assert [o.summary for o in orphans(kb)] == ["captured exchange one", "captured exchange two"]
+
+    slug = _incident(kb, "Empty replies")  # holds E1 already
+    attached = attach_orphans(kb, ["all"], slug)
+    assert [(a.key, a.duplicate) for a in attached] == [("E2", False), ("E3", False)]
+    assert orphans(kb) == []
+    assert {e["id"] for e in kb.require_record(slug)["evidence"]} == {"E1", "E2", "E3"}
+
+
+def test_capturing_onto_or_attaching_to_a_bad_incident_names_it(kb: KnowledgeBase) -> None:
+    with pytest.raises(NotFoundError, match="no incident with slug '2026-07-01-nope'"):
+        store_captures(kb, [_captured("one")], "2026-07-01-nope", batch=10)
+    assert orphans(kb) == []  # nothing was stored
+    store_captures(kb, [_captured("one")], None, batch=10)
+    [orphan] = orphans(kb)
+    with pytest.raises(NotFoundError, match="no incident with slug '2026-07-01-nope'"):
+        attach_orphans(kb, [orphan.key], "2026-07-01-nope")
+    with pytest.raises(StoreError, match="E99"):
+        attach_orphans(kb, ["E99"], _incident(kb, "Empty replies"))
+    assert [o.key for o in orphans(kb)] == [orphan.key]

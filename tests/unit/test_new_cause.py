@@ -17,8 +17,9 @@ from sqlmodel import select
 
 import triage.engine.causes as builtin_causes
 from kb import vocab
+from kb.domain.family import signature
 from kb.models import Cause, Incident
-from kb.repo.family import IncidentSignature, refresh_signatures, signature, similar_incidents
+from kb.repo.family import IncidentSignature, refresh_signatures, similar_incidents
 from kb.repo.runs import CauseSpec, VerdictRow, apply_verdicts, ensure_causes
 from kb.repo.store import Store
 from triage.catalogue import Catalogue
@@ -150,6 +151,7 @@ def test_every_declared_removal_arm_exists_and_decides_its_cause(tmp_path: Path)
     cat = catalogue()
     declared = {c.id: c.removed_by for c in cat.causes if getattr(c, "removed_by", ())}
     assert declared == {
+        "speculative-decoding": ("spec-off",),
         "server-build": ("alt-build",),
         "cpu-backend": ("no-repack",),
         "warmup-decode": ("no-warmup",),
@@ -157,3 +159,15 @@ def test_every_declared_removal_arm_exists_and_decides_its_cause(tmp_path: Path)
     }
     for arms in declared.values():
         assert all(arm in cat.arms for arm in arms)
+    # The built-in arms already named these causes: declaring them changed no plan.
+    (tmp_path / "w.gguf").write_bytes(b"GGUF")
+    (tmp_path / "d.gguf").write_bytes(b"GGUF")
+    stack = parse_stack('[server]\nmodel = "w.gguf"\nargs = ["-md", "d.gguf"]\n', base=tmp_path)
+    request = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    bare = [c for c in cat.causes if not getattr(c, "removed_by", ())]
+    with_removals = {
+        a.name: a.decides for a in plan_arms(stack, request, list(cat.arms), list(cat.causes))
+    }
+    without = {a.name: a.decides for a in plan_arms(stack, request, list(cat.arms), bare)}
+    assert with_removals == without
+    assert with_removals["spec-off"] == ("speculative-decoding",)

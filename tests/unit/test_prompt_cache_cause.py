@@ -220,9 +220,12 @@ def test_held_turns_that_still_reuse_nothing_reject_it() -> None:
     assert verdict.status == "rejected" and "even with the value held" in verdict.rationale
 
 
-def test_no_observation_is_untested() -> None:
+def test_no_observation_is_untested_unless_the_cache_off_baseline_reproduces() -> None:
     verdict = CAUSE.decide({}, Observations())
     assert verdict.status == "suspected" and verdict.basis == "untested"
+    # An embeddings request (no chat observation) whose cache-off baseline fails 8/8.
+    reproduced = CAUSE.decide({"baseline": ArmOutcome("baseline", 8, 8, "")}, Observations())
+    assert reproduced.status == "rejected" and reproduced.deciding_probe == "baseline"
 
 
 # ---------------------------------------------------------------- cache-as-client (restore)

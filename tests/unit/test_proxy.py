@@ -22,7 +22,7 @@ from proxy_fakes import FakeUpstream, chat_reply
 from sqlmodel import select
 
 from kb.models import Evidence, Incident, LiveExchange
-from kb.repo import live
+from kb.repo import live, liveincidents
 from kb.repo.store import Store
 from triage.proxy import ProxyApp, ProxyConfig, ProxyMetrics, Recorder, serving
 from triage.proxy.server import ThreadedServer
@@ -357,7 +357,7 @@ def test_repeated_failures_open_one_incident_with_rate_examples_and_upstream(
     try:
         with store.session(readonly=True) as session:
             incidents = session.exec(select(Incident)).all()
-            opened = live.live_incidents(session)
+            opened = liveincidents.live_incidents(session)
             cells = live.cell_counts(session, *_whole_day())
             evidence = session.exec(select(Evidence)).all()
     finally:
@@ -394,7 +394,7 @@ def test_one_failure_opens_nothing(
     store = Store(db_file, migrate=False)
     try:
         with store.session(readonly=True) as session:
-            assert live.live_incidents(session) == []
+            assert liveincidents.live_incidents(session) == []
             assert session.exec(select(Incident)).all() == []
     finally:
         store.close()

@@ -16,7 +16,7 @@ from proxy_fakes import raw_record
 from sqlmodel import select
 
 from kb.models import Evidence, Incident, LiveSignature, utcnow
-from kb.repo import live
+from kb.repo import live, liveincidents
 from kb.repo.store import Store
 from triage.proxy import Recorder
 
@@ -141,7 +141,7 @@ def test_a_live_failure_adds_evidence_to_the_matching_incident_instead_of_openin
             counts = live.incident_live_counts(
                 session, ids[target["slug"]], utcnow() - timedelta(1)
             )
-            listed = [row["slug"] for row in live.live_incidents(session)]
+            listed = [row["slug"] for row in liveincidents.live_incidents(session)]
     finally:
         store.close()
     assert counts == (6, 12)
@@ -207,11 +207,13 @@ def test_the_most_similar_matching_incident_gets_the_evidence(db_url: str) -> No
     try:
         with store.session(readonly=True) as session:
             both = ["empty-content", "tool-markup-leaked"]
-            found = live.family_match(
+            found = liveincidents.family_match(
                 session, model=GEMMA, kinds=both, upstream={"build": "b11434-abc"}
             )
-            older = live.family_match(session, model=GEMMA, kinds=both, upstream={"build": "b9589"})
-            unknown = live.family_match(
+            older = liveincidents.family_match(
+                session, model=GEMMA, kinds=both, upstream={"build": "b9589"}
+            )
+            unknown = liveincidents.family_match(
                 session, model="model.gguf", kinds=both, upstream={"build": "b11434"}
             )
     finally:

@@ -12,8 +12,9 @@ import pytest
 from live_records import budget, ok, stop_emptied, tiny_limit
 from sqlmodel import select
 
+from kb.domain import retrotext
 from kb.models import Incident, LiveExchange, LiveSignature, Symptom, utcnow
-from kb.repo import live
+from kb.repo import live, liveincidents
 from kb.repo.store import Store
 from triage.proxy import Recorder
 from triage.proxy.grouping import (
@@ -57,7 +58,7 @@ def _read(url: str) -> dict[str, Any]:
                 "signatures": list(session.exec(select(LiveSignature)).all()),
                 "symptoms": list(session.exec(select(Symptom)).all()),
                 "exchanges": list(session.exec(select(LiveExchange)).all()),
-                "listed": live.live_incidents(session),
+                "listed": liveincidents.live_incidents(session),
                 "cells": live.cell_counts(
                     session, now.replace(year=now.year - 1), now.replace(year=now.year + 1)
                 ),
@@ -204,7 +205,7 @@ def test_a_title_with_a_stale_count_loses_it_when_the_count_moves(tmp_path: Path
     store = Store(url)
     try:
         with store.session() as session:
-            row, _ = live.open_incident(
+            row, _ = liveincidents.open_incident(
                 session,
                 model="fake-model.gguf",
                 signature="empty-content|2xx",
@@ -216,11 +217,11 @@ def test_a_title_with_a_stale_count_loses_it_when_the_count_moves(tmp_path: Path
                 examples=[],
                 opened_by="old-proxy",
             )
-            live.update_detection(session, row, {"rate": {"failures": 10, "n": 47}})
+            liveincidents.update_detection(session, row, {"rate": {"failures": 10, "n": 47}})
         with store.session(readonly=True) as session:
             (incident,) = session.exec(select(Incident)).all()
-            (listed,) = live.live_incidents(session)
+            (listed,) = liveincidents.live_incidents(session)
     finally:
         store.close()
     assert incident.title == "Live: empty-content from fake-model.gguf"
-    assert live.failing_text(listed["detection"]).startswith("10/47 failing")
+    assert retrotext.failing_text(listed["detection"]).startswith("10/47 failing")

@@ -12,7 +12,7 @@ from proxy_fakes import raw_record
 from sqlmodel import select
 
 from kb.models import Incident, LiveSignature
-from kb.repo import live
+from kb.repo import live, liveincidents
 from kb.repo.store import Store
 from triage.proxy import Recorder
 
@@ -79,7 +79,7 @@ def test_concurrent_openers_of_one_signature_get_one_incident(pg_url: str) -> No
         try:
             barrier.wait()
             with store.session() as session:
-                _, opened = live.open_incident(
+                _, opened = liveincidents.open_incident(
                     session,
                     model="m",
                     signature="empty-content|2xx",

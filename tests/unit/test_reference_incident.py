@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kb.repo.files import parse_file
+from kb.repo.fileparse import parse_file
 
 INCIDENTS = Path(__file__).resolve().parents[2] / "incidents"
 GEMMA = "2026-06-10-gemma4-empty-response"

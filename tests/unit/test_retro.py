@@ -12,18 +12,18 @@ from typing import Any
 
 import pytest
 
-from kb.domain.retro import (
-    FACT_SECTIONS,
-    NO_EVIDENCE,
+from kb.domain.retro import FACT_SECTIONS, retro_markdown
+from kb.domain.retroformat import (
     SECTION_END,
     SECTION_START,
     replace_retro_section,
     retro_html,
-    retro_markdown,
     retro_section,
     strip_retro_section,
 )
-from kb.repo.files import import_paths, load_record, parse_text, render_record
+from kb.domain.retrotext import NO_EVIDENCE
+from kb.repo.fileparse import parse_text
+from kb.repo.files import import_paths, load_record, render_record
 from kb.repo.store import Store
 
 INCIDENTS = Path(__file__).resolve().parents[2] / "incidents"
@@ -413,7 +413,7 @@ def test_generated_section_is_replaced_not_duplicated(reference: dict[str, Any])
 
 
 def test_generated_markers_render_as_nothing() -> None:
-    from kb.domain.retro import markdown_renderer
+    from kb.domain.retroformat import markdown_renderer
 
     html = markdown_renderer().render(f"before\n\n{SECTION_START}\n\n{SECTION_END}\n\nafter\n")
     assert html == "<p>before</p>\n<p>after</p>\n"

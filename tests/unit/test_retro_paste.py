@@ -18,10 +18,13 @@ from click.testing import CliRunner
 from live_records import budget, ok
 from sqlmodel import select
 
-from kb.domain.retro import retro_markdown, retro_text
+from kb.domain import retrotext
+from kb.domain.retro import retro_markdown
+from kb.domain.retroformat import retro_text
 from kb.models import Evidence
-from kb.repo import live
-from kb.repo.files import export_incident, import_paths, load_record, parse_file
+from kb.repo import liveincidents
+from kb.repo.fileparse import parse_file
+from kb.repo.files import export_incident, import_paths, load_record
 from kb.repo.store import Store
 from triage.cli import cli
 from triage.proxy import Recorder
@@ -170,13 +173,13 @@ def test_the_live_card_the_retro_and_the_export_give_one_count_with_its_time(
     store = Store(url, migrate=False)
     try:
         with store.session(readonly=True) as session:
-            (card,) = live.live_incidents(session)
+            (card,) = liveincidents.live_incidents(session)
             record = load_record(session, slug)
         path = export_incident(store, slug, tmp_path / "export")
     finally:
         store.close()
     rate = card["detection"]["rate"]
-    count = live.failing_text(card["detection"])
+    count = retrotext.failing_text(card["detection"])
     assert count.startswith(f"{rate['failures']}/{rate['n']} failing") and " UTC" in count
     assert rate["n"] >= 40  # the latest count, not the one at opening
     # The title carries no count that would go stale.

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 from sqlmodel import select
 
+from kb.domain.triggers import DecisionError
 from kb.models import Cause, Evidence, Incident
-from kb.repo.decisions import DecisionError, record_decision
+from kb.repo.decisions import record_decision
 from kb.repo.store import Store, add_evidence
 from kb.service import KnowledgeBase
 from triage.revisit import ProbeOutcome, Rate, revisit_incident

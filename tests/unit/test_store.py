@@ -8,16 +8,11 @@ import pytest
 from sqlalchemy import inspect
 from sqlmodel import select
 
+from kb.domain.errors import StoreError
 from kb.models import Cause, CauseStatusChange, Incident
+from kb.repo.engine import database_url, redact_url
 from kb.repo.migrate import current_revision
-from kb.repo.store import (
-    Store,
-    StoreError,
-    add_evidence,
-    database_url,
-    record_status_change,
-    redact_url,
-)
+from kb.repo.store import Store, add_evidence, record_status_change
 
 TABLES = {
     "incident",

@@ -12,8 +12,9 @@ from click.testing import CliRunner, Result
 from plugin_dist import installed
 
 from kb import triggers
+from kb.domain.triggers import DecisionError
 from kb.models import Incident
-from kb.repo.decisions import DecisionError, parse_trigger
+from kb.repo.decisions import parse_trigger
 from kb.repo.store import Store, add_evidence, require_incident
 from triage.catalogue import catalogue
 from triage.cli import cli

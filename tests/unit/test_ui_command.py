@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from kb.repo.engine import make_engine
 from kb.repo.migrate import current_revision
-from kb.repo.store import make_engine
 from triage.cli import cli
 from triage.commands import ui
 

@@ -11,7 +11,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from kb.models import utcnow
-from kb.repo import live
+from kb.repo import live, liveincidents
 from kb.repo.store import Store
 from triage.ui import data
 
@@ -46,7 +46,7 @@ def live_kb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
                 for i in range(40)
             ]
             live.insert_exchanges(session, rows)
-            live.open_incident(
+            liveincidents.open_incident(
                 session,
                 model="gemma-drill.gguf",
                 signature="empty-content|2xx",

@@ -118,6 +118,14 @@ def test_incidents_page_filters(
     assert list(table(at, "incidents_table")["Incident"]) == expected
 
 
+def test_incidents_page_cause_filter_offers_every_registered_cause(kb_url: str) -> None:
+    from triage.catalogue import catalogue
+
+    options = open_page("incidents").selectbox(key="incidents_cause").options
+    assert options[1:] == list(catalogue().causes.ids())  # after "any cause"
+    assert {"cpu-backend", "kv-cache-quant", "schema-not-enforced"} <= set(options)
+
+
 def test_incidents_page_family_filter(kb_url: str) -> None:
     at = open_page("incidents")
     family = at.selectbox(key="incidents_family")

@@ -13,9 +13,11 @@ from click.testing import CliRunner
 from sqlmodel import select
 
 from kb import vocab
+from kb.domain.errors import StoreError
+from kb.domain.family import signature
 from kb.models import Cause, Incident, Symptom
-from kb.repo.family import IncidentSignature, refresh_signatures, signature, similar_incidents
-from kb.repo.store import Store, StoreError
+from kb.repo.family import IncidentSignature, refresh_signatures, similar_incidents
+from kb.repo.store import Store
 from triage import plugin_api
 from triage.catalogue import Catalogue, CatalogueError, catalogue
 from triage.catalogue.numbering import check_store_numbering, vocabulary

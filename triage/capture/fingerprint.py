@@ -17,7 +17,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from kb.repo.store import data_dir
+from kb.repo.engine import data_dir
 
 __all__ = ["KEY_FILE_NAME", "fingerprint", "key_path"]
 

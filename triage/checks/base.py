@@ -124,7 +124,7 @@ class View:
     # How long the client waited for this answer, when the capture says (milliseconds).
     elapsed_ms: float | None = None
 
-    def declared_tools(self) -> dict[str, Any] | None:
+    def declared_tools(self) -> JsonObject | None:
         if self._declared is False:
             self._declared = _declared_tools(self.request)
         return self._declared  # type: ignore[no-any-return]
@@ -144,7 +144,7 @@ def _text(value: Any) -> str:
     return ""
 
 
-def _dict_or_empty(value: Any) -> dict[str, Any]:
+def _dict_or_empty(value: Any) -> JsonObject:
     return value if isinstance(value, dict) else {}
 
 
@@ -241,7 +241,7 @@ def _no_completion_reason(view: View) -> str:
     return "no completion to check"
 
 
-def _declared_tools(request: JsonObject) -> dict[str, Any] | None:
+def _declared_tools(request: JsonObject) -> JsonObject | None:
     """Tool name -> parameters schema from `tools` (or legacy `functions`); None if none."""
     tools = request.get("tools")
     declared: dict[str, Any] = {}

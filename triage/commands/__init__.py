@@ -12,7 +12,8 @@ from typing import Any, TypeVar
 
 import click
 
-from kb.repo.store import Store, StoreError
+from kb.domain.errors import StoreError
+from kb.repo.store import Store
 from kb.service import DatabaseError, KnowledgeBase, OpenError
 from triage.catalogue import CatalogueError, catalogue
 from triage.catalogue.numbering import check_store_numbering

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from kb.repo.bisect import bisect_incident, record_bisect_step
-from kb.repo.store import data_dir
+from kb.repo.engine import data_dir
 from triage.bisect import (
     BisectError,
     BisectOptions,

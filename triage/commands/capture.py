@@ -3,27 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 
-from kb.repo.store import (
-    CONTENT_HASH,
-    Store,
-    StoreError,
-    add_evidence_many,
-    attach_evidence,
-    exchange_content_hash,
-    exchange_hashes,
-    get_incident,
-    last_evidence_id,
-    orphan_evidence,
-)
-from kb.service import KnowledgeBase, OpenError
+from kb.domain.errors import StoreError
+from kb.jsontypes import JsonObject
+from kb.repo.store import exchange_content_hash
+from kb.service.captures import CapturedExchange, attach_orphans, orphans, store_captures
 from triage.atlas.report import check_lines, check_matches
 from triage.capture import (
     CaptureError,
@@ -35,6 +24,8 @@ from triage.capture import (
 )
 from triage.capture import parse as parse_capture
 from triage.capture.common import check_unicode
+from triage.catalogue import catalogue
+from triage.commands import open_kb
 from triage.symptoms import Finding, classify
 
 # Exit status for bad input or a refused write, as every command: `Error: ...` and 1
@@ -62,7 +53,8 @@ class Classified:
         where = f" ({self.exchange.location})" if self.exchange.location else ""
         return f"{self.exchange.source_file}#{self.exchange.index}{where}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
+        """The exchange and its findings as `check --json` / `capture --json` print them."""
         ex = self.exchange
         return {
             "file": ex.source_file,
@@ -329,8 +321,6 @@ def _fail_on_kinds(
     ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 ) -> frozenset[str]:
     """`--fail-on`: `any`, or finding kinds the installed checks can report."""
-    from triage.catalogue import catalogue
-
     known = set(catalogue().checks.ids())
     unknown = sorted(set(values) - known - {"any"})
     if unknown:
@@ -488,81 +478,41 @@ def _key_number(key: str) -> tuple[int, str]:
     return (int(digits) if digits else -1, key)
 
 
-def _batches(count: int, size: int) -> Iterator[range]:
-    for start in range(0, count, size):
-        yield range(start, min(start + size, count))
-
-
 def _store_items(
     ctx: click.Context, items: list[Classified], incident_slug: str | None, batch: int
 ) -> tuple[dict[int, str], set[int]]:
     """Store each exchange unless its content is already there: (keys by position, the
-    positions that were duplicates).
+    positions that were duplicates). Committed `batch` at a time (kb.service.captures)."""
+    try:
+        captured = [_captured(item) for item in items]  # bad text is named before any write
+    except StoreError as exc:
+        _fail(str(exc))
 
-    The exchanges are committed `batch` at a time, each batch one transaction: a large
-    capture holds the write lock for one batch at a time, and a capture cut short (killed,
-    a full disk) keeps its whole batches; running it again stores the rest (the content
-    hashes skip what is already there)."""
-    keys: dict[int, str] = {}
-    duplicates: set[int] = set()
-    total = len(items)
-    done = 0
-    seen = _Held({})
-    with _open_kb(ctx) as store:
-        for positions in _batches(total, batch):
-            done += _store_batch(store, items, positions, incident_slug, keys, duplicates, seen)
-            if total > batch:
-                click.echo(f"stored {done}/{total} exchange(s) (batch committed)", err=True)
-    return keys, duplicates
+    def progress(done: int, total: int) -> None:
+        if total > batch:
+            click.echo(f"stored {done}/{total} exchange(s) (batch committed)", err=True)
+
+    with open_kb(ctx) as kb:
+        stored = store_captures(kb, captured, incident_slug, batch=batch, progress=progress)
+    return stored.keys, stored.duplicates
 
 
-@dataclass
-class _Held:
-    """The content hashes already stored, read incrementally batch after batch."""
-
-    hashes: dict[str, str]
-    last_id: int = 0
-
-
-def _store_batch(
-    store: Store,
-    items: list[Classified],
-    positions: range,
-    incident_slug: str | None,
-    keys: dict[int, str],
-    duplicates: set[int],
-    seen: _Held,
-) -> int:
-    """One batch of `_store_items`, one transaction; how many exchanges it covered."""
-    with store.session() as session:
-        incident_id = _incident_id(session, incident_slug)
-        # What was stored since the previous batch (another capture may have stored some
-        # of these exchanges meanwhile); the whole set on the first batch.
-        last_id = last_evidence_id(session)
-        seen.hashes.update(exchange_hashes(session, incident_id, after_id=seen.last_id))
-        held = {**seen.hashes}
-        pending: list[tuple[int, str, dict[str, Any]]] = []
-        for n in positions:
-            item = items[n]
-            exchange = item.exchange.to_dict()
-            digest = _content_hash(item, exchange)
-            if digest in held:
-                keys[n] = held[digest]
-                duplicates.add(n)
-                continue
-            held[digest] = ""  # a repeat inside this batch: filled in below
-            pending.append((n, digest, _evidence_spec(item, exchange, digest)))
-        rows = add_evidence_many(session, incident_id, [spec for *_, spec in pending])
-        for (n, digest, _spec), row in zip(pending, rows, strict=True):
-            keys[n] = held[digest] = row.key
-        for n in positions:  # repeats inside the batch name the row stored first
-            if n in duplicates and not keys[n]:
-                keys[n] = held[exchange_content_hash(items[n].exchange.to_dict())]
-    seen.last_id = last_id  # committed: the next batch reads the rows stored after it
-    return len(positions)
+def _captured(item: Classified) -> CapturedExchange:
+    """What the knowledge base stores for one captured exchange."""
+    ex = item.exchange
+    exchange = ex.to_dict()
+    kinds = ", ".join(item.symptoms) or "no symptoms"
+    return CapturedExchange(
+        exchange=exchange,
+        findings=[f.to_dict() for f in item.findings],
+        symptoms=item.symptoms,
+        digest=_content_hash(item, exchange),
+        summary=f"captured {ex.source_format} exchange {item.label()}: {kinds}",
+        source=f"{ex.source_format}:{ex.source_file}" + (f":{ex.location}" if ex.location else ""),
+    )
 
 
-def _content_hash(item: Classified, exchange: dict[str, Any]) -> str:
+def _content_hash(item: Classified, exchange: JsonObject) -> str:
     """The exchange's content hash; text that is not valid Unicode (a lone surrogate from
     a format that does not check it) is named by its JSON path instead of a traceback."""
     try:
@@ -575,61 +525,8 @@ def _content_hash(item: Classified, exchange: dict[str, Any]) -> str:
         raise StoreError(f"{item.label()}: not valid Unicode") from None
 
 
-def _evidence_spec(item: Classified, exchange: dict[str, Any], digest: str) -> dict[str, Any]:
-    """What `add_evidence_many` stores for one captured exchange."""
-    ex = item.exchange
-    kinds = ", ".join(item.symptoms) or "no symptoms"
-    return {
-        "kind": "exchange",
-        "summary": f"captured {ex.source_format} exchange {item.label()}: {kinds}",
-        "payload": {
-            "exchange": exchange,
-            "findings": [f.to_dict() for f in item.findings],
-            "symptoms": item.symptoms,
-            CONTENT_HASH: digest,
-        },
-        "source": f"{ex.source_format}:{ex.source_file}"
-        + (f":{ex.location}" if ex.location else ""),
-    }
-
-
-def _incident_id(session: Any, slug: str | None) -> int | None:
-    if not slug:
-        return None
-    incident = get_incident(session, slug)
-    if incident is None:
-        raise StoreError(f"no incident with slug {slug!r}")
-    return incident.id
-
-
-@contextmanager
-def _open_kb(ctx: click.Context) -> Iterator[Store]:
-    """The knowledge base; store and database errors inside the block become `Error:`."""
-    url = (ctx.obj or {}).get("database")
-    try:
-        kb = KnowledgeBase.open(url, readonly=(ctx.obj or {}).get("read_only"))
-    except OpenError as exc:
-        _fail(f"cannot open the knowledge base {exc}")
-    except StoreError as exc:
-        _fail(f"cannot open the knowledge base: {exc}")
-    try:
-        with kb.errors():
-            yield kb.store
-    except StoreError as exc:
-        _fail(str(exc))
-    finally:
-        kb.close()
-
-
-@contextmanager
-def _store_session(ctx: click.Context, readonly: bool = False) -> Iterator[Any]:
-    """One transaction on the knowledge base; store and database errors become `Error:`."""
-    with _open_kb(ctx) as store, store.session(readonly=readonly) as session:
-        yield session
-
-
 def _list_orphans(ctx: click.Context, as_json: bool) -> None:
-    with _store_session(ctx, readonly=True) as session:
+    with open_kb(ctx) as kb:
         rows = [
             {
                 "evidence": row.key,
@@ -638,7 +535,7 @@ def _list_orphans(ctx: click.Context, as_json: bool) -> None:
                 "source": row.source,
                 "summary": row.summary,
             }
-            for row in orphan_evidence(session)
+            for row in orphans(kb)
         ]
     if as_json:
         click.echo(json.dumps(rows, indent=2, ensure_ascii=False))
@@ -659,13 +556,11 @@ def _attach(
 ) -> None:
     if not incident_slug:
         raise click.UsageError("--attach needs --incident SLUG")
-    with _store_session(ctx) as session:
-        incident_id = _incident_id(session, incident_slug)
-        assert incident_id is not None
-        wanted = list(keys)
-        if "all" in wanted:
-            wanted = [row.key for row in orphan_evidence(session)]
-        results = attach_evidence(session, wanted, incident_id)
+    with open_kb(ctx) as kb:
+        results = [
+            (item.orphan, item.key, item.duplicate)
+            for item in attach_orphans(kb, list(keys), incident_slug)
+        ]
     if as_json:
         click.echo(
             json.dumps(

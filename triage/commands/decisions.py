@@ -9,15 +9,16 @@ from __future__ import annotations
 import os
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
 
 import click
 
-from kb.models import Decision
+from kb.domain.decisions import STATUS_AFTER, ParkedIncident
+from kb.domain.triggers import DecisionError
+from kb.jsontypes import JsonObject
 from kb.repo import decisions as kb_decisions
-from kb.repo.decisions import DecisionError
+from kb.service import DecisionRequest, RecordedDecision
 from triage.catalogue import catalogue
-from triage.commands import echo_json, open_store
+from triage.commands import echo_json, open_kb
 from triage.engine import EngineError
 from triage.revisit import RevisitResult, revisit_incident
 from triage.stackfile import StackError
@@ -137,49 +138,46 @@ def decide_command(
         raise click.UsageError("say which decision: --parked, --fixed or --reopened")
     if force and kind != "FIXED":
         raise click.UsageError("--force only applies to --fixed")
-    with open_store(ctx) as store, store.session() as session:
-        decision = kb_decisions.record_decision(
-            session,
-            slug,
-            kind,
-            rationale=why,
-            tradeoff=tradeoff,
-            fix=fix,
-            by=by if by is not None else _default_actor(),
-            revisit_on=revisit_on,
-            triggers=triggers,
-            evidence_keys=evidence_keys,
-            force=force,
-            at=now(),
-            trigger_kinds=catalogue().triggers,
-        )
-        data = _decision_data(slug, decision)
+    request = DecisionRequest(
+        kind=kind,
+        by=by if by is not None else _default_actor(),
+        rationale=why,
+        tradeoff=tradeoff,
+        fix=fix,
+        revisit_on=revisit_on,
+        triggers=triggers,
+        evidence_keys=evidence_keys,
+        force=force,
+        at=now(),
+    )
+    with open_kb(ctx) as kb:
+        data = _decision_data(kb.record_decision(slug, request, catalogue().triggers))
     if as_json:
         echo_json(data)
         return
     click.echo(format_decision(slug, data))
 
 
-def _decision_data(slug: str, decision: Decision) -> dict[str, Any]:
-    """A recorded decision as the JSON `decide --json` prints (read inside its session)."""
+def _decision_data(decision: RecordedDecision) -> JsonObject:
+    """A recorded decision as the JSON `decide --json` prints."""
     return {
-        "slug": slug,
+        "slug": decision.slug,
         "kind": decision.kind,
-        "at": decision.decided_at.isoformat(),
-        "by": decision.decided_by,
+        "at": decision.at.isoformat(),
+        "by": decision.by,
         "rationale": decision.rationale,
         "tradeoff": decision.tradeoff,
         "fix": decision.fix,
         "verified": decision.verified if decision.kind == "FIXED" else None,
         "revisit_on": decision.revisit_on.isoformat() if decision.revisit_on else None,
-        "triggers": decision.revisit_triggers,
-        "evidence": decision.evidence_keys,
+        "triggers": list(decision.triggers),
+        "evidence": list(decision.evidence_keys),
     }
 
 
-def format_decision(slug: str, data: dict[str, Any]) -> str:
+def format_decision(slug: str, data: JsonObject) -> str:
     """A recorded decision for people."""
-    status = kb_decisions.STATUS_AFTER[data["kind"]]
+    status = STATUS_AFTER[data["kind"]]
     lines = [f"recorded {data['kind']} for {slug} (status {status})"]
     if data["kind"] == "FIXED" and not data["verified"]:
         lines.append("  UNVERIFIED: recorded with --force, without the evidence a fix needs")
@@ -196,7 +194,7 @@ def format_decision(slug: str, data: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- parked
 
 
-def format_parked(items: list[kb_decisions.ParkedIncident], day: date) -> str:
+def format_parked(items: list[ParkedIncident], day: date) -> str:
     """The parked list for people."""
     if not items:
         return f"no parked incidents are due as of {day}"
@@ -231,10 +229,8 @@ def format_parked(items: list[kb_decisions.ParkedIncident], day: date) -> str:
 def parked_command(ctx: click.Context, due_only: bool, as_json: bool) -> None:
     """Parked incidents: revisit date, triggers, which are due or overdue and why."""
     day = today()
-    with open_store(ctx) as store, store.session(readonly=True) as session:
-        items = kb_decisions.parked(
-            session, day, due_only=due_only, trigger_kinds=catalogue().triggers
-        )
+    with open_kb(ctx) as kb:
+        items = kb.parked(day, catalogue().triggers, due_only=due_only)
     if as_json:
         echo_json({"today": day.isoformat(), "parked": [item.to_dict() for item in items]})
         return
@@ -280,20 +276,17 @@ def revisit_command(
 
     results: list[RevisitResult] = []
     failed = False
-    with open_store(ctx) as store:
+    with open_kb(ctx) as kb:
         if all_due:
-            with store.session(readonly=True) as session:
-                due = kb_decisions.parked(
-                    session, today(), due_only=True, trigger_kinds=catalogue().triggers
-                )
-                slugs = [item.slug for item in due]
+            due = kb.parked(today(), catalogue().triggers, due_only=True)
+            slugs = [item.slug for item in due]
         else:
             assert slug is not None
             slugs = [slug]
         for name in slugs:
             try:
                 result = revisit_incident(
-                    store,
+                    kb.store,
                     name,
                     stack_path,
                     max_requests=max_requests,
@@ -348,13 +341,13 @@ def retro_command(
 ) -> None:
     """The incident's retrospective, generated from its record; every claim cites its
     evidence once. Markup in recorded text is inert in the HTML."""
-    from kb.domain.retro import retro_html, retro_text
-    from kb.repo.files import load_record
+    # Lazy: kb.domain.retro loads markdown-it (~0.2 s), which no other command needs.
+    from kb.domain.retroformat import retro_html, retro_text
 
     if as_html and fmt != "markdown":
         raise click.UsageError("--html renders the markdown format; leave out --format")
-    with open_store(ctx) as store, store.session(readonly=True) as session:
-        record = load_record(session, slug)
+    with open_kb(ctx) as kb:
+        record = kb.require_record(slug)
     text = retro_html(record) if as_html else retro_text(record, fmt)
     if out_file is None:
         click.echo(text, nl=False)

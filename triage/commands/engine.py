@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from kb.domain.records import validate_diagnosis
+from kb.jsontypes import JsonObject
 from kb.repo.runs import RunOwner, resumable_runs, run_incident_slug
 from kb.repo.store import Store, evidence_payloads
 from triage.atlas.report import diagnosis_matches, format_match_dicts, format_matches
@@ -25,6 +26,7 @@ from triage.engine import (
     EngineError,
     Event,
     diagnose,
+    findings_json,
     latest_diagnosis,
     latest_run_state,
     run_to_resume,
@@ -32,7 +34,6 @@ from triage.engine import (
 from triage.engine import resume as resume_run
 from triage.observe import observation_summary
 from triage.stackfile import Stack, StackError, load_stack
-from triage.symptoms import classify
 
 __all__ = ["ProgressPrinter", "format_diagnosis", "register", "validate_diagnosis"]
 
@@ -246,7 +247,7 @@ def _arm_lines(arms: list[dict[str, Any]]) -> list[str]:
 
 def _load_exchange(
     request: Path, response: Path | None, fmt: str
-) -> tuple[dict[str, Any], list[Any], dict[str, Any]]:
+) -> tuple[JsonObject, list[Any], JsonObject]:
     try:
         if response is not None:
             exchanges = load_file(request, format=fmt, response=response)
@@ -264,24 +265,17 @@ def _load_exchange(
     if not exchanges:
         raise click.ClickException(f"{request}: no exchange found")
     exchange = exchanges[0]
-    findings = [_finding_dict(f) for f in classify(exchange)]
+    findings = findings_json(exchange)
     return exchange.request, findings, exchange.to_dict()
 
 
-def _request_only(data: Any) -> dict[str, Any] | None:
+def _request_only(data: Any) -> JsonObject | None:
     """A bare chat request body (a JSON object), or None."""
     try:
         body = json.loads(data if isinstance(data, str) else bytes(data).decode("utf-8"))
     except (ValueError, TypeError):
         return None
     return body if isinstance(body, dict) and "response" not in body else None
-
-
-def _finding_dict(finding: Any) -> dict[str, Any]:
-    if isinstance(finding, dict):
-        return finding
-    data = finding.to_dict() if hasattr(finding, "to_dict") else dict(vars(finding))
-    return {k: data.get(k) for k in ("kind", "passed", "score", "reason", "where")}
 
 
 def register(group: click.Group) -> None:
@@ -452,7 +446,7 @@ def _run_diagnosis(
     return diagnosis
 
 
-def _print_atlas_before(stack: Stack, exchange: dict[str, Any], findings: list[Any]) -> None:
+def _print_atlas_before(stack: Stack, exchange: JsonObject, findings: list[Any]) -> None:
     """Before probing: what the atlas says about the capture and the stack (on stderr, with
     the progress lines)."""
     matches, checked, warning = diagnosis_matches(stack, exchange, findings)

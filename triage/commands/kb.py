@@ -4,17 +4,16 @@ records."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
 from kb.domain.textguard import shorten
+from kb.jsontypes import JsonObject
 from kb.models import CAUSE_STATUSES, INCIDENT_STATUSES
-from kb.repo.files import IMPORT_BATCH, export_incidents, import_files, list_records, load_record
+from kb.repo.files import IMPORT_BATCH
 from kb.repo.sidecar import sidecar_paths
-from kb.repo.store import StoreError, count_orphan_evidence, open_incident
 from triage.catalogue import catalogue
-from triage.commands import echo_json, open_store
+from triage.commands import echo_json, open_kb
 
 # `incidents list` prints one line per incident: longer titles are cut (--json has them whole).
 LIST_TITLE = 100
@@ -48,9 +47,8 @@ def import_command(ctx: click.Context, paths: tuple[Path, ...], dry_run: bool, b
         if total > batch:
             click.echo(f"imported {done}/{total} incident(s) (batch committed)", err=True)
 
-    with open_store(ctx) as store:
-        result = import_files(
-            store,
+    with open_kb(ctx) as kb:
+        result = kb.import_files(
             paths,
             dry_run=dry_run,
             batch=batch,
@@ -87,8 +85,8 @@ def export_command(ctx: click.Context, slugs: tuple[str, ...], out_dir: Path) ->
     One record that cannot be written does not stop the others: it is named with the
     field at fault, the rest are written, and the exit code is 1.
     """
-    with open_store(ctx) as store:
-        paths, errors = export_incidents(store, out_dir, list(slugs) if slugs else None)
+    with open_kb(ctx) as kb:
+        paths, errors = kb.export_incidents(out_dir, list(slugs) if slugs else None)
     click.echo(f"wrote {len(paths)} file(s)")
     for path in paths:
         click.echo(f"  {path}")
@@ -126,9 +124,9 @@ def list_command(
     as_json: bool,
 ) -> None:
     """List incidents, oldest first."""
-    with open_store(ctx) as store, store.session(readonly=True) as session:
-        rows = list_records(session, status=status, cause=cause, cause_status=cause_status)
-        orphans = 0 if as_json else count_orphan_evidence(session)
+    with open_kb(ctx) as kb:
+        rows = kb.summaries(status=status, cause=cause, cause_status=cause_status)
+        orphans = 0 if as_json else kb.orphan_count()
     if as_json:
         echo_json(rows)
         return
@@ -146,7 +144,8 @@ def list_command(
         )
 
 
-def _cause_line(cause: dict[str, Any]) -> str:
+def _cause_line(cause: JsonObject) -> str:
+    """One cause of an incident record (its file's front matter) for people."""
     refines = "" if cause["catalogue"] == cause["id"] else f" (refines {cause['catalogue']})"
     return f"  {cause['status']:<9} {cause['id']}{refines} [{cause['basis']}]: {cause['title']}"
 
@@ -160,15 +159,10 @@ def _cause_line(cause: dict[str, Any]) -> str:
 def new_command(ctx: click.Context, title: str, model: str, summary: str, as_json: bool) -> None:
     """Open an incident by hand (status open) and print its slug, for `triage capture
     --incident SLUG` and `triage diagnose --incident SLUG`."""
-    with open_store(ctx) as store:
-        try:
-            with store.session() as session:
-                slug = open_incident(session, title, model=model, summary=summary).slug
-        except StoreError as exc:
-            raise click.ClickException(str(exc)) from None
+    with open_kb(ctx) as kb:
+        slug = kb.open_incident(title, model=model, summary=summary)
         if as_json:
-            with store.session(readonly=True) as session:
-                echo_json(load_record(session, slug))
+            echo_json(kb.require_record(slug))
             return
     click.echo(f"opened incident {slug}")
 
@@ -179,8 +173,8 @@ def new_command(ctx: click.Context, title: str, model: str, summary: str, as_jso
 @click.pass_context
 def show_command(ctx: click.Context, slug: str, as_json: bool) -> None:
     """Show one incident: stack, causes with status, decisions."""
-    with open_store(ctx) as store, store.session(readonly=True) as session:
-        record = load_record(session, slug)
+    with open_kb(ctx) as kb:
+        record = kb.require_record(slug)
     if as_json:
         echo_json(record)
         return

@@ -15,7 +15,7 @@ import uvicorn
 # Imported for its objects: they are among those _freeze_startup_objects puts out of reach.
 import uvicorn.protocols.http.httptools_impl  # noqa: F401
 
-from kb.repo.store import data_dir
+from kb.repo.engine import data_dir
 from triage.commands import with_options
 from triage.proxy import (
     ProxyApp,

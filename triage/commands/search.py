@@ -10,19 +10,12 @@ from typing import Any
 
 import click
 
+from kb.domain.errors import StoreError
+from kb.domain.family import FamilyMatch, Signature, signature, stack_fingerprint
 from kb.models import INCIDENT_STATUSES
-from kb.repo.family import (
-    FamilyMatch,
-    Signature,
-    incident_signature,
-    link_family,
-    refresh_signatures,
-    signature,
-    similar_incidents,
-    stack_fingerprint,
-)
+from kb.repo.family import incident_signature, link_family, refresh_signatures, similar_incidents
 from kb.repo.search import HIGHLIGHT_END, HIGHLIGHT_START, SearchHit, search
-from kb.repo.store import Store, StoreError, get_incident
+from kb.repo.store import Store, get_incident
 from triage.capture import CaptureError, load_file
 from triage.catalogue import catalogue
 from triage.catalogue.numbering import vocabulary

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import click
 
-from kb.repo.store import StoreError, database_url, redact_url
+from kb.domain.errors import StoreError
+from kb.repo.engine import database_url, redact_url
 from kb.service import KnowledgeBase, OpenError
 from triage.ui.auth import (
     UiConfigError,

@@ -25,19 +25,19 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from kb.repo.store import Store
 from triage import catalogue as plugins
 from triage.capture import load_file
 from triage.drills.registry import CAPTURE_RECORDERS, SERVED, build_drill, list_drills
-from triage.engine import DiagnoseOptions, diagnose
+from triage.engine import DiagnoseOptions, diagnose, findings_json
 from triage.stackfile import load_stack
-from triage.symptoms import classify
 
 OK = "ok"
 MISMATCH = "MISMATCH"
@@ -87,7 +87,7 @@ class Row:
         return [cell for cell in self.cells if cell.mark != OK]
 
 
-def _accepted(truth: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
+def _accepted(truth: Mapping[str, object]) -> tuple[str, tuple[str, ...]]:
     expected = str(truth.get("expected", ""))
     accept = truth.get("accept")
     if isinstance(accept, list) and accept:
@@ -97,7 +97,7 @@ def _accepted(truth: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
     return expected, (expected,)
 
 
-def _deciding(cause: dict[str, Any], arms: dict[str, dict[str, Any]]) -> str:
+def _deciding(cause: JsonObject, arms: dict[str, JsonObject]) -> str:
     arm = arms.get(str(cause.get("deciding_probe") or ""))
     if not arm or not arm.get("n"):
         return ""
@@ -108,10 +108,8 @@ def _deciding(cause: dict[str, Any], arms: dict[str, dict[str, Any]]) -> str:
     return text
 
 
-def evaluate(
-    drill: str, manifest: dict[str, Any], diagnosis: dict[str, Any], causes: Sequence[str]
-) -> Row:
-    """Mark each cause's verdict in `diagnosis` against the drill's `manifest`."""
+def evaluate(drill: str, manifest: JsonObject, diagnosis: JsonObject, causes: Sequence[str]) -> Row:
+    """Mark each cause's verdict in `diagnosis` (its JSON) against the drill's `manifest`."""
     verdicts = {str(c["id"]): c for c in diagnosis.get("causes") or []}
     arms = {str(a["name"]): a for a in diagnosis.get("arms") or []}
     truths: dict[str, Any] = manifest.get("causes") or {}
@@ -188,7 +186,7 @@ def render(rows: Sequence[Row], causes: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def failing_request(manifest: dict[str, Any]) -> tuple[str, int]:
+def failing_request(manifest: JsonObject) -> tuple[str, int]:
     """(name of the drill's first failing request, the per-arm replay cap it needs)."""
     requests = manifest.get("requests") or []
     chosen = next((r for r in requests if r.get("role") == "failing"), None)
@@ -212,8 +210,7 @@ def _recorded_capture(drill: Any, work: Path) -> dict[str, Any] | None:
     if recorder is None:
         return None
     (exchange,) = load_file(recorder(drill, work))
-    keys = ("kind", "passed", "score", "reason", "where")
-    findings = [{k: f.to_dict().get(k) for k in keys} for f in classify(exchange)]
+    findings = findings_json(exchange)
     return {"request": exchange.request, "exchange": exchange.to_dict(), "findings": findings}
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Literal, overload
 
 from kb.domain.records import RAW_TEXT_LIMIT, Reply
+from kb.jsontypes import JsonObject
 from kb.models import TriageRun
 from kb.repo import runs as _runs
 from kb.repo.store import Store, get_incident
@@ -28,6 +29,7 @@ from triage.engine.events import (
     ProgressFn,
     RepliesIn,
 )
+from triage.engine.intake import diagnose_exchange, findings_json
 from triage.engine.replay import ArmResult, replay_rate
 from triage.engine.replayer import classify_reply
 from triage.engine.runner import ACTOR, DiagnoseOptions, Diagnoser
@@ -53,6 +55,8 @@ __all__ = [
     "Server",
     "classify_reply",
     "diagnose",
+    "diagnose_exchange",
+    "findings_json",
     "latest_diagnosis",
     "latest_run_state",
     "open_server",
@@ -66,9 +70,9 @@ __all__ = [
 def diagnose(
     store: Store,
     stack: Any,
-    request: dict[str, Any],
+    request: JsonObject,
     *,
-    exchange: dict[str, Any] | None = None,
+    exchange: JsonObject | None = None,
     findings: list[dict[str, Any]] | None = None,
     incident: str | None = None,
     options: DiagnoseOptions | None = None,
@@ -124,7 +128,7 @@ def run_to_resume(
     store: Store,
     stack: Any,
     *,
-    request: dict[str, Any] | None = None,
+    request: JsonObject | None = None,
     incident: str | None = None,
 ) -> TriageRun:
     """The caller's own interrupted run: same stack (and request and incident, when given),

@@ -23,19 +23,22 @@ from pathlib import Path
 from typing import Any
 
 from kb.domain.records import Reply
+from kb.jsontypes import JsonObject
 from kb.repo import runs
-from triage import observe, probes
+from triage import probes
 from triage.causes import BASELINE, reproduces
 from triage.engine import known_good
+from triage.engine.backend import Backend
 from triage.engine.crashes import CRASH_KIND, crash_facts
 from triage.engine.decide import Execution, Rules
 from triage.engine.events import ArmSkipped, ProgressEvent
 from triage.engine.held_back import not_needed
 from triage.engine.launches import LaunchPool
+from triage.engine.pacing import ServerPace
 from triage.engine.plan import Plan, Skipped
 from triage.engine.progress import ExecuteOptions, Journal, Progress
 from triage.engine.recorder import Recorder
-from triage.engine.replayer import ArmRoute, LaunchEachTime, LlamaReplayer
+from triage.engine.replayer import ArmRoute
 from triage.engine.reproduction import Signature, gate_message
 from triage.engine.rounds import Rounds, safe_name
 from triage.engine.scheduler import ArmState, Replayer
@@ -51,10 +54,10 @@ class Executor:
         self,
         plan: Plan,
         *,
-        exchange: dict[str, Any],
+        exchange: JsonObject,
         signature: Signature,
         options: ExecuteOptions,
-        replayer: LlamaReplayer,
+        backend: Backend,
         recorder: Recorder,
         progress: Progress,
         secrets: list[str],
@@ -63,7 +66,8 @@ class Executor:
         self.exchange = exchange
         self.signature = signature
         self.options = options
-        self.replayer = replayer
+        self.backend = backend
+        self.replayer = backend.replayer(plan.request, options.replay)
         self.recorder = recorder
         self.progress = progress
         self.execution = Execution(plan, self._states(plan), crash=crash)
@@ -72,7 +76,8 @@ class Executor:
         self.rounds = Rounds(
             self.execution,
             options,
-            replayer,
+            self.replayer,
+            backend,
             self.rules,
             Journal(recorder, secrets, progress, self.execution),
             progress,
@@ -108,13 +113,10 @@ class Executor:
 
     async def _run_arms(self, base: Server, log_dir: Path) -> None:
         run = self.execution
-        await observe.observe_server(
-            base,
-            self.plan.request,
-            run.facts,
-            seed=self.options.seed,
-            timeout=self.options.request_timeout,
-        )
+        if base.pace is None and self.options.pace is not None:
+            # The observation requests measure the server's speed first (pacing).
+            base.pace = ServerPace(self.options.pace)
+        await self.backend.observe(base, self.plan.request, run.facts, self.options.replay)
         for planned in self.plan.observe_only:
             await self.rounds.observe(planned, base, base)
         if _base_failed(base):  # it crashed (or hung) on the observation requests
@@ -131,7 +133,7 @@ class Executor:
                 target, planned.transform, stream=planned.stream
             )
         rounds = self.rounds.server_rounds()
-        with LaunchPool(log_dir, self.options.ready_timeout) as pool:
+        with LaunchPool(log_dir, self.options.ready_timeout, opener=self.backend.launch) as pool:
             # The first round's servers start now, while the baseline and the request-level
             # arms replay on the incident's server; none replays before the gate passed.
             self.rounds.start_round(pool, rounds[0] if rounds else [])
@@ -235,7 +237,9 @@ class Executor:
             self.execution.plan = dataclasses.replace(
                 self.plan, arms={**self.plan.arms, step.name: planned}
             )
-            with LaunchPool(log_dir, self.options.ready_timeout) as pool:
+            with LaunchPool(
+                log_dir, self.options.ready_timeout, opener=self.backend.launch
+            ) as pool:
                 self.rounds.start_round(pool, [step.name])
                 await self.rounds.run_round(pool, [step.name], base)
             decisions[step.name] = self.arms[step.name].decision
@@ -277,14 +281,13 @@ class Executor:
         stack = self.plan.stack
         for name, planned in self.plan.arms.items():
             config = stack.server if name == BASELINE else planned.config
-            router.routes[name] = LaunchEachTime(
+            assert config is not None
+            router.routes[name] = self.backend.launch_each_time(
                 config,
                 log_dir / safe_name(name),
-                self.options.ready_timeout,
                 self.plan.request,
-                self.options.seed,
-                self.options.request_timeout,
                 planned.transform,
+                self.options.replay,
             )
         if not await self._reproduce(router, gate=not startup):
             return
@@ -320,7 +323,7 @@ def _base_failed(base: Server) -> bool:
 class _Router:
     """A Replayer that sends each arm to its own replayer (crash mode: a launch per replay)."""
 
-    routes: dict[str, LaunchEachTime] = dataclasses.field(default_factory=dict)
+    routes: dict[str, Replayer] = dataclasses.field(default_factory=dict)
 
     async def replay(self, arm: str, indices: Sequence[int]) -> list[Reply]:
         return list(await self.routes[arm].replay(arm, indices))

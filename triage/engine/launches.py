@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +96,8 @@ class LaunchPool:
     log_dir: Path
     ready_timeout: float
     launches: dict[str, Launch] = field(default_factory=dict)
+    # How a server starts: a backend's launch (triage.engine.backend); None: open_server.
+    opener: Callable[[ServerConfig, Path, float], AbstractContextManager[Server]] | None = None
     _executor: concurrent.futures.ThreadPoolExecutor | None = None
 
     def start(self, name: str, config: ServerConfig, log_name: str) -> Launch:
@@ -105,7 +107,8 @@ class LaunchPool:
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 max_workers=4, thread_name_prefix="triage-launch", initializer=die_with_this_thread
             )
-        context = open_server(config, self.log_dir / log_name, self.ready_timeout)
+        opener = self.opener or open_server
+        context = opener(config, self.log_dir / log_name, self.ready_timeout)
         launch = Launch(name, context, self._executor.submit(context.__enter__))
         self.launches[name] = launch
         return launch

@@ -26,6 +26,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from kb.jsontypes import JsonObject
+
 __all__ = ["Budget", "PaceOptions", "ReplayTimeout", "ServerPace", "requested_tokens", "timed_chat"]
 
 SAFETY = 3.0  # times the measured time a replay may take before its progress is checked
@@ -58,7 +60,7 @@ class ReplayTimeout(Exception):
         self.kind = kind
 
 
-def requested_tokens(body: dict[str, Any]) -> int | None:
+def requested_tokens(body: JsonObject) -> int | None:
     for name in ("max_tokens", "max_completion_tokens", "n_predict"):
         value = body.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -103,7 +105,7 @@ class ServerPace:
         if prompt_ms is not None:
             self.prompt.append(prompt_ms / 1000)
 
-    def budget(self, body: dict[str, Any]) -> Budget:
+    def budget(self, body: JsonObject) -> Budget:
         """The time one replay of `body` may take before its progress is checked."""
         opts = self.options
         if not self.decode:
@@ -177,7 +179,7 @@ def _slot_state(slot: dict[str, Any]) -> tuple[Any, ...]:
 
 
 async def timed_chat(
-    client: Any, body: dict[str, Any], pace: ServerPace, *, stream: bool = False
+    client: Any, body: JsonObject, pace: ServerPace, *, stream: bool = False
 ) -> Any:
     """`client.chat(body)` (`chat_stream` when `stream`) within its budget, waited for past
     it while the server progresses; ReplayTimeout when it stalls (kind "timeout") or is

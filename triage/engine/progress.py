@@ -9,9 +9,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kb.domain.records import Reply
+from triage.engine.backend import ReplayOptions
 from triage.engine.decide import Execution
 from triage.engine.eta import eta_bound
 from triage.engine.events import Event, LookStarted, RepliesIn
+from triage.engine.pacing import PaceOptions
 from triage.engine.recorder import Recorder
 from triage.engine.servers import scrub_secrets
 
@@ -31,7 +33,14 @@ class ExecuteOptions:
     ready_timeout: float
     divergence_seeds: int
     schedule: tuple[int, ...]
+    pace: PaceOptions | None = None  # replay time limits (triage.engine.pacing)
     check_preconditions: bool = True  # False: run arms whose `requires` says they cannot matter
+
+    @property
+    def replay(self) -> ReplayOptions:
+        return ReplayOptions(
+            self.seed, self.request_timeout, self.ready_timeout, self.concurrency, self.pace
+        )
 
 
 class Progress:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kb.domain.records import Reply
+from kb.jsontypes import JsonObject
 from kb.repo import runs
 from kb.repo.store import Store, get_incident
 from triage.engine.servers import EngineError
@@ -37,7 +38,7 @@ class Recorder:
         new: runs.NewIncident,
         causes: Sequence[runs.CauseSpec],
         *,
-        exchange: dict[str, Any] | None,
+        exchange: JsonObject | None,
         findings: list[dict[str, Any]],
         plan: dict[str, Any] | None,
     ) -> None:

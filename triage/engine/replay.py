@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from kb.domain.records import Reply
-from kb.repo.store import data_dir
+from kb.jsontypes import JsonObject
+from kb.repo.engine import data_dir
 from triage import probes
 from triage.engine.diagnosis import arm_summary
 from triage.engine.replayer import score_one
@@ -72,7 +73,7 @@ class _RoundRobin:
 
 def replay_rate(
     stack: Stack,
-    request_bodies: list[dict[str, Any]],
+    request_bodies: list[JsonObject],
     *,
     max_requests: int = DEFAULT_CAP,
     baseline: tuple[int, int] | None = None,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kb.domain.records import Reply
+from kb.jsontypes import JsonObject
 from triage import probes
 from triage.causes import BASELINE
 from triage.engine.pacing import PaceOptions, ReplayTimeout, ServerPace, timed_chat
@@ -75,7 +76,7 @@ def scored_copy(payload: Any) -> Any:
 async def score_one(
     client: Any,
     arm: str,
-    body: dict[str, Any],
+    body: JsonObject,
     index: int,
     seed: int,
     sem: AbstractAsyncContextManager[Any],
@@ -137,7 +138,7 @@ async def score_one(
     )
 
 
-def _scored_stream(arm: str, body: dict[str, Any], index: int, seed: int, result: Any) -> Reply:
+def _scored_stream(arm: str, body: JsonObject, index: int, seed: int, result: Any) -> Reply:
     """A streamed reply scored like a non-streamed one: the SSE bytes as received (a
     gateway's error page when it answered instead), the message re-assembled from them."""
     request = {**body, "stream": True}

@@ -11,6 +11,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from kb.jsontypes import JsonObject
+
 __all__ = ["Signature", "gate_message"]
 
 GATEWAY_KIND = "gateway-error"
@@ -27,7 +29,7 @@ class Signature:
     status_class: int | None = None  # 2 for 2xx, 5 for 5xx, ...
 
     @classmethod
-    def from_findings(cls, findings: list[dict[str, Any]], exchange: dict[str, Any]) -> Signature:
+    def from_findings(cls, findings: list[dict[str, Any]], exchange: JsonObject) -> Signature:
         kinds = frozenset(str(f["kind"]) for f in findings if not f.get("passed", True))
         status = exchange.get("status") if exchange else None
         finish = None

@@ -17,6 +17,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from kb.repo.runs import RunCandidate
 from triage.engine.servers import EngineError, safe_describe, server_label
 from triage.stackfile import Stack
@@ -43,7 +44,7 @@ def stack_fingerprint(stack: Stack) -> str:
     return _digest(safe_describe(stack.server))
 
 
-def request_fingerprint(request: dict[str, Any]) -> str:
+def request_fingerprint(request: JsonObject) -> str:
     return _digest(request)
 
 
@@ -73,7 +74,7 @@ def choose_run(
     candidates: Sequence[RunCandidate],
     stack: Stack,
     *,
-    request: dict[str, Any] | None = None,
+    request: JsonObject | None = None,
     incident: str | None = None,
 ) -> RunCandidate:
     """The one run to resume, or EngineError saying why none is (with the runs it saw).

@@ -11,12 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from triage import probes
+from triage.engine.backend import ArmReplayer, Backend
 from triage.engine.crashes import crash_facts, report_of
 from triage.engine.decide import Execution, Rules
 from triage.engine.events import LookStarted, ProgressEvent
 from triage.engine.launches import LaunchPool, launch_rounds, memory_available
 from triage.engine.progress import ExecuteOptions, Journal, Progress
-from triage.engine.replayer import ArmRoute, LlamaReplayer
+from triage.engine.replayer import ArmRoute
 from triage.engine.scheduler import ArmState, Scheduler
 from triage.engine.servers import Server, gateway_server
 
@@ -29,7 +30,8 @@ class Rounds:
 
     execution: Execution
     options: ExecuteOptions
-    replayer: LlamaReplayer
+    replayer: ArmReplayer
+    backend: Backend
     rules: Rules
     journal: Journal
     progress: Progress
@@ -110,7 +112,7 @@ class Rounds:
             exchange=self.exchange or None,
             client_side=gateway_server(self.execution.plan.stack, base),
         )
-        facts = await observe_arm(planned, context)
+        facts = await observe_arm(self.backend, planned, context)
         if facts:
             self.execution.facts[str(facts["name"])] = facts
 
@@ -135,14 +137,14 @@ def mark_died(arm: ArmState, exc: BaseException, facts: dict[str, dict[str, Any]
 
 
 async def observe_arm(
-    planned: probes.PlannedArm, context: probes.ObserveContext
+    backend: Backend, planned: probes.PlannedArm, context: probes.ObserveContext
 ) -> dict[str, Any] | None:
     """The arm's observation hook's facts (named after the arm); a hook that fails is
     recorded as an observation with its error, not fatal."""
     assert planned.observe is not None
     facts: dict[str, Any] | None
     try:
-        facts = await planned.observe(context)
+        facts = await backend.observe_arm(planned, context)
     except Exception as exc:  # noqa: BLE001 - an observation is recorded, not fatal
         facts = {"name": f"{planned.name}-observation", "error": f"{type(exc).__name__}: {exc}"}
     return {"name": planned.name, **facts} if facts else None

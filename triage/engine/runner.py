@@ -19,31 +19,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from kb.repo import runs
-from kb.repo.store import Store, data_dir
+from kb.repo.engine import data_dir
+from kb.repo.store import Store
 from triage.capture.redact import redact_url
 from triage.catalogue import catalogue
 from triage.engine import resuming
+from triage.engine.backend import Backend, LlamaBackend
 from triage.engine.crashes import report_of, startup_crash
 from triage.engine.decide import decide
 from triage.engine.events import ArmsPlanned, Event, ProgressEvent, ProgressFn
 from triage.engine.execute import Executor, note_failures
 from triage.engine.naming import ModelIdentity, identity_from_file, url_model_identity
-from triage.engine.pacing import PaceOptions, ServerPace
+from triage.engine.pacing import PaceOptions
 from triage.engine.plan import Plan, plan
 from triage.engine.progress import ExecuteOptions, Progress
 from triage.engine.record import record
 from triage.engine.recorder import Recorder
-from triage.engine.replayer import LlamaReplayer
 from triage.engine.reproduction import Signature
 from triage.engine.servers import (
     EngineError,
     Server,
     api_key_from_args,
-    check_config,
     check_gateway,
-    check_url,
-    open_server,
     safe_args,
     safe_describe,
     safe_stack_raw,
@@ -93,16 +92,18 @@ class Diagnoser:
         self,
         store: Store,
         stack: Stack,
-        request: dict[str, Any],
+        request: JsonObject,
         *,
-        exchange: dict[str, Any] | None = None,
+        exchange: JsonObject | None = None,
         findings: list[dict[str, Any]] | None = None,
         incident: str | None = None,
         options: DiagnoseOptions | None = None,
         progress: ProgressFn | None = None,
         run_id: int | None = None,
         exchange_evidence: str | None = None,
+        backend: Backend | None = None,
     ) -> None:
+        self.backend: Backend = backend or LlamaBackend()
         self.stack = stack
         self.request = copy.deepcopy(request)
         self.exchange = exchange or {}
@@ -142,6 +143,12 @@ class Diagnoser:
             ready_timeout=options.ready_timeout,
             divergence_seeds=options.divergence_seeds,
             schedule=tuple(options.looks or look_schedule(options.max_requests)),
+            pace=PaceOptions(
+                first=options.request_timeout,
+                floor=min(options.replay_floor, options.replay_cap),
+                cap=options.replay_cap,
+                stall=options.stall_seconds,
+            ),
             check_preconditions=options.check_preconditions,
         )
 
@@ -193,25 +200,12 @@ class Diagnoser:
             raise
 
     def _executor(self, chosen: Plan, base: Server | None) -> Executor:
-        options = self.options
-        replayer = LlamaReplayer(
-            self.request,
-            options.seed,
-            options.request_timeout,
-            options.concurrency,
-            pace_options=PaceOptions(
-                first=options.request_timeout,
-                floor=min(options.replay_floor, options.replay_cap),
-                cap=options.replay_cap,
-                stall=options.stall_seconds,
-            ),
-        )
         executor = Executor(
             chosen,
             exchange=self.exchange,
             signature=self.signature,
             options=self.progress.options,
-            replayer=replayer,
+            backend=self.backend,
             recorder=self.recorder,
             progress=self.progress,
             secrets=self.secrets,
@@ -219,9 +213,6 @@ class Diagnoser:
         )
         if base is not None:
             executor.execution.servers[base.key] = base
-            if base.pace is None and replayer.pace_options is not None:
-                # The observation requests measure the server's speed first (pacing).
-                base.pace = ServerPace(replayer.pace_options)
         return executor
 
     def _lint_model(self, base: Server | None) -> None:
@@ -296,14 +287,14 @@ class Diagnoser:
             )
         server = self.stack.server
         if server.model is None and server.url:
-            check_url(server.url)
+            self.backend.check_url(server.url)
         else:
-            check_config(server, "$.server")
+            self.backend.check_config(server, "$.server")
         if self.stack.gateway is not None:
             check_gateway(self.stack.gateway)
         for planned in self.plan.every:  # the plan, computed once
             if planned.config is not None:
-                check_config(planned.config, f"arm {planned.name}")
+                self.backend.check_config(planned.config, f"arm {planned.name}")
 
     def _launch_base(self, servers: ExitStack) -> Server | None:
         server = self.stack.server
@@ -324,7 +315,7 @@ class Diagnoser:
         )
         try:
             base = servers.enter_context(
-                open_server(
+                self.backend.launch(
                     self.stack.server, self.log_dir / stamp / "incident", self.options.ready_timeout
                 )
             )

@@ -12,7 +12,7 @@ import signal
 import time
 from typing import Any, cast
 
-from kb.repo.store import redact_url
+from kb.repo.engine import redact_url
 from triage.capture import redact_text
 from triage.proxy import recorder as _recorder
 from triage.proxy.metrics import ProxyMetrics, token_count

@@ -16,10 +16,10 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from kb.repo import decisions as kb_decisions
-from kb.repo.store import StoreError
+from kb.domain.errors import StoreError
+from kb.domain.triggers import DecisionError
 from kb.service import DecisionRequest, KnowledgeBase, RecordedDecision, StatusChange
-from triage import capture, engine, stackfile, symptoms
+from triage import capture, engine, stackfile
 from triage.catalogue import catalogue
 from triage.revisit import ReplayRate, RevisitResult, revisit_incident
 
@@ -166,11 +166,6 @@ def _progress_adapter(report: Progress) -> Callable[[Any], None]:
     return callback
 
 
-def _finding_dict(finding: Any) -> dict[str, Any]:
-    data = finding.to_dict() if hasattr(finding, "to_dict") else dict(finding)
-    return {k: data.get(k) for k in ("kind", "passed", "score", "reason", "where")}
-
-
 def run_triage(
     kb: KnowledgeBase,
     exchange: Any,
@@ -184,14 +179,11 @@ def run_triage(
     options = engine.DiagnoseOptions()
     if max_requests:
         options.max_requests = int(max_requests)
-    findings = [_finding_dict(f) for f in symptoms.classify(exchange)]
     try:
-        diagnosis: dict[str, Any] = engine.diagnose(
+        diagnosis: dict[str, Any] = engine.diagnose_exchange(
             kb.store,
+            exchange,
             stack,
-            exchange.request,
-            exchange=exchange.to_dict(),
-            findings=findings,
             incident=incident or None,
             options=options,
             progress=_progress_adapter(progress),
@@ -219,5 +211,5 @@ def revisit(
         return revisit_incident(
             kb.store, slug, stack_path, max_requests=max_requests, replay_rate=replay_rate
         )
-    except (kb_decisions.DecisionError, stackfile.StackError, engine.EngineError) as exc:
+    except (DecisionError, stackfile.StackError, engine.EngineError) as exc:
         raise ActionError(str(exc)) from exc

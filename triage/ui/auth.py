@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kb.repo.engine import data_dir
 from kb.repo.fileio import read_bounded
-from kb.repo.store import data_dir
 
 __all__ = [
     "AUTH_MODES",

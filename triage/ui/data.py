@@ -14,6 +14,8 @@ from typing import Any
 
 import streamlit as st
 
+from kb.domain.decisions import ParkedIncident
+from kb.domain.triggers import stored_trigger
 from kb.jsontypes import JsonObject
 from kb.models import (
     CAUSE_STATUSES,
@@ -21,7 +23,7 @@ from kb.models import (
     INCIDENT_STATUSES,
 )
 from kb.repo import decisions as kb_decisions
-from kb.repo.store import database_url
+from kb.repo.engine import database_url
 from kb.service import (
     PAGE_SIZE,
     SEARCH_LIMIT,
@@ -154,7 +156,7 @@ class DecisionEntry:
 
 def describe_trigger(trigger: dict[str, Any]) -> str:
     """One line for people: what a revisit trigger waits for."""
-    return str(kb_decisions.describe_trigger(trigger, process_catalogue().triggers))
+    return str(kb_decisions.describe_trigger(stored_trigger(trigger), process_catalogue().triggers))
 
 
 @dataclass(frozen=True)
@@ -225,6 +227,6 @@ def decision_log(kb: KnowledgeBase, *, on: date | None = None) -> list[DecisionE
 
 def incident_parked_state(
     kb: KnowledgeBase, slug: str, on: date | None = None
-) -> kb_decisions.ParkedIncident | None:
+) -> ParkedIncident | None:
     """kb.repo.decisions' ParkedIncident for one incident (None unless it is parked)."""
     return kb.parked_incident(slug, on or today(), process_catalogue().triggers)

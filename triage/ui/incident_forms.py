@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import streamlit as st
 
+from kb.domain.errors import StoreError
 from kb.jsontypes import JsonObject
 from kb.repo import decisions as kb_decisions
-from kb.repo.store import StoreError
 from kb.service import KnowledgeBase
 from triage.ui import actions, data
 from triage.ui.text import md_escape

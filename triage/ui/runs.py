@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from kb.repo.runlog import RunInfo
 from kb.service import KnowledgeBase
 
@@ -45,9 +46,7 @@ def load_runs(kb: KnowledgeBase, slug: str) -> IncidentRuns:
     return IncidentRuns(found.runs, found.evidence_run)
 
 
-def record_for_run(
-    record: dict[str, Any], runs: IncidentRuns, run_id: int | None
-) -> dict[str, Any]:
+def record_for_run(record: JsonObject, runs: IncidentRuns, run_id: int | None) -> JsonObject:
     """A copy of the record with only the evidence of `run_id` (and evidence of no run);
     cause and finding links to other runs' evidence are dropped. None or ALL_RUNS: as is."""
     if not run_id:

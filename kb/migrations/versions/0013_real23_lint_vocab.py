@@ -5,7 +5,7 @@ Revises: 0012_cause24_stream_format
 Create Date: 2026-12-01
 
 kb.vocab gives bits to four new finding kinds: every stored family signature is marked stale,
-so kb.family recomputes it on the next refresh (as 0006 did). Self-contained (no imports
+so kb.repo.family recomputes it on the next refresh (as 0006 did). Self-contained (no imports
 from kb).
 """
 

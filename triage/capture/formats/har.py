@@ -33,8 +33,8 @@ from triage.capture.redact import redact_headers
 __all__ = ["FORMAT", "parse_har", "register"]
 
 # Chat completions, and llama-server's embeddings and rerank routes (/v1/embeddings,
-# /embeddings, /embedding, /v1/rerank, /rerank, /v1/reranking...).
-_CHAT_PATH = re.compile(r"/(?:chat/completions|embeddings?|rerank(?:ing)?)/?$")
+# /embeddings, /v1/rerank, /rerank, /v1/reranking; not the non-OpenAI /embedding).
+_CHAT_PATH = re.compile(r"/(?:chat/completions|embeddings|rerank(?:ing)?)/?$")
 
 
 def _har_headers(value: Any) -> list[tuple[str, str]]:

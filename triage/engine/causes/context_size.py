@@ -24,6 +24,7 @@ from triage.causes import (
     share,
     suspect,
 )
+from triage.engine.arms.context_size import unplanned_reason
 from triage.engine.causes.token_limit import natural_length
 from triage.plugin_api import Registry
 
@@ -52,8 +53,6 @@ def _fill_note(fill: Mapping[str, Any]) -> str:
 
 def _missing(obs: Observations) -> str:
     """Why the context-lifted arm is not in the plan, with the numbers that say so."""
-    from triage.engine.arms.context_size import unplanned_reason
-
     plan = (obs.facts.get("server-config") or {}).get("context")
     n_ctx = (obs.facts.get("server-props") or {}).get("n_ctx_slot")
     if not isinstance(plan, dict):

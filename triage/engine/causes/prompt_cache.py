@@ -149,10 +149,6 @@ def _cache_on_verdict(base: ArmOutcome, cache_on: Mapping[str, Any]) -> Verdict 
 
 
 def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
-    facts = obs.facts.get(ARM)
-    if not facts or facts.get("error"):
-        why = (facts or {}).get("error") or f"the {ARM} observation did not run"
-        return suspect(ID, str(why), ARM, basis="untested")
     base = baseline_of(arms)
     if reproduces(arms):
         return _rejected(
@@ -160,6 +156,10 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
             f"reproduces the failure ({base.kn()}): the cache is not needed for it",
             "baseline",
         )
+    facts = obs.facts.get(ARM)
+    if not facts or facts.get("error"):
+        why = (facts or {}).get("error") or f"the {ARM} observation did not run"
+        return suspect(ID, str(why), ARM, basis="untested")
     if facts.get("cache_off"):
         return _rejected(
             "the client turned the prompt cache off (cache_prompt: false): nothing was reused "

@@ -70,11 +70,11 @@ def pick_run(runs: IncidentRuns) -> int | None:
     )
 
 
-def evidence_index(record: JsonObject) -> dict[str, dict[str, Any]]:
+def evidence_index(record: JsonObject) -> dict[str, JsonObject]:
     return {str(item.get("id")): item for item in record.get("evidence") or []}
 
 
-def arm_line(payload: dict[str, Any]) -> str:
+def arm_line(payload: JsonObject) -> str:
     ci = payload.get("ci95") or [None, None]
     p_value = payload.get("p_value")
     parts = [
@@ -92,7 +92,7 @@ def arm_line(payload: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def show_evidence(item: dict[str, Any], *, relation: str = "", note: str = "") -> None:
+def show_evidence(item: JsonObject, *, relation: str = "", note: str = "") -> None:
     """One piece of evidence: summary, numbers, the probe arm, the raw (redacted) payload."""
     payload = item.get("payload") or {}
     head = f"**{md_escape(item.get('id'))}** · {md_escape(item.get('kind', ''))}"
@@ -173,7 +173,7 @@ def header(record: JsonObject) -> None:
             st.caption(md_escape(", ".join(f"{k}: {v}" for k, v in extra.items())))
 
 
-def findings_table(symptoms: list[dict[str, Any]]) -> None:
+def findings_table(symptoms: list[JsonObject]) -> None:
     """The incident's findings, one row each (nothing when there are none)."""
     if not symptoms:
         return

@@ -8,8 +8,10 @@ from datetime import timedelta
 import pandas as pd
 import streamlit as st
 
+from kb.domain.retrotext import failing_text
 from kb.models import utcnow
 from kb.repo import live
+from kb.repo.liveincidents import MATCHED_PREFIX
 from triage.stats import wilson
 from triage.ui import data, livechart, nav
 from triage.ui.text import md_escape
@@ -91,8 +93,8 @@ if not opened:
 for item in opened:
     detection = item["detection"]
     by = str(item["opened_by"])
-    if by.startswith(live.MATCHED_PREFIX):  # an incident opened by other means
-        how = f"same failure family: evidence added by {by.removeprefix(live.MATCHED_PREFIX)}"
+    if by.startswith(MATCHED_PREFIX):  # an incident opened by other means
+        how = f"same failure family: evidence added by {by.removeprefix(MATCHED_PREFIX)}"
     else:
         how = f"opened by {by}"
     variants = item.get("variants") or [item["signature"]]
@@ -102,7 +104,7 @@ for item in opened:
         st.markdown(
             f"**{md_escape(item['title'])}**  \n"
             f"{md_escape(item['slug'])} · {md_escape(item['status'])} · "
-            f"{md_escape(live.failing_text(detection))} · {md_escape(how)}  \n"
+            f"{md_escape(failing_text(detection))} · {md_escape(how)}  \n"
             f"signature{'s' if len(variants) > 1 else ''}: "
             + ", ".join(md_escape(v) for v in variants)
         )

@@ -2,40 +2,23 @@
 
 from __future__ import annotations
 
-import importlib
-
 import streamlit as st
 
+from kb.domain.retro import retro_markdown
+from kb.domain.retroformat import FORMATS, markdown_renderer, retro_text
 from kb.jsontypes import JsonObject
 from triage.ui import data, nav
-from triage.ui.text import markdown_to_html, md_escape
+from triage.ui.text import md_escape
 
 store = data.get_store()
 
 
 def retrospective(record: JsonObject) -> tuple[str, str]:
-    """(markdown, html fragment) from kb.domain.retro, else the recorded narrative."""
-    try:
-        retro = importlib.import_module("kb.domain.retro")
-    except ModuleNotFoundError as exc:
-        if exc.name != "kb.domain.retro":
-            raise
-        retro = None
-    generate = getattr(retro, "retro_markdown", None) or getattr(
-        retro, "retrospective_markdown", None
-    )
-    if generate is not None:
-        markdown = str(generate(record))
-        renderer = getattr(retro, "markdown_renderer", None)
-        # kb.domain.retro's renderer: raw HTML off, links limited to http(s)/mailto/anchors.
-        html = renderer().render(markdown) if renderer else markdown_to_html(markdown)
-        return markdown, html
-    st.warning(
-        "The retrospective generator (kb.domain.retro) is not installed in this build; "
-        "showing the incident's recorded narrative instead."
-    )
-    markdown = f"# {record.get('title', record['slug'])}\n\n{record.get('body', '')}"
-    return markdown, markdown_to_html(markdown)
+    """(markdown, html fragment) of the record's retrospective (kb.domain.retro); the HTML
+    from kb.domain.retroformat's renderer: raw HTML off, links limited to http(s)/mailto/
+    in-page anchors."""
+    markdown = retro_markdown(record)
+    return markdown, markdown_renderer().render(markdown)
 
 
 slug = st.query_params.get("slug")
@@ -62,11 +45,9 @@ else:
         )
         markdown, html = retrospective(record)
         # To paste: Markdown with linked citations (GitHub), plain Markdown (Jira, issues,
-        # wikis: no anchors) or Slack's markup (kb.domain.retro.retro_text).
-        text_of = getattr(importlib.import_module("kb.domain.retro"), "retro_text", None)
-        formats = ("markdown", "plain", "slack") if text_of else ("markdown",)
-        fmt = st.radio("Format to paste", formats, horizontal=True, key="retro_format")
-        pasted = markdown if fmt == "markdown" or text_of is None else str(text_of(record, fmt))
+        # wikis: no anchors) or Slack's markup (kb.domain.retroformat.retro_text).
+        fmt = st.radio("Format to paste", FORMATS, horizontal=True, key="retro_format")
+        pasted = markdown if fmt == "markdown" else retro_text(record, fmt)
         st.download_button(
             "Download Markdown" if fmt == "markdown" else f"Download for {fmt}",
             pasted,

@@ -114,3 +114,30 @@ def test_a_base_model_without_template_is_linted_from_its_file_and_the_servers_l
     eot = findings["end-of-turn-mismatch"]["reason"]
     assert "'<|im_end|>'" in eot and "EOG per the server's log" in eot and "'<end_of_turn>'" in eot
     assert "general.name 'Gemma 3 270m'" in findings["base-model-for-chat"]["reason"]
+
+
+def test_a_stop_string_that_empties_the_reply_is_named_by_the_request_field_ablation(
+    smollm2: Path, tmp_path: Path
+) -> None:
+    drill = build_drill("real-smollm2-stop-cuts", tmp_path / "drill")
+    store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
+    try:
+        diagnosis = diagnose(
+            store,
+            load_stack(drill.out_dir / "stack.toml"),
+            drill.request("failing"),
+            options=DiagnoseOptions(max_requests=16, log_dir=tmp_path / "runs"),
+        )
+    finally:
+        store.close()
+    assert running_servers() == []
+    assert not [c for c in diagnosis["causes"] if c["status"] == "confirmed"]
+    verdict = diagnosis["verdict"]
+    assert verdict["status"] == "unexplained"
+    # Only the ablation of `stop` removes the failure, against the same baseline.
+    assert [f.split(" ")[0] for f in verdict["request_fields"]] == ["stop"]
+    arms = {a["name"]: a for a in diagnosis["arms"]}
+    without, baseline = arms["without-stop"], arms["baseline"]
+    assert without["decision"] == "removes" and without["failures"] < without["n"] / 2
+    assert baseline["failures"] >= baseline["n"] / 2
+    assert arms["without-sampling"]["decision"] != "removes"

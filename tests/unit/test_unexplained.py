@@ -68,6 +68,20 @@ def test_a_confirmed_cause_or_an_unfinished_run_is_not_unexplained() -> None:
     assert overall_verdict("partial", CAUSES, [])["status"] == "partial"
 
 
+def test_a_baseline_that_never_failed_is_not_called_reproduced() -> None:
+    """A finished run whose baseline replays all succeeded and that confirms nothing must not
+    say "the failure reproduces": it is not reproduced, and the CLI exits non-zero."""
+    verdict = overall_verdict("done", CAUSES, [_arm("baseline", 0, 16)])
+    assert verdict["status"] == "not-reproduced"
+    assert "reproduces" not in verdict["headline"]
+    assert "0/16" in verdict["headline"]
+    with pytest.raises(click.ClickException) as stopped:
+        _exit_for_state({"incident": "i", "state": "done", "verdict": verdict})
+    assert "0/16" in stopped.value.message
+    confirmed = [*CAUSES, _cause("stream-format", "confirmed", "stream-vs-nonstream")]
+    assert overall_verdict("done", confirmed, [_arm("baseline", 0, 16)])["status"] == "explained"
+
+
 def _diagnosis() -> dict[str, Any]:
     verdict = overall_verdict("done", CAUSES, [_arm("baseline", 8, 8)])
     return {"incident": "i", "run_id": 3, "arms": [], "causes": [], "verdict": verdict}

@@ -388,6 +388,8 @@ def _exit_for_state(diagnosis: dict[str, Any]) -> None:
     if state == "not-reproduced":
         message = (diagnosis.get("reproduction") or {}).get("message", "")
         raise click.ClickException(f"{message}")
+    if (diagnosis.get("verdict") or {}).get("status") == "not-reproduced":
+        raise click.ClickException(str(diagnosis["verdict"].get("headline", "not reproduced")))
     if state == "partial":
         raise click.ClickException(
             "the run ended with errors (see the arms marked ERROR or NOT RUN); continue it with "
@@ -504,6 +506,8 @@ def show_command(ctx: click.Context, slug: str, as_json: bool) -> None:
     else:
         click.echo(format_diagnosis(printable or diagnosis))
     if diagnosis.get("state") == "not-reproduced":
+        sys.exit(1)
+    if (diagnosis.get("verdict") or {}).get("status") == "not-reproduced":
         sys.exit(1)
     if (diagnosis.get("verdict") or {}).get("status") == UNEXPLAINED:
         sys.exit(EXIT_UNEXPLAINED)

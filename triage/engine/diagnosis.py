@@ -25,6 +25,7 @@ __all__ = [
 ]
 
 UNEXPLAINED = "unexplained"
+NOT_REPRODUCED = "not-reproduced"
 # What to try when nothing in the catalogue explains a reproduced failure (after the
 # suspected causes' own deciding probes).
 GENERIC_NEXT = (
@@ -112,6 +113,15 @@ def overall_verdict(
     if state != "done":
         return {"status": state, "headline": f"no verdict: the run is {state}"}
     base = next((a for a in arms if a.name == BASELINE), None)
+    if base is not None and base.n and not base.failures:
+        # The replays never showed the captured failure (a stream, a gateway or a turn
+        # sequence the baseline does not replay): nothing was reproduced, so nothing is
+        # "unexplained" either.
+        return {
+            "status": NOT_REPRODUCED,
+            "headline": f"NOT REPRODUCED: no baseline replay failed (0/{base.n}) and no "
+            "observation confirmed a cause; the captured failure was not seen again",
+        }
     seen = f" (baseline {base.failures}/{base.n} failing)" if base is not None and base.n else ""
     rejected = [
         f"{c.id} ({c.deciding_probe or 'baseline'})" for c in causes if c.status == "rejected"

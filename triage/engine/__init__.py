@@ -32,6 +32,7 @@ from triage.engine.events import (
 from triage.engine.intake import diagnose_exchange, findings_json
 from triage.engine.replay import ArmResult, replay_rate
 from triage.engine.replayer import classify_reply
+from triage.engine.resuming import choose_run
 from triage.engine.runner import ACTOR, DiagnoseOptions, Diagnoser
 from triage.engine.scheduler import ArmState
 from triage.engine.servers import EngineError, Server, open_server
@@ -134,8 +135,6 @@ def run_to_resume(
     """The caller's own interrupted run: same stack (and request and incident, when given),
     not running in a live process; EngineError listing the runs seen when there is none or
     more than one could be meant (triage.engine.resuming)."""
-    from triage.engine.resuming import choose_run
-
     with store.session() as session:
         if incident and get_incident(session, incident) is None:
             raise EngineError(f"--incident {incident!r}: no such incident")

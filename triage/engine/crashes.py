@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import signal
+from dataclasses import replace
 from typing import Any
 
 __all__ = [
@@ -146,8 +147,6 @@ def crash_reply(reply: Any, report: Any) -> Any:
     """A replay whose server crashed mid-request or hung: a failing reply of kind
     `server-crash` / `server-hang` (with the signal), not an errored one -- the failure is
     a measurement the reproduction gate and the cause rules read like any other."""
-    from dataclasses import replace
-
     kinds = [crash_kind(report)] + ([report.signal] if report.signal else [])
     if kinds[0] == HANG_KIND:
         kinds.append("timeout")  # what a client saw of a hang: a capture that timed out

@@ -15,6 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from triage.llama import client as llama_client
+from triage.llama.client import LlamaClientError
+from triage.llama.gguf_meta import read_gguf_meta
+
 __all__ = ["ModelIdentity", "identity_from_file", "identity_from_server", "url_model_identity"]
 
 UNKNOWN_MODEL = "server"
@@ -46,8 +50,6 @@ def identity_from_file(model: Path) -> ModelIdentity:
     if any(ch.isalpha() for ch in name):
         return ModelIdentity(name[:NAME_MAX], model.name, "file")
     try:
-        from triage.llama.gguf_meta import read_gguf_meta
-
         general = read_gguf_meta(model).name
     except Exception:  # noqa: BLE001 - an unreadable file keeps its file name
         general = None
@@ -81,11 +83,9 @@ def identity_from_server(props: Any, models: Any = None) -> ModelIdentity:
 
 async def url_model_identity(base_url: str, api_key: str | None = None) -> ModelIdentity:
     """Ask a running server which model it serves (`/props`, then `/v1/models`)."""
-    from triage.llama.client import LlamaClient, LlamaClientError
-
     props: Any = None
     models: Any = None
-    async with LlamaClient(base_url, timeout=PROBE_TIMEOUT, api_key=api_key) as client:
+    async with llama_client.LlamaClient(base_url, timeout=PROBE_TIMEOUT, api_key=api_key) as client:
         try:
             props = await client.props()
         except LlamaClientError:

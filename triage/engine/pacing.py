@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kb.jsontypes import JsonObject
+from triage.llama.client import LlamaClientError
 
 __all__ = ["Budget", "PaceOptions", "ReplayTimeout", "ServerPace", "requested_tokens", "timed_chat"]
 
@@ -133,8 +134,6 @@ class ServerPace:
         if self.polled_at is not None and now - self.polled_at < self.options.poll / 2:
             return
         self.polled_at = now
-        from triage.llama.client import LlamaClientError
-
         try:
             result = await client.request("GET", "/slots", timeout=SLOTS_TIMEOUT)
         except LlamaClientError:
@@ -184,8 +183,6 @@ async def timed_chat(
     """`client.chat(body)` (`chat_stream` when `stream`) within its budget, waited for past
     it while the server progresses; ReplayTimeout when it stalls (kind "timeout") or is
     given up at the cap (kind "slow")."""
-    from triage.llama.client import LlamaClientError
-
     opts = pace.options
     budget = pace.budget(body)
     started = time.monotonic()

@@ -17,6 +17,7 @@ from triage.engine.diagnosis import arm_summary
 from triage.engine.replayer import score_one
 from triage.engine.scheduler import ArmState
 from triage.engine.servers import EngineError, Server, open_server
+from triage.llama import client as llama_client
 from triage.stackfile import Stack
 from triage.stats import DEFAULT_CAP, compare, look_schedule
 
@@ -48,10 +49,8 @@ class _RoundRobin:
     timeout: float
 
     async def replay(self, arm: str, indices: Sequence[int]) -> list[Reply]:
-        from triage.llama.client import LlamaClient
-
         sem = asyncio.Semaphore(max(1, min(self.server.slots, 4)))
-        client = LlamaClient(
+        client = llama_client.LlamaClient(
             self.server.base_url, timeout=self.timeout, api_key=self.server.api_key
         )
         try:

@@ -15,12 +15,17 @@ from typing import Any
 
 from kb.domain.records import Reply
 from kb.jsontypes import JsonObject
-from triage import probes
+from triage import probes, symptoms
+from triage.capture import CaptureError, exchange_from_http
 from triage.causes import BASELINE
+from triage.engine.crashes import CRASH_KIND, HANG_KIND, crash_reply, startup_crash
 from triage.engine.pacing import PaceOptions, ReplayTimeout, ServerPace, timed_chat
 from triage.engine.scheduler import ArmFailed
-from triage.engine.servers import Server
+from triage.engine.servers import Server, open_server
+from triage.llama import client as llama_client
+from triage.llama.client import LlamaClientError
 from triage.observe import committed_text, finish_reason_of, message_of, raw_misplaced
+from triage.symptoms import failure_kinds
 
 __all__ = ["ArmRoute", "LlamaReplayer", "Slots", "classify_reply", "score_one", "scored_copy"]
 
@@ -34,9 +39,6 @@ def classify_reply(
     timed_out: bool = False,
 ) -> tuple[bool, list[str]]:
     """Is this reply a failure, and which failure kinds does it show? (capture + symptoms)"""
-    from triage.capture import CaptureError, exchange_from_http
-    from triage.symptoms import USER_FACING_KINDS, failure_kinds
-
     try:
         exchange = exchange_from_http(
             request, body, status=status, elapsed_ms=elapsed * 1000, timed_out=timed_out
@@ -47,7 +49,7 @@ def classify_reply(
     # A reply fails when its user would see it broken (symptoms.USER_FACING_KINDS); the
     # diagnostic kinds (runaway reasoning) are kept to explain a failure but do not fail a
     # reply on their own.
-    return bool(kinds & USER_FACING_KINDS), sorted(kinds)
+    return bool(kinds & symptoms.USER_FACING_KINDS), sorted(kinds)
 
 
 VERBOSE_SCALAR_MAX = 256  # characters of a `__verbose` string the symptom checks still see
@@ -88,8 +90,6 @@ async def score_one(
     timings). With `pace`, its time limit comes from the server's measured speed and a
     slow reply is waited for while the server progresses (triage.engine.pacing); a reply
     that ends without an answer is an errored reply whose error says why."""
-    from triage.llama.client import LlamaClientError
-
     async with sem:
         started = time.monotonic()
         try:
@@ -277,15 +277,15 @@ class LlamaReplayer:
         return server.pace  # type: ignore[no-any-return]
 
     async def _pool(self, server: Server) -> _Pool:
-        from triage.llama.client import LlamaClient
-
         loop = asyncio.get_running_loop()
         pool = self.pools.get(server.base_url)
         if pool is not None and pool.loop is loop:
             return pool
         # The client's own limit (inspection calls, replays without a pace) stays
         # `timeout`; a paced replay passes its own (triage.engine.pacing.timed_chat).
-        client = LlamaClient(server.base_url, timeout=self.timeout, api_key=server.api_key)
+        client = llama_client.LlamaClient(
+            server.base_url, timeout=self.timeout, api_key=server.api_key
+        )
         if self.concurrency is None and server.slots <= 1 and server.handle is not None:
             server.slots = await _server_slots(client, server.slots)
         slots = self.concurrency or max(1, min(server.slots, 4))
@@ -316,8 +316,6 @@ def crashed_replies(server: Server, replies: list[Reply]) -> list[Reply]:
     """Errored replies of a server that crashed mid-request or hung are failing replies
     of kind server-crash / server-hang (the report is kept on `server.failure`); the next
     replay on it raises ArmFailed. Other errors stay errors."""
-    from triage.engine.crashes import crash_reply
-
     errored = [r for r in replies if r.error]
     if not errored:
         return replies
@@ -353,10 +351,6 @@ class LaunchEachTime:
         return replies
 
     def _one(self, arm: str, index: int) -> Reply:
-        from triage.engine.crashes import CRASH_KIND, HANG_KIND, startup_crash
-        from triage.engine.servers import open_server
-        from triage.llama.client import LlamaClient
-
         seed = self.seed + index
         started = time.monotonic()
         try:
@@ -365,7 +359,7 @@ class LaunchEachTime:
             ) as server:
 
                 async def once() -> Reply:
-                    client = LlamaClient(
+                    client = llama_client.LlamaClient(
                         server.base_url, timeout=self.timeout, api_key=server.api_key
                     )
                     try:

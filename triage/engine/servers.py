@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -9,7 +10,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from triage.stackfile import ServerConfig
+import httpx
+
+from triage.capture import redact_args, redaction_marker
+from triage.capture.redact import SECRET_SERVER_FLAGS, redact_url
+from triage.llama import client as llama_client
+from triage.llama.build import find_server_binary
+from triage.llama.client import LlamaClientError
+from triage.llama.flags import binary_flags, unknown_flags
+from triage.llama.launcher import ServerSpec, launch
+from triage.stackfile import PATH_VALUE_FLAGS, ServerConfig
 
 __all__ = [
     "EngineError",
@@ -90,8 +100,6 @@ class Server:
 
 def safe_args(args: Sequence[str]) -> list[str]:
     """Server arguments fit to record, print or log: secret flag values masked."""
-    from triage.capture import redact_args
-
     return redact_args([str(a) for a in args])
 
 
@@ -100,8 +108,6 @@ def safe_describe(config: ServerConfig) -> dict[str, Any]:
     described = config.describe()
     described["args"] = safe_args(described.get("args") or [])
     if described.get("url"):
-        from triage.capture.redact import redact_url
-
         described["url"] = redact_url(str(described["url"]))
     return described
 
@@ -121,8 +127,6 @@ def safe_stack_raw(raw: Any) -> Any:
     """A parsed stack file with every `args` list's secret flag values masked (for the
     run plan; `--resume` reads the stack file again, so nothing needs the real values)."""
     if isinstance(raw, dict):
-        from triage.capture.redact import redact_url
-
         return {
             k: safe_args(v)
             if k == "args" and isinstance(v, list)
@@ -139,8 +143,6 @@ def safe_stack_raw(raw: Any) -> Any:
 def secret_values(args: Sequence[str]) -> list[str]:
     """The values of the secret flags in `args` (and the key an `--api-key-file` holds):
     what must be scrubbed from any message, log tail or fact the engine records."""
-    from triage.capture.redact import SECRET_SERVER_FLAGS
-
     args = [str(a) for a in args]
     found: list[str] = []
     for i, arg in enumerate(args):
@@ -164,8 +166,6 @@ def scrub_secrets(value: Any, secrets: Sequence[str]) -> Any:
     if not secrets:
         return value
     if isinstance(value, str):
-        from triage.capture import redaction_marker
-
         for secret in secrets:
             if secret in value:
                 value = value.replace(secret, redaction_marker(secret))
@@ -203,8 +203,6 @@ def api_key_from_args(args: Sequence[str]) -> str | None:
 
 def resolve_binary(binary: Path | None) -> Path:
     """The llama-server binary of a configuration: a path, a name on PATH, or the built one."""
-    from triage.llama.build import find_server_binary
-
     if binary is not None and "/" in str(binary):
         return Path(binary)
     if binary is None or str(binary) == "llama-server" and shutil.which("llama-server") is None:
@@ -228,8 +226,6 @@ def open_server(config: ServerConfig, log_dir: Path, ready_timeout: float) -> It
             api_key=api_key_from_args(config.args),
         )
         return
-    from triage.llama.launcher import ServerSpec, launch
-
     if config.model is None:
         raise EngineError("the server configuration has neither a model nor a url")
     api_key = api_key_from_args(config.args)
@@ -254,8 +250,6 @@ RESERVED_FLAGS = ("--host", "--port", "-m", "--model")
 def check_config(config: ServerConfig, where: str) -> None:
     """Refuse, before anything launches, a configuration that cannot start: flags the
     launcher owns, missing model or flag files, a binary that does not exist."""
-    from triage.stackfile import PATH_VALUE_FLAGS
-
     args = list(config.args)
     clashes = sorted({a.split("=", 1)[0] for a in args} & set(RESERVED_FLAGS))
     if clashes:
@@ -283,8 +277,6 @@ def check_flags(binary: Path, args: Sequence[str], where: str) -> None:
     """Refuse args the binary's own `--help` does not list (named, with the closest known
     spelling), before anything launches: such a server would exit at startup with
     "invalid argument". Nothing is checked when the binary's usage cannot be read."""
-    from triage.llama.flags import binary_flags, unknown_flags
-
     unknown = unknown_flags(args, binary_flags(binary))
     if unknown:
         raise EngineError(
@@ -313,8 +305,6 @@ def gateway_server(stack: Any, base: Server) -> Server:
 def check_gateway(gateway: Any, timeout: float = 5.0) -> None:
     """The stack's gateway must accept a connection before a run records anything (any
     HTTP answer will do: a gateway's own routes differ, /health may need a key)."""
-    import httpx
-
     try:
         with httpx.Client(timeout=timeout) as client:
             client.get(gateway.url)
@@ -326,12 +316,9 @@ def check_gateway(gateway: Any, timeout: float = 5.0) -> None:
 
 def check_url(url: str, timeout: float = 5.0) -> None:
     """A running server at `url` must answer /health before a run records anything."""
-    import asyncio
-
-    from triage.llama.client import LlamaClient, LlamaClientError
 
     async def probe() -> int:
-        async with LlamaClient(url, timeout=timeout) as client:
+        async with llama_client.LlamaClient(url, timeout=timeout) as client:
             return int((await client.health(timeout=timeout)).status_code)
 
     try:

@@ -25,6 +25,9 @@ from typing import Any
 
 from kb.jsontypes import JsonObject
 from triage import probes
+from triage.engine.replayer import classify_reply
+from triage.llama import client as llama_client
+from triage.llama.client import LlamaClientError
 from triage.probes import ObserveContext, PlannedArm
 from triage.stackfile import Stack
 from triage.stats import compare
@@ -113,8 +116,6 @@ def apply_signature(signature: str, body: JsonObject) -> JsonObject:
 
 def compare_views(exchange: dict[str, Any]) -> dict[str, Any]:
     """The symptom checks on the client's view and on the wire answer of a capture."""
-    from triage.engine.replayer import classify_reply
-
     request = exchange.get("request") or {}
     status = exchange.get("status") if isinstance(exchange.get("status"), int) else 200
     client, wire = exchange.get("response"), exchange.get("wire_response")
@@ -137,10 +138,9 @@ def _stream_body(request: JsonObject, seed: int) -> JsonObject:
 
 async def _streamed(ctx: ObserveContext, signature: str, kinds: set[str]) -> dict[str, Any]:
     """Paired streamed replays: the server's answer vs the client's view of it."""
-    from triage.engine.replayer import classify_reply
-    from triage.llama.client import LlamaClient, LlamaClientError
-
-    client = LlamaClient(ctx.server.base_url, timeout=ctx.timeout, api_key=ctx.server.api_key)
+    client = llama_client.LlamaClient(
+        ctx.server.base_url, timeout=ctx.timeout, api_key=ctx.server.api_key
+    )
     server_fail = client_fail = fixed = errors = 0
     n, decision, p_value = 0, "undecided", None
     try:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kb.jsontypes import JsonObject
+from triage.llama import client as llama_client
+from triage.llama.client import LlamaClientError
 from triage.llama.gguf_kv import GGUFKVError, read_kv
 from triage.probes import ObserveContext, PlannedArm, max_tokens_of, relaunchable, replay_body
 from triage.stackfile import Stack
@@ -296,11 +298,11 @@ def always_fits(facts: dict[str, Any]) -> bool:
 
 async def context_fill(ctx: ObserveContext) -> dict[str, Any]:
     """One replay of the request on the incident's server and on the larger-context one."""
-    from triage.llama.client import LlamaClient, LlamaClientError
-
     facts: dict[str, Any] = {"name": FACTS, "max_tokens": max_tokens_of(ctx.request)}
     for label, server in (("incident", ctx.base), ("arm", ctx.server)):
-        client = LlamaClient(server.base_url, timeout=ctx.timeout, api_key=server.api_key)
+        client = llama_client.LlamaClient(
+            server.base_url, timeout=ctx.timeout, api_key=server.api_key
+        )
         try:
             props = await client.props()
             result = await client.chat(replay_body(ctx.request, ctx.seed))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from kb.jsontypes import JsonObject
 from triage.engine.arms.context_size import per_slot_context
+from triage.llama.gguf_meta import read_gguf_meta
 from triage.probes import (
     THINKING_PRECONDITION,
     PlannedArm,
@@ -66,8 +67,6 @@ def lift_bound(stack: Stack) -> int | None:
     model = stack.server.model
     if model is None:
         return None
-    from triage.llama.gguf_meta import read_gguf_meta
-
     try:
         context = read_gguf_meta(Path(str(model))).context_length
     except Exception:  # noqa: BLE001 - unreadable metadata: the slot alone bounds it

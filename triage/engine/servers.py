@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from triage.stackfile import ServerConfig
+from triage.stackfile import ServerConfig, ServerDescription
 
 __all__ = [
     "EngineError",
@@ -95,10 +95,10 @@ def safe_args(args: Sequence[str]) -> list[str]:
     return redact_args([str(a) for a in args])
 
 
-def safe_describe(config: ServerConfig) -> dict[str, Any]:
+def safe_describe(config: ServerConfig) -> ServerDescription:
     """`config.describe()` with its secret flag values masked."""
     described = config.describe()
-    described["args"] = safe_args(described.get("args") or [])
+    described["args"] = safe_args(described["args"])
     if described.get("url"):
         from triage.capture.redact import redact_url
 

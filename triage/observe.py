@@ -12,13 +12,28 @@ import copy
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from kb.jsontypes import JsonObject
 from triage import probes
 from triage.llama.client import LlamaClient, LlamaClientError
 from triage.llama.endpoints import Endpoint, endpoint_of
 from triage.llama.gguf_meta import read_gguf_meta
+
+
+class SpeculativeProps(TypedDict, total=False):
+    """What /props says about speculative decoding (empty when it says nothing)."""
+
+    speculative_types: Any  # as /props reports it (a string, usually)
+    speculative: bool
+
+
+class RequestLimits(TypedDict):
+    """The `request-limits` observation: the request's token limit and the slot's context."""
+
+    name: str
+    max_tokens: int | None
+    n_ctx_slot: int | None
 
 
 def message_of(body: Any) -> JsonObject:
@@ -66,7 +81,7 @@ def first_divergence(a: str, b: str) -> int | None:
     return min(len(a), len(b))
 
 
-def speculative_props(props: Any) -> dict[str, Any]:
+def speculative_props(props: Any) -> SpeculativeProps:
     """What /props says about speculative decoding (`speculative.types`, b11434: "none"
     unless a speculative type is configured); `speculative` is True only when it names one.
     A draft model alone shows only in the replies' `timings.draft_n` (the engine reads both)."""
@@ -137,7 +152,7 @@ def observation_summary(name: str, facts: dict[str, Any]) -> str:
     return f"{name}: {json.dumps(facts, default=str)[:200]}"
 
 
-def request_limits(request: JsonObject, props: Any) -> dict[str, Any]:
+def request_limits(request: JsonObject, props: Any) -> RequestLimits:
     """The request's token limit against the slot's context (/props `n_ctx`)."""
     settings = props.get("default_generation_settings") if isinstance(props, dict) else None
     n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None

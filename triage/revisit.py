@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from kb.domain.decisions import REVISIT_ARM, ArmCounts
 from kb.domain.triggers import DecisionError
@@ -31,7 +31,7 @@ from triage.engine import replay_rate as engine_replay_rate
 from triage.engine.servers import safe_describe
 from triage.llama.build import binary_build_info, find_server_binary
 from triage.probes import request_arms
-from triage.stackfile import Stack, load_stack
+from triage.stackfile import ServerDescription, Stack, load_stack
 
 __all__ = [
     "PROPOSALS",
@@ -148,7 +148,7 @@ class _Plan:
     """What the store says about the incident before anything is replayed."""
 
     status: str
-    requests: list[tuple[str, dict[str, Any]]]
+    requests: list[tuple[str, JsonObject]]  # (evidence key, request body as recorded)
     baseline: ArmCounts | None
     source: str
     deciding: list[tuple[str, str]]  # (cause key, deciding probe)
@@ -162,10 +162,75 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _stack_facts(stack: Stack) -> dict[str, Any]:
+class StackFacts(TypedDict, total=False):
+    """What the current stack is (the `stack` of the revisit's evidence payload)."""
+
+    source: str
+    server: ServerDescription
+    weights_sha256: str
+    build_number: Any  # as the binary reports it
+    binary: str
+    build_error: str
+
+
+@dataclass
+class _ArmRun:
+    """One replay run of the revisit (the recorded requests, or one deciding probe); stored
+    as a measurement's payload (`payload()`, keys in the order they always had)."""
+
+    arm: str
+    variant: str
+    n: int
+    failures: int
+    ci95: Any
+    p_value: Any
+    decision: str
+    extras: list[tuple[str, Any]]  # error, log_tail, kinds, ... when the result has them
+    baseline: tuple[int, int] | None
+    baseline_evidence: list[str] | None = None
+    stack: StackFacts | None = None
+    requests: list[str] | None = None
+    causes: list[str] | None = None
+
+    @property
+    def rate(self) -> float | None:
+        return round(self.failures / self.n, 4) if self.n else None
+
+    @property
+    def error(self) -> Any:
+        return dict(self.extras).get("error")
+
+    def payload(self) -> JsonObject:
+        payload: JsonObject = {
+            "type": "arm",
+            "arm": self.arm,
+            "variant": self.variant,
+            "level": "revisit",
+            "n": self.n,
+            "failures": self.failures,
+            "rate": self.rate,
+            "ci95": self.ci95,
+            "p_value": self.p_value,
+            "decision": self.decision,
+        }
+        payload.update(self.extras)
+        if self.baseline is not None:
+            payload["baseline"] = {"failures": self.baseline[0], "n": self.baseline[1]}
+            if self.baseline_evidence is not None:
+                payload["baseline"]["evidence"] = self.baseline_evidence
+        if self.stack is not None:
+            payload["stack"] = self.stack
+        if self.requests is not None:
+            payload["requests"] = self.requests
+        if self.causes is not None:
+            payload["causes"] = self.causes
+        return payload
+
+
+def _stack_facts(stack: Stack) -> StackFacts:
     """What the current stack is: its server, build number and weights hash (best effort:
     a missing fact is recorded as missing, the revisit still runs)."""
-    facts: dict[str, Any] = {"source": str(stack.source), "server": safe_describe(stack.server)}
+    facts: StackFacts = {"source": str(stack.source), "server": safe_describe(stack.server)}
     model = stack.server.model
     if model is not None and Path(model).is_file():
         facts["weights_sha256"] = _sha256(Path(model))
@@ -188,44 +253,38 @@ def _rate(k: int, n: int) -> str:
     return f"{k}/{n} ({k / n:.0%})" if n else f"{k}/{n}"
 
 
-def _arm_payload(
-    result: Any, arm: str, variant: str, baseline: tuple[int, int] | None
-) -> dict[str, Any]:
-    n, failures = int(result.n), int(result.failures)
+def _arm_run(result: Any, arm: str, variant: str, baseline: tuple[int, int] | None) -> _ArmRun:
     ci = getattr(result, "ci95", None)
     if ci is not None and not isinstance(ci, list):
         ci = list(ci.as_list()) if hasattr(ci, "as_list") else [ci[0], ci[1]]
-    payload: dict[str, Any] = {
-        "type": "arm",
-        "arm": arm,
-        "variant": variant,
-        "level": "revisit",
-        "n": n,
-        "failures": failures,
-        "rate": round(failures / n, 4) if n else None,
-        "ci95": ci,
-        "p_value": getattr(result, "p_value", None),
-        "decision": str(getattr(result, "decision", "")),
-    }
+    extras = []
     for extra in ("error", "log_tail", "kinds", "speed_tok_s", "build_info", "stopped"):
         value = getattr(result, extra, None)
         if value not in (None, "", [], {}):
-            payload[extra] = value
-    if baseline is not None:
-        payload["baseline"] = {"failures": baseline[0], "n": baseline[1]}
-    return payload
+            extras.append((extra, value))
+    return _ArmRun(
+        arm=arm,
+        variant=variant,
+        n=int(result.n),
+        failures=int(result.failures),
+        ci95=ci,
+        p_value=getattr(result, "p_value", None),
+        decision=str(getattr(result, "decision", "")),
+        extras=extras,
+        baseline=baseline,
+    )
 
 
-def _summary_line(label: str, payload: dict[str, Any], base: ArmCounts | None) -> str:
-    text = f"{label}: {_rate(payload['failures'], payload['n'])} failed"
-    ci = payload.get("ci95")
+def _summary_line(label: str, run: _ArmRun, base: ArmCounts | None) -> str:
+    text = f"{label}: {_rate(run.failures, run.n)} failed"
+    ci = run.ci95
     if isinstance(ci, list) and len(ci) == 2:
         text += f", 95% CI {float(ci[0]):.2f}-{float(ci[1]):.2f}"
     if base is not None:
         text += f" vs baseline {_rate(base.failures, base.n)}"
-    if payload.get("p_value") is not None:
-        text += f", p={float(payload['p_value']):.2g}"
-    return text + f"; {payload.get('decision') or 'no decision'}"
+    if run.p_value is not None:
+        text += f", p={float(run.p_value):.2g}"
+    return text + f"; {run.decision or 'no decision'}"
 
 
 def _plan(store: Store, slug: str, stack_path: Path | None) -> _Plan:
@@ -267,21 +326,21 @@ def _probe_payloads(
     stack: Stack,
     bodies: list[JsonObject],
     plan: _Plan,
-    after: dict[str, Any],
+    after: _ArmRun,
     *,
     max_requests: int,
     run_dir: Path | None,
-) -> list[tuple[str, dict[str, Any]]]:
+) -> list[tuple[str, _ArmRun]]:
     """While the failure is still there: do the deciding probes of the live causes still (or
     now) remove it on this stack? Request-level probes only; one run per probe."""
-    if not after["failures"] or after["decision"] in ("errored", "removes"):
+    if not after.failures or after.decision in ("errored", "removes"):
         return []
     transforms = {arm.name: arm.transform for arm in request_arms(bodies[0])}
     by_probe: dict[str, list[str]] = {}
     for cause_key, probe in plan.deciding:
         if probe in transforms and probe != "baseline":
             by_probe.setdefault(probe, []).append(cause_key)
-    against = (after["failures"], after["n"])
+    against = (after.failures, after.n)
     payloads = []
     for probe, cause_keys in by_probe.items():
         result = replay(
@@ -291,13 +350,13 @@ def _probe_payloads(
             baseline=against,
             log_dir=run_dir / probe if run_dir else None,
         )
-        payload = _arm_payload(
+        payload = _arm_run(
             result,
             f"{REVISIT_ARM}:{probe}",
             f"deciding probe of {', '.join(cause_keys)} on the current stack",
             against,
         )
-        payload["causes"] = cause_keys
+        payload.causes = cause_keys
         payloads.append((probe, payload))
     return payloads
 
@@ -306,9 +365,9 @@ def _record(
     store: Store,
     slug: str,
     source: str,
-    after: dict[str, Any],
+    after: _ArmRun,
     summary: str,
-    probes: list[tuple[str, dict[str, Any]]],
+    probes: list[tuple[str, _ArmRun]],
     at: datetime,
 ) -> list[str]:
     """Store the revisit run and its probes as evidence, in one transaction; their keys."""
@@ -317,19 +376,19 @@ def _record(
         incident = require_incident(session, slug)
         assert incident.id is not None
 
-        def add(text: str, payload: dict[str, Any]) -> str:
+        def add(text: str, run: _ArmRun) -> str:
             return add_evidence(
                 session,
                 incident_id=incident.id,
                 kind="measurement",
                 summary=text,
-                payload=payload,
+                payload=run.payload(),
                 source=f"triage revisit --stack {source}",
                 recorded_at=at,
             ).key
 
         keys.append(add(summary, after))
-        against = ArmCounts((keys[0],), after["failures"], after["n"])
+        against = ArmCounts((keys[0],), after.failures, after.n)
         for probe, payload in probes:
             line = _summary_line(f"revisit probe {probe} on the current stack", payload, against)
             keys.append(add(line, payload))
@@ -340,21 +399,21 @@ def _proposal(
     slug: str,
     status: str,
     baseline: ArmCounts | None,
-    after: dict[str, Any],
+    after: _ArmRun,
     key: str,
 ) -> tuple[str, str]:
     """(proposal, message) from the before/after rates and the incident's status."""
-    decision = after["decision"]
+    decision = after.decision
     rates = f"before {_rate(baseline.failures, baseline.n)}" if baseline else "no baseline"
-    rates += f", after {_rate(after['failures'], after['n'])}"
-    if after.get("p_value") is not None:
-        rates += f", p={float(after['p_value']):.2g}"
+    rates += f", after {_rate(after.failures, after.n)}"
+    if after.p_value is not None:
+        rates += f", p={float(after.p_value):.2g}"
     if decision == "errored":
-        return "none", f"revisit errored: {after.get('error') or 'the server failed'} [{key}]"
+        return "none", f"revisit errored: {after.error or 'the server failed'} [{key}]"
     if status == "fixed":
         if decision == "removes":
             return "FIXED-holds", f"the fix holds ({rates}) [{key}]"
-        if after["failures"]:
+        if after.failures:
             return "REOPENED", (
                 f"the failure is back ({rates}) [{key}]; record it with: triage decide "
                 f'{slug} --reopened --why "failure back on the current stack" --evidence {key}'
@@ -401,16 +460,16 @@ def revisit_incident(
     base_pair = (baseline.failures, baseline.n) if baseline else None
     run_dir = log_dir / slug if log_dir else None
     result = replay(stack, bodies, max_requests=max_requests, baseline=base_pair, log_dir=run_dir)
-    after = _arm_payload(
+    after = _arm_run(
         result,
         REVISIT_ARM,
         "recorded failing exchanges replayed on the current stack",
         base_pair,
     )
-    after["stack"] = facts
-    after["requests"] = [key for key, _ in plan.requests]
+    after.stack = facts
+    after.requests = [key for key, _ in plan.requests]
     if baseline is not None:
-        after["baseline"]["evidence"] = list(baseline.evidence_keys)
+        after.baseline_evidence = list(baseline.evidence_keys)
     build = facts.get("build_number")
     build_text = f" (build b{build})" if build else ""
     summary = _summary_line(f"revisit on the current stack{build_text}", after, baseline)
@@ -421,12 +480,11 @@ def revisit_incident(
     proposal, message = _proposal(slug, plan.status, baseline, after, keys[0])
     for probe, payload in probes:
         message += (
-            f"; deciding probe {probe}: {_rate(payload['failures'], payload['n'])}"
-            f" ({payload['decision']})"
+            f"; deciding probe {probe}: {_rate(payload.failures, payload.n)} ({payload.decision})"
         )
-    if after.get("error") and after["decision"] != "errored":
+    if after.error and after.decision != "errored":
         # Some replies came back before the server failed; the rates above count only those.
-        message += f"; the server failed part-way: {after['error']}"
+        message += f"; the server failed part-way: {after.error}"
     return RevisitResult(
         slug=slug,
         status=plan.status,
@@ -439,16 +497,16 @@ def revisit_incident(
             else None
         ),
         after=Rate(
-            after["failures"],
-            after["n"],
-            after["rate"],
-            after["ci95"],
-            after["p_value"],
-            after["decision"],
+            after.failures,
+            after.n,
+            after.rate,
+            after.ci95,
+            after.p_value,
+            after.decision,
         ),
         probes=[
-            ProbeOutcome(name, p["failures"], p["n"], p["decision"], tuple(p["causes"]))
+            ProbeOutcome(name, p.failures, p.n, p.decision, tuple(p.causes or ()))
             for name, p in probes
         ],
-        errored=after["decision"] == "errored",
+        errored=after.decision == "errored",
     )

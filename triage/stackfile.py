@@ -52,6 +52,15 @@ class StackError(Exception):
     """A stack file that cannot be used; the message names the file and the field."""
 
 
+class ServerDescription(TypedDict):
+    """A server config as facts and JSON output name it (`safe_describe` masks its secrets)."""
+
+    binary: str | None
+    model: str | None
+    args: list[str]
+    url: str | None
+
+
 class GatewayDescription(TypedDict):
     """A gateway config as facts and JSON output name it (the key's variable, never the key)."""
 
@@ -78,7 +87,7 @@ class ServerConfig:
             [str(self.binary or ""), str(self.model or ""), list(self.args), self.url or ""]
         )
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> ServerDescription:
         return {
             "binary": str(self.binary) if self.binary else None,
             "model": str(self.model) if self.model else None,

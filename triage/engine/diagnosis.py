@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from kb.domain.records import ArmSummary, Diagnosis, DiagnosisArm, DiagnosisCause
 from kb.models import utcnow
@@ -12,7 +12,7 @@ from triage.engine.held_back import carrying_fields
 from triage.engine.scheduler import ArmState
 from triage.engine.servers import safe_describe
 from triage.llama.model_lint import LINT_NEXT
-from triage.stackfile import Stack
+from triage.stackfile import ServerDescription, Stack
 from triage.stats import wilson
 
 __all__ = [
@@ -88,7 +88,17 @@ def arm_summary(arm: ArmState) -> ArmSummary:
     )
 
 
-def stack_summary(stack: Stack, speculative: bool) -> dict[str, Any]:
+class StackSummary(TypedDict):
+    """The stack as the diagnosis JSON's `stack` shows it (secret flag values masked)."""
+
+    server: ServerDescription
+    speculative: bool
+    alternate_model: str | None
+    alternate_binary: str | None
+    known_good: ServerDescription | None
+
+
+def stack_summary(stack: Stack, speculative: bool) -> StackSummary:
     return {
         "server": safe_describe(stack.server),
         "speculative": speculative,

@@ -94,7 +94,7 @@ class ServerPace:
     # behind a stalled one fail at their budget instead of each waiting `stall` again.
     stalled: str | None = None
 
-    def observe(self, timings: dict[str, Any]) -> None:
+    def observe(self, timings: JsonObject) -> None:
         """Learn from one reply's llama-server timings."""
         speed = _number(timings.get("predicted_per_second"))
         decoded = int(_number(timings.get("predicted_n")) or 0)
@@ -152,7 +152,7 @@ class ServerPace:
         self.runaway = next((r for r in map(_runaway, slots) if r), None)
 
 
-def _runaway(slot: dict[str, Any]) -> str | None:
+def _runaway(slot: JsonObject) -> str | None:
     """A processing slot that decoded more tokens than its context holds: only context
     shift keeps such a generation going, and it does not end by itself -- not slow."""
     nxt = slot.get("next_token")
@@ -165,7 +165,7 @@ def _runaway(slot: dict[str, Any]) -> str | None:
     return None
 
 
-def _slot_state(slot: dict[str, Any]) -> tuple[Any, ...]:
+def _slot_state(slot: JsonObject) -> tuple[Any, ...]:
     nxt = slot.get("next_token")
     first = nxt[0] if isinstance(nxt, list) and nxt and isinstance(nxt[0], dict) else {}
     return (

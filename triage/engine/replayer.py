@@ -31,7 +31,7 @@ __all__ = ["ArmRoute", "LlamaReplayer", "Slots", "classify_reply", "score_one", 
 
 
 def classify_reply(
-    request: dict[str, Any],
+    request: JsonObject,
     status: int | None,
     body: Any,
     elapsed: float,
@@ -166,7 +166,7 @@ class ArmRoute:
     """Where an arm's replays go, how its request is varied, and whether it streams."""
 
     server: Server
-    transform: Callable[[dict[str, Any]], dict[str, Any]]
+    transform: Callable[[JsonObject], JsonObject]
     stream: bool = False
 
 
@@ -229,7 +229,7 @@ class LlamaReplayer:
     are in flight per server whatever the number of arms. A launched server whose slots are
     not known yet (only the incident's server is observed) is asked once (`/props`)."""
 
-    request: dict[str, Any]
+    request: JsonObject
     seed: int
     timeout: float
     concurrency: int | None = None
@@ -237,7 +237,7 @@ class LlamaReplayer:
     routes: dict[str, ArmRoute] = field(default_factory=dict)
     pools: dict[str, _Pool] = field(default_factory=dict, repr=False)
     # Per arm: the arm's request (transform applied once; replies differ only in the seed).
-    bodies: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+    bodies: dict[str, JsonObject] = field(default_factory=dict, repr=False)
 
     async def replay(self, arm: str, indices: Sequence[int]) -> list[Reply]:
         route = self.routes[arm]
@@ -339,10 +339,10 @@ class LaunchEachTime:
     config: Any  # ServerConfig
     log_dir: Any  # Path
     ready_timeout: float
-    request: dict[str, Any]
+    request: JsonObject
     seed: int
     timeout: float
-    transform: Callable[[dict[str, Any]], dict[str, Any]]
+    transform: Callable[[JsonObject], JsonObject]
 
     async def replay(self, arm: str, indices: Sequence[int]) -> list[Reply]:
         replies = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from kb.jsontypes import JsonObject
 
@@ -17,6 +17,14 @@ __all__ = ["Signature", "gate_message"]
 
 GATEWAY_KIND = "gateway-error"
 SERVER_FAILURE_KINDS = frozenset({"server-crash", "server-hang"})
+
+
+class SignatureFacts(TypedDict):
+    """A `Signature` as the run's plan and the diagnosis JSON show it."""
+
+    kinds: list[str]
+    finish_reason: str | None
+    status_class: str | None  # "5xx"
 
 
 @dataclass(frozen=True)
@@ -45,7 +53,7 @@ class Signature:
             status // 100 if isinstance(status, int) and status >= 100 else None,
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> SignatureFacts:
         return {
             "kinds": sorted(self.kinds),
             "finish_reason": self.finish_reason,

@@ -53,7 +53,7 @@ def stack_label(stack: Stack) -> str:
     return server_label(stack.server)[:200]
 
 
-def _fingerprints(candidate: RunCandidate) -> dict[str, Any]:
+def _fingerprints(candidate: RunCandidate) -> JsonObject:
     value = candidate.plan.get(FINGERPRINTS)
     return value if isinstance(value, dict) else {}
 

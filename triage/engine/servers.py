@@ -19,7 +19,7 @@ from triage.llama.build import find_server_binary
 from triage.llama.client import LlamaClientError
 from triage.llama.flags import binary_flags, unknown_flags
 from triage.llama.launcher import ServerSpec, launch
-from triage.stackfile import PATH_VALUE_FLAGS, ServerConfig
+from triage.stackfile import PATH_VALUE_FLAGS, ServerConfig, ServerDescription
 
 __all__ = [
     "EngineError",
@@ -103,10 +103,10 @@ def safe_args(args: Sequence[str]) -> list[str]:
     return redact_args([str(a) for a in args])
 
 
-def safe_describe(config: ServerConfig) -> dict[str, Any]:
+def safe_describe(config: ServerConfig) -> ServerDescription:
     """`config.describe()` with its secret flag values masked."""
     described = config.describe()
-    described["args"] = safe_args(described.get("args") or [])
+    described["args"] = safe_args(described["args"])
     if described.get("url"):
         described["url"] = redact_url(str(described["url"]))
     return described

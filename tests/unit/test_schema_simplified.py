@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_backend import FakeBackend
 
+from kb.repo.store import Store
 from triage.capture import exchange_from_http
 from triage.causes import ArmOutcome, Observations
+from triage.commands.engine import validate_diagnosis
+from triage.engine import Diagnoser
 from triage.engine.arms.schema import ARM, SIMPLIFIED_ARM
 from triage.engine.causes.schema import CAUSE
+from triage.engine.replayer import classify_reply
+from triage.engine.servers import Server
 from triage.llama.schema_fields import (
     JUDGE_KEY,
     enforceable_pattern,
@@ -25,6 +32,7 @@ from triage.llama.schema_fields import (
     simplified_schema,
     unsupported_patterns,
 )
+from triage.stackfile import parse_stack
 from triage.symptoms import classify
 
 MESSAGES = [{"role": "user", "content": "Which city? JSON."}]
@@ -176,3 +184,60 @@ def test_never_confirmed_without_a_reproduced_baseline_a_violation_or_the_arm() 
     did_not_run = {"baseline": _arm("baseline", 8, 8, "baseline", kind_counts=VIOLATED)}
     verdict = CAUSE.decide(did_not_run, PLANNED)
     assert verdict.status == "suspected" and verdict.basis == "untested"
+
+
+def _mock_llama_server(arm: str, body: dict[str, Any], server: Server, index: int) -> bool:
+    """llama-server b11434 as measured, on a model that writes `{"city": "Paris"}` unless its
+    grammar forbids it: a pattern the converter enforces makes it write the first string the
+    pattern allows ("PAR" for `[A-Z]{3}`); a pattern it accepts any string for (or none)
+    leaves "Paris". The reply is judged by the real check against the body the arm sent."""
+    placement = schema_placement(body)
+    enforced = (
+        placement is not None and placement.read and not unsupported_patterns(placement.schema)
+    )
+    pattern = placement.schema["properties"]["city"].get("pattern") if placement else None
+    city = "PAR" if enforced and pattern else "Paris"
+    reply = {"choices": [{"message": {"content": json.dumps({"city": city})}}]}
+    failed, kinds = classify_reply(body, 200, reply, 0.1)
+    return failed and "schema-violation" in kinds
+
+
+def _diagnose(store: Store, tmp_path: Path, pattern: str) -> dict[str, Any]:
+    (tmp_path / "m.gguf").write_bytes(b"not a real model")
+    stack = parse_stack(
+        '[server]\nmodel = "m.gguf"\nargs = ["-c", "2048"]\n',
+        base=tmp_path,
+        source=str(tmp_path / "stack.toml"),
+    )
+    request = {"messages": MESSAGES, "max_tokens": 64, **_places(_schema(pattern))["openai"]}
+    (finding,) = _findings(request, '{"city": "Paris"}')
+    findings = [{k: finding.to_dict()[k] for k in ("kind", "passed", "score", "reason", "where")}]
+    backend = FakeBackend(_mock_llama_server, kinds=("schema-violation",))
+    diagnosis = Diagnoser(store, stack, request, findings=findings, backend=backend).run()
+    validate_diagnosis(diagnosis)
+    return diagnosis
+
+
+def test_a_mock_server_confirms_an_unanchored_pattern_and_only_that(
+    store: Store, tmp_path: Path
+) -> None:
+    diagnosis = _diagnose(store, tmp_path, "[A-Z]{3}")
+    causes = {c["id"]: c for c in diagnosis["causes"]}
+    arms = {a["name"]: a for a in diagnosis["arms"]}
+    verdict = causes["schema-not-enforced"]
+    assert verdict["status"] == "confirmed" and verdict["deciding_probe"] == "schema-simplified"
+    assert arms["schema-simplified"]["failures"] == 0 and arms["baseline"]["failures"] > 0
+    assert "schema-relocated" not in arms
+    assert [c for c, v in causes.items() if v["status"] == "confirmed"] == ["schema-not-enforced"]
+
+
+def test_a_mock_server_rejects_when_the_dropped_pattern_still_fails_the_original(
+    store: Store, tmp_path: Path
+) -> None:
+    # The lookahead cannot be rewritten: the arm drops it, the model still writes "Paris",
+    # which passes the sent (weaker) schema but not the client's: unchanged, rejected.
+    diagnosis = _diagnose(store, tmp_path, "^(?=P)[A-Z]+$")
+    verdict = {c["id"]: c for c in diagnosis["causes"]}["schema-not-enforced"]
+    assert verdict["status"] == "rejected" and verdict["deciding_probe"] == "schema-simplified"
+    arm = {a["name"]: a for a in diagnosis["arms"]}["schema-simplified"]
+    assert arm["failures"] == arm["n"] > 0

@@ -54,7 +54,7 @@ def test_an_api_key_stack_is_diagnosed_and_the_key_is_stored_nowhere(
             "--stack",
             str(stack),
             "--max-requests",
-            "4",
+            "8",
             "--json",
             str(out),
         ],

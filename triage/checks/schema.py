@@ -23,14 +23,21 @@ from jsonschema.exceptions import SchemaError, best_match
 from kb.jsontypes import JsonObject
 from triage.catalogue import Catalogue
 from triage.checks.base import Finding, View, _dict_or_empty, _pass, check
-from triage.llama.schema_fields import IGNORED_FIELDS, schema_placement, unsupported_patterns
+from triage.llama.schema_fields import (
+    IGNORED_FIELDS,
+    JUDGE_KEY,
+    schema_placement,
+    unsupported_patterns,
+)
 
 KIND = "schema-violation"
 MAX_CONTENT_CHARS = 1_000_000
 
 
 def requested_schema(request: JsonObject) -> tuple[str, dict[str, Any]] | None:
-    """(where the request puts it, the JSON Schema) or None when it sets none."""
+    """(where the request puts it, the JSON Schema) or None when it sets none. A request
+    the schema-simplified arm rewrote is judged against the client's original schema
+    (JUDGE_KEY), never the simplified one it sent."""
     response_format = _dict_or_empty(request.get("response_format"))
     inner = _dict_or_empty(response_format.get("json_schema"))
     candidates = (
@@ -40,9 +47,10 @@ def requested_schema(request: JsonObject) -> tuple[str, dict[str, Any]] | None:
         # Other servers' fields llama-server ignores: only a non-empty schema counts there.
         *((f"$.request.{field}", request.get(field) or None) for field, _ in IGNORED_FIELDS),
     )
+    judge = request.get(JUDGE_KEY)
     for where, schema in candidates:
         if isinstance(schema, dict):
-            return where, schema
+            return where, judge if isinstance(judge, dict) else schema
     return None
 
 

@@ -14,6 +14,7 @@ not supported ..., accepting any string" and not enforced.
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,3 +107,125 @@ def unsupported_patterns(schema: Any) -> list[tuple[str, str]]:
         elif isinstance(node, list):
             stack.extend(node)
     return found
+
+
+# The key under which the schema-simplified arm's request keeps the client's own schema, so
+# its replies are judged against the original (a dropped pattern would make them pass a
+# weaker schema). llama-server ignores unknown top-level fields (measured on b11434).
+JUDGE_KEY = "x_triage_judge_schema"
+# What pads an unanchored end: any character a JSON string holds unescaped. `.*` is not
+# enough (measured on b11434: with `^.*[A-Z]{3}.*$` the model still wrote "Paris" -- `.`
+# lets it close the string itself); this class keeps the pad inside the string.
+PAD = r'[^"\\\x00-\x1F]*'
+_NAMED_GROUP = re.compile(r"\(\?P?<(?![=!])[A-Za-z_][A-Za-z0-9_]*>")
+
+
+def _ends_with_anchor(pattern: str) -> bool:
+    """Does the pattern end with an unescaped `$`?"""
+    if not pattern.endswith("$"):
+        return False
+    backslashes = len(pattern[:-1]) - len(pattern[:-1].rstrip("\\"))
+    return backslashes % 2 == 0
+
+
+def _top_level_alternation(pattern: str) -> bool:
+    """Is there a `|` outside every group and character class?"""
+    depth, in_class, escaped = 0, False, False
+    for char in pattern:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth = max(0, depth - 1)
+        elif char == "|" and depth == 0:
+            return True
+    return False
+
+
+def enforceable_pattern(pattern: str) -> str | None:
+    """A pattern b11434's converter enforces whose matches all match `pattern` (JSON Schema's
+    unanchored search): non-capturing and named groups made plain groups, an unanchored end
+    padded with PAD and anchored. None when it cannot be rewritten (a lookaround, inline
+    flags, an alternation anchored on one side only): the arm then drops the pattern."""
+    if unsupported_pattern(pattern) is None:
+        return pattern
+    core = _NAMED_GROUP.sub("(", pattern.replace("(?:", "("))
+    if "(?" in core:
+        return None
+    start = core.startswith("^")
+    end = _ends_with_anchor(core)
+    core = core[1 if start else 0 : len(core) - 1 if end else len(core)]
+    if _top_level_alternation(core):
+        if start or end:
+            return None  # `^a|b` anchors one alternative only
+        core = f"({core})"
+    rewritten = f"^{'' if start else PAD}{core}{'' if end else PAD}$"
+    return rewritten if unsupported_pattern(rewritten) is None else None
+
+
+@dataclass(frozen=True)
+class Simplification:
+    """What the schema-simplified arm did to one pattern (`replacement` None: dropped)."""
+
+    pattern: str
+    replacement: str | None
+
+
+def simplified_schema(schema: Any) -> tuple[Any, list[Simplification]]:
+    """A copy of the schema with every pattern the converter does not enforce rewritten so it
+    does (enforceable_pattern) or dropped, and what was done. Bounded like
+    unsupported_patterns; `const`, `enum` and `default` values are data, never walked."""
+    copied = copy.deepcopy(schema)
+    done: list[Simplification] = []
+    stack: list[Any] = [copied]
+    seen = 0
+    while stack and seen < MAX_SCHEMA_NODES:
+        node = stack.pop()
+        seen += 1
+        if isinstance(node, dict):
+            pattern = node.get("pattern")
+            if isinstance(pattern, str) and unsupported_pattern(pattern) is not None:
+                replacement = enforceable_pattern(pattern)
+                if replacement is None:
+                    del node["pattern"]
+                else:
+                    node["pattern"] = replacement
+                done.append(Simplification(pattern, replacement))
+            stack.extend(v for k, v in node.items() if k not in ("const", "enum", "default"))
+        elif isinstance(node, list):
+            stack.extend(node)
+    return copied, done
+
+
+def has_unenforced_pattern(request: JsonObject) -> bool:
+    """Does the request carry, where llama-server reads it, a schema with a pattern its
+    converter accepts any string for?"""
+    placement = schema_placement(request)
+    return placement is not None and placement.read and bool(unsupported_patterns(placement.schema))
+
+
+def simplified(request: JsonObject) -> JsonObject:
+    """The request with the schema llama-server reads simplified (simplified_schema) in
+    place and the original kept under JUDGE_KEY for the schema-violation check. Unchanged
+    when the read schema has no unenforced pattern."""
+    body = copy.deepcopy(request)
+    if not has_unenforced_pattern(request):
+        return body
+    placement = schema_placement(request)
+    assert placement is not None
+    schema, _ = simplified_schema(placement.schema)
+    if placement.where == READ_PLACE:
+        body["response_format"]["json_schema"]["schema"] = schema
+    elif placement.where == "$.request.response_format.schema":
+        body["response_format"]["schema"] = schema
+    else:
+        body["json_schema"] = schema
+    body[JUDGE_KEY] = copy.deepcopy(placement.schema)
+    return body

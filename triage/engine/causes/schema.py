@@ -7,9 +7,11 @@ JSON that violates the schema (the `schema-violation` finding).
 Decided by the `schema-relocated` arm (the same schema where llama-server reads it), planned
 only when the schema is in an ignored place: confirmed when the arm removes the violation
 and the baseline reproduces it. Rejected when the request sets no schema, or when no failing
-reply violates it. A schema already read whose violated `pattern`s the converter does not
-enforce is suspected (no arm rewrites patterns yet); any other violation of a read schema
-stays suspected: the grammar was applied, so something else broke the reply.
+reply violates it. A schema already read with a `pattern` the converter does not enforce is
+decided by the `schema-simplified` arm (those patterns anchored or dropped, the replies
+judged against the original schema): confirmed when it removes the violation of a
+reproduced baseline, rejected when it leaves the failure unchanged. Any other violation of a
+read schema stays suspected: the grammar was applied, so something else broke the reply.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from triage.causes import (
     suspect,
 )
 from triage.engine.arms.schema import ID as ARM
+from triage.engine.arms.schema import SIMPLIFIED
 from triage.plugin_api import Registry
 
 ID = "schema-not-enforced"
@@ -56,6 +59,8 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
             "same way: its place is not it",
             note=f"; {violated:.0%} of the failing baseline replies violate the schema",
         )
+    if SIMPLIFIED in obs.planned:
+        return _simplified(arms)
     if not reproduces(arms):
         return not_reproduced(ID, base, f"{ARM} (a request whose schema llama-server ignores)")
     if share(base, KIND) == 0.0:
@@ -63,11 +68,37 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
     return suspect(
         ID,
         f"{share(base, KIND):.0%} of the failing baseline replies violate the request's JSON "
-        "schema, but it is where llama-server reads it: either a construct its converter "
-        "accepts any string for (a `pattern`; 'JSON schema conversion was incomplete' in the "
-        "server log) or something else broke the reply",
-        "a schema-simplified arm (not built: remove the unenforced pattern and compare)",
+        "schema, but it is where llama-server reads it and has no pattern its converter is "
+        "known to accept any string for: the grammar was applied, something else broke the "
+        "reply (or a construct this check does not know)",
+        "the server log of a replay ('JSON schema conversion was incomplete', 'failed to "
+        "parse grammar') and the schema itself",
         basis="untested",
+    )
+
+
+def _simplified(arms: Mapping[str, ArmOutcome]) -> Verdict:
+    """The schema-simplified arm decides: its replies are judged against the original
+    schema, so a removed violation means the unenforced patterns were what failed open."""
+    base, arm = baseline_of(arms), arms.get(SIMPLIFIED)
+    gate = arm_gate(
+        ID, arm, base, reproduces(arms), SIMPLIFIED, available=True, missing="", hint=""
+    )
+    if gate is not None:
+        return gate
+    assert arm is not None
+    violated = share(base, KIND)
+    if violated == 0.0:
+        return _satisfied(base)
+    return removal_verdict(
+        ID,
+        arm,
+        base,
+        removes_text="with the schema's patterns llama-server's grammar converter accepts any "
+        "string for anchored (or dropped), the replies follow the client's original schema",
+        unchanged_text="with the unenforced patterns anchored (or dropped) the replies still "
+        "violate the client's schema: the unenforced pattern is not it",
+        note=f"; {violated:.0%} of the failing baseline replies violate the schema",
     )
 
 
@@ -90,11 +121,13 @@ CAUSE = CauseRule(
     "(guided_json, format, response_format.schema with type text) or a pattern its "
     "converter cannot translate constrains nothing, and the reply is HTTP 200 with plain text "
     "or JSON that violates the schema",
-    decided_by="the schema-relocated arm (the same schema in response_format.json_schema)",
+    decided_by="the schema-relocated arm (the same schema in response_format.json_schema) or "
+    "the schema-simplified arm (unenforced patterns anchored or dropped, judged against the "
+    "original schema)",
     rule=rule,
-    retrospective="the request's JSON schema sat where llama-server does not read it, so "
-    "nothing constrained the reply; the same schema in response_format.json_schema was "
-    "enforced",
+    retrospective="the request's JSON schema was not enforced: it sat where llama-server "
+    "does not read it, or had a pattern its grammar converter accepts any string for; with "
+    "the schema in response_format.json_schema, or the pattern anchored, it was enforced",
 )
 
 

@@ -16,6 +16,7 @@ sink; the known-good search says which configuration to run next. Nothing calls 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -109,6 +110,7 @@ class Executor:
             await self._crash_mode(log_dir)
         else:
             await self._run_arms(base, log_dir)
+        _stop_if_interrupted()
         return self.execution
 
     async def _run_arms(self, base: Server, log_dir: Path) -> None:
@@ -139,15 +141,18 @@ class Executor:
             self.rounds.start_round(pool, rounds[0] if rounds else [])
             if not await self._reproduce(self.replayer):
                 return
+            _stop_if_interrupted()
             crashed = _base_failed(base)  # the baseline's replays crashed or hung it
             if not crashed:
                 # One run: the request-level arms and the first round's server-level arms,
                 # each joining as soon as its server is up, all busy at the same time.
                 first = rounds[0] if rounds else []
                 await self.rounds.run_round(pool, first, base, [p.name for p in request_arms])
+                _stop_if_interrupted()
                 for names in rounds[1:]:
                     self.rounds.start_round(pool, names)
                     await self.rounds.run_round(pool, names, base)
+                    _stop_if_interrupted()
                 await self._run_held_back(pool, base)
         if crashed:
             await self._crash_mode_after(base, log_dir)
@@ -358,3 +363,14 @@ def gate(signature: Signature, arms: dict[str, ArmState]) -> dict[str, Any]:
         "message": message or "the baseline reproduces the captured failure",
         "signature": signature.to_dict(),
     }
+
+
+def _stop_if_interrupted() -> None:
+    """A Ctrl-C cancels the run's task (asyncio.run's SIGINT handler). A library that
+    swallowed that cancellation on its way (httpx closes connections under shielded cancel
+    scopes) would let the run go on and finish as if nothing happened; the task still counts
+    the request (`cancelling()`), so the run stops at the next step and asyncio.run turns
+    it into the KeyboardInterrupt the runner records as an interrupted, resumable run."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

@@ -1,38 +1,8 @@
 """Failure families stored: signature rows, similar past incidents, family links.
 
-The signature and similarity rules are pure, in kb.domain.family.
-
-A signature is what "have we seen this before?" compares:
-
-    finding kinds     the failed checks of an exchange / an incident's symptom kinds
-    confirmed causes  catalogue ids of causes with status `confirmed`
-    fingerprint       model family (gemma, qwen, llama, ... from the model or weights name),
-                      server build number, speculative decoding on/off, thinking default
-                      on/off
-
-Similarity is a weighted Jaccard index over the signature's elements (each kind, each
-confirmed cause, and one element per known fingerprint field such as `family=qwen`):
-
-    similarity(Q, P) = sum of weights of elements in both / sum of weights in either
-
-with the weights in WEIGHTS (a confirmed cause counts double a finding kind, a shared
-thinking default as much as a kind, model family, speculative decoding and build less).
-A dimension the query does not know (no findings, no causes, unknown fingerprint field)
-is left out of the comparison on both sides. Unknowns on the past incident's side still
-count in the union: it explains less of what we know now. A fresh capture has no
-confirmed causes yet; until it has, the causes its findings name directly stand in for
-them (IMPLIED_CAUSES: a `reasoning-exhausted-budget` finding *is* the observation of the
-`reasoning-exhausts-budget` mechanism), so a capture matches past incidents by mechanism
-even when their recorded symptoms use other words.
-
-Every incident has one compact row in `incidentsignature` (created by migration
-0002_search): bit masks of the known kinds and causes, the texts of all of them, counts
-and the fingerprint fields. Triggers mark the row stale whenever the incident's stack,
-symptoms or causes change; `refresh_signatures` recomputes stale rows (the write paths of
-this module and the `triage family` command call it). `similar_incidents` scores fresh
-rows in one SQL statement (a scan of 100k narrow rows with bit tests) and stale rows in
-Python with the same formula, so results never depend on whether a refresh has run.
-"""
+What a signature holds and how similarity is computed (weighted Jaccard over finding kinds,
+confirmed causes and fingerprint fields) are pure rules, described and implemented in
+kb.domain.family; this module stores signatures and queries them."""
 
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 # The module, not its function: `catalogue()` is read at call time (tests swap it).
 import triage.catalogue
 from kb.jsontypes import JsonObject
+from triage.stackfile import ServerConfig, kv_cache_types
 from triage.stats import baseline_reproduces, wilson
 
 __all__ = [
@@ -377,8 +378,6 @@ def observations_from(
     if server is not None and "server-config" not in facts:
         # What the stack says about the incident's server, for rules that need its flags
         # (only flags, never secrets; not stored as evidence). A bare URL has unknown args.
-        from triage.stackfile import ServerConfig, kv_cache_types
-
         args = tuple(getattr(server, "args", ()) or ())
         url_only = bool(getattr(server, "url", None)) and getattr(server, "model", None) is None
         facts = {
@@ -390,6 +389,8 @@ def observations_from(
             },
         }
         if request is not None and isinstance(getattr(stack, "server", None), ServerConfig):
+            # Imported here: the arm module imports triage.probes, which imports this
+            # module, so a top-level import would close a circle.
             from triage.engine.arms.context_size import context_plan
 
             facts["server-config"]["context"] = context_plan(stack, request)

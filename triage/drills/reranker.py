@@ -36,7 +36,14 @@ import numpy as np
 
 from triage.drills.language import SPACE, TokenKind, Vocabulary
 
-__all__ = ["TOPIC", "WEIGHT_FORMATS", "WIDTH", "build_vocabulary", "compile_reranker"]
+__all__ = [
+    "TOPIC",
+    "WEIGHT_FORMATS",
+    "WIDTH",
+    "build_vocabulary",
+    "compile_reranker",
+    "reference_score",
+]
 
 WIDTH = 64  # n_embd = one head of 64
 FFN_WIDTH = 64
@@ -81,6 +88,24 @@ def _scale() -> float:
 
 
 WEIGHT_FORMATS = {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16}
+
+
+def reference_score(topic_tokens: int, tokens: int) -> float:
+    """The score the network computes for a pair of `tokens` tokens (specials included), of
+    which `topic_tokens` are topic words, the first token (BOS) not one: the forward pass
+    above in float64, LayerNorm epsilon included."""
+    if not 0 <= topic_tokens < tokens:
+        raise ValueError("need 0 <= topic_tokens < tokens (the BOS is never a topic word)")
+    s = _scale()
+    mean_t = (2 * topic_tokens - tokens) / tokens
+    first = np.zeros(WIDTH)
+    first[0], first[1], first[2] = -s, s, mean_t  # BOS (t = -1) plus the attention output
+
+    def layer_norm(x: np.ndarray) -> np.ndarray:
+        centred = x - x.mean()
+        return np.asarray(centred / math.sqrt(float((centred**2).mean()) + NORM_EPS))
+
+    return 0.5 * float(layer_norm(layer_norm(first))[2]) + 0.5
 
 
 def _tensor(writer: gguf.GGUFWriter, name: str, array: np.ndarray, f16: bool = False) -> None:

@@ -32,8 +32,10 @@ migration is needed for a new id. The rules:
   the entry points in pyproject.toml (`.venv/bin/pip install -e .` to see it).
 
 A cause that one probe arm removes can say so declaratively instead of writing a rule:
-`removed_by=("spec-off",)` plus the texts (see `triage.causes.CauseRule`); the shared
-code in triage/causes.py gates on the arm and the baseline and decides.
+`removed_by=("spec-off",)` plus a `triage.causes.Removal` -- its texts and, where needed,
+the symptom the failing baseline replies must show, a precheck from the stack's facts,
+whether this stack can test it, and a check once the arm ran; the shared code in
+triage/causes.py gates on the arm and the baseline and decides.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ observations, returns a verdict per catalogue cause with its rationale, the arms
 evidence moved it, and -- when it stays suspected -- the probe that would decide it.
 
 Every cause, built-in or from a plugin, is a catalogue entry (`catalogue.causes.add(...)`)
-implementing `Cause`; the built-ins live in `triage/engine/causes/`, one module each.
+implementing `Cause` (= `triage.plugin_api.CauseEntry`); the built-ins live in
+`triage/engine/causes/`, one module each.
 
 Statuses follow one rule for every cause:
   confirmed  removing the cause removes the symptom, significantly, and the baseline reproduces;
@@ -18,11 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 # The module, not its function: `catalogue()` is read at call time (tests swap it).
 import triage.catalogue
 from kb.jsontypes import JsonObject
+from triage.plugin_api import CauseEntry
 from triage.stackfile import ServerConfig, kv_cache_types
 from triage.stats import baseline_reproduces, wilson
 
@@ -122,31 +124,9 @@ class Verdict:
         }
 
 
-@runtime_checkable
-class Cause(Protocol):
-    """What a cause plugin implements (register it with `catalogue.causes.add(obj)`).
-
-    - `id`: stable string id (files, JSON, tests); `number`: stable bit position in stored
-      family bit sets, declared in the cause's own file (never reuse or move one;
-      built-ins 0..31, plugins from 32: triage/plugin_api.py);
-    - `title`, `mechanism`, `decided_by`: text for the diagnosis, UI and retrospective;
-    - `retrospective`: how a retrospective words the cause once confirmed ("what happened");
-    - `decide(arms, observations) -> Verdict`: the rule. `arms` maps arm names (the baseline
-      is `"baseline"`) to `ArmOutcome`; `observations.facts` holds every observation hook's
-      facts by name. Return `Verdict(..., basis="untested")` when this run cannot test it.
-    - optional `when = "crash"`: the cause is only considered in a run whose incident
-      server crashes at startup (then every replay is a launch; see `startup-crash`).
-    """
-
-    id: str
-    number: int
-    title: str
-    mechanism: str
-    decided_by: str
-    retrospective: str
-
-    def decide(self, arms: Mapping[str, ArmOutcome], observations: Observations) -> Verdict: ...
-
+# What a cause implements is declared once, in the plugin API (which imports nothing from
+# the project, so its `decide` is typed loosely there); `Cause` is the same protocol.
+Cause = CauseEntry
 
 Rule = Callable[[Mapping[str, ArmOutcome], Observations], Verdict]
 
@@ -264,18 +244,19 @@ class CauseRule:
         return removal_rule(self.id, self.removed_by[0], self.removal)(arms, observations)
 
 
-def _catalogue_causes() -> list[Any]:
+def _catalogue_causes() -> list[CauseEntry]:
     return list(triage.catalogue.catalogue().causes)
 
 
 def decide(
-    arms: Mapping[str, ArmOutcome], obs: Observations, causes: Iterable[Any] | None = None
+    arms: Mapping[str, ArmOutcome], obs: Observations, causes: Iterable[CauseEntry] | None = None
 ) -> list[Verdict]:
     """Apply every cause's rule (default: the catalogue's causes, by stable number)."""
     chosen = sorted(
         _catalogue_causes() if causes is None else causes, key=lambda cause: int(cause.number)
     )
-    return [cause.decide(arms, obs) for cause in chosen]
+    verdicts: list[Verdict] = [cause.decide(arms, obs) for cause in chosen]
+    return verdicts
 
 
 # --------------------------------------------------------------------------- helpers

@@ -25,6 +25,7 @@ from kb.repo.store import Store
 from triage.catalogue import Catalogue
 from triage.catalogue.numbering import vocabulary
 from triage.causes import ArmOutcome, Observations, decide
+from triage.plugin_api import CauseEntry
 from triage.probes import plan_arms
 from triage.stackfile import parse_stack
 
@@ -87,6 +88,7 @@ def test_a_new_cause_file_is_planned_decided_and_stored_with_its_number(
     cat = new_cause
     assert cat.causes.origin(CAUSE_ID) == f"cause-{CAUSE_ID}"
     assert vocabulary(cat).causes[CAUSE_ID] == NUMBER
+    assert all(isinstance(cause, CauseEntry) for cause in cat.causes)  # the one contract
 
     # Planned: the kv-f16 arm decides it, though the arm's file never names it.
     (tmp_path / "w.gguf").write_bytes(b"GGUF")

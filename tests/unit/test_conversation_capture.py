@@ -11,11 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 from triage.capture import CaptureError, PartialCapture, load_file
 from triage.capture import model as capture_model
 from triage.capture.conversation import MAX_EXCHANGES, read_conversation
 from triage.checks.prompt_cache_turns import conversation_intake
+from triage.cli import cli
 from triage.proxy.journal import encode_record
 
 POLICY = "House policy: answer briefly and politely, cite nothing, never guess. " * 20
@@ -93,8 +95,8 @@ def _har(path: Path, records: list[Any]) -> Path:
     return path
 
 
-def _intake(path: Path, position: int | None = None) -> Any:
-    return conversation_intake(load_file(path), file=str(path), position=position)
+def _intake(path: Path, pick: int | None = None) -> Any:
+    return conversation_intake(load_file(path), file=str(path), pick=pick)
 
 
 def test_a_timestamp_first_in_a_har_session_is_a_failed_finding_with_the_shared_prefixes(
@@ -114,7 +116,7 @@ def test_a_timestamp_first_in_a_har_session_is_a_failed_finding_with_the_shared_
     # The replies' own timings are quoted as evidence, per turn.
     assert "timings.cache_n/prompt tokens): 11/411 (150 ms), 11/411" in finding.reason
     assert "$.log.entries[4]" in finding.reason
-    assert any("diagnosing exchange 4" in note for note in intake.notes)
+    assert any("diagnosing exchange 5 ($.log.entries[4])" in note for note in intake.notes)
 
 
 def test_a_stable_prefix_in_a_jsonl_log_is_a_passed_finding_quoting_the_timings(
@@ -125,7 +127,7 @@ def test_a_stable_prefix_in_a_jsonl_log_is_a_passed_finding_quoting_the_timings(
     assert finding is not None and finding.passed
     assert "every measured pair shares at least half" in finding.reason
     assert "11/411 (150 ms)" in finding.reason
-    assert "(exchanges 0, 1, 2, 3)" in finding.reason
+    assert "(exchanges 1, 2, 3, 4)" in finding.reason
 
 
 def test_replies_without_timings_still_give_the_prefix_reading(tmp_path: Path) -> None:
@@ -154,16 +156,16 @@ def test_the_failing_exchange_is_diagnosed_and_other_conversations_are_not_its_t
     assert intake.conversation.chosen == 4
     assert intake.conversation.reason == "the last exchange whose reply fails"
     assert intake.conversation.turns == (0, 2, 3, 4)
-    # Chosen by position, from the end too; the title request is a conversation of one.
-    assert _intake(path, position=1).conversation.turns == (1,)
-    assert _intake(path, position=1).finding is None
-    assert _intake(path, position=-1).conversation.chosen == 5
+    # Chosen by number, from 1; the title request is a conversation of one.
+    assert _intake(path, pick=2).conversation.turns == (1,)
+    assert _intake(path, pick=2).finding is None
+    assert _intake(path, pick=6).conversation.chosen == 5
 
 
 def test_a_position_outside_the_capture_names_the_file_and_the_range(tmp_path: Path) -> None:
     path = _jsonl(tmp_path / "log.jsonl", _records(3))
-    with pytest.raises(CaptureError, match=r"log\.jsonl: --exchange 7: .*3 exchanges \(0 to 2"):
-        _intake(path, position=7)
+    with pytest.raises(CaptureError, match=r"log\.jsonl: --exchange 7: .*3 exchanges \(1 to 3\)"):
+        _intake(path, pick=7)
 
 
 def test_one_exchange_is_diagnosed_as_before_without_a_conversation_finding(
@@ -287,3 +289,20 @@ def test_a_journal_cut_by_a_crash_names_the_record_and_keeps_the_others(tmp_path
     path.write_bytes(b"\x00\x00\x10\x00garbage")
     with pytest.raises(CaptureError, match=r"s\.journal: record 0 \(byte 0\)"):
         load_file(path)
+
+
+def test_diagnose_names_the_file_and_the_range_of_a_bad_exchange_number(tmp_path: Path) -> None:
+    capture = _jsonl(tmp_path / "session.jsonl", _records(3))
+    stack = tmp_path / "stack.toml"
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    stack.write_text('[server]\nmodel = "m.gguf"\n')
+    env = {
+        "TRIAGE_DATABASE_URL": f"sqlite:///{tmp_path / 'kb.db'}",
+        "TRIAGE_HOME": str(tmp_path / "home"),
+    }
+    args = ["diagnose", "--request", str(capture), "--stack", str(stack), "--exchange", "4"]
+    result = CliRunner().invoke(cli, args, env=env)
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert f"{capture}: --exchange 4: the capture holds 3 exchanges (1 to 3)" in result.output
+    zero = CliRunner().invoke(cli, [*args[:-1], "0"], env=env)
+    assert zero.exit_code == 2 and "0 is not in the range x>=1" in zero.output

@@ -2,9 +2,10 @@
 which earlier exchanges of the capture are the turns of its conversation.
 
 A prompt-cache incident is seen across requests (a HAR of a chat session, a JSONL log, the
-proxy's journal): `triage diagnose` diagnoses one exchange -- the one chosen by position, else
-the last whose reply fails the user-facing checks, else the last -- and reads the turns before
-it for the unstable-prefix finding (triage/checks/prompt_cache_turns.py).
+proxy's journal): `triage diagnose` diagnoses one exchange -- the N-th (`--exchange N`, from 1
+as `triage capture` counts them), else the last whose reply fails the user-facing checks, else
+the last -- and reads the turns before it for the unstable-prefix finding
+(triage/checks/prompt_cache_turns.py).
 
 Turns are told apart from other traffic in the same capture (a second conversation, a
 web UI's title request) by their structure, never by the prefix being measured:
@@ -49,9 +50,11 @@ class ConversationCapture:
         return self.exchanges[self.chosen]
 
     def label(self, position: int) -> str:
-        """How the user finds an exchange in the capture: its entry or line."""
+        """How the user finds an exchange in the capture: its number (from 1) and its entry,
+        line or record."""
         exchange = self.exchanges[position]
-        return f"exchange {position}" + (f" ({exchange.location})" if exchange.location else "")
+        where = f" ({exchange.location})" if exchange.location else ""
+        return f"exchange {position + 1}{where}"
 
 
 def _messages(request: Mapping[str, Any]) -> list[Mapping[str, Any]] | None:
@@ -95,11 +98,11 @@ def turns_of(exchanges: Sequence[Exchange], chosen: int) -> tuple[int, ...]:
 
 
 def _choose(
-    exchanges: Sequence[Exchange], position: int | None, failed: Callable[[Exchange], bool]
+    exchanges: Sequence[Exchange], pick: int | None, failed: Callable[[Exchange], bool]
 ) -> tuple[int, str]:
     count = len(exchanges)
-    if position is not None:
-        return (position if position >= 0 else count + position), "chosen with --exchange"
+    if pick is not None:
+        return pick - 1, "chosen with --exchange"
     if count == 1:
         return 0, "the only exchange"
     failing = [i for i, exchange in enumerate(exchanges) if failed(exchange)]
@@ -112,11 +115,11 @@ def read_conversation(
     exchanges: Sequence[Exchange],
     *,
     file: str,
-    position: int | None = None,
+    pick: int | None = None,
     failed: Callable[[Exchange], bool],
 ) -> ConversationCapture:
-    """The exchange to diagnose (`position` from 0, negative from the end; else the last one
-    `failed` says fails, else the last) and its conversation's turns in the capture."""
+    """The exchange to diagnose (the `pick`-th, from 1; else the last one `failed` says
+    fails, else the last) and its conversation's turns in the capture."""
     count = len(exchanges)
     if count == 0:
         raise CaptureError(file, None, "no exchange found")
@@ -127,13 +130,13 @@ def read_conversation(
             f"holds {count} exchanges, over the limit of {MAX_EXCHANGES} read as one capture: "
             "cut it to the conversation that failed",
         )
-    if position is not None and not -count <= position < count:
+    if pick is not None and not 1 <= pick <= count:
         raise CaptureError(
             file,
             None,
-            f"--exchange {position}: the capture holds {count} exchange"
+            f"--exchange {pick}: the capture holds {count} exchange"
             + ("s" if count > 1 else "")
-            + f" (0 to {count - 1}, or -1 for the last)",
+            + (f" (1 to {count})" if count > 1 else ""),
         )
-    chosen, reason = _choose(exchanges, position, failed)
+    chosen, reason = _choose(exchanges, pick, failed)
     return ConversationCapture(tuple(exchanges), chosen, reason, turns_of(exchanges, chosen))

@@ -139,7 +139,7 @@ def conversation_finding(reading: ConversationReading) -> Finding | None:
         f"{s.shared_chars}/{s.previous_chars}" + ("*" if reading.unstable(s) else "")
         for s in reading.steps
     ]
-    positions = _listed([str(p) for p in reading.positions])
+    positions = _listed([str(p + 1) for p in reading.positions])
     head = (
         f"{turns} turns of one conversation in the capture (exchanges {positions}); the "
         f"characters each turn's prompt shares with the turn before's: {_listed(pairs)}"
@@ -184,11 +184,11 @@ class ConversationIntake:
 
 
 def conversation_intake(
-    exchanges: Sequence[Exchange], *, file: str, position: int | None = None
+    exchanges: Sequence[Exchange], *, file: str, pick: int | None = None
 ) -> ConversationIntake:
     """Choose the exchange to diagnose in a capture (see read_conversation) and read its
     conversation's turns; a capture of one exchange gives that exchange and no finding."""
-    conversation = read_conversation(exchanges, file=file, position=position, failed=is_failure)
+    conversation = read_conversation(exchanges, file=file, pick=pick, failed=is_failure)
     if len(exchanges) == 1:
         return ConversationIntake(conversation, None, ())
     reading = read_turns(conversation)

@@ -248,7 +248,7 @@ def _arm_lines(arms: list[dict[str, Any]]) -> list[str]:
 
 
 def _load_exchange(
-    request: Path, response: Path | None, fmt: str, position: int | None = None
+    request: Path, response: Path | None, fmt: str, pick: int | None = None
 ) -> tuple[JsonObject, list[Any], JsonObject]:
     try:
         if response is not None:
@@ -265,7 +265,7 @@ def _load_exchange(
                 return body, [], {}
         raise click.ClickException(str(exc)) from None
     try:  # a capture of several exchanges: which one, and its conversation's turns
-        intake = conversation_intake(exchanges, file=str(request), position=position)
+        intake = conversation_intake(exchanges, file=str(request), pick=pick)
     except CaptureError as exc:
         raise click.ClickException(str(exc)) from None
     for line in intake.notes:
@@ -328,12 +328,13 @@ _DIAGNOSE_OPTIONS = (
     click.option("--seed", type=int, default=None, help="First seed of the replays."),
     click.option(
         "--exchange",
-        "position",
-        type=int,
+        "pick",
+        type=click.IntRange(min=1),
+        metavar="N",
         default=None,
-        help="Which exchange of a capture of several to diagnose, from 0 (-1: the last; "
-        "default: the last whose reply fails, else the last); the turns of its conversation "
-        "before it are read for the unstable-prefix finding.",
+        help="Diagnose the N-th exchange (from 1) of a capture that holds several (default: "
+        "the last whose reply fails, else the last); the turns of its conversation before it "
+        "are read for the unstable-prefix finding.",
     ),
     click.option(
         "--json",
@@ -363,7 +364,7 @@ def diagnose_command(
     incident: str | None,
     max_requests: int | None,
     seed: int | None,
-    position: int | None,
+    pick: int | None,
     json_out: Path | None,
     resume: bool,
 ) -> None:
@@ -381,7 +382,7 @@ def diagnose_command(
         options.seed = seed
     with open_store(ctx) as store:
         diagnosis = _run_diagnosis(
-            store, request_path, response_path, fmt, stack, incident, options, resume, position
+            store, request_path, response_path, fmt, stack, incident, options, resume, pick
         )
     validate_diagnosis(diagnosis)
     if json_out is not None:
@@ -424,7 +425,7 @@ def _run_diagnosis(
     incident: str | None,
     options: DiagnoseOptions,
     resume: bool,
-    position: int | None = None,
+    pick: int | None = None,
 ) -> dict[str, Any]:
     try:
         if resume:
@@ -432,7 +433,7 @@ def _run_diagnosis(
             # another process is still running; ambiguity is refused with a list.
             wanted = None
             if request_path is not None:
-                wanted = _load_exchange(request_path, response_path, fmt, position)[0]
+                wanted = _load_exchange(request_path, response_path, fmt, pick)[0]
             run = run_to_resume(store, stack, request=wanted, incident=incident)
             label = (run.plan or {}).get("stack_label") or "stack not recorded"
             with store.session(readonly=True) as session:
@@ -442,7 +443,7 @@ def _run_diagnosis(
         else:
             if request_path is None:
                 raise click.UsageError("--request is required (or --resume)")
-            request, findings, exchange = _load_exchange(request_path, response_path, fmt, position)
+            request, findings, exchange = _load_exchange(request_path, response_path, fmt, pick)
             _print_atlas_before(stack, exchange, findings)
             diagnosis = diagnose(
                 store,

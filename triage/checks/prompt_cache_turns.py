@@ -160,7 +160,7 @@ def conversation_finding(reading: ConversationReading) -> Finding | None:
         False,
         len(bad) / len(measured),
         f"{head} (*: less than half); {len(bad)} of {len(measured)} consecutive turns share "
-        f"no prefix worth caching -- turn {last.turn} ({reading.labels[last.turn]}) first "
+        f"no prefix worth caching -- turn {last.turn + 1} ({reading.labels[last.turn]}) first "
         f"differs from the turn before{where}: llama-server's prompt cache reuses at most the "
         f"shared prefix, so every such turn re-evaluates its whole prompt; {_evidence(reading)}; "
         "move what changes every turn (a timestamp, an id) to the end of the prompt",

@@ -165,6 +165,10 @@ def _client_view(arms: Mapping[str, ArmOutcome], facts: dict[str, Any]) -> Verdi
     )
 
 
+# A hand-written rule, not a declarative `Removal` (triage.causes): the client-view observation
+# (the capture's wire stream vs the client's view) decides it, and there the server NOT
+# reproducing the failure is the evidence: a removal's reproduction gate would be wrong. Only
+# its dropped-flag path is a removal (by thinking-off), worded around the observation.
 def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
     facts = obs.facts.get(OBSERVATION)
     if not facts or facts.get("error"):

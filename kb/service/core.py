@@ -20,7 +20,7 @@ from sqlmodel import Session
 
 from kb.domain.decisions import ParkedIncident
 from kb.domain.errors import StoreError
-from kb.domain.triggers import KindLookup
+from kb.domain.triggers import KindLookup, stored_trigger
 from kb.filecheck import RecordError
 from kb.jsontypes import JsonObject
 from kb.repo import decisions as kb_decisions
@@ -262,7 +262,7 @@ class KnowledgeBase:
                 fix=row.fix,
                 verified=row.verified,
                 revisit_on=row.revisit_on,
-                triggers=tuple(row.revisit_triggers or ()),
+                triggers=tuple(stored_trigger(t) for t in row.revisit_triggers or ()),
                 evidence_keys=tuple(row.evidence_keys or ()),
                 incident_status=incident.status if incident is not None else "",
             )

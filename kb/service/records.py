@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import date, datetime
-from typing import Any
 
-from kb.repo.live import CellCount
+from kb.domain.triggers import Trigger
+from kb.repo.live import CellCount, SeriesPoint
+from kb.repo.liveincidents import LiveIncident
 from kb.repo.runlog import RunInfo
 
 
@@ -82,7 +83,7 @@ class DecisionRow:
     verified: bool
     revisit_on: date | None
     # Stored trigger documents (kb.triggers' normalised form, as in an incident file).
-    triggers: tuple[dict[str, Any], ...] = ()
+    triggers: tuple[Trigger, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ class RecordedDecision:
     verified: bool
     revisit_on: date | None
     # Stored trigger documents (kb.triggers' normalised form, as in an incident file).
-    triggers: tuple[dict[str, Any], ...]
+    triggers: tuple[Trigger, ...]
     evidence_keys: tuple[str, ...]
     incident_status: str
 
@@ -162,6 +163,6 @@ class LiveOverview:
     the incidents it opened (kb.repo.live's shapes)."""
 
     upstream: Upstream | None
-    points: list[dict[str, Any]]
+    points: list[SeriesPoint]
     cells: list[CellCount]
-    opened: list[dict[str, Any]]
+    opened: list[LiveIncident]

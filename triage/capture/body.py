@@ -149,8 +149,21 @@ def _text_body(stripped: str, file: str, *, status: int | None, location: int | 
     )
 
 
+def _is_tei_rerank(value: Any) -> bool:
+    """A TEI-form `/rerank` answer: a bare list of `{index, score}` objects (b11434 answers a
+    request with `texts` so)."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(item, dict) and "index" in item and "score" in item for item in value)
+    )
+
+
 def json_body(value: Any, file: str, *, status: int | None, path: str) -> Body:
-    """A JSON response body; `path` is where it sits (`$`, `line 3, $.response`)."""
+    """A JSON response body; `path` is where it sits (`$`, `line 3, $.response`). A TEI-form
+    rerank answer (a bare list) is held as `{"results": [...]}`, its items as sent."""
+    if _is_tei_rerank(value) and (status is None or status < 400):
+        value = {"results": value}
     if not isinstance(value, dict):
         if status is not None and status >= 400:
             return Body(

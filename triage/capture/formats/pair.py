@@ -30,7 +30,11 @@ def pair_role(text: str) -> str:
         return "pair"
     if starts_with_status_line(stripped):
         return "response"
-    value = json_document(stripped) if stripped.startswith("{") else None
+    value = json_document(stripped) if stripped.startswith(("{", "[")) else None
+    if isinstance(value, list) and value and all(
+        isinstance(item, dict) and "index" in item and "score" in item for item in value
+    ):
+        return "response"  # a TEI-form /rerank answer: a bare list of {index, score}
     if isinstance(value, dict):
         if "request" in value and "response" in value:
             return "pair"
@@ -38,7 +42,7 @@ def pair_role(text: str) -> str:
             return "response"
         if isinstance(value.get("data"), list) or isinstance(value.get("results"), list):
             return "response"  # /v1/embeddings, /v1/rerank
-        if "messages" in value or "model" in value or "input" in value:
+        if "messages" in value or "model" in value or "input" in value or "query" in value:
             return "request"
     return "pair"
 

@@ -29,6 +29,7 @@ from triage.capture.stream import looks_like_sse, reassemble_sse
 __all__ = [
     "HTTP_STATUS_LINE",
     "exchange_from_record",
+    "is_tei_rerank_answer",
     "json_body",
     "parse_body",
     "split_http_head",
@@ -149,7 +150,7 @@ def _text_body(stripped: str, file: str, *, status: int | None, location: int | 
     )
 
 
-def _is_tei_rerank(value: Any) -> bool:
+def is_tei_rerank_answer(value: Any) -> bool:
     """A TEI-form `/rerank` answer: a bare list of `{index, score}` objects (b11434 answers a
     request with `texts` so)."""
     return (
@@ -162,7 +163,7 @@ def _is_tei_rerank(value: Any) -> bool:
 def json_body(value: Any, file: str, *, status: int | None, path: str) -> Body:
     """A JSON response body; `path` is where it sits (`$`, `line 3, $.response`). A TEI-form
     rerank answer (a bare list) is held as `{"results": [...]}`, its items as sent."""
-    if _is_tei_rerank(value) and (status is None or status < 400):
+    if is_tei_rerank_answer(value) and (status is None or status < 400):
         value = {"results": value}
     if not isinstance(value, dict):
         if status is not None and status >= 400:

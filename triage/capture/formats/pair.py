@@ -7,7 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from triage.capture.body import exchange_from_record, parse_body, starts_with_status_line
+from triage.capture.body import (
+    exchange_from_record,
+    is_tei_rerank_answer,
+    parse_body,
+    starts_with_status_line,
+)
 from triage.capture.common import (
     exchange_from_body,
     guarded,
@@ -31,9 +36,7 @@ def pair_role(text: str) -> str:
     if starts_with_status_line(stripped):
         return "response"
     value = json_document(stripped) if stripped.startswith(("{", "[")) else None
-    if isinstance(value, list) and value and all(
-        isinstance(item, dict) and "index" in item and "score" in item for item in value
-    ):
+    if is_tei_rerank_answer(value):
         return "response"  # a TEI-form /rerank answer: a bare list of {index, score}
     if isinstance(value, dict):
         if "request" in value and "response" in value:

@@ -112,17 +112,6 @@ class Verdict:
     # could not test the cause at all (the verdict then never overwrites a measured one).
     basis: str = "measured"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.cause,
-            "status": self.status,
-            "rationale": self.rationale,
-            "supports": self.supports,
-            "refutes": self.refutes,
-            "deciding_probe": self.deciding_probe,
-            "undecided": self.undecided,
-        }
-
 
 # What a cause implements is declared once, in the plugin API (which imports nothing from
 # the project, so its `decide` is typed loosely there); `Cause` is the same protocol.

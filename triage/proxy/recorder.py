@@ -23,15 +23,16 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from kb.repo.store import Store
 from kb.service import DatabaseError, KnowledgeBase
 from kb.service.live import record_live
 from triage.proxy.grouping import OpeningRules
 from triage.proxy.metrics import ProxyMetrics
-from triage.proxy.prepare import Prepared, _record_size, prepare
+from triage.proxy.prepare import Prepared, prepare
 from triage.proxy.problems import ProblemRules, ProblemWriter
+from triage.proxy.record import ExchangeRecord, OpenedIncident, record_size
 from triage.proxy.spool import Spool, spooled_count
 
 __all__ = [
@@ -43,7 +44,7 @@ __all__ = [
     "TRAILING_WINDOW",
     "Prepared",
     "Recorder",
-    "_record_size",
+    "RecorderOptions",
     "prepare",
     "spooled_count",
 ]
@@ -60,6 +61,24 @@ TRAILING_WINDOW = timedelta(hours=1)
 # are counted in triage_proxy_recording_dropped_total instead of filling the disk.
 DEFAULT_MAX_SPOOL_BYTES = 1024 * 1024 * 1024
 _STOP = object()
+
+
+class RecorderOptions(TypedDict):
+    """`Recorder`'s keyword arguments that the recorder process hands its child's Recorder
+    (picklable: they cross the spawn pipe)."""
+
+    spool_path: Path
+    sample_successes: float
+    replica: str
+    batch_size: int
+    flush_seconds: float
+    retry_seconds: float
+    current_window: timedelta
+    trailing_window: timedelta
+    store_factory: Callable[[str | None], Store]
+    rng: random.Random | None
+    max_spool_bytes: int
+    opening: OpeningRules | None
 
 
 def _reason(exc: BaseException) -> str:
@@ -85,7 +104,7 @@ class Recorder:
         retry_seconds: float = 2.0,
         current_window: timedelta = CURRENT_WINDOW,
         trailing_window: timedelta = TRAILING_WINDOW,
-        on_incident: Callable[[dict[str, Any]], None] | None = None,
+        on_incident: Callable[[OpenedIncident], None] | None = None,
         store_factory: Callable[[str | None], Store] = Store,
         rng: random.Random | None = None,
         max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES,
@@ -114,7 +133,7 @@ class Recorder:
         self._bytes_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._kb: KnowledgeBase | None = None
-        self.opened: list[dict[str, Any]] = []
+        self.opened: list[OpenedIncident] = []
         self.written = 0
         self.submitted = 0
         # Records taken off the queue and finished (stored, spooled, or dropped as
@@ -123,9 +142,9 @@ class Recorder:
 
     # ------------------------------------------------------------------ hot path
 
-    def submit(self, record: dict[str, Any]) -> bool:
+    def submit(self, record: ExchangeRecord) -> bool:
         """Queue a raw record without blocking; False when the queue is full (dropped)."""
-        size = _record_size(record)
+        size = record_size(record)
         with self._bytes_lock:
             if self._queued_bytes + size > self.queue_bytes:
                 return False
@@ -187,7 +206,7 @@ class Recorder:
     def _run(self) -> None:
         stopping = False
         while not stopping:
-            batch: list[dict[str, Any]] = []
+            batch: list[ExchangeRecord] = []
             try:
                 item = self._queue.get(timeout=self.retry_seconds)
             except queue.Empty:
@@ -217,10 +236,10 @@ class Recorder:
                 for _ in range(taken):
                     self._queue.task_done()
 
-    def _process(self, batch: list[dict[str, Any]]) -> None:
+    def _process(self, batch: list[ExchangeRecord]) -> None:
         prepared = []
         with self._bytes_lock:
-            self._queued_bytes -= sum(_record_size(record) for record in batch)
+            self._queued_bytes -= sum(record_size(record) for record in batch)
         for record in batch:
             keep = self.sample_successes >= 1.0 or self._rng.random() < self.sample_successes
             try:

@@ -63,6 +63,7 @@ from typing import Any
 from kb.repo.store import Store
 from triage.proxy.grouping import OpeningRules
 from triage.proxy.metrics import ProxyMetrics
+from triage.proxy.record import ExchangeRecord, OpenedIncident, record_size
 from triage.proxy.recorder import (
     CURRENT_WINDOW,
     DEFAULT_BATCH_SIZE,
@@ -70,7 +71,7 @@ from triage.proxy.recorder import (
     DEFAULT_QUEUE_BYTES,
     DEFAULT_QUEUE_SIZE,
     TRAILING_WINDOW,
-    _record_size,
+    RecorderOptions,
     spooled_count,
 )
 from triage.proxy.recorder_child import child_main, replay_metric_update, restore_priority
@@ -108,7 +109,7 @@ class RecorderProcess:
         retry_seconds: float = 2.0,
         current_window: timedelta = CURRENT_WINDOW,
         trailing_window: timedelta = TRAILING_WINDOW,
-        on_incident: Callable[[dict[str, Any]], None] | None = None,
+        on_incident: Callable[[OpenedIncident], None] | None = None,
         store_factory: Callable[[str | None], Store] = Store,
         rng: random.Random | None = None,
         max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES,
@@ -127,7 +128,7 @@ class RecorderProcess:
         self.queue_bytes = queue_bytes
         self.ready_timeout = ready_timeout
         self.idle = idle
-        self._options: dict[str, Any] = {
+        self._options: RecorderOptions = {
             "spool_path": self.spool_path,
             "sample_successes": sample_successes,
             "replica": replica,
@@ -152,7 +153,7 @@ class RecorderProcess:
         self._reader: threading.Thread | None = None
         self._stopping = False
         self._dead = False
-        self.opened: list[dict[str, Any]] = []
+        self.opened: list[OpenedIncident] = []
         self.written = 0
         self.submitted = 0
         self.lost = 0  # accepted, then lost with a child that died
@@ -174,10 +175,10 @@ class RecorderProcess:
 
     # ------------------------------------------------------------------ hot path
 
-    def submit(self, record: dict[str, Any]) -> bool:
+    def submit(self, record: ExchangeRecord) -> bool:
         """Queue a raw record without blocking; False when the queue is full or the recorder
         process is gone (dropped)."""
-        size = _record_size(record)
+        size = record_size(record)
         with self._lock:
             if self._dead or self._stopping:
                 return False
@@ -361,7 +362,7 @@ class RecorderProcess:
             return
         replay_metric_update(self.metrics, attr, labels, method, args)
 
-    def _incident(self, incident: dict[str, Any]) -> None:
+    def _incident(self, incident: OpenedIncident) -> None:
         self.opened.append(incident)
         if self.on_incident is not None:
             try:

@@ -43,6 +43,7 @@ __all__ = [
     "DEFAULT_QUEUE_SIZE",
     "TRAILING_WINDOW",
     "Prepared",
+    "OpenedIncidents",
     "Recorder",
     "RecorderOptions",
     "prepare",
@@ -79,6 +80,23 @@ class RecorderOptions(TypedDict):
     rng: random.Random | None
     max_spool_bytes: int
     opening: OpeningRules | None
+
+
+class OpenedIncidents:
+    """The incidents a recorder opened (`items`, in order), each handed to the `on_incident`
+    hook (auto-diagnose) as it comes; a failing hook is logged, never stops recording."""
+
+    def __init__(self, on_incident: Callable[[OpenedIncident], None] | None) -> None:
+        self.on_incident = on_incident
+        self.items: list[OpenedIncident] = []
+
+    def add(self, incident: OpenedIncident) -> None:
+        self.items.append(incident)
+        if self.on_incident is not None:
+            try:
+                self.on_incident(incident)
+            except Exception:  # noqa: BLE001 -- a failing hook must not stop recording
+                log.exception("auto-diagnose hook failed for %s", incident["slug"])
 
 
 def _reason(exc: BaseException) -> str:
@@ -120,7 +138,8 @@ class Recorder:
         self.batch_size = batch_size
         self.flush_seconds = flush_seconds
         self.retry_seconds = retry_seconds
-        self.on_incident = on_incident
+        self.incidents = OpenedIncidents(on_incident)
+        self.opened = self.incidents.items
         self._store_factory = store_factory
         self._rng = rng or random.Random()
         self.problems = ProblemWriter(
@@ -133,7 +152,6 @@ class Recorder:
         self._bytes_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._kb: KnowledgeBase | None = None
-        self.opened: list[OpenedIncident] = []
         self.written = 0
         self.submitted = 0
         # Records taken off the queue and finished (stored, spooled, or dropped as
@@ -309,9 +327,4 @@ class Recorder:
         self.written += len(prepared)
         for incident in opened:
             self.metrics.incidents.labels(incident["model"], incident["signature"]).inc()
-            self.opened.append(incident)
-            if self.on_incident is not None:
-                try:
-                    self.on_incident(incident)
-                except Exception:  # noqa: BLE001 -- a failing hook must not stop recording
-                    log.exception("auto-diagnose hook failed for %s", incident["slug"])
+            self.incidents.add(incident)

@@ -17,6 +17,7 @@ from kb.repo.runs import RunOwner, resumable_runs, run_incident_slug
 from kb.repo.store import Store, evidence_payloads
 from triage.atlas.report import diagnosis_matches, format_match_dicts, format_matches
 from triage.capture import CaptureError, load_file, read_file
+from triage.checks.prompt_cache_turns import conversation_intake
 from triage.commands import open_store, with_options
 from triage.commands.ui import start_ui
 from triage.demo import run_demo
@@ -32,6 +33,7 @@ from triage.engine import (
     run_to_resume,
 )
 from triage.engine import resume as resume_run
+from triage.engine.intake import FINDING_KEYS
 from triage.observe import observation_summary
 from triage.stackfile import Stack, StackError, load_stack
 
@@ -246,7 +248,7 @@ def _arm_lines(arms: list[dict[str, Any]]) -> list[str]:
 
 
 def _load_exchange(
-    request: Path, response: Path | None, fmt: str
+    request: Path, response: Path | None, fmt: str, pick: int | None = None
 ) -> tuple[JsonObject, list[Any], JsonObject]:
     try:
         if response is not None:
@@ -262,10 +264,16 @@ def _load_exchange(
             if body is not None:  # reproduce from the request alone: no captured failure
                 return body, [], {}
         raise click.ClickException(str(exc)) from None
-    if not exchanges:
-        raise click.ClickException(f"{request}: no exchange found")
-    exchange = exchanges[0]
+    try:  # a capture of several exchanges: which one, and its conversation's turns
+        intake = conversation_intake(exchanges, file=str(request), pick=pick)
+    except CaptureError as exc:
+        raise click.ClickException(str(exc)) from None
+    for line in intake.notes:
+        click.echo(line, err=True)
+    exchange = intake.exchange
     findings = findings_json(exchange)
+    if intake.finding is not None:
+        findings.append({k: intake.finding.to_dict().get(k) for k in FINDING_KEYS})
     return exchange.request, findings, exchange.to_dict()
 
 
@@ -319,6 +327,16 @@ _DIAGNOSE_OPTIONS = (
     ),
     click.option("--seed", type=int, default=None, help="First seed of the replays."),
     click.option(
+        "--exchange",
+        "pick",
+        type=click.IntRange(min=1),
+        metavar="N",
+        default=None,
+        help="Diagnose the N-th exchange (from 1) of a capture that holds several (default: "
+        "the last whose reply fails, else the last); the turns of its conversation before it "
+        "are read for the unstable-prefix finding.",
+    ),
+    click.option(
         "--json",
         "json_out",
         type=click.Path(path_type=Path, dir_okay=False),
@@ -346,6 +364,7 @@ def diagnose_command(
     incident: str | None,
     max_requests: int | None,
     seed: int | None,
+    pick: int | None,
     json_out: Path | None,
     resume: bool,
 ) -> None:
@@ -363,7 +382,7 @@ def diagnose_command(
         options.seed = seed
     with open_store(ctx) as store:
         diagnosis = _run_diagnosis(
-            store, request_path, response_path, fmt, stack, incident, options, resume
+            store, request_path, response_path, fmt, stack, incident, options, resume, pick
         )
     validate_diagnosis(diagnosis)
     if json_out is not None:
@@ -406,6 +425,7 @@ def _run_diagnosis(
     incident: str | None,
     options: DiagnoseOptions,
     resume: bool,
+    pick: int | None = None,
 ) -> dict[str, Any]:
     try:
         if resume:
@@ -413,7 +433,7 @@ def _run_diagnosis(
             # another process is still running; ambiguity is refused with a list.
             wanted = None
             if request_path is not None:
-                wanted = _load_exchange(request_path, response_path, fmt)[0]
+                wanted = _load_exchange(request_path, response_path, fmt, pick)[0]
             run = run_to_resume(store, stack, request=wanted, incident=incident)
             label = (run.plan or {}).get("stack_label") or "stack not recorded"
             with store.session(readonly=True) as session:
@@ -423,7 +443,7 @@ def _run_diagnosis(
         else:
             if request_path is None:
                 raise click.UsageError("--request is required (or --resume)")
-            request, findings, exchange = _load_exchange(request_path, response_path, fmt)
+            request, findings, exchange = _load_exchange(request_path, response_path, fmt, pick)
             _print_atlas_before(stack, exchange, findings)
             diagnosis = diagnose(
                 store,

@@ -5,7 +5,8 @@ observations, returns a verdict per catalogue cause with its rationale, the arms
 evidence moved it, and -- when it stays suspected -- the probe that would decide it.
 
 Every cause, built-in or from a plugin, is a catalogue entry (`catalogue.causes.add(...)`)
-implementing `Cause`; the built-ins live in `triage/engine/causes/`, one module each.
+implementing `Cause` (= `triage.plugin_api.CauseEntry`); the built-ins live in
+`triage/engine/causes/`, one module each.
 
 Statuses follow one rule for every cause:
   confirmed  removing the cause removes the symptom, significantly, and the baseline reproduces;
@@ -18,11 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 # The module, not its function: `catalogue()` is read at call time (tests swap it).
 import triage.catalogue
 from kb.jsontypes import JsonObject
+from triage.plugin_api import CauseEntry
 from triage.stackfile import ServerConfig, kv_cache_types
 from triage.stats import baseline_reproduces, wilson
 
@@ -31,8 +33,11 @@ __all__ = [
     "ArmOutcome",
     "Cause",
     "CauseRule",
+    "Evidence",
     "Observations",
     "Removal",
+    "Symptom",
+    "Text",
     "Verdict",
     "arm_gate",
     "decide",
@@ -107,67 +112,95 @@ class Verdict:
     # could not test the cause at all (the verdict then never overwrites a measured one).
     basis: str = "measured"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.cause,
-            "status": self.status,
-            "rationale": self.rationale,
-            "supports": self.supports,
-            "refutes": self.refutes,
-            "deciding_probe": self.deciding_probe,
-            "undecided": self.undecided,
-        }
 
-
-@runtime_checkable
-class Cause(Protocol):
-    """What a cause plugin implements (register it with `catalogue.causes.add(obj)`).
-
-    - `id`: stable string id (files, JSON, tests); `number`: stable bit position in stored
-      family bit sets, declared in the cause's own file (never reuse or move one;
-      built-ins 0..31, plugins from 32: triage/plugin_api.py);
-    - `title`, `mechanism`, `decided_by`: text for the diagnosis, UI and retrospective;
-    - `retrospective`: how a retrospective words the cause once confirmed ("what happened");
-    - `decide(arms, observations) -> Verdict`: the rule. `arms` maps arm names (the baseline
-      is `"baseline"`) to `ArmOutcome`; `observations.facts` holds every observation hook's
-      facts by name. Return `Verdict(..., basis="untested")` when this run cannot test it.
-    - optional `when = "crash"`: the cause is only considered in a run whose incident
-      server crashes at startup (then every replay is a launch; see `startup-crash`).
-    """
-
-    id: str
-    number: int
-    title: str
-    mechanism: str
-    decided_by: str
-    retrospective: str
-
-    def decide(self, arms: Mapping[str, ArmOutcome], observations: Observations) -> Verdict: ...
-
+# What a cause implements is declared once, in the plugin API (which imports nothing from
+# the project, so its `decide` is typed loosely there); `Cause` is the same protocol.
+Cause = CauseEntry
 
 Rule = Callable[[Mapping[str, ArmOutcome], Observations], Verdict]
 
 
 @dataclass(frozen=True)
+class Evidence:
+    """What a `Removal`'s hooks read: the run's arm outcomes and observations, and the arm
+    that removes the cause (an unrun placeholder when the plan did not hold it)."""
+
+    arms: Mapping[str, ArmOutcome]
+    obs: Observations
+    arm_name: str
+
+    @property
+    def base(self) -> ArmOutcome:
+        return baseline_of(self.arms)
+
+    @property
+    def arm(self) -> ArmOutcome:
+        return self.arms.get(self.arm_name) or ArmOutcome(self.arm_name)
+
+
+# A rationale text: fixed, or worded from the run (e.g. the cache types the arm changed).
+Text = str | Callable[[Evidence], str]
+
+
+@dataclass(frozen=True)
+class Symptom:
+    """The failure a cause explains shows as one of `kinds` in the failing baseline replies.
+
+    With a symptom the baseline is judged first: a failure that does not reproduce is
+    attributed to nothing; one whose failing replies show none of `kinds` (or fewer than
+    `min_share` of them, when given) is rejected from the baseline, with `absent` as the
+    rationale (`{failures}`: the failing baseline replies; `{share}`: their share showing
+    a kind, e.g. `{share:.0%}`)."""
+
+    kinds: tuple[str, ...]
+    absent: str
+    min_share: float | None = None
+
+    def rejects(self, cause: str, base: ArmOutcome) -> Verdict | None:
+        seen = share(base, *self.kinds)
+        lacking = seen == 0.0 if self.min_share is None else seen < self.min_share
+        if base.failures == 0 or not lacking:
+            return None
+        return Verdict(
+            cause,
+            "rejected",
+            self.absent.format(failures=base.failures, share=seen),
+            refutes=[BASELINE],
+            deciding_probe=BASELINE,
+        )
+
+
+@dataclass(frozen=True)
 class Removal:
-    """How a cause that one arm removes words its verdicts (`CauseRule(removed_by=...)`);
-    the shared `removal_rule` decides.
+    """How a cause that one arm removes is decided and worded (`CauseRule(removed_by=...)`);
+    the shared `removal_rule` decides, in this order:
 
-    `precheck(obs)` may decide before the arm (e.g. "rejected: not in this stack at all");
-    `available(obs)` says whether this stack can test it (default: the arm is in the plan),
-    else `missing` and `hint` say why not and what would; `note(obs)` is appended to the
-    rationale (`rejected_note` too, on a rejection) and `supports(obs)` names observations
-    that back a confirmation."""
+    1. `symptom`: the baseline first (not reproduced -> not attributed; the failing replies
+       lack the symptom -> rejected), see `Symptom`;
+    2. `precheck(ev)` may decide before the arm (e.g. "rejected: not in this stack at all");
+    3. the arm's gate: `available(ev)` says whether this stack can test it (default: the arm
+       is in the plan), else `missing` and `hint` say why not and what would; an arm that
+       did not run, or a baseline that does not reproduce, decides nothing;
+    4. `arm_check(ev)` may decide once the arm ran (e.g. the arm tested another cause here);
+    5. the removal: confirmed (`removes_text`) when the arm removes the failure, rejected
+       (`unchanged_text`) when it leaves the rate unchanged, else suspected.
 
-    removes_text: str
-    unchanged_text: str
-    missing: str = ""
+    `note(ev)` is appended to every rationale of step 5 (`confirmed_note` / `rejected_note`
+    too, on a confirmation / rejection) and `supports(ev)` names the evidence that backs a
+    confirmation beside the arm (listed first unless `supports` places it)."""
+
+    removes_text: Text
+    unchanged_text: Text
+    missing: Text = ""
     hint: str = ""
-    precheck: Callable[[Observations], Verdict | None] | None = None
-    available: Callable[[Observations], bool] | None = None
-    note: Callable[[Observations], str] | None = None
+    symptom: Symptom | None = None
+    precheck: Callable[[Evidence], Verdict | None] | None = None
+    available: Callable[[Evidence], bool] | None = None
+    arm_check: Callable[[Evidence], Verdict | None] | None = None
+    note: Callable[[Evidence], str] | None = None
+    confirmed_note: str = ""
     rejected_note: str = ""
-    supports: Callable[[Observations], tuple[str, ...]] | None = None
+    supports: Callable[[Evidence], tuple[str, ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -200,18 +233,19 @@ class CauseRule:
         return removal_rule(self.id, self.removed_by[0], self.removal)(arms, observations)
 
 
-def _catalogue_causes() -> list[Any]:
+def _catalogue_causes() -> list[CauseEntry]:
     return list(triage.catalogue.catalogue().causes)
 
 
 def decide(
-    arms: Mapping[str, ArmOutcome], obs: Observations, causes: Iterable[Any] | None = None
+    arms: Mapping[str, ArmOutcome], obs: Observations, causes: Iterable[CauseEntry] | None = None
 ) -> list[Verdict]:
     """Apply every cause's rule (default: the catalogue's causes, by stable number)."""
     chosen = sorted(
         _catalogue_causes() if causes is None else causes, key=lambda cause: int(cause.number)
     )
-    return [cause.decide(arms, obs) for cause in chosen]
+    verdicts: list[Verdict] = [cause.decide(arms, obs) for cause in chosen]
+    return verdicts
 
 
 # --------------------------------------------------------------------------- helpers
@@ -300,16 +334,20 @@ def removal_verdict(
     removes_text: str,
     unchanged_text: str,
     note: str = "",
+    confirmed_note: str = "",
     rejected_note: str = "",
     supports: tuple[str, ...] = (),
 ) -> Verdict:
-    """Confirmed when the arm removes the failure, rejected when it leaves it unchanged."""
+    """Confirmed when the arm removes the failure, rejected when it leaves it unchanged.
+    A confirmation is supported by the arm, then `supports` (unless `supports` names the
+    arm: then in that order)."""
     if removes(arm):
         return Verdict(
             cause,
             "confirmed",
-            f"{removes_text}: {arm.kn()} vs baseline {base.kn()} (p={arm.p_value:.2g}){note}",
-            supports=[arm.name, *supports],
+            f"{removes_text}: {arm.kn()} vs baseline {base.kn()} (p={arm.p_value:.2g}){note}"
+            f"{confirmed_note}",
+            supports=list(supports) if arm.name in supports else [arm.name, *supports],
             deciding_probe=arm.name,
         )
     if unchanged(arm):
@@ -326,16 +364,21 @@ def removal_verdict(
 
 
 def removal_rule(cause: str, arm_name: str, removal: Removal) -> Rule:
-    """The shared rule of a cause one arm removes: untested when the stack cannot test it or
-    the arm did not run, not attributed when the baseline does not reproduce, confirmed when
-    the arm removes the failure, rejected when it leaves the rate unchanged, else suspected."""
+    """The shared rule of a cause one arm removes (the steps are listed on `Removal`)."""
 
     def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
-        early = removal.precheck(obs) if removal.precheck else None
+        ev = Evidence(arms, obs, arm_name)
+        base, arm = ev.base, arms.get(arm_name)
+        if removal.symptom is not None:
+            if not reproduces(arms):
+                return not_reproduced(cause, base, arm_name)
+            absent = removal.symptom.rejects(cause, base)
+            if absent is not None:
+                return absent
+        early = removal.precheck(ev) if removal.precheck else None
         if early is not None:
             return early
-        base, arm = baseline_of(arms), arms.get(arm_name)
-        available = removal.available(obs) if removal.available else arm_name in obs.planned
+        available = removal.available(ev) if removal.available else arm_name in obs.planned
         gate = arm_gate(
             cause,
             arm,
@@ -343,24 +386,32 @@ def removal_rule(cause: str, arm_name: str, removal: Removal) -> Rule:
             reproduces(arms),
             arm_name,
             available=available,
-            missing=removal.missing,
+            missing=_text(removal.missing, ev),
             hint=removal.hint,
         )
         if gate is not None:
             return gate
-        assert arm is not None
+        assert arm is not None  # the gate passes only an arm that ran
+        checked = removal.arm_check(ev) if removal.arm_check else None
+        if checked is not None:
+            return checked
         return removal_verdict(
             cause,
             arm,
             base,
-            removes_text=removal.removes_text,
-            unchanged_text=removal.unchanged_text,
-            note=removal.note(obs) if removal.note else "",
+            removes_text=_text(removal.removes_text, ev),
+            unchanged_text=_text(removal.unchanged_text, ev),
+            note=removal.note(ev) if removal.note else "",
+            confirmed_note=removal.confirmed_note,
             rejected_note=removal.rejected_note,
-            supports=removal.supports(obs) if removal.supports else (),
+            supports=removal.supports(ev) if removal.supports else (),
         )
 
     return rule
+
+
+def _text(text: Text, ev: Evidence) -> str:
+    return text if isinstance(text, str) else text(ev)
 
 
 def observations_from(

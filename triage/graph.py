@@ -136,7 +136,7 @@ def add_incident(graph: nx.MultiDiGraph, record: JsonObject, *, local_ids: bool)
 def _add_cause(
     graph: nx.MultiDiGraph,
     record: JsonObject,
-    cause: dict[str, Any],
+    cause: JsonObject,  # one of the incident file's `causes`, as in the file
     p: str,
     incident_node: str,
     evidence_ids: set[str],

@@ -32,8 +32,10 @@ migration is needed for a new id. The rules:
   the entry points in pyproject.toml (`.venv/bin/pip install -e .` to see it).
 
 A cause that one probe arm removes can say so declaratively instead of writing a rule:
-`removed_by=("spec-off",)` plus the texts (see `triage.causes.CauseRule`); the shared
-code in triage/causes.py gates on the arm and the baseline and decides.
+`removed_by=("spec-off",)` plus a `triage.causes.Removal` -- its texts and, where needed,
+the symptom the failing baseline replies must show, a precheck from the stack's facts,
+whether this stack can test it, and a check once the arm ran; the shared code in
+triage/causes.py gates on the arm and the baseline and decides.
 """
 
 from __future__ import annotations
@@ -82,14 +84,22 @@ class NumberedEntry(Entry, Protocol):
 
 @runtime_checkable
 class CauseEntry(NumberedEntry, Protocol):
-    """A cause (`catalogue.causes`); built-ins use `triage.causes.CauseRule`.
+    """A cause (`catalogue.causes`; also known as `triage.causes.Cause`); built-ins use
+    `triage.causes.CauseRule`.
 
+    - `id`: stable string id (files, JSON, tests); `number`: stable bit position in stored
+      family bit sets, declared in the cause's own file (never reuse or move one;
+      built-ins 0..BUILTIN_LAST, plugins from PLUGIN_FIRST);
     - `title`, `mechanism`, `decided_by`: text for the diagnosis, UI and retrospective;
-    - `retrospective`: how a retrospective words the cause once confirmed;
-    - `decide(arms, observations)`: the verdict. `arms` maps arm names (the baseline is
-      "baseline") to `triage.causes.ArmOutcome`; returns a `triage.causes.Verdict`;
-    - optional `when = "crash"`: decided only when the incident's server crashes at startup;
-    - optional `removed_by = ("arm-id",)`: the arms that remove it (declarative rule).
+    - `retrospective`: how a retrospective words the cause once confirmed ("what happened");
+    - `decide(arms, observations)`: the rule. `arms` maps arm names (the baseline is
+      "baseline") to `triage.causes.ArmOutcome`; `observations` is a
+      `triage.causes.Observations` whose `facts` hold every observation hook's facts by
+      name; returns a `triage.causes.Verdict` (`basis="untested"` when this run cannot
+      test the cause: such a verdict never overwrites a measured one);
+    - optional `when = "crash"`: decided only when the incident's server crashes at startup
+      (then every replay is a launch; see `startup-crash`);
+    - optional `removed_by = ("arm-id",)`: the arm that removes it (declarative rule).
     """
 
     @property

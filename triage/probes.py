@@ -29,7 +29,9 @@ OPEN_THINK_TAG = "<think>"
 CLOSE_THINK_TAG = "</think>"
 
 
-ObserveHook = Callable[["ObserveContext"], Coroutine[Any, Any, "dict[str, Any] | None"]]
+# An observation hook's facts: a JSON-serialisable mapping with its "name" (the built-ins
+# declare theirs as TypedDicts), stored as evidence and read by the rules.
+ObserveHook = Callable[["ObserveContext"], Coroutine[Any, Any, "Mapping[str, object] | None"]]
 # A precondition checked once the incident's server has been observed (template render,
 # props): (the observations so far, the captured exchange or None) -> None when the arm can
 # matter, else why it cannot (the arm is then skipped, and the plan says why).

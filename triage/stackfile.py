@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, Required, TypedDict
 from urllib.parse import urlsplit
 
 from jsonschema import Draft202012Validator
@@ -335,7 +335,8 @@ def parse_stack(
             args=_resolve_args(base, known["args"]) if "args" in known else config.args,
         )
     probes = data.get("probes", {})
-    gateway = _gateway(data, config, source)
+    section: GatewaySection | None = data.get("gateway")  # checked by the schema above
+    gateway = _gateway(section, config, source)
     stack = Stack(
         server=config,
         alternate_model=_resolve(base, alternates.get("model")),
@@ -360,11 +361,20 @@ def _origin(url: str) -> str:
     return f"{parts.scheme}://{(parts.hostname or '').lower()}:{port}"
 
 
-def _gateway(data: dict[str, Any], server: ServerConfig, source: str) -> GatewayConfig | None:
+class GatewaySection(TypedDict, total=False):
+    """The stack file's `[gateway]` table as the schema admits it."""
+
+    url: Required[str]
+    name: str
+    api_key_env: str
+
+
+def _gateway(
+    section: GatewaySection | None, server: ServerConfig, source: str
+) -> GatewayConfig | None:
     """`[gateway]`, checked against `[server]`: the gateway forwards to a running server,
     so the server must be given by its url (a server the engine launches listens on a
     port of its own, which the gateway does not know)."""
-    section = data.get("gateway")
     if section is None:
         return None
     url = str(section["url"]).rstrip("/")

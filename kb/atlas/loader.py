@@ -24,6 +24,7 @@ import yaml
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
+from kb.jsontypes import JsonObject
 from kb.repo.engine import data_dir
 from kb.repo.fileio import InputTooLarge, load_yaml, read_bounded, write_atomic
 
@@ -123,7 +124,7 @@ class AtlasEntry:
     body: str = ""
     file: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The JSON form (`triage atlas show --json`): the front matter fields, body, file."""
         return {
             "id": self.id,

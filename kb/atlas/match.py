@@ -30,9 +30,9 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
 
 from kb.atlas.loader import AtlasEntry
+from kb.jsontypes import JsonObject
 
 __all__ = [
     "THRESHOLD",
@@ -114,7 +114,7 @@ class MatchedFact:
     detail: str
     weight: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"kind": self.kind, "detail": self.detail, "weight": round(self.weight, 2)}
 
 
@@ -129,7 +129,7 @@ class Match:
     past_fix: bool = False
     build: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The JSON form (`triage atlas match --json`, diagnosis `atlas_matches`)."""
         return {
             "id": self.entry.id,

@@ -7,7 +7,7 @@ kb.domain.family; this module stores signatures and queries them."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Optional
+from typing import Any, Optional, TypedDict
 
 from sqlalchemy import (
     BigInteger,
@@ -39,6 +39,7 @@ from kb.domain.family import (
     signature,
     similarity,
 )
+from kb.jsontypes import JsonObject
 from kb.models import Cause, FamilyLink, Incident, Symptom
 from kb.repo.store import require_incident
 
@@ -79,8 +80,9 @@ class IncidentSignature(SQLModel, table=True):
 _SIGNATURES = IncidentSignature.__table__  # type: ignore[attr-defined]
 
 
-def incident_stack(incident: Incident) -> dict[str, Any]:
-    """The stack dict of a stored incident: its stack columns plus its free-form extras."""
+def incident_stack(incident: Incident) -> JsonObject:
+    """A stored incident's `stack` map in its file's shape (kb.repo.filerecord, empty columns
+    kept): its stack columns plus its free-form extras."""
     return {
         "model": incident.model,
         "weights": incident.weights,
@@ -142,7 +144,23 @@ def incident_signature(session: Session, slug: str) -> Signature:
     return _computed(session, [incident.id])[incident.id]
 
 
-def _row_values(sig: Signature, bits: Mapping[str, Mapping[str, int]]) -> dict[str, Any]:
+class _SignatureColumns(TypedDict):
+    """The columns of an incidentsignature row written for a signature."""
+
+    stale: bool
+    kinds_mask: int
+    causes_mask: int
+    kinds: str
+    causes: str
+    model_family: str
+    server_build: str
+    spec: str
+    thinking: str
+    kinds_count: int
+    causes_count: int
+
+
+def _row_values(sig: Signature, bits: Mapping[str, Mapping[str, int]]) -> _SignatureColumns:
     return {
         "stale": False,
         "kinds_mask": sum(bits["check"].get(kind, 0) for kind in sig.kinds),

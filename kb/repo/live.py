@@ -19,7 +19,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import func
 from sqlalchemy import select as sa_select
@@ -27,6 +27,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col, select
 
 from kb.domain.errors import StoreError
+from kb.domain.live import LiveRow
 from kb.jsontypes import JsonObject
 from kb.models import LiveExchange, LiveSignature, utcnow
 
@@ -64,7 +65,7 @@ def decompress_body(data: bytes | None) -> JsonObject | None:
 # --------------------------------------------------------------------------- exchanges
 
 
-def insert_exchanges(session: Session, rows: Sequence[dict[str, Any]]) -> list[str]:
+def insert_exchanges(session: Session, rows: Sequence[LiveRow]) -> list[str]:
     """Store recorded exchanges; keys already stored are skipped. Returns the inserted keys."""
     if not rows:
         return []
@@ -88,9 +89,9 @@ def insert_exchanges(session: Session, rows: Sequence[dict[str, Any]]) -> list[s
 
 
 @functools.lru_cache(maxsize=1)
-def _defaults_and_limits() -> tuple[dict[str, Any], dict[str, int]]:
+def _defaults_and_limits() -> tuple[LiveRow, dict[str, int]]:
     # Building a model instance per row costs more than the insert itself: once is enough.
-    defaults = LiveExchange(key="").model_dump(exclude={"id"})
+    defaults = cast(LiveRow, LiveExchange(key="").model_dump(exclude={"id"}))
     limits = {}
     for name, info in LiveExchange.model_fields.items():
         max_length = next((m.max_length for m in info.metadata if hasattr(m, "max_length")), None)
@@ -99,16 +100,18 @@ def _defaults_and_limits() -> tuple[dict[str, Any], dict[str, int]]:
     return defaults, limits
 
 
-def _row_values(row: dict[str, Any]) -> dict[str, Any]:
+def _row_values(row: LiveRow) -> LiveRow:
+    """The row to insert: a column missing from `row` gets its default, text its limit."""
     unknown = set(row) - set(LIVE_COLUMNS)
     if unknown:
         raise StoreError(f"live exchange: unknown field(s) {sorted(unknown)}")
     defaults, limits = _defaults_and_limits()
-    values = {**defaults, "recorded_at": utcnow(), **row}
+    values: dict[str, object] = {**defaults, "recorded_at": utcnow(), **row}
     for name, max_length in limits.items():
-        if isinstance(values.get(name), str):
-            values[name] = values[name][:max_length]
-    return values
+        value = values.get(name)
+        if isinstance(value, str):
+            values[name] = value[:max_length]
+    return cast(LiveRow, values)
 
 
 def load_exchange(session: Session, key: str) -> JsonObject | None:
@@ -235,9 +238,20 @@ def shape_counts(
     return ShapeCounts(int(n), failures, configured)
 
 
+@dataclass(frozen=True)
+class SeriesPoint:
+    """Failures with one signature out of all exchanges of a model in one time bucket."""
+
+    bucket: datetime  # the bucket's start (naive UTC)
+    model: str
+    signature: str  # CONFIGURED_MARK appended for failures the client configured
+    failures: int
+    n: int
+
+
 def series(
     session: Session, since: datetime, until: datetime, bucket: timedelta
-) -> list[dict[str, Any]]:
+) -> list[SeriesPoint]:
     """Per time bucket and model x signature: failures and all exchanges (for charts)."""
     rows = session.execute(
         sa_select(
@@ -259,25 +273,34 @@ def series(
             signature = f"{signature} {CONFIGURED_MARK}"
         if signature:
             failures[(slot, model, signature)] = failures.get((slot, model, signature), 0) + 1
-    out = []
-    for (slot, model, signature), k in sorted(failures.items()):
-        out.append(
-            {
-                "bucket": _naive(since) + timedelta(seconds=slot * width),
-                "model": model,
-                "signature": signature,
-                "failures": k,
-                "n": totals[(slot, model)],
-            }
+    return [
+        SeriesPoint(
+            bucket=_naive(since) + timedelta(seconds=slot * width),
+            model=model,
+            signature=signature,
+            failures=k,
+            n=totals[(slot, model)],
         )
-    return out
+        for (slot, model, signature), k in sorted(failures.items())
+    ]
 
 
 def _naive(value: datetime) -> datetime:
     return value.replace(tzinfo=None)
 
 
-def latest_upstream(session: Session) -> JsonObject | None:
+@dataclass(frozen=True)
+class Upstream:
+    """The upstream server as of the latest recorded live exchange."""
+
+    model: str
+    build: str
+    template_sha256: str
+    recorded_at: datetime
+    replica: str
+
+
+def latest_upstream(session: Session) -> Upstream | None:
     """The upstream identity of the most recent recorded exchange."""
     row = session.exec(
         select(LiveExchange).order_by(
@@ -286,13 +309,13 @@ def latest_upstream(session: Session) -> JsonObject | None:
     ).first()
     if row is None:
         return None
-    return {
-        "model": row.model,
-        "build": row.upstream_build,
-        "template_sha256": row.template_sha256,
-        "recorded_at": row.recorded_at,
-        "replica": row.replica,
-    }
+    return Upstream(
+        model=row.model,
+        build=row.upstream_build,
+        template_sha256=row.template_sha256,
+        recorded_at=row.recorded_at,
+        replica=row.replica,
+    )
 
 
 # --------------------------------------------------------------------------- incidents

@@ -14,13 +14,14 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Sequence
-from datetime import date
-from typing import Any
+from dataclasses import dataclass
+from datetime import date, datetime
 
 from sqlalchemy import func, text
 from sqlmodel import Session, col, select
 
 from kb.domain import family
+from kb.domain.live import DetectionFacts, LiveAlarm, LiveExample
 from kb.jsontypes import JsonObject
 from kb.models import Evidence, Incident, LiveSignature, Symptom, utcnow
 from kb.repo.family import incident_signature
@@ -29,6 +30,7 @@ from kb.repo.store import add_evidence_many, get_incident
 
 __all__ = [
     "MATCHED_PREFIX",
+    "LiveIncident",
     "add_examples",
     "add_variant",
     "family_match",
@@ -96,8 +98,9 @@ def _free_slug(session: Session, base: str) -> str:
     return slug
 
 
-def _observed(signature: str, detection: dict[str, Any]) -> dict[str, Any]:
-    """A live symptom's `observed`: the problem's failing k/n with the time it holds for."""
+def _observed(signature: str, detection: DetectionFacts | JsonObject) -> JsonObject:
+    """A live symptom's `observed` (as stored in its JSON column): the problem's failing k/n
+    with the time it holds for."""
     rate = detection.get("rate") or {}
     window = detection.get("window_minutes")
     return {
@@ -113,7 +116,7 @@ def _add_symptoms(
     incident_id: int,
     kinds: Iterable[str],
     signature: str,
-    detection: dict[str, Any],
+    detection: DetectionFacts | JsonObject,
 ) -> None:
     """A symptom row per failing kind the incident does not list yet."""
     have = set(session.exec(select(Symptom.key).where(Symptom.incident_id == incident_id)).all())
@@ -130,29 +133,17 @@ def _add_symptoms(
 
 
 def open_incident(
-    session: Session,
-    *,
-    model: str,
-    signature: str,
-    kinds: Iterable[str],
-    title: str,
-    summary: str,
-    upstream: JsonObject,
-    detection: dict[str, Any],
-    examples: Sequence[dict[str, Any]],
-    opened_by: str,
-    today: date | None = None,
-    shape: str = "",
-    problem: str = "",
+    session: Session, alarm: LiveAlarm, *, today: date | None = None
 ) -> tuple[LiveSignature, bool]:
-    """The signature's incident: opened with its rate, first and latest examples and the
+    """The alarm's incident: opened with its rate, first and latest examples and the
     upstream identity, or (when a replica opened it first) the existing one.
 
-    Returns (signature row, opened_now). `examples`: evidence items (kind `exchange`)
-    ordered oldest first, each with `live_key` in its payload. `problem` (with `shape`):
-    the problem the incident tracks; further signatures of it become its variants
-    (`add_variant`).
+    Returns (signature row, opened_now). `alarm.examples`: evidence items (kind `exchange`)
+    ordered oldest first, each with `live_key` in its payload. `alarm.problem` (with
+    `alarm.shape`): the problem the incident tracks; further signatures of it become its
+    variants (`add_variant`).
     """
+    model, signature, shape, problem = alarm.model, alarm.signature, alarm.shape, alarm.problem
     lock_signature(session, model, problem or signature)
     existing = find_problem(session, model, problem) or find_signature(
         session, model, signature, shape
@@ -164,31 +155,33 @@ def open_incident(
     slug = _free_slug(session, f"{today.isoformat()}-live-{_slug(model, 60)}-{_slug(named, 80)}")
     incident = Incident(
         slug=slug,
-        title=title,
+        title=alarm.title,
         opened_on=today,
         status="open",
-        summary=summary,
+        summary=alarm.summary,
         model=model[:300],
-        server_build=str(upstream.get("build") or "")[:100],
-        stack={"upstream": upstream},
-        timeline=[{"at": utcnow().isoformat(), "event": f"opened by {opened_by}: {summary}"}],
+        server_build=str(alarm.upstream.get("build") or "")[:100],
+        stack={"upstream": alarm.upstream},
+        timeline=[
+            {"at": utcnow().isoformat(), "event": f"opened by {alarm.opened_by}: {alarm.summary}"}
+        ],
     )
     session.add(incident)
     session.flush()
     assert incident.id is not None
-    _add_symptoms(session, incident.id, kinds, signature, detection)
+    _add_symptoms(session, incident.id, alarm.kinds, signature, alarm.detection)
     live = LiveSignature(
         key=signature_key(model, signature, shape),
         model=model[:300],
         signature=signature,
         incident_id=incident.id,
-        opened_by=opened_by,
-        detection=detection,
+        opened_by=alarm.opened_by,
+        detection=dict(alarm.detection),
         problem=problem[:300],
     )
     session.add(live)
     session.flush()
-    add_examples(session, live, examples)
+    add_examples(session, live, alarm.examples)
     return live, True
 
 
@@ -281,49 +274,22 @@ def family_match(
 
 
 def open_or_attach(
-    session: Session,
-    *,
-    model: str,
-    signature: str,
-    kinds: Iterable[str],
-    title: str,
-    summary: str,
-    upstream: JsonObject,
-    detection: dict[str, Any],
-    examples: Sequence[dict[str, Any]],
-    opened_by: str,
-    today: date | None = None,
-    shape: str = "",
-    problem: str = "",
+    session: Session, alarm: LiveAlarm, *, today: date | None = None
 ) -> tuple[LiveSignature, str]:
-    """The incident for a live failure signature (of `problem`) that just alarmed: the one
-    already tracking it (`existing`, examples not added), else an open or parked incident
+    """The incident for a live failure signature (of `alarm.problem`) that just alarmed: the
+    one already tracking it (`existing`, examples not added), else an open or parked incident
     of the same family opened by other means (`attached`: the signature, its examples and
     a timeline entry are added to it), else a new one (`opened`, see `open_incident`)."""
-    kinds = sorted(set(kinds))
+    model, signature, shape, problem = alarm.model, alarm.signature, alarm.shape, alarm.problem
     lock_signature(session, model, problem or signature)
     existing = find_problem(session, model, problem) or find_signature(
         session, model, signature, shape
     )
     if existing is not None:
         return existing, "existing"
-    incident = family_match(session, model=model, kinds=kinds, upstream=upstream)
+    incident = family_match(session, model=model, kinds=alarm.kinds, upstream=alarm.upstream)
     if incident is None:
-        row, opened_now = open_incident(
-            session,
-            model=model,
-            signature=signature,
-            kinds=kinds,
-            title=title,
-            summary=summary,
-            upstream=upstream,
-            detection=detection,
-            examples=examples,
-            opened_by=opened_by,
-            today=today,
-            shape=shape,
-            problem=problem,
-        )
+        row, opened_now = open_incident(session, alarm, today=today)
         return row, "opened" if opened_now else "existing"
     assert incident.id is not None
     row = LiveSignature(
@@ -331,16 +297,16 @@ def open_or_attach(
         model=model[:300],
         signature=signature,
         incident_id=incident.id,
-        opened_by=(MATCHED_PREFIX + opened_by)[:100],
-        detection=detection,
+        opened_by=(MATCHED_PREFIX + alarm.opened_by)[:100],
+        detection=dict(alarm.detection),
         problem=problem[:300],
     )
     session.add(row)
-    event = f"live failure matched by {opened_by}: {summary}"
+    event = f"live failure matched by {alarm.opened_by}: {alarm.summary}"
     incident.timeline = [*(incident.timeline or []), {"at": utcnow().isoformat(), "event": event}]
     session.add(incident)
     session.flush()
-    add_examples(session, row, examples)
+    add_examples(session, row, alarm.examples)
     return row, "attached"
 
 
@@ -364,16 +330,18 @@ def _live_examples(session: Session, incident_id: int) -> int:
     )
 
 
-def _briefed(item: dict[str, Any]) -> dict[str, Any]:
+def _briefed(item: LiveExample) -> LiveExample:
     """An example with its short payload (`brief`, from the proxy) instead of the whole
     exchange, when it has one."""
     if not isinstance(item.get("brief"), dict):
         return item
-    return {**item, "payload": item["brief"]}
+    briefed = item.copy()
+    briefed["payload"] = item["brief"]
+    return briefed
 
 
 def add_examples(
-    session: Session, live: LiveSignature, examples: Sequence[dict[str, Any]]
+    session: Session, live: LiveSignature, examples: Sequence[LiveExample]
 ) -> list[str]:
     """Attach failing exchanges to the signature's incident, up to
     MAX_EXAMPLES_PER_INCIDENT in all (the first ever and the latest are kept in the
@@ -405,7 +373,7 @@ def add_examples(
         chosen = [_briefed(item) for item in chosen]
     else:  # the incident's first example is kept whole; the others refer to theirs
         chosen = [chosen[0], *(_briefed(item) for item in chosen[1:])]
-    rows = add_evidence_many(session, live.incident_id, list(chosen))
+    rows = add_evidence_many(session, live.incident_id, [dict(item) for item in chosen])
     symptoms = session.exec(select(Symptom).where(Symptom.incident_id == live.incident_id)).all()
     for symptom in symptoms:
         linked = [
@@ -420,7 +388,7 @@ def add_examples(
     return [row.key for row in rows]
 
 
-def update_detection(session: Session, live: LiveSignature, detection: dict[str, Any]) -> None:
+def update_detection(session: Session, live: LiveSignature, detection: DetectionFacts) -> None:
     """The problem's latest detection (with its `as_of`), also in the incident's live
     symptoms: every number shown for the incident is this one."""
     live.detection = dict(detection)  # reassign: JSON columns changed in place are not saved
@@ -441,7 +409,25 @@ def update_detection(session: Session, live: LiveSignature, detection: dict[str,
     session.flush()
 
 
-def live_incidents(session: Session) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class LiveIncident:
+    """An incident the proxy opened or attached to, as the Live page lists it."""
+
+    slug: str
+    title: str
+    status: str
+    model: str
+    signature: str  # the first signature recorded for it
+    problem: str
+    variants: tuple[str, ...]  # every signature (symptom variant) seen for the problem
+    opened_at: datetime
+    opened_by: str  # the replica, or MATCHED_PREFIX + the replica for an attached one
+    first_exchange: str
+    latest_exchange: str
+    detection: JsonObject  # the problem's latest detection, as stored in its JSON column
+
+
+def live_incidents(session: Session) -> list[LiveIncident]:
     """The incidents the proxy opened or attached to, newest first, one entry each, with
     the problem's latest detection and every signature (symptom variant) seen for it."""
     rows = session.exec(
@@ -456,23 +442,23 @@ def live_incidents(session: Session) -> list[dict[str, Any]]:
     for group in by_incident.values():
         live, incident = group[0]
         out.append(
-            {
-                "slug": incident.slug,
-                "title": incident.title,
-                "status": incident.status,
-                "model": live.model,
-                "signature": live.signature,
-                "problem": live.problem,
-                "variants": [row.signature for row, _ in group],
-                "opened_at": live.opened_at,
-                "opened_by": live.opened_by,
-                "first_exchange": live.first_exchange_key,
-                "latest_exchange": max(
+            LiveIncident(
+                slug=incident.slug,
+                title=incident.title,
+                status=incident.status,
+                model=live.model,
+                signature=live.signature,
+                problem=live.problem,
+                variants=tuple(row.signature for row, _ in group),
+                opened_at=live.opened_at,
+                opened_by=live.opened_by,
+                first_exchange=live.first_exchange_key,
+                latest_exchange=max(
                     (row for row, _ in group),
                     key=lambda r: (r.latest_exchange_key != "", r.id or 0),
                 ).latest_exchange_key,
-                "detection": live.detection,
-            }
+                detection=live.detection,
+            )
         )
-    out.sort(key=lambda item: (item["opened_at"], item["slug"]), reverse=True)
+    out.sort(key=lambda item: (item.opened_at, item.slug), reverse=True)
     return out

@@ -11,7 +11,7 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, TypedDict
 
 from sqlmodel import Session, col, select
 
@@ -39,6 +39,7 @@ from kb.repo.store import (
 )
 
 __all__ = [
+    "CauseChange",
     "CauseSpec",
     "NewIncident",
     "RunBusy",
@@ -331,15 +332,24 @@ def evidence_id(session: Session, incident_id: int, key: str) -> int:
     return int(row)
 
 
+class CauseChange(TypedDict):
+    """One cause after `apply_verdicts`: status before, verdict applied or not, status now."""
+
+    previous: str
+    applied: bool
+    status: str
+    rationale: str
+
+
 def apply_verdicts(
     session: Session, incident_id: int, run_id: int, verdicts: Sequence[VerdictRow], actor: str
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, CauseChange]:
     """Move each cause to its verdict, with monotone evidence: a verdict whose basis is
     weaker than what set the cause's current status (e.g. "not testable in this run" over
     a measured rejection) leaves the cause as it is. Returns, per cause, its previous
     status and whether this run moved it (`applied`)."""
     causes = {c.key: c for c in session.exec(select(Cause).where(Cause.incident_id == incident_id))}
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, CauseChange] = {}
     for verdict in verdicts:
         cause = causes.get(verdict.cause)
         if cause is None:

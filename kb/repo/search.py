@@ -33,9 +33,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
 
-from sqlalchemy import bindparam, text
+from sqlalchemy import BindParameter, bindparam, text
 from sqlmodel import Session, select
 
 from kb.domain.family import MODEL_FAMILIES
@@ -203,7 +202,7 @@ def search(
 
 def _filters(
     id_column: str, statuses: Sequence[str], cause: str | None, *, correlated: bool = True
-) -> tuple[str, dict[str, Any], list[Any]]:
+) -> tuple[str, dict[str, str | list[str]], list[BindParameter[list[str]]]]:
     """SQL conditions restricting `id_column` (a qualified incident id) by status and cause.
 
     SQLite gets correlated scalar subqueries, checked per document as the text index yields
@@ -212,8 +211,8 @@ def _filters(
     as a hash semi-join, which is what it should do.
     """
     where = ""
-    params: dict[str, Any] = {}
-    binds: list[Any] = []
+    params: dict[str, str | list[str]] = {}
+    binds: list[BindParameter[list[str]]] = []
     if statuses:
         if correlated:
             where += f" AND (SELECT i.status FROM incident i WHERE i.id = {id_column}) IN :statuses"
@@ -341,7 +340,7 @@ class _SQLite:
 
 class _Postgres:
     @staticmethod
-    def _term(index: int, term: str) -> tuple[str, dict[str, Any]]:
+    def _term(index: int, term: str) -> tuple[str, dict[str, str]]:
         """One word as a tsquery: a quoted prefix lexeme ('word':*) or plain text."""
         if _is_prefix(term):
             # Inside quotes the word is plain text to the tsquery parser; it has no quote.
@@ -349,10 +348,10 @@ class _Postgres:
         return f"plainto_tsquery('english', :t{index})", {f"t{index}": term}
 
     @classmethod
-    def _tsquery(cls, terms: Sequence[str], any_term: bool) -> tuple[str, dict[str, Any]]:
+    def _tsquery(cls, terms: Sequence[str], any_term: bool) -> tuple[str, dict[str, str]]:
         # One tsquery per word, combined with the tsquery operators && / ||.
         parts: list[str] = []
-        params: dict[str, Any] = {}
+        params: dict[str, str] = {}
         for index, term in enumerate(terms):
             sql, values = cls._term(index, term)
             parts.append(sql)

@@ -16,6 +16,7 @@ from kb.service.errors import (
 )
 from kb.service.incidents import SEARCH_LIMIT
 from kb.service.records import (
+    CellCount,
     DecisionRequest,
     DecisionRow,
     Family,
@@ -24,8 +25,10 @@ from kb.service.records import (
     IncidentRow,
     IncidentRuns,
     IncidentTitle,
+    LiveIncident,
     LiveOverview,
     RecordedDecision,
+    SeriesPoint,
     StatusChange,
     Upstream,
 )
@@ -33,6 +36,7 @@ from kb.service.records import (
 __all__ = [
     "PAGE_SIZE",
     "SEARCH_LIMIT",
+    "CellCount",
     "ConflictError",
     "DatabaseError",
     "DecisionRequest",
@@ -44,10 +48,12 @@ __all__ = [
     "IncidentRuns",
     "IncidentTitle",
     "KnowledgeBase",
+    "LiveIncident",
     "LiveOverview",
     "NotFoundError",
     "OpenError",
     "RecordedDecision",
+    "SeriesPoint",
     "StatusChange",
     "StoreError",
     "Upstream",

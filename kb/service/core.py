@@ -20,7 +20,7 @@ from sqlmodel import Session
 
 from kb.domain.decisions import ParkedIncident
 from kb.domain.errors import StoreError
-from kb.domain.triggers import KindLookup
+from kb.domain.triggers import KindLookup, stored_trigger
 from kb.filecheck import RecordError
 from kb.jsontypes import JsonObject
 from kb.repo import decisions as kb_decisions
@@ -51,7 +51,6 @@ from kb.service.records import (
     LiveOverview,
     RecordedDecision,
     StatusChange,
-    Upstream,
 )
 
 PAGE_SIZE = 50
@@ -262,7 +261,7 @@ class KnowledgeBase:
                 fix=row.fix,
                 verified=row.verified,
                 revisit_on=row.revisit_on,
-                triggers=tuple(row.revisit_triggers or ()),
+                triggers=tuple(stored_trigger(t) for t in row.revisit_triggers or ()),
                 evidence_keys=tuple(row.evidence_keys or ()),
                 incident_status=incident.status if incident is not None else "",
             )
@@ -314,9 +313,8 @@ class KnowledgeBase:
     def live_overview(self, since: datetime, until: datetime, bucket: timedelta) -> LiveOverview:
         """What the proxy recorded between `since` and `until` (rates per `bucket`)."""
         with self.transaction(readonly=True) as session:
-            upstream = kb_live.latest_upstream(session)
             return LiveOverview(
-                upstream=Upstream(**upstream) if upstream is not None else None,
+                upstream=kb_live.latest_upstream(session),
                 points=kb_live.series(session, since, until, bucket),
                 cells=kb_live.cell_counts(session, since, until),
                 opened=live_incidents(session),

@@ -13,6 +13,7 @@ from sqlalchemy import func, or_
 from sqlalchemy import select as sa_select  # typed for wide column lists
 from sqlmodel import Session, col, select
 
+from kb.domain.triggers import stored_trigger
 from kb.models import Cause, Decision, FamilyLink, Incident, Symptom
 from kb.repo import search as kb_search
 from kb.service.records import (
@@ -230,7 +231,7 @@ def decisions(session: Session) -> list[DecisionRow]:
             fix=fix,
             verified=verified,
             revisit_on=revisit_on,
-            triggers=tuple(triggers or ()),
+            triggers=tuple(stored_trigger(t) for t in triggers or ()),
         )
         for (
             slug,

@@ -2,8 +2,8 @@
 
 `record_live(kb, write)` runs `write(batch)` in one transaction and retries it when another
 replica stored the same key or signature first; `LiveBatch` offers kb.repo.live's steps on
-typed records (`LiveRow`, `LiveExample`, `DetectionFacts`) and `ProblemRef` handles, so the
-proxy never holds a session or an ORM row.
+typed records (kb.domain.live: `LiveRow`, `LiveExample`, `DetectionFacts`, `LiveAlarm`) and
+`ProblemRef` handles, so the proxy never holds a session or an ORM row.
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import NotRequired, TypedDict, TypeVar
+from typing import TypeVar
 
 from sqlmodel import Session
 
 from kb.atlas.refs import add_references
+from kb.domain.live import DetectionFacts, LiveAlarm, LiveExample, LiveRow, RateFacts
 from kb.jsontypes import JsonObject
 from kb.models import Incident, LiveSignature
 from kb.repo import live as kb_live
@@ -33,6 +34,7 @@ from kb.service.errors import ConflictError, NotFoundError
 
 __all__ = [
     "DetectionFacts",
+    "LiveAlarm",
     "LiveBatch",
     "LiveExample",
     "LiveRow",
@@ -44,69 +46,6 @@ __all__ = [
 
 T = TypeVar("T")
 WRITE_ATTEMPTS = 3
-
-
-class LiveRow(TypedDict):
-    """One recorded exchange as the liveexchange table stores it (body compressed)."""
-
-    key: str
-    recorded_at: datetime
-    replica: str
-    path: str
-    model: str
-    client: str
-    signature: str
-    failed: bool
-    status: int | None
-    elapsed_ms: float | None
-    stream: bool
-    upstream_build: str
-    template_sha256: str
-    findings: list[str]
-    body: bytes | None
-    body_truncated: bool
-    shape: str
-    client_limit: str
-
-
-class LiveExample(TypedDict):
-    """A failing exchange to store as an incident's evidence: the whole payload for the
-    incident's first example, `brief` for the others (kb.repo.live.add_examples)."""
-
-    kind: str
-    summary: str
-    payload: JsonObject  # the evidence document as stored (redacted exchange, findings)
-    source: str
-    recorded_at: NotRequired[datetime]
-    brief: JsonObject
-
-
-class RateFacts(TypedDict):
-    failures: int
-    n: int
-    rate: float
-    interval: list[float]
-
-
-class DetectionFacts(TypedDict):
-    """The change detection of one live problem as stored with it and shown for it."""
-
-    failures: int
-    n: int
-    trailing_failures: int
-    trailing_n: int
-    p0: float
-    p1: float
-    llr: float
-    upper: float
-    lower: float
-    verdict: str  # alarm | no-change | continue
-    new: bool
-    rate: RateFacts
-    as_of: str
-    window_minutes: int
-    shape: str
-    variants: dict[str, int]
 
 
 @dataclass(frozen=True)
@@ -137,7 +76,7 @@ class LiveBatch:
 
     def insert_exchanges(self, rows: Sequence[LiveRow]) -> set[str]:
         """Store the exchanges (keys already stored are skipped); the keys inserted."""
-        return set(kb_live.insert_exchanges(self._session, [dict(row) for row in rows]))
+        return set(kb_live.insert_exchanges(self._session, rows))
 
     def shape_counts(self, model: str, shape: str, since: datetime, until: datetime) -> ShapeCounts:
         return kb_live.shape_counts(self._session, model, shape, since, until)
@@ -157,7 +96,7 @@ class LiveBatch:
         return kb_live.first_failing(self._session, model, signature, since, shape)
 
     def update_detection(self, ref: ProblemRef, facts: DetectionFacts) -> None:
-        update_detection(self._session, self._row(ref), dict(facts))
+        update_detection(self._session, self._row(ref), facts)
 
     def add_variant(
         self, ref: ProblemRef, *, signature: str, kinds: Iterable[str], shape: str, by: str
@@ -172,39 +111,12 @@ class LiveBatch:
         )
 
     def add_examples(self, ref: ProblemRef, examples: Sequence[LiveExample]) -> None:
-        add_examples(self._session, self._row(ref), [dict(e) for e in examples])
+        add_examples(self._session, self._row(ref), examples)
 
-    def open_or_attach(
-        self,
-        *,
-        model: str,
-        signature: str,
-        kinds: Iterable[str],
-        title: str,
-        summary: str,
-        upstream: JsonObject,
-        facts: DetectionFacts,
-        examples: Sequence[LiveExample],
-        by: str,
-        shape: str,
-        problem: str,
-    ) -> tuple[ProblemRef, str]:
-        """Open an incident for the problem, or attach it to one of its family: (its
+    def open_or_attach(self, alarm: LiveAlarm) -> tuple[ProblemRef, str]:
+        """Open an incident for the alarm's problem, or attach it to one of its family: (its
         signature row, `opened` | `attached` | `existing`)."""
-        row, outcome = open_or_attach(
-            self._session,
-            model=model,
-            signature=signature,
-            kinds=kinds,
-            title=title,
-            summary=summary,
-            upstream=upstream,
-            detection=dict(facts),
-            examples=[dict(e) for e in examples],
-            opened_by=by,
-            shape=shape,
-            problem=problem,
-        )
+        row, outcome = open_or_attach(self._session, alarm)
         return _ref(row), outcome
 
     def incident_slug(self, incident_id: int) -> str:

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import date, datetime
-from typing import Any
 
-from kb.repo.live import CellCount
+from kb.domain.triggers import Trigger
+
+# The live records are kb.repo.live's and kb.repo.liveincidents' own, returned as they are.
+from kb.repo.live import CellCount as CellCount
+from kb.repo.live import SeriesPoint as SeriesPoint
+from kb.repo.live import Upstream as Upstream
+from kb.repo.liveincidents import LiveIncident as LiveIncident
 from kb.repo.runlog import RunInfo
 
 
@@ -82,7 +87,7 @@ class DecisionRow:
     verified: bool
     revisit_on: date | None
     # Stored trigger documents (kb.triggers' normalised form, as in an incident file).
-    triggers: tuple[dict[str, Any], ...] = ()
+    triggers: tuple[Trigger, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -119,7 +124,7 @@ class RecordedDecision:
     verified: bool
     revisit_on: date | None
     # Stored trigger documents (kb.triggers' normalised form, as in an incident file).
-    triggers: tuple[dict[str, Any], ...]
+    triggers: tuple[Trigger, ...]
     evidence_keys: tuple[str, ...]
     incident_status: str
 
@@ -146,22 +151,11 @@ class IncidentRuns:
 
 
 @dataclass(frozen=True)
-class Upstream:
-    """The upstream server as of the latest recorded live exchange."""
-
-    model: str
-    build: str
-    template_sha256: str
-    recorded_at: datetime
-    replica: str
-
-
-@dataclass(frozen=True)
 class LiveOverview:
     """What the proxy recorded in a window: the upstream, the rate series, the cells and
     the incidents it opened (kb.repo.live's shapes)."""
 
     upstream: Upstream | None
-    points: list[dict[str, Any]]
+    points: list[SeriesPoint]
     cells: list[CellCount]
-    opened: list[dict[str, Any]]
+    opened: list[LiveIncident]

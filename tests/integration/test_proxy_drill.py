@@ -106,7 +106,7 @@ def test_proxy_measures_the_drill_rate_and_opens_one_incident(
     wide = wilson(proxy_failures, N_REQUESTS, confidence=0.999)  # flakes < 1 in 1000
     assert wide.low <= designed <= wide.high, (proxy_failures, designed)
     assert len(incidents) == 1 and len(opened) == 1
-    assert opened[0]["model"] == toolcall_drill.model.name
+    assert opened[0].model == toolcall_drill.model.name
     assert incidents[0].server_build.startswith("b11434")
 
 

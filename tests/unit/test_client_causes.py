@@ -293,12 +293,12 @@ def _shape(turns: int, changes: list[str]) -> dict[str, Any]:
 
 
 def test_conversation_shape_rejected_on_a_single_turn() -> None:
-    verdict = conversation_shape.rule(CLEAN_BASELINE, _obs(_shape(0, [])))
+    verdict = conversation_shape.CAUSE.decide(CLEAN_BASELINE, _obs(_shape(0, [])))
     assert verdict.status == "rejected" and "single-turn" in verdict.rationale
 
 
 def test_conversation_shape_untested_on_a_normal_history() -> None:
-    verdict = conversation_shape.rule(CLEAN_BASELINE, _obs(_shape(2, [])))
+    verdict = conversation_shape.CAUSE.decide(CLEAN_BASELINE, _obs(_shape(2, [])))
     assert verdict.status == "suspected" and verdict.basis == "untested"
 
 
@@ -309,16 +309,16 @@ def test_conversation_shape_confirmed_and_rejected_by_the_arm() -> None:
         "baseline": _arm("baseline", 8, 8, "baseline"),
         "history-normalised": _arm("history-normalised", 0, 8, "removes"),
     }
-    verdict = conversation_shape.rule(arms, _obs(facts, planned))
+    verdict = conversation_shape.CAUSE.decide(arms, _obs(facts, planned))
     assert verdict.status == "confirmed" and "JSON text" in verdict.rationale
     arms["history-normalised"] = _arm("history-normalised", 8, 8, "unchanged")
-    assert conversation_shape.rule(arms, _obs(facts, planned)).status == "rejected"
+    assert conversation_shape.CAUSE.decide(arms, _obs(facts, planned)).status == "rejected"
     # never confirmed when the baseline does not reproduce the failure
     arms = {
         "baseline": _arm("baseline", 0, 16, "baseline"),
         "history-normalised": _arm("history-normalised", 0, 16, "no-baseline-failure"),
     }
-    assert conversation_shape.rule(arms, _obs(facts, planned)).status == "suspected"
+    assert conversation_shape.CAUSE.decide(arms, _obs(facts, planned)).status == "suspected"
 
 
 # ------------------------------------------------------------------ client-lost-reply

@@ -25,6 +25,7 @@ from kb.repo.store import Store
 from triage.catalogue import Catalogue
 from triage.catalogue.numbering import vocabulary
 from triage.causes import ArmOutcome, Observations, decide
+from triage.plugin_api import CauseEntry
 from triage.probes import plan_arms
 from triage.stackfile import parse_stack
 
@@ -87,6 +88,7 @@ def test_a_new_cause_file_is_planned_decided_and_stored_with_its_number(
     cat = new_cause
     assert cat.causes.origin(CAUSE_ID) == f"cause-{CAUSE_ID}"
     assert vocabulary(cat).causes[CAUSE_ID] == NUMBER
+    assert all(isinstance(cause, CauseEntry) for cause in cat.causes)  # the one contract
 
     # Planned: the kv-f16 arm decides it, though the arm's file never names it.
     (tmp_path / "w.gguf").write_bytes(b"GGUF")
@@ -156,13 +158,25 @@ def test_every_declared_removal_arm_exists_and_decides_its_cause(tmp_path: Path)
         "cpu-backend": ("no-repack",),
         "warmup-decode": ("no-warmup",),
         "cpu-threads": ("one-thread",),
+        "kv-cache-quant": ("kv-f16",),
+        "conversation-shape": ("history-normalised",),
+        "model-file": ("alt-weights",),
+        "quantized-weights": ("alt-weights",),
+        "context-size": ("context-lifted",),
+        "context-shift": ("context-shift-off",),
+        "model-loop": ("anti-repetition",),
     }
     for arms in declared.values():
         assert all(arm in cat.arms for arm in arms)
     # The built-in arms already named these causes: declaring them changed no plan.
     (tmp_path / "w.gguf").write_bytes(b"GGUF")
     (tmp_path / "d.gguf").write_bytes(b"GGUF")
-    stack = parse_stack('[server]\nmodel = "w.gguf"\nargs = ["-md", "d.gguf"]\n', base=tmp_path)
+    (tmp_path / "alt.gguf").write_bytes(b"GGUF")
+    stack = parse_stack(
+        '[server]\nmodel = "w.gguf"\nargs = ["-md", "d.gguf", "-ctk", "q4_0"]\n'
+        '[alternates]\nmodel = "alt.gguf"\n',
+        base=tmp_path,
+    )
     request = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
     bare = [c for c in cat.causes if not getattr(c, "removed_by", ())]
     with_removals = {
@@ -171,3 +185,6 @@ def test_every_declared_removal_arm_exists_and_decides_its_cause(tmp_path: Path)
     without = {a.name: a.decides for a in plan_arms(stack, request, list(cat.arms), bare)}
     assert with_removals == without
     assert with_removals["spec-off"] == ("speculative-decoding",)
+    assert with_removals["kv-f16"] == ("kv-cache-quant",)
+    assert with_removals["alt-weights"] == ("quantized-weights", "model-file")
+    assert with_removals["anti-repetition"] == ("model-loop", "reasoning-exhausts-budget")

@@ -366,9 +366,9 @@ def test_repeated_failures_open_one_incident_with_rate_examples_and_upstream(
     incident = incidents[0]
     assert incident.status == "open" and incident.server_build == "b11434-fake"
     assert incident.stack["upstream"]["model"] == "fake-model.gguf"
-    assert opened[0]["signature"] == "empty-content|2xx"
-    assert opened[0]["first_exchange"] and opened[0]["latest_exchange"]
-    assert opened[0]["first_exchange"] != opened[0]["latest_exchange"]
+    assert opened[0].signature == "empty-content|2xx"
+    assert opened[0].first_exchange and opened[0].latest_exchange
+    assert opened[0].first_exchange != opened[0].latest_exchange
     assert "CI" in incident.summary and "/" in incident.summary
     assert [(c.client, c.signature, c.failures, c.n) for c in cells] == [
         ("coding-agent/2", "empty-content|2xx", 6, 12)

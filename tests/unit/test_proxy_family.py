@@ -141,7 +141,7 @@ def test_a_live_failure_adds_evidence_to_the_matching_incident_instead_of_openin
             counts = live.incident_live_counts(
                 session, ids[target["slug"]], utcnow() - timedelta(1)
             )
-            listed = [row["slug"] for row in liveincidents.live_incidents(session)]
+            listed = [row.slug for row in liveincidents.live_incidents(session)]
     finally:
         store.close()
     assert counts == (6, 12)

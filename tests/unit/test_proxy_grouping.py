@@ -13,6 +13,7 @@ from live_records import budget, ok, stop_emptied, tiny_limit
 from sqlmodel import select
 
 from kb.domain import retrotext
+from kb.domain.live import LiveAlarm
 from kb.models import Incident, LiveExchange, LiveSignature, Symptom, utcnow
 from kb.repo import live, liveincidents
 from kb.repo.store import Store
@@ -155,7 +156,7 @@ def test_one_intermittent_failure_with_two_symptom_sets_is_one_incident(
         "reasoning-exhausted-budget",
     }
     (listed,) = state["listed"]
-    assert sorted(listed["variants"]) == variants
+    assert sorted(listed.variants) == variants
     assert "reasoning-exhausted-budget" in incident.title
 
 
@@ -207,15 +208,17 @@ def test_a_title_with_a_stale_count_loses_it_when_the_count_moves(tmp_path: Path
         with store.session() as session:
             row, _ = liveincidents.open_incident(
                 session,
-                model="fake-model.gguf",
-                signature="empty-content|2xx",
-                kinds=["empty-content"],
-                title="Live: empty-content from fake-model.gguf (3/11 failing)",
-                summary="new failure",
-                upstream={"model": "fake-model.gguf"},
-                detection={"rate": {"failures": 3, "n": 11}},
-                examples=[],
-                opened_by="old-proxy",
+                LiveAlarm(
+                    model="fake-model.gguf",
+                    signature="empty-content|2xx",
+                    kinds=("empty-content",),
+                    title="Live: empty-content from fake-model.gguf (3/11 failing)",
+                    summary="new failure",
+                    upstream={"model": "fake-model.gguf"},
+                    detection={"rate": {"failures": 3, "n": 11}},
+                    examples=(),
+                    opened_by="old-proxy",
+                ),
             )
             liveincidents.update_detection(session, row, {"rate": {"failures": 10, "n": 47}})
         with store.session(readonly=True) as session:
@@ -224,4 +227,4 @@ def test_a_title_with_a_stale_count_loses_it_when_the_count_moves(tmp_path: Path
     finally:
         store.close()
     assert incident.title == "Live: empty-content from fake-model.gguf"
-    assert retrotext.failing_text(listed["detection"]).startswith("10/47 failing")
+    assert retrotext.failing_text(listed.detection).startswith("10/47 failing")

@@ -11,6 +11,7 @@ import pytest
 from proxy_fakes import raw_record
 from sqlmodel import select
 
+from kb.domain.live import LiveAlarm
 from kb.models import Incident, LiveSignature
 from kb.repo import live, liveincidents
 from kb.repo.store import Store
@@ -81,15 +82,17 @@ def test_concurrent_openers_of_one_signature_get_one_incident(pg_url: str) -> No
             with store.session() as session:
                 _, opened = liveincidents.open_incident(
                     session,
-                    model="m",
-                    signature="empty-content|2xx",
-                    kinds=["empty-content"],
-                    title="Live: empty-content",
-                    summary="s",
-                    upstream={},
-                    detection={},
-                    examples=[],
-                    opened_by=name,
+                    LiveAlarm(
+                        model="m",
+                        signature="empty-content|2xx",
+                        kinds=("empty-content",),
+                        title="Live: empty-content",
+                        summary="s",
+                        upstream={},
+                        detection={},
+                        examples=(),
+                        opened_by=name,
+                    ),
                 )
                 time.sleep(0.2)  # hold the transaction open: the others must wait, not insert
             results.append(opened)

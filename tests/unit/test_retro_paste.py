@@ -178,8 +178,8 @@ def test_the_live_card_the_retro_and_the_export_give_one_count_with_its_time(
         path = export_incident(store, slug, tmp_path / "export")
     finally:
         store.close()
-    rate = card["detection"]["rate"]
-    count = retrotext.failing_text(card["detection"])
+    rate = card.detection["rate"]
+    count = retrotext.failing_text(card.detection)
     assert count.startswith(f"{rate['failures']}/{rate['n']} failing") and " UTC" in count
     assert rate["n"] >= 40  # the latest count, not the one at opening
     # The title carries no count that would go stale.

@@ -85,7 +85,7 @@ def test_a_well_formed_constructed_stream_passes() -> None:
     ("first", "missing"),
     [
         ({"index": 0, "type": "function", "function": {"name": "f"}}, "id"),
-        ({"index": 0, "id": "c", "function": {"name": "f"}}, "type"),
+        ({"index": 0, "id": "c", "type": "tool", "function": {"name": "f"}}, "type function"),
         ({"index": 0, "id": "c", "type": "function", "function": {"arguments": ""}}, "name"),
     ],
 )
@@ -94,6 +94,11 @@ def test_first_delta_without_id_type_or_name(first: dict[str, Any], missing: str
     assert "tool-first-delta" in finding.reason and missing in finding.reason
     assert finding.reason.startswith("event 2 (line 3)")
     assert finding.where == f"$.response.{STREAM_FORMAT_KEY}.violations[0].event"
+
+
+def test_a_first_delta_without_type_is_allowed_as_the_format_marks_it_optional() -> None:
+    first = {"index": 0, "id": "c", "function": {"name": "get_weather", "arguments": ""}}
+    assert _failed(_good(_calls(first), _calls(_args("{}")))) == []
 
 
 def test_repeated_name_is_reported_at_its_event() -> None:

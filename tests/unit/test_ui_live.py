@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from kb.domain.live import LiveAlarm
 from kb.models import utcnow
 from kb.repo import live, liveincidents
 from kb.repo.store import Store
@@ -48,15 +49,17 @@ def live_kb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
             live.insert_exchanges(session, rows)
             liveincidents.open_incident(
                 session,
-                model="gemma-drill.gguf",
-                signature="empty-content|2xx",
-                kinds=["empty-content"],
-                title="Live: empty-content from gemma-drill.gguf (10/40 failing)",
-                summary="new failure",
-                upstream={"model": "gemma-drill.gguf", "build": "b11434-abc"},
-                detection={"rate": {"failures": 10, "n": 40, "interval": [0.14, 0.4]}},
-                examples=[],
-                opened_by="replica-a",
+                LiveAlarm(
+                    model="gemma-drill.gguf",
+                    signature="empty-content|2xx",
+                    kinds=("empty-content",),
+                    title="Live: empty-content from gemma-drill.gguf (10/40 failing)",
+                    summary="new failure",
+                    upstream={"model": "gemma-drill.gguf", "build": "b11434-abc"},
+                    detection={"rate": {"failures": 10, "n": 40, "interval": [0.14, 0.4]}},
+                    examples=(),
+                    opened_by="replica-a",
+                ),
             )
     finally:
         store.close()

@@ -7,7 +7,9 @@ the OpenAI format (ChatCompletionChunk) does not allow:
 
 - a choice without an integer `index`;
 - a `tool_calls` delta without an integer `index`;
-- the first delta of a tool call without `id`, `type: "function"` or `function.name`;
+- the first delta of a tool call without `id` or `function.name`, or with a `type` other than
+  "function" (the format marks `type` optional, and strict clients such as the AI SDK accept
+  it missing: a server that omits it breaks nobody);
 - a new tool call whose `index` jumps (calls are numbered 0, 1, 2, ... in order);
 - the same call (same `id`) at a different `index`, or a second `id` at an index in use;
 - `function.name` sent again in a later delta of the call (clients concatenate it:
@@ -172,7 +174,8 @@ class StreamFormat:
         event: int,
         line: int | None,
     ) -> _Call:
-        """The first delta of a call: its index comes next and it names id, type and name."""
+        """The first delta of a call: its index comes next and it names id and name (and a
+        type, if any, of "function")."""
         expected = len(state.calls)
         if index != expected and moved is None:
             self._add(
@@ -185,7 +188,7 @@ class StreamFormat:
             label
             for label, ok in (
                 ("id", call_id is not None),
-                ("type", delta.get("type") == "function"),
+                ("type function", delta.get("type") in (None, "function")),
                 ("function.name", isinstance(name, str) and bool(name)),
             )
             if not ok

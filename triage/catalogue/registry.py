@@ -20,9 +20,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from importlib import metadata
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
-from triage.plugin_api import BUILTIN_LAST, PLUGIN_FIRST
+from triage.plugin_api import (
+    BUILTIN_LAST,
+    PLUGIN_FIRST,
+    ArmEntry,
+    CaptureFormatEntry,
+    CauseEntry,
+    CheckEntry,
+    Entry,
+    TriggerKindEntry,
+)
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -40,12 +49,7 @@ class CatalogueError(Exception):
     """A plugin or entry that cannot be registered (names the plugin and the entry)."""
 
 
-class _HasId(Protocol):
-    @property
-    def id(self) -> str: ...
-
-
-T = TypeVar("T", bound=_HasId)
+T = TypeVar("T", bound=Entry)
 
 
 class Section(Generic[T]):
@@ -76,7 +80,7 @@ class Section(Generic[T]):
                     "integer `number`"
                 )
             for other_id, other in self._entries.items():
-                if getattr(other, "number") == number:  # noqa: B009 (T is typed by id only)
+                if getattr(other, "number") == number:  # noqa: B009 (numbered sections only)
                     raise CatalogueError(
                         f"{self._plugin}: {self.name} {entry_id!r} reuses number {number} of "
                         f"{other_id!r} ({self._origin[other_id]})"
@@ -116,7 +120,7 @@ class Section(Generic[T]):
         if not self.numbered:
             raise CatalogueError(f"{self.name} entries are not numbered")
         return {
-            entry_id: int(getattr(e, "number"))  # noqa: B009 (T is typed by id only)
+            entry_id: int(getattr(e, "number"))  # noqa: B009 (numbered sections only)
             for entry_id, e in self._entries.items()
         }
 
@@ -125,14 +129,22 @@ class Catalogue:
     """All sections; `load()` fills a fresh one from the `triage.plugins` entry points."""
 
     def __init__(self) -> None:
-        self.causes: Section[Any] = Section("cause", numbered=True)
-        self.arms: Section[Any] = Section("probe arm")
-        self.checks: Section[Any] = Section("symptom check", numbered=True)
-        self.formats: Section[Any] = Section("capture format")
-        self.triggers: Section[Any] = Section("trigger kind")
+        self.causes: Section[CauseEntry] = Section("cause", numbered=True)
+        self.arms: Section[ArmEntry] = Section("probe arm")
+        self.checks: Section[CheckEntry] = Section("symptom check", numbered=True)
+        self.formats: Section[CaptureFormatEntry] = Section("capture format")
+        self.triggers: Section[TriggerKindEntry] = Section("trigger kind")
         self.plugins: list[str] = []
 
-    def _sections(self) -> tuple[Section[Any], ...]:
+    def _sections(
+        self,
+    ) -> tuple[
+        Section[CauseEntry],
+        Section[ArmEntry],
+        Section[CheckEntry],
+        Section[CaptureFormatEntry],
+        Section[TriggerKindEntry],
+    ]:
         return (self.causes, self.arms, self.checks, self.formats, self.triggers)
 
     def register_plugin(

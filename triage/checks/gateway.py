@@ -41,6 +41,16 @@ _TEXT_PAGE = re.compile(
     re.I,
 )
 _LITELLM = re.compile(r"\blitellm\.[A-Za-z]+", re.I)
+# Statuses llama-server never answers itself (it sends 400/401/403/404/500/501/503): at these a
+# JSON error is a gateway's own (a vendor router, Olla, a cloud load balancer), not the server's.
+NOT_LLAMA_SERVER = frozenset({502, 504, 522, 524})
+_JSON_GATEWAY = re.compile(
+    r"gateway time-?out|bad gateway|upstream (?:request )?time(?:d)?[ -]?out|upstream connect"
+    r"|no healthy upstream|timed out waiting|deadline exceeded",
+    re.I,
+)
+# The triage proxy's own 502/504 (it records them as transport failures, not as a gateway).
+_OWN_PROXY_TYPE = "upstream_error"
 
 
 @dataclass(frozen=True)
@@ -79,7 +89,24 @@ def gateway_page(view: View) -> GatewayPage | None:
         page = _TEXT_PAGE.search(text)
         if page:
             return GatewayPage("a gateway's plain-text page", page.group(0))
+    elif view.status in NOT_LLAMA_SERVER and _error_type(view) != _OWN_PROXY_TYPE:
+        said = _JSON_GATEWAY.search(text)
+        if said:
+            return GatewayPage(
+                "a gateway's JSON error (llama-server never answers it)", said.group(0)
+            )
     return None
+
+
+def _error_type(view: View) -> str:
+    for body in (view.error, view.response):
+        if not isinstance(body, dict):
+            continue
+        inner = body.get("error")
+        found = (inner if isinstance(inner, dict) else body).get("type")
+        if found:
+            return str(found)
+    return ""
 
 
 def _title(text: str) -> str:

@@ -64,7 +64,7 @@ def resolve_settings(
     """The UI settings from the command line and ui.toml; refuses a non-loopback address
     without authentication (OIDC in Streamlit's secrets, or a trusted proxy header)."""
     config = load_config(config_file or config_path(), required=config_file is not None)
-    header = (auth_header or config.get("auth_header") or "").strip()
+    header = (auth_header or config.auth_header).strip()
     if header and not all(c.isalnum() or c == "-" for c in header):
         raise UiConfigError(f"--auth-header {header!r}: not an HTTP header name")
     secrets_files = [secrets] if secrets is not None else default_secrets_files()
@@ -85,11 +85,11 @@ def resolve_settings(
             ".streamlit/secrets.toml, or --secrets FILE) or run it behind an authenticating "
             f"reverse proxy with --auth-header X-Forwarded-User ({TEAM_HELP})"
         )
-    proxies = tuple(trusted_proxies) or tuple(config.get("trusted_proxies", ()))
+    proxies = tuple(trusted_proxies) or config.trusted_proxies
     settings = UiSettings(
         auth=auth,
         header=header,
-        stacks=(*config.get("stacks", ()), *stack_entries(stacks)),
+        stacks=(*config.stacks, *stack_entries(stacks)),
     )
     if proxies:
         settings = UiSettings(settings.auth, settings.header, proxies, settings.stacks)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from kb.jsontypes import JsonObject
 from triage.drills import gemma4
@@ -95,7 +95,28 @@ TIDE_CYCLE = " high water at six, low water at noon, high water again at six,"
 REPLAY_TIMEOUT = 4.0
 
 
-def context_size_design() -> tuple[Design, dict[str, Any]]:
+class ContextSizeFacts(TypedDict):
+    """The designed numbers of the context-size drill (its manifest's `parameters`)."""
+
+    thought_tokens: int
+    answer_tokens: int
+    answer_chars: int
+    generated_tokens: int  # after the prompt: opening, thought, channel end, answer, turn end
+    n_ctx_slot: int
+    n_ctx_slot_at_4x: int
+    max_tokens: int
+
+
+class ContextShiftFacts(TypedDict):
+    """The designed numbers of the context-shift drill (its manifest's `parameters`)."""
+
+    cycle_tokens: int
+    cycle_chars: int
+    n_ctx_slot: int
+    replay_timeout: float
+
+
+def context_size_design() -> tuple[Design, ContextSizeFacts]:
     """Think one sentence, then the whole log, then end the turn; thinking off: the log."""
     design = gemma4._base_design("context-size")
     vocab = design.vocab
@@ -103,7 +124,7 @@ def context_size_design() -> tuple[Design, dict[str, Any]]:
     answer = design.words(design.chunks(LOG, gemma4.ANSWER_PIECE))
     channel_end, turn_end = vocab.id("<channel|>"), vocab.id("<turn|>")
     design.link([*gemma4._opening(design), *thought, channel_end, *answer, turn_end])
-    facts = {
+    facts: ContextSizeFacts = {
         "thought_tokens": len(thought),
         "answer_tokens": len(answer),
         "answer_chars": len(LOG),
@@ -119,7 +140,7 @@ def _cause(expected: str, accept: list[str], why: str) -> ExpectedCause:
     return {"real": expected == "confirmed", "expected": expected, "accept": accept, "why": why}
 
 
-def manifest_causes(facts: dict[str, Any]) -> dict[str, ExpectedCause]:
+def manifest_causes(facts: ContextSizeFacts) -> dict[str, ExpectedCause]:
     """Expected verdicts: context-size confirmed, no other cause confirmed."""
     not_confirmed = ["rejected", "suspected"]
     return {
@@ -183,7 +204,7 @@ def _write(
     host_args = host_workaround_args()
     host_note = host_workaround_note() if host_args else None
     server_args = [*server_args, *host_args]
-    full: dict[str, Any] = {
+    full: JsonObject = {  # manifest.json as written
         **manifest_head(name),
         "vocab_size": len(design.vocab),
         "models": {
@@ -225,7 +246,7 @@ def build(out_dir: Path, template: str) -> Drill:
         **request,
         "messages": [{"role": "user", "content": f"{PASTED_NOTE}\n\n{PROMPT}"}],
     }
-    manifest = {
+    manifest: JsonObject = {
         "parameters": facts,
         "causes": manifest_causes(facts),
         "requests": [
@@ -248,7 +269,7 @@ def build(out_dir: Path, template: str) -> Drill:
     return _write(NAME, design, out_dir, template, SERVER_ARGS, manifest, [request, long_prompt])
 
 
-def context_shift_design() -> tuple[Design, dict[str, Any]]:
+def context_shift_design() -> tuple[Design, ContextShiftFacts]:
     """Think one sentence, open the tide table, then loop over one cycle for ever."""
     design = gemma4._base_design(SHIFT_NAME)
     vocab = design.vocab
@@ -258,7 +279,7 @@ def context_shift_design() -> tuple[Design, dict[str, Any]]:
     channel_end = vocab.id("<channel|>")
     design.link([*gemma4._opening(design), *thought, channel_end, *intro, *cycle])
     design.set(cycle[-1], {cycle[0]: 1.0})
-    facts = {
+    facts: ContextShiftFacts = {
         "cycle_tokens": len(cycle),
         "cycle_chars": len(TIDE_CYCLE),
         "n_ctx_slot": INCIDENT_CONTEXT // SLOTS,
@@ -307,7 +328,7 @@ def build_shift(out_dir: Path, template: str) -> Drill:
     """Generate the context-shift drill into `out_dir`."""
     design, facts = context_shift_design()
     request = {"messages": [{"role": "user", "content": SHIFT_PROMPT}], "temperature": 0.0}
-    manifest = {
+    manifest: JsonObject = {
         "parameters": facts,
         "replay_timeout": REPLAY_TIMEOUT,
         "causes": shift_manifest_causes(),

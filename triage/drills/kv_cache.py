@@ -28,10 +28,11 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
+from kb.jsontypes import JsonObject
 from triage.drills import gemma4
 from triage.drills.compiler import ConstantAttention, compile_design
 from triage.drills.drill import (
@@ -143,7 +144,19 @@ def manifest_causes() -> dict[str, ExpectedCause]:
     }
 
 
-def _parameters(attention: ConstantAttention) -> dict[str, Any]:
+class KvCacheParameters(TypedDict):
+    """The designed numbers (the manifest's `parameters`), by cache type where they differ."""
+
+    p_call: float
+    delta: float
+    v_block: list[float]  # the value vector's outlier and small component
+    small_component_kept: dict[str, float]
+    tool_call_logit: dict[str, float]
+    mojibake_answer_logit: float
+    failure_rate: dict[str, dict[str, float]]  # {"temperature_0": {cache type: rate}}
+
+
+def _parameters(attention: ConstantAttention) -> KvCacheParameters:
     """The designed numbers: how much of the small V component each cache type keeps, the
     resulting tool-call logit against the mojibake answer's, and the failure rate at T=0."""
     v = np.zeros(64)
@@ -178,7 +191,7 @@ def build(out_dir: Path, template: str) -> Drill:
     host_args = host_workaround_args()
     server_args = [*SERVER_ARGS, *host_args, *KV_ARGS]
     body = gemma4.weather_request()
-    manifest: dict[str, Any] = {
+    manifest: JsonObject = {  # manifest.json as written
         **manifest_head(NAME, template),
         "vocab_size": len(chain.vocab),
         "models": {"qat": weight_facts(model, WEIGHTS)},

@@ -20,6 +20,7 @@ from triage.drills import (
 from triage.drills import context as context_drill
 from triage.drills import embedding as embedding_drill
 from triage.drills import prompt_cache as prompt_cache_drill
+from triage.drills import rerank as rerank_drill
 from triage.drills import schema as schema_drill
 from triage.drills import stream_format as stream_drill
 from triage.drills.drill import (
@@ -166,6 +167,7 @@ _BUILDERS: dict[str, Callable[[Path, str], Drill]] = {
     flags.NAME: flags.build,
     schema_drill.NAME: schema_drill.build,
     embedding_drill.NAME: embedding_drill.build,
+    rerank_drill.NAME: rerank_drill.build,
     stream_drill.NAME: stream_drill.build,
     prompt_cache_drill.NAME: prompt_cache_drill.build,
 }

@@ -35,7 +35,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 from filelock import FileLock
 
@@ -455,9 +455,25 @@ def build_cpu_features(binary: Path | str) -> cpu.CpuFeatures | None:
     return cast(cpu.CpuFeatures, features) if isinstance(features, dict) else None
 
 
-def list_builds() -> list[dict[str, Any]]:
+class BuildRow(TypedDict):
+    """One cached build as `triage server list` shows it (and prints with --json); the
+    stamp's fields (commit, built_with, installed_at, compile_seconds, cpu) as recorded."""
+
+    build_number: int
+    state: str  # "built", or "incomplete" (no binary or no stamp)
+    binary: str | None
+    binary_bytes: int
+    commit: Any
+    built_with: Any
+    installed_at: Any
+    compile_seconds: Any
+    cpu: Any
+    cpu_summary: str
+
+
+def list_builds() -> list[BuildRow]:
     """Every cached build, newest first: version, binary, size, CPU features, state."""
-    rows: list[dict[str, Any]] = []
+    rows: list[BuildRow] = []
     folder = builds_dir()
     if not folder.is_dir():
         return rows

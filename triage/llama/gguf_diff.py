@@ -10,6 +10,7 @@ quantization.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,29 +43,41 @@ def _value(reader: gguf.GGUFReader, key: str) -> Any:
         return None
 
 
-def _read(path: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Conversion:
+    """What one GGUF file says about its conversion: the scalar tokenizer keys (None when
+    absent), the vocabulary with its token types (None when absent or too large to compare)
+    and the chat template's hash (None without a template)."""
+
+    scalars: dict[str, Any]  # SCALAR_KEYS -> the field's value as gguf reads it
+    tokens: list[Any] | None
+    token_types: list[Any]
+    chat_template_sha256: str | None
+
+
+def _read(path: Path) -> _Conversion:
     reader = gguf.GGUFReader(str(path))
-    data: dict[str, Any] = {key: _value(reader, key) for key in SCALAR_KEYS}
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    if tokens is not None and len(tokens.data) <= MAX_TOKENS:
-        data["tokens"] = _value(reader, "tokenizer.ggml.tokens") or []
-        data["token_types"] = _value(reader, "tokenizer.ggml.token_type") or []
+    scalars = {key: _value(reader, key) for key in SCALAR_KEYS}
+    tokens: list[Any] | None = None
+    token_types: list[Any] = []
+    field = reader.fields.get("tokenizer.ggml.tokens")
+    if field is not None and len(field.data) <= MAX_TOKENS:
+        tokens = _value(reader, "tokenizer.ggml.tokens") or []
+        token_types = _value(reader, "tokenizer.ggml.token_type") or []
     template = _value(reader, "tokenizer.chat_template")
-    data["chat_template_sha256"] = (
-        hashlib.sha256(str(template).encode("utf-8")).hexdigest() if template else None
-    )
-    return data
+    template_hash = hashlib.sha256(str(template).encode("utf-8")).hexdigest() if template else None
+    return _Conversion(scalars, tokens, token_types, template_hash)
 
 
-def _token_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    tokens_a, tokens_b = a.get("tokens"), b.get("tokens")
+def _token_differences(a: _Conversion, b: _Conversion) -> list[str]:
+    tokens_a, tokens_b = a.tokens, b.tokens
     if tokens_a is None or tokens_b is None:
         return []
     if len(tokens_a) != len(tokens_b):
         return [f"vocabulary size {len(tokens_a)} vs {len(tokens_b)}"]
     texts = sum(1 for x, y in zip(tokens_a, tokens_b, strict=True) if x != y)
     out = [f"{texts} token texts"] if texts else []
-    types_a, types_b = a.get("token_types") or [], b.get("token_types") or []
+    types_a, types_b = a.token_types, b.token_types
     changed = [
         (index, x, y)
         for index, (x, y) in enumerate(zip(types_a, types_b, strict=False))
@@ -82,11 +95,11 @@ def conversion_differences(path_a: Path | str, path_b: Path | str) -> list[str]:
     (empty when they agree); raises OSError/ValueError when a file cannot be read."""
     a, b = _read(Path(path_a)), _read(Path(path_b))
     out = [
-        f"{key.removeprefix('tokenizer.ggml.')} {a[key]!r} vs {b[key]!r}"
+        f"{key.removeprefix('tokenizer.ggml.')} {a.scalars[key]!r} vs {b.scalars[key]!r}"
         for key in SCALAR_KEYS
-        if a[key] != b[key]
+        if a.scalars[key] != b.scalars[key]
     ]
     out.extend(_token_differences(a, b))
-    if a["chat_template_sha256"] != b["chat_template_sha256"]:
+    if a.chat_template_sha256 != b.chat_template_sha256:
         out.append("the embedded chat template")
     return out

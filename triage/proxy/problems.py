@@ -19,7 +19,7 @@ from typing import Any
 
 from kb.domain.retrotext import failing_text
 from kb.jsontypes import JsonObject
-from kb.service.live import DetectionFacts, LiveBatch, LiveExample, ProblemRef
+from kb.service.live import DetectionFacts, LiveAlarm, LiveBatch, LiveExample, ProblemRef
 from triage.atlas.report import incident_references
 from triage.proxy.grouping import OpeningRules, group_of, primary_symptom, problem_key
 from triage.proxy.prepare import Prepared, _brief
@@ -168,18 +168,20 @@ class ProblemWriter:
         )
         kinds = sorted({kind for p in items for kind in p.kinds})
         ref, outcome = batch.open_or_attach(
-            model=model,
-            signature=main,
-            kinds=kinds,
-            # No counts in the title: they change, and the title would keep the first ones.
-            title=f"Live: {primary} from {model or 'unknown model'} ({shape} requests)",
-            summary=summary,
-            upstream=upstream,
-            facts=facts,
-            examples=[*first, *examples],
-            by=self.replica,
-            shape=shape,
-            problem=key,
+            LiveAlarm(
+                model=model,
+                signature=main,
+                kinds=tuple(kinds),
+                # No counts in the title: they change, and the title would keep the first ones.
+                title=f"Live: {primary} from {model or 'unknown model'} ({shape} requests)",
+                summary=summary,
+                upstream=upstream,
+                detection=facts,
+                examples=(*first, *examples),
+                opened_by=self.replica,
+                shape=shape,
+                problem=key,
+            )
         )
         if outcome == "existing":  # a replica opened or attached it first
             self._add_to_problem(batch, ref, shape, items, examples)

@@ -28,11 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kb.jsontypes import JsonObject
 from kb.repo.engine import data_dir
 from kb.repo.fileio import read_bounded
 
 __all__ = [
     "AUTH_MODES",
+    "UiConfig",
     "UiConfigError",
     "UiSettings",
     "config_path",
@@ -129,7 +131,8 @@ def config_path(env: Mapping[str, str] | None = None) -> Path:
     return Path(explicit) if explicit else data_dir() / "ui.toml"
 
 
-def _read_toml(path: Path, limit: int) -> dict[str, Any]:
+def _read_toml(path: Path, limit: int) -> JsonObject:
+    """The TOML document as in the file (its values are checked by the caller)."""
     try:
         raw = read_bounded(path, limit)
     except OSError as exc:
@@ -140,13 +143,22 @@ def _read_toml(path: Path, limit: int) -> dict[str, Any]:
         raise UiConfigError(f"{path}: not valid TOML: {exc}") from None
 
 
-def load_config(path: Path, *, required: bool = False) -> dict[str, Any]:
+@dataclass(frozen=True)
+class UiConfig:
+    """The `[ui]` table of a config file (ui.toml), checked."""
+
+    stacks: tuple[str, ...] = ()  # absolute paths or globs
+    auth_header: str = ""
+    trusted_proxies: tuple[str, ...] = ()
+
+
+def load_config(path: Path, *, required: bool = False) -> UiConfig:
     """The `[ui]` table of a config file: stacks (paths or globs, relative to the file),
     auth_header, trusted_proxies. A missing default file is empty."""
     if not path.exists():
         if required:
             raise UiConfigError(f"{path}: no such file")
-        return {}
+        return UiConfig()
     data = _read_toml(path, MAX_CONFIG_BYTES)
     table = data.get("ui", {})
     if not isinstance(table, dict):
@@ -154,18 +166,20 @@ def load_config(path: Path, *, required: bool = False) -> dict[str, Any]:
     unknown = set(table) - {"stacks", "auth_header", "trusted_proxies"}
     if unknown:
         raise UiConfigError(f"{path}: [ui]: unknown key(s) {', '.join(sorted(unknown))}")
-    config: dict[str, Any] = {}
+    lists: dict[str, tuple[str, ...]] = {}
     for key in ("stacks", "trusted_proxies"):
         value = table.get(key, [])
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise UiConfigError(f"{path}: [ui] {key} must be a list of strings")
-        config[key] = value
+        lists[key] = tuple(value)
     header = table.get("auth_header", "")
     if not isinstance(header, str):
         raise UiConfigError(f"{path}: [ui] auth_header must be a string")
-    config["auth_header"] = header
-    config["stacks"] = list(stack_entries(config["stacks"], base=path.parent))
-    return config
+    return UiConfig(
+        stacks=stack_entries(lists["stacks"], base=path.parent),
+        auth_header=header,
+        trusted_proxies=lists["trusted_proxies"],
+    )
 
 
 def stack_entries(entries: Iterable[str | Path], base: Path | None = None) -> tuple[str, ...]:

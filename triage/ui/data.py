@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from datetime import date, datetime
-from typing import Any
+from datetime import date
 
 import streamlit as st
 
 from kb.domain.decisions import ParkedIncident
-from kb.domain.triggers import stored_trigger
+from kb.domain.triggers import Trigger
 from kb.jsontypes import JsonObject
 from kb.models import (
     CAUSE_STATUSES,
@@ -27,6 +26,7 @@ from kb.repo.engine import database_url
 from kb.service import (
     PAGE_SIZE,
     SEARCH_LIMIT,
+    DecisionRow,
     Family,
     IncidentFilters,
     IncidentPage,
@@ -136,27 +136,18 @@ def recent_incidents(kb: KnowledgeBase, limit: int = 100) -> list[tuple[str, str
 
 @dataclass
 class DecisionEntry:
-    slug: str
-    title: str
-    incident_status: str
-    kind: str
-    at: datetime
-    by: str
-    rationale: str
-    tradeoff: str
-    fix: str
-    verified: bool
-    revisit_on: date | None
-    triggers: list[dict[str, Any]]
-    latest: bool = False
+    """A decision as the decision log shows it: the recorded row and what the page adds."""
+
+    row: DecisionRow
+    latest: bool = False  # the incident's latest decision (else superseded)
     overdue: bool = False
     state: str = ""  # for the latest PARKED decision: waiting | due | overdue (kb.repo.decisions)
     reasons: list[str] = field(default_factory=list)
 
 
-def describe_trigger(trigger: dict[str, Any]) -> str:
+def describe_trigger(trigger: Trigger) -> str:
     """One line for people: what a revisit trigger waits for."""
-    return str(kb_decisions.describe_trigger(stored_trigger(trigger), process_catalogue().triggers))
+    return str(kb_decisions.describe_trigger(trigger, process_catalogue().triggers))
 
 
 @dataclass(frozen=True)
@@ -198,26 +189,13 @@ def decision_log(kb: KnowledgeBase, *, on: date | None = None) -> list[DecisionE
     entries: list[DecisionEntry] = []
     latest_by_slug: dict[str, DecisionEntry] = {}
     for row in rows:
-        entry = DecisionEntry(
-            slug=row.slug,
-            title=row.title,
-            incident_status=row.incident_status,
-            kind=row.kind,
-            at=row.at,
-            by=row.by,
-            rationale=row.rationale,
-            tradeoff=row.tradeoff,
-            fix=row.fix,
-            verified=row.verified,
-            revisit_on=row.revisit_on,
-            triggers=list(row.triggers),
-        )
+        entry = DecisionEntry(row)
         entries.append(entry)
         latest_by_slug[row.slug] = entry
     for slug, entry in latest_by_slug.items():
         entry.latest = True
         item = parked.get(slug)
-        if entry.kind == "PARKED" and item is not None:
+        if entry.row.kind == "PARKED" and item is not None:
             entry.state = item.state
             entry.reasons = list(item.reasons)
             entry.overdue = item.due

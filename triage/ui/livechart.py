@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
 
 import altair as alt
 import pandas as pd
+
+from kb.service import SeriesPoint
 
 LABEL_LIMIT = 48  # characters of a legend label
 
@@ -51,15 +52,15 @@ def series_labels(
     return labels
 
 
-def rate_frame(points: Sequence[dict[str, Any]]) -> pd.DataFrame:
+def rate_frame(points: Sequence[SeriesPoint]) -> pd.DataFrame:
     """One row per bucket and series: time, series label, rate, k and n."""
-    labels = series_labels([(str(p["model"]), str(p["signature"])) for p in points])
+    labels = series_labels([(p.model, p.signature) for p in points])
     return pd.DataFrame(
         {
-            "time": [p["bucket"] for p in points],
-            "series": [labels[(str(p["model"]), str(p["signature"]))] for p in points],
-            "rate": [p["failures"] / p["n"] if p["n"] else 0.0 for p in points],
-            "k/n": [f"{p['failures']}/{p['n']}" for p in points],
+            "time": [p.bucket for p in points],
+            "series": [labels[(p.model, p.signature)] for p in points],
+            "rate": [p.failures / p.n if p.n else 0.0 for p in points],
+            "k/n": [f"{p.failures}/{p.n}" for p in points],
         }
     )
 

@@ -3,9 +3,9 @@ change the chat template or the thinking default?)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kb.jsontypes import JsonObject
 from triage import observe
@@ -14,7 +14,7 @@ from triage.probes import ObserveContext, PlannedArm, relaunchable
 from triage.stackfile import ServerConfig, Stack
 
 
-async def confounder(ctx: ObserveContext) -> dict[str, Any]:
+async def confounder(ctx: ObserveContext) -> Mapping[str, object]:
     """What else the alternate file changes; plus, for `model-file`, what its conversion
     changes (tokenizer metadata, template) beside the tensors."""
     facts = await observe.weights_confounder(ctx.base, ctx.server, ctx.request, timeout=ctx.timeout)

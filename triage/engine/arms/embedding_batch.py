@@ -71,7 +71,10 @@ async def measure_inputs(ctx: ObserveContext) -> dict[str, Any]:
     try:
         extra = 0
         if endpoint_of(request) is Endpoint.RERANK and isinstance(request.get("query"), str):
-            extra = await _tokens(client, request["query"])
+            # The pair is encoded as BOS query EOS document EOS (b11434's format_prompt_rerank):
+            # the query's and the document's tokens with specials, less the second BOS
+            # (measured exact on a BOS/EOS vocabulary; one over on a CLS/SEP one, never under).
+            extra = max(0, await _tokens(client, request["query"]) - 1)
         counts = [
             (len(item) if isinstance(item, list) else await _tokens(client, item)) + extra
             for item in input_texts(request)

@@ -3,8 +3,8 @@ observation (committed streams with and without speculation at fixed seeds)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from kb.jsontypes import JsonObject
 from triage import observe
@@ -12,7 +12,7 @@ from triage.probes import ObserveContext, PlannedArm, relaunchable
 from triage.stackfile import Stack, has_spec_flags, strip_spec_flags
 
 
-async def divergence(ctx: ObserveContext) -> dict[str, Any]:
+async def divergence(ctx: ObserveContext) -> Mapping[str, object]:
     return await observe.spec_divergence(
         ctx.base,
         ctx.server,

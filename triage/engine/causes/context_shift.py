@@ -6,20 +6,14 @@ with a max_tokens) is supporting evidence only: it bounds any generation, shift 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from triage.causes import (
     ArmOutcome,
     CauseRule,
-    Observations,
+    Evidence,
+    Removal,
+    Symptom,
     Verdict,
-    arm_gate,
-    baseline_of,
-    not_reproduced,
-    removal_verdict,
     removes,
-    reproduces,
-    share,
     suspect,
 )
 from triage.plugin_api import Registry
@@ -35,59 +29,26 @@ def _cap_note(cap: ArmOutcome | None) -> str:
     return f"; with max_tokens set: {cap.kn()}" if cap is not None and cap.ran else ""
 
 
-def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
-    base, off, cap = baseline_of(arms), arms.get(OFF), arms.get(CAP)
-    if not reproduces(arms):
-        return not_reproduced(ID, base, OFF)
-    if base.failures > 0 and share(base, *UNBOUNDED_KINDS) == 0.0:
-        return Verdict(
-            ID,
-            "rejected",
-            f"none of the {base.failures} failing baseline replies ran unbounded: none "
-            "repeats itself up to a context end the client did not set, none timed out",
-            refutes=["baseline"],
-            deciding_probe="baseline",
-        )
-    if OFF not in obs.planned:
-        if removes(cap):
-            assert cap is not None
-            return suspect(
-                ID,
-                f"a max_tokens bound removes the failure ({cap.kn()} vs baseline "
-                f"{base.kn()}), but no server with context shift off could be compared",
-                f"{OFF} (a server started with --context-shift)",
-                supports=[CAP],
-            )
+def _not_comparable(ev: Evidence) -> Verdict | None:
+    """No server with context shift off in the plan: at most the max_tokens bound speaks."""
+    if OFF in ev.obs.planned:
+        return None
+    base, cap = ev.base, ev.arms.get(CAP)
+    if removes(cap):
+        assert cap is not None
         return suspect(
             ID,
-            "not testable with this stack: the request sets max_tokens, or the server's args "
-            f"do not switch context shift on (or it cannot be relaunched){_cap_note(cap)}",
-            f"{OFF} (a server started with --context-shift, a request without max_tokens)",
-            basis="untested" if cap is None or not cap.ran else "measured",
+            f"a max_tokens bound removes the failure ({cap.kn()} vs baseline "
+            f"{base.kn()}), but no server with context shift off could be compared",
+            f"{OFF} (a server started with --context-shift)",
+            supports=[CAP],
         )
-    gate = arm_gate(
+    return suspect(
         ID,
-        off,
-        base,
-        True,
-        OFF,
-        available=True,
-        missing="",
-        hint="a server started with --context-shift",
-    )
-    if gate is not None:
-        return gate
-    assert off is not None
-    return removal_verdict(
-        ID,
-        off,
-        base,
-        removes_text="with --no-context-shift the generation ends (at the latest at the context "
-        "end) instead of running on",
-        unchanged_text="with --no-context-shift the reply fails the same way (the loop is "
-        "the model's own, not the shift's)",
-        note=_cap_note(cap),
-        supports=(CAP,) if removes(cap) else (),
+        "not testable with this stack: the request sets max_tokens, or the server's args "
+        f"do not switch context shift on (or it cannot be relaunched){_cap_note(cap)}",
+        f"{OFF} (a server started with --context-shift, a request without max_tokens)",
+        basis="untested" if cap is None or not cap.ran else "measured",
     )
 
 
@@ -98,7 +59,22 @@ CAUSE = CauseRule(
     mechanism="with no max_tokens and context shift on, the server drops the start of the "
     "context at its end and generation goes on, looping or never ending",
     decided_by="the context-shift-off server arm (--no-context-shift); max-tokens-set supports it",
-    rule=rule,
+    removed_by=(OFF,),
+    removal=Removal(
+        symptom=Symptom(
+            UNBOUNDED_KINDS,
+            "none of the {failures} failing baseline replies ran unbounded: none repeats "
+            "itself up to a context end the client did not set, none timed out",
+        ),
+        precheck=_not_comparable,
+        hint="a server started with --context-shift",
+        removes_text="with --no-context-shift the generation ends (at the latest at the "
+        "context end) instead of running on",
+        unchanged_text="with --no-context-shift the reply fails the same way (the loop is "
+        "the model's own, not the shift's)",
+        note=lambda ev: _cap_note(ev.arms.get(CAP)),
+        supports=lambda ev: (CAP,) if removes(ev.arms.get(CAP)) else (),
+    ),
     retrospective="a request without max_tokens ran into llama-server's context shift and "
     "never came to an end; --no-context-shift (or a max_tokens) bounded it",
 )

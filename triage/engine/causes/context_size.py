@@ -8,23 +8,19 @@ end on their own give the tokens the request needs, reported against the slot.""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import cast
 
 from triage.causes import (
     ArmOutcome,
     CauseRule,
+    Evidence,
     Observations,
+    Removal,
+    Symptom,
     Verdict,
-    arm_gate,
-    baseline_of,
-    not_reproduced,
-    removal_verdict,
-    reproduces,
-    share,
     suspect,
 )
-from triage.engine.arms.context_size import unplanned_reason
+from triage.engine.arms.context_size import ContextFill, ContextPlan, unplanned_reason
 from triage.engine.causes.token_limit import natural_length
 from triage.plugin_api import Registry
 
@@ -35,7 +31,7 @@ FACTS = "context-fill"
 CONTEXT_KINDS = ("length-stop", "http-error", "repetition-to-context-end")
 
 
-def _fill_note(fill: Mapping[str, Any]) -> str:
+def _fill_note(fill: ContextFill) -> str:
     if fill.get("exceeded"):
         return (
             f"; the server refused the prompt ({fill.get('prompt_tokens')} tokens) for a "
@@ -51,71 +47,51 @@ def _fill_note(fill: Mapping[str, Any]) -> str:
     return ""
 
 
-def _missing(obs: Observations) -> str:
+def _missing(ev: Evidence) -> str:
     """Why the context-lifted arm is not in the plan, with the numbers that say so."""
-    plan = (obs.facts.get("server-config") or {}).get("context")
+    obs = ev.obs
+    plan: ContextPlan | None = (obs.facts.get("server-config") or {}).get("context")
     n_ctx = (obs.facts.get("server-props") or {}).get("n_ctx_slot")
     if not isinstance(plan, dict):
         return "the server sets no explicit -c, or the request provably fits its slot"
     return unplanned_reason(plan, n_ctx)
 
 
-def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
-    base, arm = baseline_of(arms), arms.get(ARM)
-    fill = obs.facts.get(FACTS) or {}
-    if not reproduces(arms):
-        return not_reproduced(ID, base, ARM)
-    if base.failures > 0 and share(base, *CONTEXT_KINDS) == 0.0:
-        return Verdict(
-            ID,
-            "rejected",
-            f"none of the {base.failures} failing baseline replies stopped on a limit or was "
-            "refused: a reply cut by the context ends with a length stop or an error",
-            refutes=["baseline"],
-            deciding_probe="baseline",
-        )
-    if fill.get("always_fits"):
-        return Verdict(
-            ID,
-            "rejected",
-            f"the prompt ({fill.get('prompt_tokens')} tokens) plus max_tokens "
-            f"({fill.get('max_tokens')}) fits the slot's {fill.get('n_ctx_slot')}-token "
-            "context: no reply to this request can reach the context end",
-            refutes=[FACTS],
-            deciding_probe=FACTS,
-        )
-    gate = arm_gate(
+def _fill(obs: Observations) -> ContextFill:
+    # The facts the context-lifted arm's hook stored under its name (a ContextFill).
+    return cast(ContextFill, obs.facts.get(FACTS) or {})
+
+
+def _always_fits(ev: Evidence) -> Verdict | None:
+    """Rejected without the arm: prompt + max_tokens provably fit the slot."""
+    fill = _fill(ev.obs)
+    if not fill.get("always_fits"):
+        return None
+    return Verdict(
         ID,
-        arm,
-        base,
-        True,
-        ARM,
-        available=ARM in obs.planned,
-        missing=_missing(obs),
-        hint="a stack whose server args set -c and a request that can reach it",
+        "rejected",
+        f"the prompt ({fill.get('prompt_tokens')} tokens) plus max_tokens "
+        f"({fill.get('max_tokens')}) fits the slot's {fill.get('n_ctx_slot')}-token "
+        "context: no reply to this request can reach the context end",
+        refutes=[FACTS],
+        deciding_probe=FACTS,
     )
-    if gate is not None:
-        return gate
-    assert arm is not None
+
+
+def _stopped_before_the_end(ev: Evidence) -> Verdict | None:
+    """A length stop observed before the context end: the context did not cut it."""
+    fill = _fill(ev.obs)
     if fill.get("reached_context") is False and fill.get("finish_reason") == "length":
         return suspect(
             ID,
-            f"{ARM} {arm.kn()}, but the observed length stop came before the context end"
+            f"{ARM} {ev.arm.kn()}, but the observed length stop came before the context end"
             f"{_fill_note(fill)}",
             f"{ARM} with more replays",
         )
-    return removal_verdict(
-        ID,
-        arm,
-        base,
-        removes_text="with the context lifted (same slots) the replies end on their own",
-        unchanged_text="the context lifted (same slots) leaves the failure rate unchanged",
-        note=_fill_note(fill) + _need_note(arm, fill),
-        supports=(FACTS,) if fill.get("reached_context") else (),
-    )
+    return None
 
 
-def _need_note(arm: ArmOutcome, fill: Mapping[str, Any]) -> str:
+def _need_note(arm: ArmOutcome, fill: ContextFill) -> str:
     """ "; replies need 342-554 tokens (prompt 40 + answers 302-514, median 427, 6 replies
     that ended on their own) vs the slot's 256" -- tokens needed vs slot, measured."""
     if not arm.ended_tokens:
@@ -138,7 +114,22 @@ CAUSE = CauseRule(
     "reply stops early or the prompt is refused, whatever max_tokens says",
     decided_by="the context-lifted server arm (same -np, -c lifted to what the reply can "
     "need) and the context-fill observation (per-slot n_ctx vs tokens used)",
-    rule=rule,
+    removed_by=(ARM,),
+    removal=Removal(
+        symptom=Symptom(
+            CONTEXT_KINDS,
+            "none of the {failures} failing baseline replies stopped on a limit or was "
+            "refused: a reply cut by the context ends with a length stop or an error",
+        ),
+        precheck=_always_fits,
+        missing=_missing,
+        hint="a stack whose server args set -c and a request that can reach it",
+        arm_check=_stopped_before_the_end,
+        removes_text="with the context lifted (same slots) the replies end on their own",
+        unchanged_text="the context lifted (same slots) leaves the failure rate unchanged",
+        note=lambda ev: _fill_note(_fill(ev.obs)) + _need_note(ev.arm, _fill(ev.obs)),
+        supports=lambda ev: (FACTS,) if _fill(ev.obs).get("reached_context") else (),
+    ),
     retrospective="the request did not fit the server's per-slot context (-c divided by "
     "-np), so the reply was cut at the context end; a larger -c let it finish",
 )

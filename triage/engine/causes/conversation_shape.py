@@ -11,19 +11,7 @@ A history these rules leave as it is stays suspected: no arm can test it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from triage.causes import (
-    ArmOutcome,
-    CauseRule,
-    Observations,
-    Verdict,
-    arm_gate,
-    baseline_of,
-    removal_verdict,
-    reproduces,
-    suspect,
-)
+from triage.causes import CauseRule, Evidence, Removal, Verdict, suspect
 from triage.plugin_api import Registry
 
 ID = "conversation-shape"
@@ -31,8 +19,10 @@ ARM = "history-normalised"
 OBSERVATION = "conversation-history"
 
 
-def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
-    facts = obs.facts.get(OBSERVATION)
+def _nothing_to_normalise(ev: Evidence) -> Verdict | None:
+    """Decided by the conversation-history observation, before any replay: a single-turn
+    request (rejected), or a history already in normal form (untested)."""
+    facts = ev.obs.facts.get(OBSERVATION)
     if not facts:
         why = "the conversation-history observation did not run"
         return suspect(ID, why, ARM, basis="untested")
@@ -44,8 +34,7 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
             refutes=[OBSERVATION],
             deciding_probe=OBSERVATION,
         )
-    changes = ", ".join(facts.get("changes") or [])
-    if not changes:
+    if not _changes(ev):
         return suspect(
             ID,
             f"{facts['assistant_turns']} earlier assistant turn(s), already in normal form: "
@@ -53,28 +42,11 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
             "the same conversation as a known-good client sends it",
             basis="untested",
         )
-    base, arm = baseline_of(arms), arms.get(ARM)
-    gate = arm_gate(
-        ID,
-        arm,
-        base,
-        reproduces(arms),
-        ARM,
-        available=ARM in obs.planned,
-        missing="the history-normalised arm was not planned",
-        hint="a multi-turn request",
-    )
-    if gate is not None:
-        return gate
-    assert arm is not None
-    return removal_verdict(
-        ID,
-        arm,
-        base,
-        removes_text=f"with the history normalised ({changes}) the failure goes away",
-        unchanged_text=f"normalising the history ({changes}) makes no difference",
-        supports=(OBSERVATION,),
-    )
+    return None
+
+
+def _changes(ev: Evidence) -> str:
+    return ", ".join((ev.obs.facts.get(OBSERVATION) or {}).get("changes") or [])
 
 
 CAUSE = CauseRule(
@@ -85,7 +57,17 @@ CAUSE = CauseRule(
     "mishandles (tool-call arguments not JSON text, unlinked tool-call ids, reasoning passed "
     "back inline), so the last turn fails",
     "history-normalised (the last turn replayed with the history normalised)",
-    rule,
+    removed_by=(ARM,),
+    removal=Removal(
+        precheck=_nothing_to_normalise,
+        missing="the history-normalised arm was not planned",
+        hint="a multi-turn request",
+        removes_text=lambda ev: (
+            f"with the history normalised ({_changes(ev)}) the failure goes away"
+        ),
+        unchanged_text=lambda ev: f"normalising the history ({_changes(ev)}) makes no difference",
+        supports=lambda ev: (OBSERVATION,),
+    ),
     retrospective=(
         "The model and server were fine; the conversation history the client sent back was "
         "in a shape the template could not handle, and the next turn failed."

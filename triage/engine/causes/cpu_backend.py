@@ -4,13 +4,13 @@ by the `no-repack` server arm."""
 
 from __future__ import annotations
 
-from triage.causes import CauseRule, Observations, Removal
+from triage.causes import CauseRule, Evidence, Removal
 from triage.plugin_api import Registry
 
 
-def _where(obs: Observations) -> str:
+def _where(ev: Evidence) -> str:
     """What the startup crash showed, for the rationale."""
-    crash = obs.facts.get("startup-crash") or {}
+    crash = ev.obs.facts.get("startup-crash") or {}
     where = ""
     if crash:
         where = f"; crash: {crash.get('signal')}"
@@ -37,7 +37,7 @@ CAUSE = CauseRule(
         removes_text="without weight repacking (--no-repack) the server starts and serves",
         unchanged_text="without weight repacking the server still crashes",
         note=_where,
-        supports=lambda obs: ("startup-crash",),
+        supports=lambda ev: ("startup-crash",),
     ),
     retrospective="llama-server crashed on this host's CPU backend (repacked weights path); "
     "it ran with --no-repack",

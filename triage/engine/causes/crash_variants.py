@@ -11,15 +11,15 @@ Built-in numbers 15 and 16, declared below (triage/plugin_api.py).
 
 from __future__ import annotations
 
-from triage.causes import CauseRule, Observations, Removal
+from triage.causes import CauseRule, Evidence, Removal
 from triage.plugin_api import Registry
 
 CRASH_FACTS = ("startup-crash", "mid-request-crash", "server-hang")
 HINT = "a stack whose server crashes or hangs"
 
 
-def _crash(obs: Observations) -> tuple[str, ...]:
-    return tuple(name for name in CRASH_FACTS if name in obs.facts)
+def _crash(ev: Evidence) -> tuple[str, ...]:
+    return tuple(name for name in CRASH_FACTS if name in ev.obs.facts)
 
 
 WARMUP = CauseRule(

@@ -1,5 +1,7 @@
 """embedding-batch: an `/v1/embeddings` or `/v1/rerank` input longer than llama-server's
-physical batch. The server encodes each input in one physical batch and cannot split it:
+physical batch. The server encodes each input in one physical batch and cannot split it
+(b11434 splits only when the model has a KV cache and reads its last token: `last` pooling,
+a causal reranker; a BERT-family reranker or a mean/cls-pooled embedder is never split):
 an input of more tokens than `-ub` (capped by `-b` and the context) is refused with HTTP 500
 "input (N tokens) is too large to process. increase the physical batch size" (b11434; the
 `embedding-failed` finding), and the whole request fails with it.
@@ -126,7 +128,8 @@ CAUSE = CauseRule(
     number=23,
     title="An embeddings/rerank input longer than the server's physical batch (-ub)",
     mechanism="llama-server encodes each /v1/embeddings or /v1/rerank input in one physical "
-    "batch and cannot split it: an input of more tokens than -ub (capped by -b and -c) is "
+    "batch and cannot split it (unless the model has a KV cache and reads its last token: "
+    "last pooling, a causal reranker): an input of more tokens than -ub (capped by -b and -c) is "
     "refused with HTTP 500 'input (N tokens) is too large to process. increase the physical "
     "batch size', failing the whole request",
     decided_by="the ubatch-raised server arm (-ub/-b at least the longest input's measured "

@@ -9,19 +9,7 @@ blame); untested for a bare URL stack, whose args (and so its cache type) are no
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from triage.causes import (
-    ArmOutcome,
-    CauseRule,
-    Observations,
-    Verdict,
-    arm_gate,
-    baseline_of,
-    removal_verdict,
-    reproduces,
-    suspect,
-)
+from triage.causes import CauseRule, Evidence, Observations, Removal, Verdict
 from triage.plugin_api import Registry
 
 ID = "kv-cache-quant"
@@ -36,47 +24,27 @@ def _kv(obs: Observations) -> tuple[bool, dict[str, str]]:
     return bool(config.get("args_known")), {str(k): str(v) for k, v in kv.items()}
 
 
-def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
-    base, arm = baseline_of(arms), arms.get(ARM)
-    known, kv = _kv(obs)
-    quantized = {part: t for part, t in kv.items() if t not in UNQUANTIZED}
-    if ARM not in obs.planned:
-        if known and kv and not quantized:
-            return Verdict(
-                ID,
-                "rejected",
-                f"the incident's server runs an unquantized KV cache (K {kv.get('k')}, "
-                f"V {kv.get('v')}): there is no quantized cache to degrade the output",
-                deciding_probe="server args (-ctk/-ctv)",
-            )
-        return suspect(
-            ID,
-            "not testable with this stack: the server's KV cache type is not known (a "
-            "running server given by URL; /props does not report it)",
-            f"{ARM} (give the stack's model and args, with its -ctk/-ctv)",
-            basis="untested",
-        )
-    gate = arm_gate(
+def _quantized(kv: dict[str, str]) -> dict[str, str]:
+    return {part: t for part, t in kv.items() if t not in UNQUANTIZED}
+
+
+def _unquantized(ev: Evidence) -> Verdict | None:
+    """Rejected without a replay: the stack's args give the cache types, none quantized."""
+    known, kv = _kv(ev.obs)
+    if ARM in ev.obs.planned or not (known and kv and not _quantized(kv)):
+        return None
+    return Verdict(
         ID,
-        arm,
-        base,
-        reproduces(arms),
-        ARM,
-        available=True,
-        missing="",
-        hint="",
+        "rejected",
+        f"the incident's server runs an unquantized KV cache (K {kv.get('k')}, "
+        f"V {kv.get('v')}): there is no quantized cache to degrade the output",
+        deciding_probe="server args (-ctk/-ctv)",
     )
-    if gate is not None:
-        return gate
-    assert arm is not None
-    was = ", ".join(f"{part.upper()} {t}" for part, t in sorted(quantized.items()))
-    return removal_verdict(
-        ID,
-        arm,
-        base,
-        removes_text=f"the same server with an f16 KV cache (was {was}) removes the failure",
-        unchanged_text=f"an f16 KV cache (was {was}) leaves the failure rate unchanged",
-    )
+
+
+def _was(ev: Evidence) -> str:
+    quantized = _quantized(_kv(ev.obs)[1])
+    return ", ".join(f"{part.upper()} {t}" for part, t in sorted(quantized.items()))
 
 
 CAUSE = CauseRule(
@@ -86,7 +54,19 @@ CAUSE = CauseRule(
     mechanism="K/V cache quantization (-ctk/-ctv q4_0, q8_0...) loses the precision attention "
     "needs; the output degrades into mojibake, broken JSON or a format the parser rejects",
     decided_by="the kv-f16 server arm (-ctk f16 -ctv f16), when the server quantizes its cache",
-    rule=rule,
+    removed_by=(ARM,),
+    removal=Removal(
+        precheck=_unquantized,
+        missing="the server's KV cache type is not known (a running server given by URL; "
+        "/props does not report it)",
+        hint="give the stack's model and args, with its -ctk/-ctv",
+        removes_text=lambda ev: (
+            f"the same server with an f16 KV cache (was {_was(ev)}) removes the failure"
+        ),
+        unchanged_text=lambda ev: (
+            f"an f16 KV cache (was {_was(ev)}) leaves the failure rate unchanged"
+        ),
+    ),
     retrospective="the server's quantized KV cache degraded the model's output; with an f16 "
     "cache the same requests did not fail",
 )

@@ -9,20 +9,9 @@ incident's (so what differs is the conversion); when the quant types differ the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from triage.causes import (
-    ArmOutcome,
-    CauseRule,
-    Observations,
-    Verdict,
-    arm_gate,
-    baseline_of,
-    removal_verdict,
-    reproduces,
-    suspect,
-)
+from triage.causes import CauseRule, Evidence, Observations, Removal, Verdict, suspect
 from triage.plugin_api import Registry
 
 ID = "model-file"
@@ -45,8 +34,8 @@ def same_quant_type(obs: Observations) -> bool:
     return a is not None and a == b
 
 
-def _conversion_note(obs: Observations) -> str:
-    facts: dict[str, Any] = obs.facts.get(CONFOUNDER) or {}
+def _conversion_note(ev: Evidence) -> str:
+    facts: dict[str, Any] = ev.obs.facts.get(CONFOUNDER) or {}
     differs = [str(d) for d in facts.get("conversion_differs") or []]
     differs += [str(d) for d in facts.get("differs") or [] if "template" not in str(d)]
     if differs:
@@ -54,42 +43,23 @@ def _conversion_note(obs: Observations) -> str:
     return "; their metadata agrees, so the tensors differ (another conversion/requantization)"
 
 
-def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
-    base, alt = baseline_of(arms), arms.get(ARM)
-    gate = arm_gate(
+def _other_quant_type(ev: Evidence) -> Verdict | None:
+    """Another quant type: the alt-weights arm tests quantized-weights, not the conversion."""
+    if same_quant_type(ev.obs):
+        return None
+    a, b = quant_types(ev.obs)
+    return suspect(
         ID,
-        alt,
-        base,
-        reproduces(arms),
-        ARM,
-        available=obs.has_alt_weights,
-        missing="no alternate weights file",
-        hint="add [alternates] model: the same weights converted again, same quant type",
+        f"the alternate file is another quantization ({a or '?'} vs {b or '?'}): the "
+        "alt-weights arm tests quantized-weights, and a conversion difference cannot be "
+        "told apart from the quantization",
+        f"{ARM} with a file of the incident's quant type ({a or 'unknown'})",
+        basis="untested",
     )
-    if gate is not None:
-        return gate
-    assert alt is not None
-    a, b = quant_types(obs)
-    if not same_quant_type(obs):
-        return suspect(
-            ID,
-            f"the alternate file is another quantization ({a or '?'} vs {b or '?'}): the "
-            "alt-weights arm tests quantized-weights, and a conversion difference cannot be "
-            "told apart from the quantization",
-            f"{ARM} with a file of the incident's quant type ({a or 'unknown'})",
-            basis="untested",
-        )
-    return removal_verdict(
-        ID,
-        alt,
-        base,
-        removes_text=f"another conversion of the same weights with the same quant type ({a}) "
-        "removes the failure",
-        unchanged_text=f"another conversion with the same quant type ({a}) leaves the failure "
-        "rate unchanged",
-        note=_conversion_note(obs),
-        supports=(CONFOUNDER,),
-    )
+
+
+def _quant(ev: Evidence) -> str | None:
+    return quant_types(ev.obs)[0]
 
 
 CAUSE = CauseRule(
@@ -100,7 +70,23 @@ CAUSE = CauseRule(
     "(e.g. Gemma 4's <|\"|> as a control token, dropped from the output), a wrong embedded chat "
     "template, wrong special-token ids",
     decided_by="alternate weights of the same quant type (another conversion of the same model)",
-    rule=rule,
+    removed_by=(ARM,),
+    removal=Removal(
+        available=lambda ev: ev.obs.has_alt_weights,
+        missing="no alternate weights file",
+        hint="add [alternates] model: the same weights converted again, same quant type",
+        arm_check=_other_quant_type,
+        removes_text=lambda ev: (
+            "another conversion of the same weights with the same quant "
+            f"type ({_quant(ev)}) removes the failure"
+        ),
+        unchanged_text=lambda ev: (
+            f"another conversion with the same quant type ({_quant(ev)}) "
+            "leaves the failure rate unchanged"
+        ),
+        note=_conversion_note,
+        supports=lambda ev: (CONFOUNDER,),
+    ),
     retrospective="the GGUF file's conversion was broken; another conversion of the same "
     "weights and quant type did not fail",
 )

@@ -5,22 +5,7 @@ lengthens it (token-limit and context-size are rejected by their own arms)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from triage.causes import (
-    ArmOutcome,
-    CauseRule,
-    Observations,
-    Verdict,
-    arm_gate,
-    baseline_of,
-    not_reproduced,
-    removes,
-    reproduces,
-    share,
-    suspect,
-    unchanged,
-)
+from triage.causes import CauseRule, Evidence, Removal, Symptom, Verdict, share, suspect, unchanged
 from triage.plugin_api import Registry
 
 ID = "model-loop"
@@ -30,61 +15,19 @@ ARM = "anti-repetition"
 LOOP_KINDS = ("repetition-loop", "repetition-to-context-end", "runaway-reasoning")
 
 
-def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
-    base, arm = baseline_of(arms), arms.get(ARM)
-    if not reproduces(arms):
-        return not_reproduced(ID, base, ARM)
-    looping = share(base, *LOOP_KINDS)
-    if base.failures > 0 and looping < 0.5:
-        return Verdict(
+def _loop_gone_failure_stays(ev: Evidence) -> Verdict | None:
+    """The arm leaves the rate unchanged but its failing replies no longer loop: the loop was
+    real, yet something else fails too -- neither confirmed nor rejected."""
+    arm = ev.arm
+    still = share(arm, *LOOP_KINDS)
+    if unchanged(arm) and arm.failures and still < 0.5:
+        return suspect(
             ID,
-            "rejected",
-            f"{looping:.0%} of the {base.failures} failing baseline replies repeat themselves "
-            "up to where they stopped: the failure is not a loop",
-            refutes=["baseline"],
-            deciding_probe="baseline",
+            f"with repetition penalised the loop goes ({still:.0%} of the arm's failing "
+            f"replies repeat) but the replies still fail: {arm.kn()}",
+            f"{ARM} with more replays, or a larger context",
         )
-    gate = arm_gate(
-        ID,
-        arm,
-        base,
-        True,
-        ARM,
-        available=ARM in obs.planned,
-        missing="the request already penalises repetition",
-        hint="a request without DRY / repeat_penalty",
-    )
-    if gate is not None:
-        return gate
-    assert arm is not None
-    if removes(arm):
-        return Verdict(
-            ID,
-            "confirmed",
-            f"{looping:.0%} of the failing baseline replies loop; with repetition penalised "
-            f"(DRY, repeat_penalty) the replies end on their own: {arm.kn()} vs baseline "
-            f"{base.kn()} (p={arm.p_value:.2g})",
-            supports=["baseline", ARM],
-            deciding_probe=ARM,
-        )
-    if unchanged(arm):
-        still = share(arm, *LOOP_KINDS)
-        if arm.failures and still < 0.5:
-            return suspect(
-                ID,
-                f"with repetition penalised the loop goes ({still:.0%} of the arm's failing "
-                f"replies repeat) but the replies still fail: {arm.kn()}",
-                f"{ARM} with more replays, or a larger context",
-            )
-        return Verdict(
-            ID,
-            "rejected",
-            f"with repetition penalised the failure rate is unchanged: {arm.kn()} vs "
-            f"baseline {base.kn()}",
-            refutes=[ARM],
-            deciding_probe=ARM,
-        )
-    return suspect(ID, f"undecided at the cap: {ARM} {arm.kn()}", f"{ARM} with more replays")
+    return None
 
 
 CAUSE = CauseRule(
@@ -95,7 +38,25 @@ CAUSE = CauseRule(
     "it until max_tokens or the context end stops it",
     decided_by="the anti-repetition arm (DRY and repeat_penalty added): the replies then end "
     "on their own",
-    rule=rule,
+    removed_by=(ARM,),
+    removal=Removal(
+        symptom=Symptom(
+            LOOP_KINDS,
+            "{share:.0%} of the {failures} failing baseline replies repeat themselves up to "
+            "where they stopped: the failure is not a loop",
+            min_share=0.5,
+        ),
+        missing="the request already penalises repetition",
+        hint="a request without DRY / repeat_penalty",
+        arm_check=_loop_gone_failure_stays,
+        removes_text=lambda ev: (
+            f"{share(ev.base, *LOOP_KINDS):.0%} of the failing baseline "
+            "replies loop; with repetition penalised (DRY, repeat_penalty) the replies end on "
+            "their own"
+        ),
+        unchanged_text="with repetition penalised the failure rate is unchanged",
+        supports=lambda ev: ("baseline", ARM),
+    ),
     retrospective="the model fell into a repetition loop; penalising repetition in sampling "
     "(DRY, repeat_penalty) let it finish",
 )

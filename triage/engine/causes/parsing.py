@@ -27,6 +27,9 @@ PARSE_KINDS = (
 )
 
 
+# A hand-written rule, not a declarative `Removal` (triage.causes): no arm of its own removes
+# it: the raw text (verbose) of the failing baseline replies decides it, and thinking-off only
+# moves the output (it confirms only beside the parse findings).
 def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
     base = baseline_of(arms)
     if not reproduces(arms):

@@ -24,6 +24,9 @@ THOUGHT_LOOP = "runaway-reasoning"
 ANTI_REPETITION = "anti-repetition"
 
 
+# A hand-written rule, not a declarative `Removal` (triage.causes): several arms with different
+# meanings: any of thinking-off / reasoning-budget / server-reasoning-off confirms it, while
+# anti-repetition removing a looping thought rejects it.
 def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
     base = baseline_of(arms)
     off, budget, server_off = (

@@ -38,6 +38,9 @@ WHO = {
 }
 
 
+# A hand-written rule, not a declarative `Removal` (triage.causes): several arms, each naming a
+# different party (server --reasoning-format, the request's reasoning_format, the build's
+# parser): any removing one confirms, all unchanged rejects.
 def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
     base = baseline_of(arms)
     if not reproduces(arms):

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from triage.causes import CauseRule, Observations, Removal, Verdict
+from triage.causes import CauseRule, Evidence, Removal, Verdict
 from triage.plugin_api import Registry
 
 ID = "speculative-decoding"
 ARM = "spec-off"
 
 
-def _not_enabled(obs: Observations) -> Verdict | None:
-    if obs.speculative_enabled:
+def _not_enabled(ev: Evidence) -> Verdict | None:
+    if ev.obs.speculative_enabled:
         return None
     return Verdict(
         ID,
@@ -21,10 +21,10 @@ def _not_enabled(obs: Observations) -> Verdict | None:
     )
 
 
-def _divergence(obs: Observations) -> str:
-    if not obs.divergence:
+def _divergence(ev: Evidence) -> str:
+    d = ev.obs.divergence
+    if not d:
         return ""
-    d = obs.divergence
     return f"; committed streams diverged in {d.get('diverged')}/{d.get('seeds')} fixed seeds" + (
         f" (first at token {min(d['first_positions'])})" if d.get("first_positions") else ""
     )
@@ -39,7 +39,7 @@ CAUSE = CauseRule(
     removed_by=(ARM,),
     removal=Removal(
         precheck=_not_enabled,
-        available=lambda obs: ARM in obs.planned or not obs.planned,
+        available=lambda ev: ARM in ev.obs.planned or not ev.obs.planned,
         missing="speculative decoding is on, but the server runs at a URL and "
         "cannot be relaunched without it",
         hint="give [server] binary/model/args instead of url",
@@ -48,7 +48,7 @@ CAUSE = CauseRule(
         note=_divergence,
         rejected_note="; speculative decoding preserves the distribution, so committed token "
         "streams may differ without changing how often the request fails",
-        supports=lambda obs: ("spec-divergence",),
+        supports=lambda ev: ("spec-divergence",),
     ),
     retrospective="speculative decoding changed which tokens were committed; without it the "
     "request did not fail",

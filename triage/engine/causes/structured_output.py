@@ -35,6 +35,9 @@ KIND = "structured-output-failed"
 PROBE = f"{ARM} + thinking-off"
 
 
+# A hand-written rule, not a declarative `Removal` (triage.causes): a conjunction of two arms:
+# confirmed only when both the unconstrained request and thinking-off remove the failure; either
+# unchanged rejects it with its own meaning.
 def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
     base = baseline_of(arms)
     plain, off = arms.get(ARM), arms.get("thinking-off")

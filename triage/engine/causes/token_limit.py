@@ -46,6 +46,9 @@ def _limit_text(obs: Observations) -> str:
     return f"; max_tokens is {limit}" if isinstance(limit, int) else ""
 
 
+# A hand-written rule, not a declarative `Removal` (triage.causes): several arms with different
+# meanings: token-limit-lifted confirms only when thinking-off shows the thought is not what
+# eats the budget, and thinking-off removing the failure rejects it.
 def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
     base = baseline_of(arms)
     off, lifted = arms.get("thinking-off"), arms.get(LIFTED)

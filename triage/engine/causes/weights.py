@@ -5,48 +5,27 @@ conversion (`model-file`), not the quantization: this cause then stays suspected
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from triage.causes import (
-    ArmOutcome,
-    CauseRule,
-    Observations,
-    Verdict,
-    arm_gate,
-    baseline_of,
-    removal_verdict,
-    removes,
-    reproduces,
-    suspect,
-)
+from triage.causes import CauseRule, Evidence, Removal, Verdict, removes, suspect
 from triage.plugin_api import Registry
 
 ID = "quantized-weights"
 ARM = "alt-weights"
 
 
-def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
-    base, alt = baseline_of(arms), arms.get(ARM)
-    gate = arm_gate(
-        ID,
-        alt,
-        base,
-        reproduces(arms),
-        ARM,
-        available=obs.has_alt_weights,
-        missing="no alternate weights",
-        hint="add [alternates] model to stack.toml",
-    )
-    if gate is not None:
-        return gate
-    assert alt is not None
+def _confounded(ev: Evidence) -> Verdict | None:
+    """Alternate weights that remove the failure but change more than the quantization: the
+    same quant type (the conversion differs: model-file), or the template / thinking
+    default (the weights-confounder observation)."""
+    alt, obs = ev.arm, ev.obs
+    if not removes(alt):
+        return None
     quants = (obs.facts.get("weights-confounder") or {}).get("quantization")
     same = (
         quants[0]
         if isinstance(quants, list) and len(quants) == 2 and quants[0] == quants[1]
         else None
     )
-    if removes(alt) and same:
+    if same:
         return suspect(
             ID,
             f"alternate weights remove the failure ({alt.kn()}), but both files are "
@@ -55,7 +34,7 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
             "alt-weights with another quant type of a known-good conversion",
             supports=[ARM],
         )
-    if removes(alt) and obs.confounders:
+    if obs.confounders:
         return suspect(
             ID,
             f"alternate weights remove the failure ({alt.kn()}), but they also change "
@@ -63,18 +42,7 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
             "alt-weights with the same chat template / thinking default",
             supports=[ARM],
         )
-    verdict = removal_verdict(
-        ID,
-        alt,
-        base,
-        removes_text="alternate weights with the same chat template and thinking default "
-        "remove the failure",
-        unchanged_text="alternate weights leave the failure rate unchanged",
-        supports=("weights-confounder",),
-    )
-    if verdict.status == "confirmed":
-        verdict.rationale += CONFIRMED_LIMIT
-    return verdict
+    return None
 
 
 # What a confirmation by the weights arm cannot tell apart (issue 24): other weights take
@@ -92,7 +60,18 @@ CAUSE = CauseRule(
     title="The quantized weights file",
     mechanism="the weights (quantization) degrade the output",
     decided_by="alternate weights, with the template/thinking-default confounder ruled out",
-    rule=rule,
+    removed_by=(ARM,),
+    removal=Removal(
+        available=lambda ev: ev.obs.has_alt_weights,
+        missing="no alternate weights",
+        hint="add [alternates] model to stack.toml",
+        arm_check=_confounded,
+        removes_text="alternate weights with the same chat template and thinking default "
+        "remove the failure",
+        unchanged_text="alternate weights leave the failure rate unchanged",
+        confirmed_note=CONFIRMED_LIMIT,
+        supports=lambda ev: ("weights-confounder",),
+    ),
     retrospective="the quantized weights produced the failing output; other weights did not",
 )
 

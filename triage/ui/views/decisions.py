@@ -23,23 +23,23 @@ if overdue:
     for entry in overdue[:OVERDUE_CARDS]:
         with st.container(border=True):
             st.error(
-                f"**OVERDUE** ({entry.state}) · {md_escape(entry.slug)} -- "
+                f"**OVERDUE** ({entry.state}) · {md_escape(entry.row.slug)} -- "
                 + md_escape("; ".join(entry.reasons)),
                 icon=":material/alarm:",
             )
             st.markdown(
-                f"**{md_escape(entry.title)}**  \n"
-                f"PARKED {md_escape(entry.at.date().isoformat())}"
-                + (f" by {md_escape(entry.by)}" if entry.by else "")
-                + f": {md_escape(entry.rationale)}"
+                f"**{md_escape(entry.row.title)}**  \n"
+                f"PARKED {md_escape(entry.row.at.date().isoformat())}"
+                + (f" by {md_escape(entry.row.by)}" if entry.row.by else "")
+                + f": {md_escape(entry.row.rationale)}"
             )
-            if entry.tradeoff:
-                st.markdown(f"Tradeoff: {md_escape(entry.tradeoff)}")
+            if entry.row.tradeoff:
+                st.markdown(f"Tradeoff: {md_escape(entry.row.tradeoff)}")
             st.page_link(
                 nav.INCIDENT,
                 label="Open the incident",
                 icon=":material/open_in_new:",
-                query_params={"slug": entry.slug},
+                query_params={"slug": entry.row.slug},
             )
     if len(overdue) > OVERDUE_CARDS:
         st.caption(
@@ -66,17 +66,17 @@ else:
             {
                 "Overdue": "OVERDUE" if entry.overdue else "",
                 "Revisit state": entry.state,
-                "At": entry.at,
-                "Decision": entry.kind
-                + ("" if entry.kind != "FIXED" or entry.verified else " (unverified)"),
-                "Incident": entry.slug,
-                "Title": entry.title,
-                "By": entry.by,
-                "Rationale": entry.rationale,
-                "Tradeoff": entry.tradeoff,
-                "Fix": entry.fix,
-                "Revisit on": entry.revisit_on,
-                "Triggers": "; ".join(data.describe_trigger(t) for t in entry.triggers),
+                "At": entry.row.at,
+                "Decision": entry.row.kind
+                + ("" if entry.row.kind != "FIXED" or entry.row.verified else " (unverified)"),
+                "Incident": entry.row.slug,
+                "Title": entry.row.title,
+                "By": entry.row.by,
+                "Rationale": entry.row.rationale,
+                "Tradeoff": entry.row.tradeoff,
+                "Fix": entry.row.fix,
+                "Revisit on": entry.row.revisit_on,
+                "Triggers": "; ".join(data.describe_trigger(t) for t in entry.row.triggers),
                 "Current": "latest" if entry.latest else "superseded",
             }
             for entry in ordered
@@ -98,4 +98,6 @@ else:
         st.pagination(pages, key="decisions_page")
     st.caption("Select a row to open its incident.")
     if event is not None and event.selection.rows:
-        st.switch_page(nav.INCIDENT, query_params={"slug": ordered[event.selection.rows[0]].slug})
+        st.switch_page(
+            nav.INCIDENT, query_params={"slug": ordered[event.selection.rows[0]].row.slug}
+        )

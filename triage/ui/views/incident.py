@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TypedDict
 
 import altair as alt
 import pandas as pd
 import streamlit as st
 
+from kb.domain.triggers import stored_trigger
 from kb.jsontypes import JsonObject
 from triage.atlas.report import record_matches
 from triage.graph import arm_summaries, build_graph, summary, to_dot
@@ -142,7 +143,7 @@ def header(record: JsonObject) -> None:
             line += f"  \nRevisit on {md_escape(latest['revisit_on'])}"
         if latest.get("triggers"):
             line += "  \nTriggers: " + md_escape(
-                "; ".join(data.describe_trigger(t) for t in latest["triggers"])
+                "; ".join(data.describe_trigger(stored_trigger(t)) for t in latest["triggers"])
             )
         st.info(line, icon=":material/gavel:")
     with st.expander("Summary, impact and stack", expanded=False):
@@ -388,19 +389,31 @@ def evidence_tab(record: JsonObject) -> None:
     show_evidence(evidence_index(record)[chosen])
 
 
-def history_rows(record: JsonObject) -> list[dict[str, Any]]:
-    rows = []
+class HistoryRow(TypedDict):
+    """One line of the history table (its column names as shown)."""
+
+    At: str
+    What: str
+    Change: str
+    By: str
+    Why: str
+    Evidence: str
+
+
+def history_rows(record: JsonObject) -> list[HistoryRow]:
+    """Every cause status change and decision of the incident, oldest first."""
+    rows: list[HistoryRow] = []
     for cause in record.get("causes") or []:
         for change in cause.get("history") or []:
             rows.append(
-                {
-                    "At": str(change.get("at", "")),
-                    "What": f"cause {cause.get('id')}",
-                    "Change": f"{change.get('from') or '(new)'} -> {change.get('to')}",
-                    "By": change.get("actor", ""),
-                    "Why": change.get("rationale", ""),
-                    "Evidence": ", ".join(change.get("evidence") or []),
-                }
+                HistoryRow(
+                    At=str(change.get("at", "")),
+                    What=f"cause {cause.get('id')}",
+                    Change=f"{change.get('from') or '(new)'} -> {change.get('to')}",
+                    By=change.get("actor", ""),
+                    Why=change.get("rationale", ""),
+                    Evidence=", ".join(change.get("evidence") or []),
+                )
             )
     for decision in record.get("decisions") or []:
         detail = decision.get("kind", "")
@@ -409,14 +422,14 @@ def history_rows(record: JsonObject) -> list[dict[str, Any]]:
         if decision.get("kind") == "FIXED":
             detail += " (verified)" if decision.get("verified") else " (unverified)"
         rows.append(
-            {
-                "At": str(decision.get("at", "")),
-                "What": "decision",
-                "Change": detail,
-                "By": decision.get("by", ""),
-                "Why": decision.get("rationale", ""),
-                "Evidence": ", ".join(decision.get("evidence") or []),
-            }
+            HistoryRow(
+                At=str(decision.get("at", "")),
+                What="decision",
+                Change=detail,
+                By=decision.get("by", ""),
+                Why=decision.get("rationale", ""),
+                Evidence=", ".join(decision.get("evidence") or []),
+            )
         )
     return sorted(rows, key=lambda row: row["At"])
 

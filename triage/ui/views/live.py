@@ -91,20 +91,19 @@ st.subheader("Incidents opened or matched by the proxy")
 if not opened:
     st.caption("None yet: a signature opens one when the sequential test finds it new or rising.")
 for item in opened:
-    detection = item["detection"]
-    by = str(item["opened_by"])
+    by = item.opened_by
     if by.startswith(MATCHED_PREFIX):  # an incident opened by other means
         how = f"same failure family: evidence added by {by.removeprefix(MATCHED_PREFIX)}"
     else:
         how = f"opened by {by}"
-    variants = item.get("variants") or [item["signature"]]
+    variants = item.variants or (item.signature,)
     with st.container(border=True):
         # One number, the problem's latest detection, with the time it holds for; the
         # title carries none (it is written once, when the incident opens).
         st.markdown(
-            f"**{md_escape(item['title'])}**  \n"
-            f"{md_escape(item['slug'])} · {md_escape(item['status'])} · "
-            f"{md_escape(failing_text(detection))} · {md_escape(how)}  \n"
+            f"**{md_escape(item.title)}**  \n"
+            f"{md_escape(item.slug)} · {md_escape(item.status)} · "
+            f"{md_escape(failing_text(item.detection))} · {md_escape(how)}  \n"
             f"signature{'s' if len(variants) > 1 else ''}: "
             + ", ".join(md_escape(v) for v in variants)
         )
@@ -112,5 +111,5 @@ for item in opened:
             nav.INCIDENT,
             label="Open the incident",
             icon=":material/open_in_new:",
-            query_params={"slug": item["slug"]},
+            query_params={"slug": item.slug},
         )

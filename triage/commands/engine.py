@@ -24,6 +24,7 @@ from kb.repo.runs import RunOwner, resumable_runs, run_incident_slug
 from kb.repo.store import Store, evidence_payloads
 from triage.atlas.report import diagnosis_matches, format_match_dicts, format_matches
 from triage.capture import CaptureError, load_file, read_file
+from triage.checks.prompt_cache_turns import conversation_intake
 from triage.commands import open_store, with_options
 from triage.commands.ui import start_ui
 from triage.demo import run_demo
@@ -248,7 +249,9 @@ def _arm_lines(arms: Sequence[DiagnosisArm]) -> list[str]:
     return [*lines, ""]
 
 
-def _load_exchange(request: Path, response: Path | None, fmt: str) -> Intake:
+def _load_exchange(
+    request: Path, response: Path | None, fmt: str, pick: int | None = None
+) -> Intake:
     try:
         if response is not None:
             exchanges = load_file(request, format=fmt, response=response)
@@ -263,9 +266,16 @@ def _load_exchange(request: Path, response: Path | None, fmt: str) -> Intake:
             if body is not None:  # reproduce from the request alone: no captured failure
                 return Intake(body)
         raise click.ClickException(str(exc)) from None
-    if not exchanges:
-        raise click.ClickException(f"{request}: no exchange found")
-    return Intake.of(exchanges[0])
+    try:  # a capture of several exchanges: which one, and its conversation's turns
+        chosen = conversation_intake(exchanges, file=str(request), pick=pick)
+    except CaptureError as exc:
+        raise click.ClickException(str(exc)) from None
+    for line in chosen.notes:
+        click.echo(line, err=True)
+    intake = Intake.of(chosen.exchange)
+    if chosen.finding is not None:  # the conversation's own finding joins the exchange's
+        intake = dataclasses.replace(intake, findings=(*intake.findings, chosen.finding.record()))
+    return intake
 
 
 def _request_only(data: Any) -> JsonObject | None:
@@ -318,6 +328,16 @@ _DIAGNOSE_OPTIONS = (
     ),
     click.option("--seed", type=int, default=None, help="First seed of the replays."),
     click.option(
+        "--exchange",
+        "pick",
+        type=click.IntRange(min=1),
+        metavar="N",
+        default=None,
+        help="Diagnose the N-th exchange (from 1) of a capture that holds several (default: "
+        "the last whose reply fails, else the last); the turns of its conversation before it "
+        "are read for the unstable-prefix finding.",
+    ),
+    click.option(
         "--json",
         "json_out",
         type=click.Path(path_type=Path, dir_okay=False),
@@ -345,6 +365,7 @@ def diagnose_command(
     incident: str | None,
     max_requests: int | None,
     seed: int | None,
+    pick: int | None,
     json_out: Path | None,
     resume: bool,
 ) -> None:
@@ -362,7 +383,7 @@ def diagnose_command(
         options.seed = seed
     with open_store(ctx) as store:
         diagnosis, matches = _run_diagnosis(
-            store, request_path, response_path, fmt, stack, incident, options, resume
+            store, request_path, response_path, fmt, stack, incident, options, resume, pick
         )
     if json_out is not None:
         # The atlas with the verdicts: an extra field beside them, never a change to them.
@@ -408,6 +429,7 @@ def _run_diagnosis(
     incident: str | None,
     options: DiagnoseOptions,
     resume: bool,
+    pick: int | None = None,
 ) -> tuple[Diagnosis, list[Match]]:
     """The diagnosis, and the atlas's matches for it (pointers printed beside the verdicts)."""
     intake: Intake | None = None
@@ -417,7 +439,7 @@ def _run_diagnosis(
             # another process is still running; ambiguity is refused with a list.
             wanted = None
             if request_path is not None:
-                wanted = _load_exchange(request_path, response_path, fmt).request
+                wanted = _load_exchange(request_path, response_path, fmt, pick).request
             run = run_to_resume(store, stack, request=wanted, incident=incident)
             label = (run.plan or {}).get("stack_label") or "stack not recorded"
             with store.session(readonly=True) as session:
@@ -427,7 +449,7 @@ def _run_diagnosis(
         else:
             if request_path is None:
                 raise click.UsageError("--request is required (or --resume)")
-            intake = _load_exchange(request_path, response_path, fmt)
+            intake = _load_exchange(request_path, response_path, fmt, pick)
             _print_atlas_before(stack, intake)
             diagnosis = diagnose(
                 store,

@@ -40,6 +40,7 @@ from triage.engine.progress import ExecuteOptions, Progress
 from triage.engine.record import record
 from triage.engine.recorder import Recorder
 from triage.engine.reproduction import Signature
+from triage.engine.server_log import note_server_logs
 from triage.engine.servers import (
     EngineError,
     Server,
@@ -191,6 +192,7 @@ class Diagnoser:
                 raise
         try:
             note_failures(execution)
+            note_server_logs(execution)  # the grammar lines of each server's log (issue 24)
             decision = decide(execution, self.secrets, time.monotonic() - started)
             result = record(self.recorder, decision, self.findings, execution.plan.skipped)
             self._emit(

@@ -2,8 +2,7 @@
 /rerank besides the Jina form (`documents`) and answers with a bare list of `{index, score}`
 (`format_response_rerank`): it is routed, measured and split like the Jina form; its answer,
 in a pair document, as the second file of a pair or in a HAR entry on /rerank, is a rerank
-answer the embedding-failed
-check reads; a refused one is the physical-batch finding."""
+answer the embedding-failed check reads; a refused one is the physical-batch finding."""
 
 from __future__ import annotations
 

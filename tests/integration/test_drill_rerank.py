@@ -19,21 +19,20 @@ from typing import Any
 
 import pytest
 
+from kb.domain.diagnosis import validate_diagnosis
 from kb.repo.store import Store
 from triage.capture import load_file
-from triage.commands.engine import validate_diagnosis
 from triage.drills import build_drill
 from triage.drills.rerank import LONG_PAIR_TOKENS, NAME, QUERY, SENTENCE, SHORT_DOCUMENT
 from triage.drills.reranker import reference_score
 from triage.drills.run import run_drill
-from triage.engine import DiagnoseOptions, diagnose
+from triage.engine import DiagnoseOptions, Intake, diagnose
 from triage.llama.launcher import running_servers
 from triage.stackfile import ServerConfig, Stack, load_stack
 from triage.symptoms import classify
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-KEYS = ("kind", "passed", "score", "reason", "where")
 UBATCH = 512  # llama-server's default -ub, which the drill keeps
 
 
@@ -89,21 +88,17 @@ def test_a_pair_longer_than_ubatch_is_confirmed_by_the_raised_batch(
     path = tmp_path / "capture.json"
     path.write_text(json.dumps(document))
     (exchange,) = load_file(path)
-    findings = [{k: f.to_dict()[k] for k in KEYS} for f in classify(exchange)]
-    refused = [f for f in findings if f["kind"] == "embedding-failed" and not f["passed"]]
-    assert (
-        refused and f"{LONG_PAIR_TOKENS} tokens > physical batch {UBATCH}" in refused[0]["reason"]
-    )
+    findings = [f.record() for f in classify(exchange)]
+    refused = [f for f in findings if f.kind == "embedding-failed" and not f.passed]
+    assert refused and f"{LONG_PAIR_TOKENS} tokens > physical batch {UBATCH}" in refused[0].reason
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
     try:
         diagnosis = diagnose(
             store,
+            Intake(exchange.request, exchange=exchange.to_dict(), findings=tuple(findings)),
             load_stack(drill.out_dir / "stack.toml"),
-            exchange.request,
             options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs"),
-            exchange=exchange.to_dict(),
-            findings=findings,
-        )
+        ).to_json()
     finally:
         store.close()
     validate_diagnosis(diagnosis)
@@ -138,10 +133,10 @@ def test_a_running_reranker_by_url_leaves_the_cause_untested(
     try:
         diagnosis = diagnose(
             store,
+            Intake(drill.request("query-and-long-document")),
             Stack(ServerConfig(url=server.base_url)),
-            drill.request("query-and-long-document"),
             options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs"),
-        )
+        ).to_json()
     finally:
         store.close()
     causes = {c["id"]: c for c in diagnosis["causes"]}

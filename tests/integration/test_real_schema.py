@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
+from kb.domain.diagnosis import validate_diagnosis
 from kb.domain.retro import retro_markdown
 from kb.domain.retrotext import escape
 from kb.repo.files import load_record
 from kb.repo.store import Store
-from triage.commands.engine import validate_diagnosis
 from triage.drills import build_drill
 from triage.drills.real import RealModelMissing, model_path
 from triage.engine import DiagnoseOptions, diagnose

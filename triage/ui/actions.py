@@ -113,7 +113,7 @@ class TriageInput:
     exchange_index: int = 0
 
 
-def prepare(triage: TriageInput) -> tuple[Any, Any]:
+def prepare(triage: TriageInput) -> tuple[capture.Exchange, stackfile.Stack]:
     """Parse and validate the exchange and the stack; raises ValueError with a readable message."""
     if not triage.exchange.strip():
         raise ValueError("paste or upload the failing exchange")
@@ -168,19 +168,19 @@ def _progress_adapter(report: Progress) -> Callable[[Any], None]:
 
 def run_triage(
     kb: KnowledgeBase,
-    exchange: Any,
-    stack: Any,
+    exchange: capture.Exchange,
+    stack: stackfile.Stack,
     progress: Progress,
     *,
     max_requests: int | None = None,
     incident: str | None = None,
-) -> dict[str, Any]:
-    """Classify the exchange, run the engine's probes, return the diagnosis (with `incident`)."""
+) -> engine.Diagnosis:
+    """Classify the exchange, run the engine's probes, return the diagnosis."""
     options = engine.DiagnoseOptions()
     if max_requests:
         options.max_requests = int(max_requests)
     try:
-        diagnosis: dict[str, Any] = engine.diagnose_exchange(
+        diagnosis = engine.diagnose(
             kb.store,
             exchange,
             stack,

@@ -10,6 +10,7 @@ from pathlib import Path
 from kb.jsontypes import JsonObject
 from triage import observe
 from triage.llama.gguf_diff import conversion_differences
+from triage.plugin_api import Registry
 from triage.probes import ObserveContext, PlannedArm, relaunchable
 from triage.stackfile import ServerConfig, Stack
 
@@ -48,5 +49,5 @@ class AltWeights:
         )
 
 
-def register(catalogue: object) -> None:
-    catalogue.arms.add(AltWeights())  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.arms.add(AltWeights())

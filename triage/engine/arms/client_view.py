@@ -28,6 +28,7 @@ from triage import probes
 from triage.engine.replayer import classify_reply
 from triage.llama import client as llama_client
 from triage.llama.client import LlamaClientError
+from triage.plugin_api import Registry
 from triage.probes import ObserveContext, PlannedArm
 from triage.stackfile import Stack
 from triage.stats import compare
@@ -296,5 +297,5 @@ class ClientView:
         )
 
 
-def register(catalogue: Any) -> None:
+def register(catalogue: Registry) -> None:
     catalogue.arms.add(ClientView())

@@ -22,6 +22,7 @@ from kb.jsontypes import JsonObject
 from triage.llama import client as llama_client
 from triage.llama.client import LlamaClientError
 from triage.llama.gguf_kv import GGUFKVError, read_kv
+from triage.plugin_api import Registry
 from triage.probes import ObserveContext, PlannedArm, max_tokens_of, relaunchable, replay_body
 from triage.stackfile import Stack
 
@@ -403,5 +404,5 @@ class ContextLifted:
         )
 
 
-def register(catalogue: object) -> None:
-    catalogue.arms.add(ContextLifted())  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.arms.add(ContextLifted())

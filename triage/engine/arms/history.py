@@ -28,6 +28,7 @@ import re
 from typing import Any, TypedDict
 
 from kb.jsontypes import JsonObject
+from triage.plugin_api import Registry
 from triage.probes import ObserveContext, PlannedArm
 from triage.stackfile import Stack
 
@@ -221,6 +222,6 @@ class ConversationHistory:
         )
 
 
-def register(catalogue: Any) -> None:
+def register(catalogue: Registry) -> None:
     catalogue.arms.add(HistoryNormalised())
     catalogue.arms.add(ConversationHistory())

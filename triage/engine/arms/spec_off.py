@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from kb.jsontypes import JsonObject
 from triage import observe
+from triage.plugin_api import Registry
 from triage.probes import ObserveContext, PlannedArm, relaunchable
 from triage.stackfile import Stack, has_spec_flags, strip_spec_flags
 
@@ -44,5 +45,5 @@ class SpecOff:
         )
 
 
-def register(catalogue: object) -> None:
-    catalogue.arms.add(SpecOff())  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.arms.add(SpecOff())

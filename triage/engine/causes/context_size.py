@@ -20,7 +20,7 @@ from triage.causes import (
     Verdict,
     suspect,
 )
-from triage.engine.arms.context_size import ContextFill, ContextPlan, unplanned_reason
+from triage.engine.arms.context_size import ContextFill, context_plan, unplanned_reason
 from triage.engine.causes.token_limit import natural_length
 from triage.plugin_api import Registry
 
@@ -50,11 +50,10 @@ def _fill_note(fill: ContextFill) -> str:
 def _missing(ev: Evidence) -> str:
     """Why the context-lifted arm is not in the plan, with the numbers that say so."""
     obs = ev.obs
-    plan: ContextPlan | None = (obs.facts.get("server-config") or {}).get("context")
     n_ctx = (obs.facts.get("server-props") or {}).get("n_ctx_slot")
-    if not isinstance(plan, dict):
+    if obs.stack is None or obs.request is None:
         return "the server sets no explicit -c, or the request provably fits its slot"
-    return unplanned_reason(plan, n_ctx)
+    return unplanned_reason(context_plan(obs.stack, obs.request), n_ctx)
 
 
 def _fill(obs: Observations) -> ContextFill:

@@ -25,7 +25,7 @@ from typing import Any
 import triage.catalogue
 from kb.jsontypes import JsonObject
 from triage.plugin_api import CauseEntry
-from triage.stackfile import ServerConfig, kv_cache_types
+from triage.stackfile import ServerConfig, Stack, kv_cache_types
 from triage.stats import baseline_reproduces, wilson
 
 __all__ = [
@@ -97,6 +97,10 @@ class Observations:
     facts: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Which arms the plan contained (a cause can tell "not planned" from "did not run").
     planned: tuple[str, ...] = ()
+    # The run's stack and failing request when the stack names a server config (not only
+    # a URL) and the request is known: for rules that say why an arm was not planned.
+    stack: Stack | None = None
+    request: JsonObject | None = None
 
 
 @dataclass
@@ -111,17 +115,6 @@ class Verdict:
     # "measured" when arms or observations of this run back it; "untested" when this run
     # could not test the cause at all (the verdict then never overwrites a measured one).
     basis: str = "measured"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.cause,
-            "status": self.status,
-            "rationale": self.rationale,
-            "supports": self.supports,
-            "refutes": self.refutes,
-            "deciding_probe": self.deciding_probe,
-            "undecided": self.undecided,
-        }
 
 
 # What a cause implements is declared once, in the plugin API (which imports nothing from
@@ -437,6 +430,7 @@ def observations_from(
     observation (plugins' too) kept in `facts`."""
     template = facts.get("template-render", {})
     server = getattr(stack, "server", None)
+    configured: tuple[Stack, JsonObject] | tuple[None, None] = (None, None)
     if server is not None and "server-config" not in facts:
         # What the stack says about the incident's server, for rules that need its flags
         # (only flags, never secrets; not stored as evidence). A bare URL has unknown args.
@@ -451,11 +445,7 @@ def observations_from(
             },
         }
         if request is not None and isinstance(getattr(stack, "server", None), ServerConfig):
-            # Imported here: the arm module imports triage.probes, which imports this
-            # module, so a top-level import would close a circle.
-            from triage.engine.arms.context_size import context_plan
-
-            facts["server-config"]["context"] = context_plan(stack, request)
+            configured = (stack, request)
     confounder = facts.get("weights-confounder", {})
     return Observations(
         thinking_on_by_default=template.get("thinking_on"),
@@ -467,4 +457,6 @@ def observations_from(
         has_alt_binary=getattr(stack, "alternate_binary", None) is not None,
         facts=dict(facts),
         planned=planned,
+        stack=configured[0],
+        request=configured[1],
     )

@@ -27,10 +27,11 @@ from triage.catalogue import catalogue
 from triage.drills import build_drill
 from triage.engine import (
     DiagnoseOptions,
+    Diagnosis,
     ProgressEvent,
     ProgressFn,
     classify_reply,
-    diagnose_exchange,
+    diagnose,
     open_server,
 )
 from triage.llama.client import LlamaClient, LlamaClientError
@@ -123,7 +124,7 @@ def run_demo(
     *,
     max_requests: int = 32,
     progress: ProgressFn | None = None,
-) -> dict[str, Any]:
+) -> Diagnosis:
     """Build the drill, capture a failing exchange, diagnose it; DemoError if a server dies."""
     work = work_dir or data_dir() / "demo"
     drill = build_drill(DRILL, work / "drill")
@@ -149,7 +150,7 @@ def _run(
     work: Path,
     max_requests: int,
     progress: ProgressFn | None,
-) -> dict[str, Any]:
+) -> Diagnosis:
     request_path, response_path = capture_failing_exchange(
         stack_path, drill.request("sampled"), work
     )
@@ -161,7 +162,7 @@ def _run(
                 have = get_incident(session, "2026-06-10-gemma4-empty-response") is not None
             if not have:
                 import_paths(store, [REPO_INCIDENTS], causes=catalogue().causes.ids())
-        return diagnose_exchange(
+        return diagnose(
             store,
             exchange,
             load_stack(stack_path),

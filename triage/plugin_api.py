@@ -131,7 +131,9 @@ class ArmEntry(Entry, Protocol):
     @property
     def order(self) -> int: ...
 
-    def plan(self, stack: Any, request: Mapping[str, Any]) -> Any: ...
+    # `request`: the request body as on the wire (kb.jsontypes.JsonObject; spelled out
+    # here because this module imports nothing from the project).
+    def plan(self, stack: Any, request: dict[str, Any]) -> Any: ...
 
 
 @runtime_checkable

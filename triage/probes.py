@@ -19,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 import triage.catalogue
 from kb.jsontypes import JsonObject
 from triage.llama.endpoints import Endpoint, endpoint_of
+from triage.plugin_api import ArmEntry, CauseEntry
 from triage.stackfile import ServerConfig, Stack, split_spec_flags
 
 NO_THINK_SUFFIX = " /no_think"
@@ -29,7 +30,9 @@ OPEN_THINK_TAG = "<think>"
 CLOSE_THINK_TAG = "</think>"
 
 
-ObserveHook = Callable[["ObserveContext"], Coroutine[Any, Any, "dict[str, Any] | None"]]
+# An observation hook's facts: a JSON-serialisable mapping with its "name" (the built-ins
+# declare theirs as TypedDicts), stored as evidence and read by the rules.
+ObserveHook = Callable[["ObserveContext"], Coroutine[Any, Any, "Mapping[str, object] | None"]]
 # A precondition checked once the incident's server has been observed (template render,
 # props): (the observations so far, the captured exchange or None) -> None when the arm can
 # matter, else why it cannot (the arm is then skipped, and the plan says why).
@@ -147,7 +150,7 @@ class RequestArm:
 NOT_APPLICABLE = "does not apply to this stack and request"
 
 
-def serves_endpoint(arm: Any, request: Mapping[str, Any]) -> bool:
+def serves_endpoint(arm: ArmEntry, request: Mapping[str, Any]) -> bool:
     """Can a request-level arm vary this request? An /v1/embeddings or /v1/rerank request
     only by the arms that say so (`endpoints`): the others vary what only a chat completion
     has (thinking, max_tokens, tools, history)."""
@@ -162,7 +165,7 @@ def _chat_only(request: Mapping[str, Any]) -> str:
 
 
 def skipped_arms(
-    stack: Stack, request: JsonObject, arms: Iterable[Any] | None = None
+    stack: Stack, request: JsonObject, arms: Iterable[ArmEntry] | None = None
 ) -> list[tuple[str, str]]:
     """(arm, why) for every catalogue arm that this stack and request do not plan: the
     arm's declared `precondition` (what it needs to matter), else a generic reason."""
@@ -281,8 +284,8 @@ BASELINE_ARM = PlannedArm("baseline", "the failing request as sent, seeds varied
 def plan_arms(
     stack: Stack,
     request: JsonObject,
-    arms: Iterable[Any] | None = None,
-    causes: Iterable[Any] | None = None,
+    arms: Iterable[ArmEntry] | None = None,
+    causes: Iterable[CauseEntry] | None = None,
 ) -> list[PlannedArm]:
     """Every catalogue arm that applies to this stack and request, in plan order, after the
     baseline; request-level arms first. An arm also decides every cause that declares

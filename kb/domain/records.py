@@ -4,8 +4,7 @@
   written by the engine's replayer, read back on `--resume`.
 - `ArmSummary`: one probe arm's k/n with its interval and decision (evidence payload
   `type: arm`); written by the engine's recorder, read by decisions, retro, graph and UI.
-- `Diagnosis`: the result of one run (`TriageRun.result`, `triage diagnose --json`);
-  built by the engine and validated against `kb/schemas/diagnosis.schema.json` there.
+- The Diagnosis built from them, and its parts, are in kb.domain.diagnosis.
 
 Each record has `to_dict()` (the stored JSON, unchanged from the dicts used before these
 records existed) and `from_dict()` (tolerant of older rows: missing optional keys default).
@@ -13,40 +12,18 @@ records existed) and `from_dict()` (tolerant of older rows: missing optional key
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field, fields
-from functools import lru_cache
-from importlib import resources
+from dataclasses import dataclass, field
 from typing import Any
-
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
 
 from kb.jsontypes import JsonObject
 
 __all__ = [
     "ArmSummary",
-    "Diagnosis",
-    "DiagnosisArm",
-    "DiagnosisCause",
-    "DiagnosisError",
     "RAW_TEXT_LIMIT",
     "Reply",
-    "validate_diagnosis",
 ]
 
 RAW_TEXT_LIMIT = 4000  # characters of each reply's text kept in evidence
-
-
-def _known_fields(cls: type, data: JsonObject) -> JsonObject:
-    """The keys of `data` that are fields of dataclass `cls` (a stored row may carry keys a
-    newer or older writer added; missing optional ones take their defaults)."""
-    names = {f.name for f in fields(cls)}
-    return {k: v for k, v in data.items() if k in names}
-
-
-class DiagnosisError(ValueError):
-    """A diagnosis that does not match its schema (names the JSON path)."""
 
 
 @dataclass
@@ -208,173 +185,4 @@ class ArmSummary:
             )
             + f"; {self.decision}"
             + (f"; error: {self.error}" if self.error else "")
-        )
-
-
-@dataclass
-class DiagnosisArm:
-    """One row of the diagnosis' arms table."""
-
-    name: str
-    variant: str
-    level: str
-    n: int
-    failures: int
-    rate: float | None
-    ci95: list[float]
-    p_value: float | None
-    decision: str
-    stopped: str = ""
-    error: str | None = None
-    speed_tok_s: float | None = None
-    draft_acceptance: float | None = None
-    evidence: str | None = None
-    # One-sided p (the arm fails less than the baseline): the one the decision uses;
-    # `p_value` is the two-sided Fisher p kept for older readers.
-    p_less: float | None = None
-
-    def to_dict(self) -> JsonObject:
-        return asdict(self)  # the stored keys are the fields, in field order
-
-    @classmethod
-    def from_summary(cls, summary: ArmSummary, evidence: str | None) -> DiagnosisArm:
-        return cls(
-            name=summary.arm,
-            variant=summary.variant,
-            level=summary.level,
-            n=summary.n,
-            failures=summary.failures,
-            rate=summary.rate,
-            ci95=list(summary.ci95),
-            p_value=summary.p_value,
-            decision=summary.decision,
-            stopped=summary.stopped,
-            error=summary.error or None,
-            speed_tok_s=summary.speed_tok_s,
-            draft_acceptance=summary.draft_acceptance,
-            evidence=evidence,
-            p_less=summary.p_less,
-        )
-
-    @classmethod
-    def from_dict(cls, data: JsonObject) -> DiagnosisArm:
-        return cls(**_known_fields(cls, data))
-
-
-@dataclass
-class DiagnosisCause:
-    """One cause verdict of the diagnosis."""
-
-    id: str
-    status: str
-    rationale: str
-    evidence: list[str]
-    deciding_probe: str = ""
-    previous_status: str | None = None
-    undecided: str | None = None
-
-    def to_dict(self) -> JsonObject:
-        return asdict(self)  # the stored keys are the fields, in field order
-
-    @classmethod
-    def from_dict(cls, data: JsonObject) -> DiagnosisCause:
-        return cls(**_known_fields(cls, data))
-
-
-@dataclass
-class Diagnosis:
-    """The result of one engine run."""
-
-    incident: str
-    run_id: int | None
-    generated_at: str
-    findings: list[dict[str, Any]]
-    arms: list[DiagnosisArm]
-    causes: list[DiagnosisCause]
-    graph: dict[str, Any]
-    exchange_evidence: str | None = None
-    stack: dict[str, Any] = field(default_factory=dict)
-    observations: list[dict[str, Any]] = field(default_factory=list)
-    undecided: list[str] = field(default_factory=list)
-    cost: dict[str, Any] = field(default_factory=dict)
-    # Added with the reproduction gate; absent in older stored results.
-    state: str = "done"  # done | partial | not-reproduced
-    reproduction: dict[str, Any] | None = None
-    schema_version: int = 1
-    # Arms not run because they cannot matter here (issue 23): {"arm", "reason"}.
-    skipped_arms: list[dict[str, str]] = field(default_factory=list)
-    # The run's overall verdict (issue 23): {"status": explained | unexplained | ...,
-    # "headline", and when unexplained "ruled_out" and "next_probes"}; absent in older ones.
-    verdict: dict[str, Any] | None = None
-
-    def to_dict(self) -> JsonObject:
-        data: dict[str, Any] = {
-            "schema_version": self.schema_version,
-            "incident": self.incident,
-            "run_id": self.run_id,
-            "exchange_evidence": self.exchange_evidence,
-            "findings": list(self.findings),
-            "stack": dict(self.stack),
-            "arms": [a.to_dict() for a in self.arms],
-            "observations": list(self.observations),
-            "causes": [c.to_dict() for c in self.causes],
-            "undecided": list(self.undecided),
-            "graph": dict(self.graph),
-            "cost": dict(self.cost),
-            "state": self.state,
-        }
-        if self.generated_at:
-            data["generated_at"] = self.generated_at
-        if self.reproduction is not None:
-            data["reproduction"] = dict(self.reproduction)
-        if self.skipped_arms:
-            data["skipped_arms"] = [dict(s) for s in self.skipped_arms]
-        if self.verdict is not None:
-            data["verdict"] = dict(self.verdict)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: JsonObject) -> Diagnosis:
-        return cls(
-            incident=str(data["incident"]),
-            run_id=data.get("run_id"),
-            generated_at=str(data.get("generated_at", "")),
-            findings=list(data.get("findings") or []),
-            arms=[DiagnosisArm.from_dict(a) for a in data.get("arms") or []],
-            causes=[DiagnosisCause.from_dict(c) for c in data.get("causes") or []],
-            graph=dict(data.get("graph") or {"nodes": 0, "edges": 0}),
-            exchange_evidence=data.get("exchange_evidence"),
-            stack=dict(data.get("stack") or {}),
-            observations=list(data.get("observations") or []),
-            undecided=list(data.get("undecided") or []),
-            cost=dict(data.get("cost") or {}),
-            state=str(data.get("state", "done")),
-            reproduction=data.get("reproduction"),
-            schema_version=int(data.get("schema_version", 1)),
-            skipped_arms=[dict(s) for s in data.get("skipped_arms") or []],
-            verdict=data.get("verdict"),
-        )
-
-    def validated(self) -> JsonObject:
-        """`to_dict()`, checked against the diagnosis schema (DiagnosisError if it breaks)."""
-        data = self.to_dict()
-        validate_diagnosis(data)
-        return data
-
-
-@lru_cache(maxsize=1)
-def _validator() -> Draft202012Validator:
-    schema = json.loads(
-        resources.files("kb").joinpath("schemas/diagnosis.schema.json").read_text("utf-8")
-    )
-    Draft202012Validator.check_schema(schema)
-    return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
-
-
-def validate_diagnosis(data: JsonObject) -> None:
-    """Raise DiagnosisError naming the JSON path if `data` breaks the diagnosis schema."""
-    error = best_match(_validator().iter_errors(data))
-    if error is not None:
-        raise DiagnosisError(
-            f"diagnosis does not match its schema at {error.json_path}: {error.message}"
         )

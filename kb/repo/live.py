@@ -289,7 +289,18 @@ def _naive(value: datetime) -> datetime:
     return value.replace(tzinfo=None)
 
 
-def latest_upstream(session: Session) -> JsonObject | None:
+@dataclass(frozen=True)
+class Upstream:
+    """The upstream server as of the latest recorded live exchange."""
+
+    model: str
+    build: str
+    template_sha256: str
+    recorded_at: datetime
+    replica: str
+
+
+def latest_upstream(session: Session) -> Upstream | None:
     """The upstream identity of the most recent recorded exchange."""
     row = session.exec(
         select(LiveExchange).order_by(
@@ -298,13 +309,13 @@ def latest_upstream(session: Session) -> JsonObject | None:
     ).first()
     if row is None:
         return None
-    return {
-        "model": row.model,
-        "build": row.upstream_build,
-        "template_sha256": row.template_sha256,
-        "recorded_at": row.recorded_at,
-        "replica": row.replica,
-    }
+    return Upstream(
+        model=row.model,
+        build=row.upstream_build,
+        template_sha256=row.template_sha256,
+        recorded_at=row.recorded_at,
+        replica=row.replica,
+    )
 
 
 # --------------------------------------------------------------------------- incidents

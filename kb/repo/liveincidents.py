@@ -26,7 +26,7 @@ from kb.jsontypes import JsonObject
 from kb.models import Evidence, Incident, LiveSignature, Symptom, utcnow
 from kb.repo.family import incident_signature
 from kb.repo.live import KEY_SEPARATOR
-from kb.repo.store import add_evidence_many, get_incident
+from kb.repo.store import EvidenceItem, add_evidence_many, get_incident
 
 __all__ = [
     "MATCHED_PREFIX",
@@ -373,7 +373,17 @@ def add_examples(
         chosen = [_briefed(item) for item in chosen]
     else:  # the incident's first example is kept whole; the others refer to theirs
         chosen = [chosen[0], *(_briefed(item) for item in chosen[1:])]
-    rows = add_evidence_many(session, live.incident_id, [dict(item) for item in chosen])
+    items = [
+        EvidenceItem(
+            kind=item["kind"],
+            summary=item["summary"],
+            payload=item.get("payload") or {},
+            source=item.get("source", ""),
+            recorded_at=item.get("recorded_at"),
+        )
+        for item in chosen
+    ]
+    rows = add_evidence_many(session, live.incident_id, items)
     symptoms = session.exec(select(Symptom).where(Symptom.incident_id == live.incident_id)).all()
     for symptom in symptoms:
         linked = [

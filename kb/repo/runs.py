@@ -30,6 +30,7 @@ from kb.models import (
 )
 from kb.repo.store import (
     CONTENT_HASH,
+    EvidenceItem,
     add_evidence,
     add_evidence_many,
     exchange_content_hash,
@@ -302,12 +303,7 @@ def record_replies(
 ) -> None:
     """Store each reply as `probe` evidence (one numbering for the whole look)."""
     items = [
-        {
-            "kind": "probe",
-            "summary": r.summary(),
-            "payload": r.to_dict(),
-            "source": "triage diagnose",
-        }
+        EvidenceItem("probe", r.summary(), payload=r.to_dict(), source="triage diagnose")
         for r in replies
     ]
     add_evidence_many(session, incident_id, items, run_id=run_id)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -406,18 +407,28 @@ def _check_evidence(kind: str, summary: str) -> None:
         raise StoreError("evidence needs a summary")
 
 
+@dataclass(frozen=True)
+class EvidenceItem:
+    """A piece of evidence to store (its key is numbered when it is stored)."""
+
+    kind: str  # one of EVIDENCE_KINDS
+    summary: str
+    payload: JsonObject = field(default_factory=dict)  # the evidence document as stored
+    source: str = ""
+    recorded_at: datetime | None = None  # default: when it is stored
+
+
 def add_evidence_many(
     session: Session,
     incident_id: int | None,
-    items: list[JsonObject],
+    items: Sequence[EvidenceItem],
     *,
     run_id: int | None = None,
 ) -> list[Evidence]:
     """Store several pieces of evidence with consecutive `E<n>` keys, numbering once (a probe
-    run records hundreds of replies; numbering each one rescans the incident's keys).
-    Each item: kind, summary, and optionally payload, source, recorded_at."""
+    run records hundreds of replies; numbering each one rescans the incident's keys)."""
     for item in items:
-        _check_evidence(item["kind"], item["summary"])
+        _check_evidence(item.kind, item.summary)
     if not items:
         return []
     first = allocate_evidence_numbers(session, incident_id, len(items))
@@ -425,12 +436,12 @@ def add_evidence_many(
         Evidence(
             incident_id=incident_id,
             key=f"E{first + offset}",
-            kind=item["kind"],
-            summary=item["summary"],
-            payload=item.get("payload") or {},
-            source=item.get("source", ""),
+            kind=item.kind,
+            summary=item.summary,
+            payload=item.payload or {},
+            source=item.source,
             run_id=run_id,
-            recorded_at=item.get("recorded_at") or utcnow(),
+            recorded_at=item.recorded_at or utcnow(),
         )
         for offset, item in enumerate(items)
     ]

@@ -18,6 +18,7 @@ from kb.service.errors import (
 )
 from kb.service.incidents import SEARCH_LIMIT
 from kb.service.records import (
+    CellCount,
     DecisionRequest,
     DecisionRow,
     Family,
@@ -26,8 +27,10 @@ from kb.service.records import (
     IncidentRow,
     IncidentRuns,
     IncidentTitle,
+    LiveIncident,
     LiveOverview,
     RecordedDecision,
+    SeriesPoint,
     StatusChange,
     Upstream,
 )
@@ -51,6 +54,7 @@ __all__ = [
     "PAGE_SIZE",
     "SEARCH_LIMIT",
     "TRIGGER_SYNTAX",
+    "CellCount",
     "ConflictError",
     "DatabaseError",
     "DecisionRequest",
@@ -62,10 +66,12 @@ __all__ = [
     "IncidentRuns",
     "IncidentTitle",
     "KnowledgeBase",
+    "LiveIncident",
     "LiveOverview",
     "NotFoundError",
     "OpenError",
     "RecordedDecision",
+    "SeriesPoint",
     "StatusChange",
     "StoreError",
     "Upstream",

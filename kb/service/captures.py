@@ -17,6 +17,7 @@ from sqlmodel import Session
 from kb.jsontypes import JsonObject
 from kb.repo.store import (
     CONTENT_HASH,
+    EvidenceItem,
     add_evidence_many,
     attach_evidence,
     exchange_hashes,
@@ -142,7 +143,7 @@ def _store_batch(
     last_id = last_evidence_id(session)
     seen.hashes.update(exchange_hashes(session, incident_id, after_id=seen.last_id))
     held = {**seen.hashes}
-    pending: list[tuple[int, str, JsonObject]] = []
+    pending: list[tuple[int, str, EvidenceItem]] = []
     for n in positions:
         item = items[n]
         if item.digest in held:
@@ -150,17 +151,17 @@ def _store_batch(
             duplicates.add(n)
             continue
         held[item.digest] = ""  # a repeat inside this batch: filled in below
-        spec: JsonObject = {
-            "kind": "exchange",
-            "summary": item.summary,
-            "payload": {
+        spec = EvidenceItem(
+            kind="exchange",
+            summary=item.summary,
+            payload={
                 "exchange": item.exchange,
                 "findings": item.findings,
                 "symptoms": item.symptoms,
                 CONTENT_HASH: item.digest,
             },
-            "source": item.source,
-        }
+            source=item.source,
+        )
         pending.append((n, item.digest, spec))
     rows = add_evidence_many(session, incident_id, [spec for *_, spec in pending])
     for (n, digest, _spec), row in zip(pending, rows, strict=True):

@@ -51,7 +51,6 @@ from kb.service.records import (
     LiveOverview,
     RecordedDecision,
     StatusChange,
-    Upstream,
 )
 
 PAGE_SIZE = 50
@@ -314,9 +313,8 @@ class KnowledgeBase:
     def live_overview(self, since: datetime, until: datetime, bucket: timedelta) -> LiveOverview:
         """What the proxy recorded between `since` and `until` (rates per `bucket`)."""
         with self.transaction(readonly=True) as session:
-            upstream = kb_live.latest_upstream(session)
             return LiveOverview(
-                upstream=Upstream(**upstream) if upstream is not None else None,
+                upstream=kb_live.latest_upstream(session),
                 points=kb_live.series(session, since, until, bucket),
                 cells=kb_live.cell_counts(session, since, until),
                 opened=live_incidents(session),

@@ -6,8 +6,12 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 
 from kb.domain.triggers import Trigger
-from kb.repo.live import CellCount, SeriesPoint
-from kb.repo.liveincidents import LiveIncident
+
+# The live records are kb.repo.live's and kb.repo.liveincidents' own, returned as they are.
+from kb.repo.live import CellCount as CellCount
+from kb.repo.live import SeriesPoint as SeriesPoint
+from kb.repo.live import Upstream as Upstream
+from kb.repo.liveincidents import LiveIncident as LiveIncident
 from kb.repo.runlog import RunInfo
 
 
@@ -144,17 +148,6 @@ class IncidentRuns:
 
     runs: list[RunInfo] = field(default_factory=list)
     evidence_run: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Upstream:
-    """The upstream server as of the latest recorded live exchange."""
-
-    model: str
-    build: str
-    template_sha256: str
-    recorded_at: datetime
-    replica: str
 
 
 @dataclass(frozen=True)

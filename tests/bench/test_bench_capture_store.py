@@ -18,7 +18,7 @@ from sqlalchemy import func
 from sqlmodel import select
 
 from kb.models import Evidence
-from kb.repo.store import Store, add_evidence, add_evidence_many
+from kb.repo.store import EvidenceItem, Store, add_evidence, add_evidence_many
 
 pytestmark = pytest.mark.bench
 
@@ -54,12 +54,12 @@ def _store_rows(store: Store, count: int, batch: bool) -> float:
                 session,
                 None,
                 [
-                    {
-                        "kind": "exchange",
-                        "summary": f"captured har exchange #{n}",
-                        "payload": _payload(n),
-                        "source": f"har:capture.har:entries[{n}]",
-                    }
+                    EvidenceItem(
+                        kind="exchange",
+                        summary=f"captured har exchange #{n}",
+                        payload=_payload(n),
+                        source=f"har:capture.har:entries[{n}]",
+                    )
                     for n in range(count)
                 ],
             )

@@ -29,7 +29,7 @@ import pytest
 from kb.repo.store import Store
 from triage import probes
 from triage.drills import build_drill
-from triage.engine import DiagnoseOptions, diagnose
+from triage.engine import DiagnoseOptions, Intake, diagnose
 from triage.engine.servers import open_server
 from triage.stackfile import Stack, load_stack
 
@@ -59,7 +59,9 @@ def test_sequential_vs_fixed_requests(tmp_path: Path, drill_name: str, request_n
         store = Store(f"sqlite:///{tmp_path / (label + '.db')}")
         started = time.process_time()
         try:
-            results[label] = diagnose(store, stack, drill.request(request_name), options=options)
+            results[label] = diagnose(
+                store, Intake(drill.request(request_name)), stack, options=options
+            ).to_json()
         finally:
             cpu[label] = time.process_time() - started
             store.close()

@@ -300,8 +300,8 @@ def test_every_page_of_a_diagnosed_drill_incident_without_a_failed_request(
             pytest.fail(f"llama-server is not built: {exc}")
         pytest.skip(f"llama-server is not built: {exc}")
     result = run_demo(f"sqlite:///{tmp_path / 'kb.db'}", tmp_path / "demo", max_requests=16)
-    slug = str(result["incident"])
-    assert any(c["status"] == "confirmed" for c in result["causes"]), result["causes"]
+    slug = result.incident
+    assert any(c.status == "confirmed" for c in result.causes), result.causes
     ARTIFACTS.mkdir(exist_ok=True)
     heights: dict[str, float] = {}
     with sync_playwright() as playwright:

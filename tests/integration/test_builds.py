@@ -25,7 +25,7 @@ from kb.repo.store import Store, get_incident
 from triage.bisect import BisectOptions, Bisector, ServerOracle
 from triage.cli import cli
 from triage.drills import Drill, build_drill
-from triage.engine import DiagnoseOptions, diagnose
+from triage.engine import DiagnoseOptions, Intake, diagnose
 from triage.llama.build import binary_build_info, server_binary_for
 from triage.llama.client import LlamaClient
 from triage.llama.launcher import ServerSpec, running_servers, start
@@ -122,10 +122,10 @@ def test_alt_build_arm_on_two_real_builds_is_unchanged(alt_binary: Path, tmp_pat
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
     diagnosis = diagnose(
         store,
+        Intake(drill.request("greedy")),
         stack,
-        drill.request("greedy"),
         options=DiagnoseOptions(max_requests=16, log_dir=tmp_path / "runs"),
-    )
+    ).to_json()
     arms = {arm["name"]: arm for arm in diagnosis["arms"]}
     alt, baseline = arms["alt-build"], arms["baseline"]
     assert str(alt_binary) in alt["variant"]

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
+from kb.domain.diagnosis import validate_diagnosis
 from kb.repo.store import Store
 from triage.capture import load_file
-from triage.commands.engine import validate_diagnosis
 from triage.drills import build_drill
 from triage.drills.client import CONVERSATION_DRILL, STREAM_DRILL, record_capture
-from triage.engine import DiagnoseOptions, diagnose
+from triage.engine import DiagnoseOptions, Intake, diagnose
 from triage.stackfile import load_stack
 from triage.symptoms import classify
 
@@ -41,16 +41,12 @@ def stream_run(server_binary: Path, tmp_path_factory: pytest.TempPathFactory) ->
     tmp = tmp_path_factory.mktemp("client-drill")
     drill = build_drill(STREAM_DRILL, tmp / "drill")
     (exchange,) = load_file(record_capture(drill, tmp))
-    keys = ("kind", "passed", "score", "reason", "where")
-    findings = [{k: f.to_dict().get(k) for k in keys} for f in classify(exchange)]
     diagnosis = diagnose(
         Store(f"sqlite:///{tmp / 'kb.db'}"),
+        exchange,
         load_stack(drill.out_dir / "stack.toml"),
-        exchange.request,
-        exchange=exchange.to_dict(),
-        findings=findings,
         options=DiagnoseOptions(max_requests=16, log_dir=tmp / "runs"),
-    )
+    ).to_json()
     return drill, exchange, diagnosis
 
 
@@ -60,10 +56,10 @@ def conversation_run(server_binary: Path, tmp_path_factory: pytest.TempPathFacto
     drill = build_drill(CONVERSATION_DRILL, tmp / "drill")
     diagnosis = diagnose(
         Store(f"sqlite:///{tmp / 'kb.db'}"),
+        Intake(drill.request("second-turn")),
         load_stack(drill.out_dir / "stack.toml"),
-        drill.request("second-turn"),
         options=DiagnoseOptions(max_requests=16, log_dir=tmp / "runs"),
-    )
+    ).to_json()
     return drill, diagnosis
 
 

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from kb.domain.diagnosis import validate_diagnosis
 from kb.repo.store import Store
 from triage.capture import exchange_from_http
-from triage.commands.engine import validate_diagnosis
 from triage.drills import Drill, build_drill
-from triage.engine import DiagnoseOptions, diagnose
+from triage.engine import DiagnoseOptions, Intake, diagnose
 from triage.llama.launcher import running_servers
 from triage.stackfile import load_stack
 from triage.symptoms import classify
@@ -28,11 +28,10 @@ def _diagnose(
     store = Store(f"sqlite:///{folder / 'kb.db'}")
     return diagnose(
         store,
+        Intake(request, **capture),
         load_stack(drill.out_dir / "stack.toml"),
-        request,
         options=DiagnoseOptions(max_requests=16, log_dir=folder / "runs", request_timeout=timeout),
-        **capture,
-    )
+    ).to_json()
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +60,7 @@ def refused(drill: Drill, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
         }
     }
     exchange = exchange_from_http(request, body, status=400)
-    findings = [
-        {k: getattr(f, k) for k in ("kind", "passed", "score", "reason", "where")}
-        for f in classify(exchange)
-    ]
+    findings = tuple(f.record() for f in classify(exchange))
     return _diagnose(
         drill,
         tmp_path_factory.mktemp("refused"),

@@ -18,20 +18,18 @@ from typing import Any
 
 import pytest
 
+from kb.domain.diagnosis import Finding, validate_diagnosis
 from kb.repo.store import Store
 from triage.capture import load_file
-from triage.commands.engine import validate_diagnosis
 from triage.drills import build_drill
 from triage.drills.embedding import NAME, SENTENCE, UBATCH
 from triage.drills.run import run_drill
-from triage.engine import DiagnoseOptions, diagnose
+from triage.engine import DiagnoseOptions, Intake, diagnose
 from triage.llama.launcher import running_servers
 from triage.stackfile import ServerConfig, Stack, load_stack
 from triage.symptoms import classify
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
-
-KEYS = ("kind", "passed", "score", "reason", "where")
 
 
 def _post(url: str, body: dict[str, Any]) -> tuple[int, str]:
@@ -45,7 +43,7 @@ def _post(url: str, body: dict[str, Any]) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-def _captured(drill: Any, tmp_path: Path, server_binary: Path) -> tuple[Any, list[dict[str, Any]]]:
+def _captured(drill: Any, tmp_path: Path, server_binary: Path) -> tuple[Any, list[Finding]]:
     """The failing request sent to the drill's real server, saved and read back as a pair."""
     summary = run_drill(drill, log_dir=tmp_path / "drill-run", binary=server_binary)
     [saved] = summary["failing"]
@@ -57,8 +55,7 @@ def _captured(drill: Any, tmp_path: Path, server_binary: Path) -> tuple[Any, lis
     path = tmp_path / "capture.json"
     path.write_text(json.dumps(document))
     (exchange,) = load_file(path)
-    findings = [{k: f.to_dict()[k] for k in KEYS} for f in classify(exchange)]
-    return exchange, findings
+    return exchange, [f.record() for f in classify(exchange)]
 
 
 def test_an_input_longer_than_ubatch_is_confirmed_by_the_raised_batch(
@@ -66,18 +63,16 @@ def test_an_input_longer_than_ubatch_is_confirmed_by_the_raised_batch(
 ) -> None:
     drill = build_drill(NAME, tmp_path / "drill")
     exchange, findings = _captured(drill, tmp_path, server_binary)
-    refused = [f for f in findings if f["kind"] == "embedding-failed" and not f["passed"]]
-    assert refused and f"> physical batch {UBATCH})" in refused[0]["reason"]
+    refused = [f for f in findings if f.kind == "embedding-failed" and not f.passed]
+    assert refused and f"> physical batch {UBATCH})" in refused[0].reason
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
     try:
         diagnosis = diagnose(
             store,
+            Intake(exchange.request, exchange=exchange.to_dict(), findings=tuple(findings)),
             load_stack(drill.out_dir / "stack.toml"),
-            exchange.request,
             options=DiagnoseOptions(max_requests=16, log_dir=tmp_path / "runs"),
-            exchange=exchange.to_dict(),
-            findings=findings,
-        )
+        ).to_json()
     finally:
         store.close()
     validate_diagnosis(diagnosis)
@@ -110,10 +105,10 @@ def test_a_running_server_by_url_leaves_the_cause_untested(
     try:
         diagnosis = diagnose(
             store,
+            Intake(drill.request("short-and-long")),
             Stack(ServerConfig(url=server.base_url)),
-            drill.request("short-and-long"),
             options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs"),
-        )
+        ).to_json()
     finally:
         store.close()
     causes = {c["id"]: c for c in diagnosis["causes"]}
@@ -140,10 +135,10 @@ def test_the_context_is_raised_with_the_batch_when_the_slot_is_smaller(
     try:
         diagnosis = diagnose(
             store,
+            Intake(drill.request("short-and-long")),
             load_stack(stack_file),
-            drill.request("short-and-long"),
             options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs"),
-        )
+        ).to_json()
     finally:
         store.close()
     causes = {c["id"]: c for c in diagnosis["causes"]}

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
+from kb.domain.diagnosis import validate_diagnosis
 from kb.repo.store import Store
 from triage.capture import exchange_from_http
-from triage.commands.engine import validate_diagnosis
 from triage.drills import build_drill
 from triage.drills.flags import NAME
-from triage.engine import DiagnoseOptions, diagnose
+from triage.engine import DiagnoseOptions, Intake, diagnose
 from triage.engine.servers import EngineError
 from triage.llama.launcher import running_servers
 from triage.stackfile import load_stack
@@ -29,11 +29,10 @@ def _diagnose(stack: Path, request: dict[str, Any], folder: Path, **capture: Any
     try:
         return diagnose(
             store,
+            Intake(request, **capture),
             load_stack(stack),
-            request,
             options=DiagnoseOptions(max_requests=16, log_dir=folder / "runs"),
-            **capture,
-        )
+        ).to_json()
     finally:
         store.close()
 
@@ -45,9 +44,8 @@ def test_no_jinja_with_tools_is_confirmed_by_the_jinja_arm(
     request = drill.request("greedy-tools")
     body = {"error": {"code": 500, "message": "tools param requires --jinja flag"}}
     exchange = exchange_from_http(request, body, status=500)
-    keys = ("kind", "passed", "score", "reason", "where")
-    findings = [{k: f.to_dict()[k] for k in keys} for f in classify(exchange)]
-    assert "server-flag-error" in {f["kind"] for f in findings if not f["passed"]}
+    findings = tuple(f.record() for f in classify(exchange))
+    assert "server-flag-error" in {f.kind for f in findings if not f.passed}
     diagnosis = _diagnose(
         drill.out_dir / "stack.toml",
         request,

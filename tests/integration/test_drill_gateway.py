@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
+from kb.domain.diagnosis import Finding, validate_diagnosis
 from kb.repo.store import Store
-from triage.commands.engine import validate_diagnosis
 from triage.drills import build_drill
 from triage.drills import gateway as gateway_drill
 from triage.drills.gateways import LITELLM_KEY, GatewayError
-from triage.engine import DiagnoseOptions, diagnose
+from triage.engine import DiagnoseOptions, Intake, diagnose
 from triage.llama.launcher import running_servers
 from triage.stackfile import load_stack
 
@@ -46,12 +46,10 @@ def served(
         try:
             diagnosis = diagnose(
                 store,
+                Intake(served.request, exchange=served.exchange, findings=tuple(served.findings)),
                 load_stack(served.stack_path),
-                served.request,
-                exchange=served.exchange,
-                findings=served.findings,
                 options=DiagnoseOptions(max_requests=16, log_dir=folder / "runs"),
-            )
+            ).to_json()
         finally:
             store.close()
     finally:
@@ -59,8 +57,8 @@ def served(
     yield served, diagnosis, name
 
 
-def _failed(findings: list[dict[str, Any]]) -> set[str]:
-    return {str(f["kind"]) for f in findings if not f["passed"]}
+def _failed(findings: list[Finding]) -> set[str]:
+    return {f.kind for f in findings if not f.passed}
 
 
 def test_the_gateway_page_is_a_gateway_error_never_a_server_crash(

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
+from kb.domain.diagnosis import validate_diagnosis
 from kb.repo.files import load_record
 from kb.repo.store import Store
-from triage.commands.engine import validate_diagnosis
 from triage.drills import Drill, build_drill
 from triage.drills.confusion import catalogue_causes, evaluate, exit_code
-from triage.engine import DiagnoseOptions, diagnose
+from triage.engine import DiagnoseOptions, Intake, diagnose
 from triage.stackfile import load_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -29,10 +29,10 @@ def _diagnose(name: str, tmp: Path) -> tuple[Drill, dict[str, Any], dict[str, An
     try:
         diagnosis = diagnose(
             store,
+            Intake(drill.request("greedy")),
             load_stack(drill.out_dir / "stack.toml"),
-            drill.request("greedy"),
             options=DiagnoseOptions(max_requests=16, log_dir=tmp / "runs"),
-        )
+        ).to_json()
         with store.session(readonly=True) as session:
             evidence = {e["id"]: e for e in load_record(session, diagnosis["incident"])["evidence"]}
     finally:

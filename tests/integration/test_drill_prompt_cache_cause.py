@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from kb.domain.diagnosis import validate_diagnosis
 from kb.repo.store import Store
 from triage.capture import load_file
-from triage.commands.engine import validate_diagnosis
 from triage.drills import build_drill
 from triage.drills.prompt_cache import NAME, record_capture
-from triage.engine import DiagnoseOptions, diagnose
+from triage.engine import DiagnoseOptions, Intake, diagnose
 from triage.engine.arms.prompt_cache import ARM
 from triage.llama.launcher import running_servers
 from triage.stackfile import load_stack
@@ -32,19 +32,16 @@ def test_a_timestamp_first_in_the_system_prompt_confirms_prompt_cache(
     (exchange,) = load_file(record_capture(drill, tmp_path / "capture"))
     timings = exchange.response["timings"]  # type: ignore[index]
     assert timings["cache_n"] < 0.1 * (timings["cache_n"] + timings["prompt_n"])
-    keys = ("kind", "passed", "score", "reason", "where")
-    findings = [{k: f.to_dict()[k] for k in keys} for f in classify(exchange)]
-    assert any(f["kind"] == "unstable-prefix" and not f["passed"] for f in findings)
+    findings = [f.record() for f in classify(exchange)]
+    assert any(f.kind == "unstable-prefix" and not f.passed for f in findings)
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
     try:
         diagnosis = diagnose(
             store,
+            Intake(exchange.request, exchange=exchange.to_dict(), findings=tuple(findings)),
             load_stack(drill.out_dir / "stack.toml"),
-            exchange.request,
             options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs"),
-            exchange=exchange.to_dict(),
-            findings=findings,
-        )
+        ).to_json()
     finally:
         store.close()
     validate_diagnosis(diagnosis)

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from kb.domain.diagnosis import validate_diagnosis
 from kb.repo.store import Store
-from triage.commands.engine import validate_diagnosis
 from triage.drills import build_drill
-from triage.engine import DiagnoseOptions, diagnose
+from triage.engine import DiagnoseOptions, Intake, diagnose
 from triage.llama.model_lint import LINT_KINDS
 from triage.stackfile import load_stack
 
@@ -43,10 +43,10 @@ def _diagnose(
     try:
         diagnosis = diagnose(
             store,
+            Intake(request),
             stack,
-            request,
             options=DiagnoseOptions(max_requests=16, log_dir=folder / "runs"),
-        )
+        ).to_json()
     finally:
         store.close()
     return diagnosis, drill.manifest

@@ -19,25 +19,24 @@ from typing import Any
 
 import pytest
 
+from kb.domain.diagnosis import validate_diagnosis
 from kb.repo.store import Store
 from triage.capture import load_file
-from triage.commands.engine import validate_diagnosis
 from triage.drills import build_drill
 from triage.drills.rerank import LONG_PAIR_TOKENS, NAME, QUERY, SENTENCE, SHORT_DOCUMENT
 from triage.drills.reranker import reference_score
 from triage.drills.run import run_drill
-from triage.engine import DiagnoseOptions, diagnose
+from triage.engine import DiagnoseOptions, Intake, diagnose
 from triage.llama.launcher import running_servers
 from triage.stackfile import ServerConfig, Stack, load_stack
 from triage.symptoms import classify
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-KEYS = ("kind", "passed", "score", "reason", "where")
 UBATCH = 512  # llama-server's default -ub, which the drill keeps
 
 
-def _post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+def _post(url: str, body: dict[str, Any]) -> tuple[int, Any]:
     request = urllib.request.Request(
         url, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST"
     )
@@ -89,21 +88,17 @@ def test_a_pair_longer_than_ubatch_is_confirmed_by_the_raised_batch(
     path = tmp_path / "capture.json"
     path.write_text(json.dumps(document))
     (exchange,) = load_file(path)
-    findings = [{k: f.to_dict()[k] for k in KEYS} for f in classify(exchange)]
-    refused = [f for f in findings if f["kind"] == "embedding-failed" and not f["passed"]]
-    assert (
-        refused and f"{LONG_PAIR_TOKENS} tokens > physical batch {UBATCH}" in refused[0]["reason"]
-    )
+    findings = [f.record() for f in classify(exchange)]
+    refused = [f for f in findings if f.kind == "embedding-failed" and not f.passed]
+    assert refused and f"{LONG_PAIR_TOKENS} tokens > physical batch {UBATCH}" in refused[0].reason
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
     try:
         diagnosis = diagnose(
             store,
+            Intake(exchange.request, exchange=exchange.to_dict(), findings=tuple(findings)),
             load_stack(drill.out_dir / "stack.toml"),
-            exchange.request,
             options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs"),
-            exchange=exchange.to_dict(),
-            findings=findings,
-        )
+        ).to_json()
     finally:
         store.close()
     validate_diagnosis(diagnosis)
@@ -138,12 +133,46 @@ def test_a_running_reranker_by_url_leaves_the_cause_untested(
     try:
         diagnosis = diagnose(
             store,
+            Intake(drill.request("query-and-long-document")),
             Stack(ServerConfig(url=server.base_url)),
-            drill.request("query-and-long-document"),
             options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs"),
-        )
+        ).to_json()
     finally:
         store.close()
     causes = {c["id"]: c for c in diagnosis["causes"]}
     assert causes["embedding-batch"]["status"] == "suspected"
     assert not [c for c, v in causes.items() if v["status"] == "confirmed"]
+
+
+def test_the_tei_form_is_answered_as_a_list_and_confirmed_the_same_way(
+    server_factory: Any, tmp_path: Path
+) -> None:
+    """`texts` instead of `documents` (the TEI form b11434 also serves): a bare list of
+    {index, score} when it fits, the same refusal when it does not; diagnosed from the
+    refusal, ubatch-raised's TEI answers count as served."""
+    drill = build_drill(NAME, tmp_path / "drill")
+    jina = drill.request("query-and-long-document")
+    tei = {"query": jina["query"], "texts": jina["documents"]}
+    server = server_factory(drill.model, list(drill.server_args))
+    status, ranked = _post(f"{server.base_url}/rerank", {"query": QUERY, "texts": [SENTENCE]})
+    assert status == 200 and isinstance(ranked, list) and set(ranked[0]) == {"index", "score"}
+    status, refused = _post(f"{server.base_url}/rerank", tei)
+    assert status == 500 and "is too large to process" in refused["error"]["message"]
+    server.stop()
+    store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
+    try:
+        diagnosis = diagnose(
+            store,
+            load_stack(drill.out_dir / "stack.toml"),
+            tei,
+            options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs"),
+        )
+    finally:
+        store.close()
+    causes = {c["id"]: c for c in diagnosis["causes"]}
+    arms = {a["name"]: a for a in diagnosis["arms"]}
+    assert causes["embedding-batch"]["status"] == "confirmed"
+    assert arms["ubatch-raised"]["failures"] == 0 and arms["ubatch-raised"]["n"] >= 4
+    assert arms["baseline"]["failures"] == arms["baseline"]["n"] >= 4
+    assert sorted(c for c, v in causes.items() if v["status"] == "confirmed") == ["embedding-batch"]
+    assert running_servers() == []

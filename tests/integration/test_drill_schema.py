@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from kb.domain.diagnosis import validate_diagnosis
 from kb.repo.store import Store
 from triage.capture import exchange_from_http
-from triage.commands.engine import validate_diagnosis
 from triage.drills import build_drill
 from triage.drills.schema import NAME
-from triage.engine import DiagnoseOptions, diagnose
+from triage.engine import DiagnoseOptions, Intake, diagnose
 from triage.llama.launcher import running_servers
 from triage.stackfile import load_stack
 from triage.symptoms import classify
@@ -37,20 +37,17 @@ def test_a_schema_in_guided_json_is_confirmed_unenforced_by_the_relocated_arm(
         ]
     }
     exchange = exchange_from_http(request, reply, status=200)
-    keys = ("kind", "passed", "score", "reason", "where")
-    findings = [{k: f.to_dict()[k] for k in keys} for f in classify(exchange)]
-    violations = [f for f in findings if f["kind"] == "schema-violation" and not f["passed"]]
-    assert violations and "guided_json" in violations[0]["reason"]
+    findings = [f.record() for f in classify(exchange)]
+    violations = [f for f in findings if f.kind == "schema-violation" and not f.passed]
+    assert violations and "guided_json" in violations[0].reason
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
     try:
         diagnosis = diagnose(
             store,
+            Intake(request, exchange=exchange.to_dict(), findings=tuple(findings)),
             load_stack(drill.out_dir / "stack.toml"),
-            request,
             options=DiagnoseOptions(max_requests=16, log_dir=tmp_path / "runs"),
-            exchange=exchange.to_dict(),
-            findings=findings,
-        )
+        ).to_json()
     finally:
         store.close()
     validate_diagnosis(diagnosis)

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from kb.domain.diagnosis import validate_diagnosis
 from kb.repo.store import Store
-from triage.commands.engine import validate_diagnosis
 from triage.drills import build_drill
 from triage.drills.stream_format import NAME, serve
-from triage.engine import DiagnoseOptions, diagnose
+from triage.engine import DiagnoseOptions, Intake, diagnose
 from triage.engine.arms.stream_format import ARM
 from triage.llama.launcher import running_servers
 from triage.stackfile import load_stack
@@ -27,19 +27,17 @@ def test_deltas_rewritten_by_a_proxy_confirm_stream_format(
 ) -> None:
     drill = build_drill(NAME, tmp_path / "drill")
     with serve(drill, tmp_path / "served") as served:
-        broken = [f for f in served.findings if f["kind"] == "stream-format-violation"]
-        assert broken and not any(f["passed"] for f in broken)
-        assert all("tool-name-repeated" in f["reason"] for f in broken)
+        broken = [f for f in served.findings if f.kind == "stream-format-violation"]
+        assert broken and not any(f.passed for f in broken)
+        assert all("tool-name-repeated" in f.reason for f in broken)
         store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
         try:
             diagnosis = diagnose(
                 store,
+                Intake(served.request, exchange=served.exchange, findings=tuple(served.findings)),
                 load_stack(served.stack_path),
-                served.request,
                 options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs"),
-                exchange=served.exchange,
-                findings=served.findings,
-            )
+            ).to_json()
         finally:
             store.close()
         proxy_log = (tmp_path / "served" / "proxy" / "stream-proxy.log").read_text()

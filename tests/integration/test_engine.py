@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
+from kb.domain.diagnosis import validate_diagnosis
 from kb.repo.store import Store
-from triage.commands.engine import validate_diagnosis
 from triage.drills import build_drill
-from triage.engine import DiagnoseOptions, diagnose
+from triage.engine import DiagnoseOptions, Intake, diagnose
 from triage.stackfile import load_stack
 
 # Each test launches several real servers; on a loaded 2-core machine that takes minutes.
@@ -59,10 +59,10 @@ def test_thinking_budget_drill_verdicts_match_the_manifest(
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
     diagnosis = diagnose(
         store,
+        Intake(drill.request("greedy")),
         load_stack(drill.out_dir / "stack.toml"),
-        drill.request("greedy"),
         options=DiagnoseOptions(max_requests=16, log_dir=tmp_path / "runs"),
-    )
+    ).to_json()
     validate_diagnosis(diagnosis)
     _assert_matches_manifest(diagnosis, drill.manifest)
     verdicts, arms = _by_cause(diagnosis), _arms(diagnosis)
@@ -103,10 +103,10 @@ def test_toolcall_drill_intermittent_failure_verdicts(server_binary: Path, tmp_p
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
     diagnosis = diagnose(
         store,
+        Intake(drill.request("sampled")),
         load_stack(drill.out_dir / "stack.toml"),
-        drill.request("sampled"),
         options=DiagnoseOptions(max_requests=64, log_dir=tmp_path / "runs"),
-    )
+    ).to_json()
     store.close()
     validate_diagnosis(diagnosis)
     _assert_matches_manifest(diagnosis, drill.manifest)
@@ -151,10 +151,10 @@ exec "{server_binary}" "$@" --reasoning off
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
     diagnosis = diagnose(
         store,
+        Intake(drill.request("greedy")),
         load_stack(stack_path),
-        drill.request("greedy"),
         options=DiagnoseOptions(max_requests=16, log_dir=tmp_path / "runs"),
-    )
+    ).to_json()
     store.close()
     verdicts, arms = _by_cause(diagnosis), _arms(diagnosis)
     assert arms["spec-off"]["decision"] == "removes"
@@ -195,10 +195,10 @@ exit 3
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
     diagnosis = diagnose(
         store,
+        Intake(drill.request("greedy")),
         stack,
-        drill.request("greedy"),
         options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs", request_timeout=30),
-    )
+    ).to_json()
     # A run that ended with errors says so, and can be resumed.
     from triage.engine import unfinished_run
 
@@ -353,10 +353,10 @@ def test_known_good_search_names_the_dimension_that_brings_the_failure_back(
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
     diagnosis = diagnose(
         store,
+        Intake(drill.request("greedy")),
         load_stack(stack_file),
-        drill.request("greedy"),
         options=DiagnoseOptions(max_requests=16, log_dir=tmp_path / "runs"),
-    )
+    ).to_json()
     validate_diagnosis(diagnosis)
     search = next(o for o in diagnosis["observations"] if o["name"] == "known-good-search")
     assert search["arms"] == {

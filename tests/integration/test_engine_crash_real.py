@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
+from kb.domain.diagnosis import Diagnosis
 from kb.repo.store import Store
 from triage.commands.engine import format_diagnosis
 from triage.drills import build_drill
 from triage.drills.standin import write_amx_crash_standin
-from triage.engine import DiagnoseOptions, diagnose
+from triage.engine import DiagnoseOptions, Intake, diagnose
 from triage.stackfile import load_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -41,10 +42,10 @@ def test_the_amx_standin_crash_is_diagnosed_from_its_crash_report(
     try:
         diagnosis = diagnose(
             store,
+            Intake(drill.request("greedy")),
             load_stack(stack_path),
-            drill.request("greedy"),
             options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs"),
-        )
+        ).to_json()
     finally:
         store.close()
     assert running_servers() == []
@@ -62,7 +63,7 @@ def test_the_amx_standin_crash_is_diagnosed_from_its_crash_report(
     assert crash["amx_build"] is True and crash["repack"] is True
     assert "llama.cpp#20824" in crash["sentence"]
     assert diagnosis["stack"]["host_workaround"] == NOTE
-    printed = format_diagnosis(diagnosis).splitlines()
+    printed = format_diagnosis(Diagnosis.from_json(diagnosis)).splitlines()
     assert printed[1] == f"note: {NOTE} (drill servers only)"
     assert "cpu-backend" in "\n".join(printed)
 
@@ -135,11 +136,10 @@ def _diagnose(
     try:
         return diagnose(
             store,
+            Intake(request, **kwargs),
             load_stack(stack_path),
-            request,  # type: ignore[no-any-return]
             options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs"),
-            **kwargs,
-        )
+        ).to_json()
     finally:
         store.close()
         assert running_servers() == []
@@ -178,10 +178,7 @@ def test_a_captured_502_is_reproduced_by_a_server_that_crashes_mid_request(
     drill, stack_path = _mid_request_stack(server_binary, tmp_path)
     request = drill.request("greedy")
     exchange = exchange_from_http(request, b"<html><body>502 Bad Gateway</body></html>", status=502)
-    findings = [
-        {k: getattr(f, k) for k in ("kind", "passed", "score", "reason", "where")}
-        for f in classify(exchange)
-    ]
+    findings = tuple(f.record() for f in classify(exchange))
     diagnosis = _diagnose(
         tmp_path, stack_path, request, exchange=exchange.to_dict(), findings=findings
     )
@@ -220,12 +217,12 @@ def test_a_server_that_hangs_on_requests_is_diagnosed_as_a_hang(
     try:
         diagnosis = diagnose(
             store,
+            Intake(drill.request("greedy")),
             load_stack(stack_path),
-            drill.request("greedy"),
             options=DiagnoseOptions(
                 max_requests=4, request_timeout=3, stall_seconds=10, log_dir=tmp_path / "runs"
             ),
-        )
+        ).to_json()
     finally:
         store.close()
     assert running_servers() == []

@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
+from kb.domain.diagnosis import Diagnosis, validate_diagnosis
 from kb.repo.store import Store
-from triage.commands.engine import format_diagnosis, validate_diagnosis
+from triage.commands.engine import format_diagnosis
 from triage.drills import build_drill
-from triage.engine import DiagnoseOptions, diagnose
+from triage.engine import DiagnoseOptions, Intake, diagnose
 from triage.stackfile import parse_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
@@ -72,10 +73,8 @@ def test_a_slow_server_is_waited_for_and_never_called_hung(
     with _throttled(server.pid):
         diagnosis = diagnose(
             store,
+            Intake(request),
             stack,
-            request,
-            # A first limit of 1 s -- far below what a 4x replay takes here -- and a floor
-            # as low: only the measured speed and the progress watch can keep replays alive.
             options=DiagnoseOptions(
                 max_requests=8,
                 request_timeout=1,
@@ -84,11 +83,11 @@ def test_a_slow_server_is_waited_for_and_never_called_hung(
                 log_dir=tmp_path / "runs",
             ),
             progress=lambda event: events.append(event.message),
-        )
+        ).to_json()
     store.close()
     validate_diagnosis(diagnosis)
     arms = {a["name"]: a for a in diagnosis["arms"]}
-    text = format_diagnosis(diagnosis)
+    text = format_diagnosis(Diagnosis.from_json(diagnosis))
     assert "hung" not in text and "server-hang" not in {
         o["name"] for o in diagnosis["observations"]
     }

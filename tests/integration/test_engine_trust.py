@@ -10,12 +10,13 @@ import pytest
 from sqlalchemy import func
 from sqlmodel import select
 
+from kb.domain.diagnosis import Finding
 from kb.models import Incident
 from kb.repo.files import load_record
 from kb.repo.store import Store
 from triage.capture import exchange_from_http
 from triage.drills import build_drill
-from triage.engine import DiagnoseOptions, EngineError, diagnose
+from triage.engine import DiagnoseOptions, EngineError, Intake, diagnose
 from triage.llama.model_lint import LINT_KINDS
 from triage.stackfile import load_stack, parse_stack
 from triage.symptoms import classify
@@ -29,11 +30,8 @@ def _no_leaked_servers() -> None:
     assert running_servers() == []
 
 
-def _findings(exchange) -> list[dict]:  # type: ignore[no-untyped-def]
-    return [
-        {k: getattr(f, k) for k in ("kind", "passed", "score", "reason", "where")}
-        for f in classify(exchange)
-    ]
+def _findings(exchange) -> list[Finding]:  # type: ignore[no-untyped-def]
+    return [f.record() for f in classify(exchange)]
 
 
 def test_a_proxy_502_capture_is_not_reproduced_and_moves_no_cause(
@@ -46,12 +44,10 @@ def test_a_proxy_502_capture_is_not_reproduced_and_moves_no_cause(
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
     diagnosis = diagnose(
         store,
+        Intake(request, exchange=exchange.to_dict(), findings=tuple(_findings(exchange))),
         load_stack(drill.out_dir / "stack.toml"),
-        request,
-        exchange=exchange.to_dict(),
-        findings=_findings(exchange),
         options=DiagnoseOptions(max_requests=16, log_dir=tmp_path / "runs"),
-    )
+    ).to_json()
     assert diagnosis["state"] == "not-reproduced"
     message = diagnosis["reproduction"]["message"]
     assert "did not reproduce" in message and "5xx" in message and "length-stop" in message
@@ -83,11 +79,11 @@ def test_speculative_decoding_on_a_url_stack_is_seen_from_the_replies(
         )
         diagnosis = diagnose(
             store,
+            Intake(drill.request("greedy")),
             url_stack,
-            drill.request("greedy"),
             options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs"),
             progress=lambda event: events.append(f"{event.stage} {event.message}"),
-        )
+        ).to_json()
     with store.session(readonly=True) as session:
         incident = session.exec(select(Incident)).one()
     store.close()
@@ -130,7 +126,9 @@ def test_a_failed_launch_leaves_no_incident_or_reuses_the_named_one(
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
     options = DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs", ready_timeout=20)
     with pytest.raises(EngineError, match="did not start"):
-        diagnose(store, load_stack(stack_path), drill.request("greedy"), options=options)
+        diagnose(
+            store, Intake(drill.request("greedy")), load_stack(stack_path), options=options
+        ).to_json()
     with store.session(readonly=True) as session:
         assert session.exec(select(func.count()).select_from(Incident)).one() == 0
     store.close()
@@ -162,10 +160,10 @@ kill -SEGV $$
     store = Store(f"sqlite:///{tmp_path / 'kb.db'}")
     diagnosis = diagnose(
         store,
+        Intake(drill.request("greedy")),
         load_stack(stack_path),
-        drill.request("greedy"),
         options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs"),
-    )
+    ).to_json()
     store.close()
     causes = {c["id"]: c for c in diagnosis["causes"]}
     arms = {a["name"]: a for a in diagnosis["arms"]}

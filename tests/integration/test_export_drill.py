@@ -23,7 +23,7 @@ def test_diagnosed_drill_incident_exports_small_and_round_trips(
 
     url = f"sqlite:///{tmp_path / 'kb.db'}"
     diagnosis = run_demo(url, tmp_path / "work", max_requests=16)
-    slug = str(diagnosis["incident"])
+    slug = diagnosis.incident
     store = Store(url)
     try:
         first = export_incident(store, slug, tmp_path / "a")

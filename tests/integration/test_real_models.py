@@ -17,7 +17,7 @@ import pytest
 from kb.repo.store import Store
 from triage.drills import build_drill
 from triage.drills.real import RealModelMissing, model_path
-from triage.engine import DiagnoseOptions, diagnose, open_server
+from triage.engine import DiagnoseOptions, Intake, diagnose, open_server
 from triage.llama.launcher import running_servers
 from triage.llama.model_lint import lint_findings
 from triage.stackfile import ServerConfig, load_stack
@@ -43,10 +43,10 @@ def case1(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     try:
         return diagnose(
             store,
+            Intake(drill.request("failing")),
             load_stack(drill.out_dir / "stack.toml"),
-            drill.request("failing"),
             options=DiagnoseOptions(max_requests=8, log_dir=folder / "runs"),
-        )
+        ).to_json()
     finally:
         store.close()
 
@@ -104,7 +104,7 @@ def test_a_base_model_without_template_is_linted_from_its_file_and_the_servers_l
     request = {"messages": [{"role": "user", "content": "What is the capital of France?"}]}
     with open_server(config, tmp_path / "log", 120.0) as server:
         log = server.handle.log_path
-        findings = {f["kind"]: f for f in lint_findings(config, request, log)}
+        findings = {f.kind: f._asdict() for f in lint_findings(config, request, log)}
     assert running_servers() == []
     assert not any(f["passed"] for f in findings.values())
     # The served format and the EOG tokens come from the server's own log.
@@ -124,10 +124,10 @@ def test_a_stop_string_that_empties_the_reply_is_named_by_the_request_field_abla
     try:
         diagnosis = diagnose(
             store,
+            Intake(drill.request("failing")),
             load_stack(drill.out_dir / "stack.toml"),
-            drill.request("failing"),
             options=DiagnoseOptions(max_requests=16, log_dir=tmp_path / "runs"),
-        )
+        ).to_json()
     finally:
         store.close()
     assert running_servers() == []

@@ -32,7 +32,7 @@ def parked(server_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     tmp = tmp_path_factory.mktemp("retro-drill")
     url = f"sqlite:///{tmp / 'kb.db'}"
     diagnosis = run_demo(url, tmp / "work", max_requests=16)
-    slug = str(diagnosis["incident"])
+    slug = diagnosis.incident
     store = Store(url)
     try:
         with store.session() as session:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kb.domain.diagnosis import Diagnosis
 from triage import probes
 from triage.commands.engine import format_diagnosis
 from triage.engine import DiagnoseOptions, Diagnoser
@@ -66,13 +67,15 @@ def test_the_server_reasoning_off_arm_has_the_same_precondition() -> None:
 
 
 def test_skipped_arms_are_printed_with_their_reason() -> None:
-    diagnosis = {
-        "incident": "i",
-        "run_id": 1,
-        "arms": [],
-        "causes": [],
-        "skipped_arms": [{"arm": "thinking-off", "reason": "thinking is off for this request"}],
-    }
+    diagnosis = Diagnosis.from_json(
+        {
+            "incident": "i",
+            "run_id": 1,
+            "arms": [],
+            "causes": [],
+            "skipped_arms": [{"arm": "thinking-off", "reason": "thinking is off for this request"}],
+        }
+    )
     text = format_diagnosis(diagnosis)
     assert "Arms not run (they cannot matter here):" in text
     assert "thinking-off" in text and "thinking is off for this request" in text

@@ -8,9 +8,10 @@ import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
+from kb.domain.diagnosis import Finding, Reproduction, validate_diagnosis
 from kb.domain.records import Reply
 from kb.repo.store import Store
-from triage.commands.engine import format_diagnosis, validate_diagnosis
+from triage.commands.engine import format_diagnosis
 from triage.engine import Diagnoser
 from triage.engine.decide import Execution, decide
 from triage.engine.naming import ModelIdentity
@@ -64,9 +65,7 @@ def test_a_run_with_an_arm_without_replies_reports_it_and_is_not_done(
     store: Store, tmp_path: Path
 ) -> None:
     stack = parse_stack('[server]\nurl = "http://127.0.0.1:9"\n', base=tmp_path, source="s.toml")
-    findings = [
-        {"kind": "length-stop", "passed": False, "score": 1.0, "reason": "cut", "where": "$"}
-    ]
+    findings = [Finding("length-stop", False, 1.0, "cut", "$")]
     diagnoser = Diagnoser(store, stack, REQUEST, findings=findings)
     diagnoser.identity = ModelIdentity("SmolLM2-135M-Instruct")  # no server to ask here
     diagnoser._prepare(diagnoser.plan)
@@ -77,9 +76,10 @@ def test_a_run_with_an_arm_without_replies_reports_it_and_is_not_done(
     execution.arms["token-limit-lifted"].replies = [
         _reply("token-limit-lifted", i, error=TIMEOUT) for i in range(8)
     ]
-    execution.reproduction = {"reproduced": True, "message": "reproduced", "signature": {}}
+    execution.reproduction = Reproduction(True, "reproduced")
     decision = decide(execution, [], 0.0)
-    diagnosis = record(diagnoser.recorder, decision, findings, execution.plan.skipped)
+    recorded = record(diagnoser.recorder, decision, findings, execution.plan.skipped)
+    diagnosis = recorded.to_json()
     validate_diagnosis(diagnosis)
     arms = {a["name"]: a for a in diagnosis["arms"]}
     x4 = arms["token-limit-lifted"]
@@ -91,7 +91,7 @@ def test_a_run_with_an_arm_without_replies_reports_it_and_is_not_done(
     # Arms that never replayed are in the table too, with why.
     unrun = [a for a in arms.values() if a["n"] == 0 and a["decision"] == "not-run"]
     assert all(a["stopped"] for a in unrun)
-    text = format_diagnosis(diagnosis)
+    text = format_diagnosis(recorded)
     assert "token-limit-lifted" in text and "ERROR: no replies: 8 of 8" in text
     assert all(f"NOT RUN: {a['stopped']}" in text for a in unrun)
     token_limit = {c["id"]: c for c in diagnosis["causes"]}["token-limit"]

@@ -11,13 +11,14 @@ import pytest
 from click.testing import CliRunner
 
 from kb.atlas import load_atlas, match_atlas, team_dir
-from kb.domain.records import validate_diagnosis
+from kb.domain.diagnosis import Diagnosis, validate_diagnosis
 from triage.atlas.facts import facts_from_log
 from triage.atlas.report import diagnosis_matches, format_match_dicts
 from triage.capture import load_file
 from triage.cli import cli
 from triage.commands.capture import Classified
 from triage.commands.engine import _print_atlas_before, format_diagnosis
+from triage.engine import Intake
 from triage.stackfile import ServerConfig, Stack
 from triage.symptoms import classify
 
@@ -187,7 +188,7 @@ def test_the_diagnosis_carries_matches_as_an_extra_field_the_schema_allows() -> 
     matches = match_atlas(facts_from_log(log), load_atlas([ENTRIES]))
     diagnosis["atlas_matches"] = [m.to_dict() for m in matches]
     validate_diagnosis(diagnosis)
-    text = format_diagnosis(diagnosis)
+    text = format_diagnosis(Diagnosis.from_json(diagnosis), matches)
     assert "Known public incidents (atlas -- a pointer, not a verdict):" in text
     assert "llama.cpp-20824" in text and format_match_dicts([]) == []
     diagnosis["atlas_matches"][0]["source"] = "javascript:alert(1)"
@@ -199,8 +200,7 @@ def test_diagnose_prints_the_matches_before_probing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     exchange = load_file(CASES / "jinja-capture" / "capture.json")[0]
-    findings = [f.to_dict() for f in classify(exchange)]
-    _print_atlas_before(_stack(tmp_path / "llama-server"), exchange.to_dict(), findings)
+    _print_atlas_before(_stack(tmp_path / "llama-server"), Intake.of(exchange))
     err = capsys.readouterr().err.splitlines()
     assert err[:2] == [
         "before probing:",

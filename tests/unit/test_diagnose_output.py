@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from kb.domain.diagnosis import Diagnosis, Observation
 from kb.domain.records import Reply
 from triage.commands.engine import (
     TOK_S_NOTE,
@@ -98,7 +99,7 @@ def test_progress_without_a_bound_shows_elapsed_only(capsys: pytest.CaptureFixtu
     assert capsys.readouterr().err.splitlines()[1].endswith("(0:04 elapsed)")
 
 
-def _diagnosis() -> dict[str, Any]:
+def _stored() -> dict[str, Any]:
     arm = {"n": 8, "failures": 0, "rate": 0.0, "ci95": [0.0, 0.32], "decision": "removes"}
     return {
         "incident": "2026-12-01-x",
@@ -145,6 +146,10 @@ def _diagnosis() -> dict[str, Any]:
     }
 
 
+def _diagnosis() -> Diagnosis:
+    return Diagnosis.from_json(_stored())
+
+
 def test_printed_p_is_the_one_sided_one_and_tok_s_is_explained() -> None:
     text = format_diagnosis(_diagnosis())
     lines = text.splitlines()
@@ -168,7 +173,7 @@ def test_observations_are_sentences_not_json() -> None:
     ]
     assert "{" not in text and "server-props" not in text  # not a printed observation
     assert (
-        observation_sentence({"name": "plugin-fact", "ok": False, "sizes": [1, 2]})
+        observation_sentence(Observation({"name": "plugin-fact", "ok": False, "sizes": [1, 2]}))
         == "Plugin-fact: ok no; sizes 1, 2."
     )
 
@@ -199,13 +204,15 @@ def test_the_one_sided_p_is_read_from_the_stored_arm(tmp_path: Any) -> None:
                 },
                 key="E55",
             )
-        diagnosis = _diagnosis()
-        diagnosis["arms"][1] = {**diagnosis["arms"][1], "evidence": "E55"}
-        del diagnosis["arms"][1]["p_less"]
+        stored = _stored()
+        stored["arms"][1] = {**stored["arms"][1], "evidence": "E55"}
+        del stored["arms"][1]["p_less"]  # a diagnosis stored before the field existed
+        diagnosis = Diagnosis.from_json(stored)
         printable = with_one_sided_p(store, diagnosis)
     finally:
         store.close()
-    assert "p_less" not in diagnosis["arms"][1]  # the diagnosis itself is left as it was
+    assert diagnosis.arms[1].p_less is None  # the diagnosis itself is left as it was
+    assert printable.arms[1].p_less == 7.77e-05
     thinking = next(
         line for line in format_diagnosis(printable).splitlines() if "thinking-off" in line
     )

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from kb.domain.diagnosis import Diagnosis, Finding
 from kb.domain.records import Reply
 from triage.capture import exchange_from_http
 from triage.drills.standin import AMX_CRASH_LOG
@@ -180,19 +181,19 @@ def test_an_external_url_server_never_explains() -> None:
     assert replies[0].error == "connection refused" and server.failure is None
 
 
-def _findings(exchange: Any) -> list[dict[str, Any]]:
-    return [{"kind": f.kind, "passed": f.passed} for f in classify(exchange)]
+def _findings(exchange: Any) -> list[Finding]:
+    return [f.record() for f in classify(exchange)]
 
 
 def test_a_captured_proxy_502_page_is_a_gateway_error_that_a_crash_replay_reproduces() -> None:
     exchange = exchange_from_http(REQUEST, "<html><h1>502 Bad Gateway</h1></html>", status=502)
     findings = _findings(exchange)
-    failed = {f["kind"] for f in findings if not f["passed"]}
+    failed = {f.kind for f in findings if not f.passed}
     # The page is the gateway's: a gateway failure, not by itself a server crash (issue 24)...
     assert "gateway-error" in failed and not failed & {"server-crash", "server-hang"}
     # ... while a bare 502 with no page still reads as the upstream failing.
     bare = _findings(exchange_from_http(REQUEST, b"", status=502))
-    assert "server-crash" in {f["kind"] for f in bare if not f["passed"]}
+    assert "server-crash" in {f.kind for f in bare if not f.passed}
     signature = Signature.from_findings(findings, {"status": 502})
     report = _amx_report("mid-request")
     crash = crashed_replies(_server(_Handle(report)), [_reply(0, "connection reset")])[0]
@@ -204,17 +205,17 @@ def test_a_captured_proxy_502_page_is_a_gateway_error_that_a_crash_replay_reprod
         REQUEST, {"error": {"code": 500, "message": "Failed to parse input at pos 3"}}, status=500
     )
     plain_findings = _findings(plain)
-    assert "server-crash" not in {f["kind"] for f in plain_findings if not f["passed"]}
+    assert "server-crash" not in {f.kind for f in plain_findings if not f.passed}
     assert not Signature.from_findings(plain_findings, {"status": 500}).matches(crash)
 
 
 def test_a_captured_504_is_a_hang_and_a_normal_reply_is_neither() -> None:
     hung = {
-        f["kind"]
+        f.kind
         for f in _findings(
             exchange_from_http(REQUEST, b"", status=504)  # no page: nobody named
         )
-        if not f["passed"]
+        if not f.passed
     }
     assert "server-hang" in hung and "server-crash" not in hung
     ok = exchange_from_http(
@@ -226,7 +227,7 @@ def test_a_captured_504_is_a_hang_and_a_normal_reply_is_neither() -> None:
         },
         status=200,
     )
-    assert not {f["kind"] for f in _findings(ok) if not f["passed"]} & {
+    assert not {f.kind for f in _findings(ok) if not f.passed} & {
         "server-crash",
         "server-hang",
     }
@@ -254,13 +255,13 @@ def test_the_printed_diagnosis_names_a_drill_stacks_host_workaround(tmp_path: Pa
     stack = load_stack(path, build_missing=False)
     assert _host_workaround(stack) == note
     diagnosis = {"incident": "i", "run_id": 1, "stack": {"host_workaround": note}}
-    lines = format_diagnosis(diagnosis).splitlines()
+    lines = format_diagnosis(Diagnosis.from_json(diagnosis)).splitlines()
     assert lines[1] == f"note: {note} (drill servers only)"
     # A user's own stack carries no note, and the diagnosis prints none.
     path.write_text('[server]\nmodel = "m.gguf"\n')
     assert _host_workaround(load_stack(path, build_missing=False)) is None
     assert "note:" not in format_diagnosis(
-        {"incident": "i", "run_id": 1, "stack": {"host_workaround": None}}
+        Diagnosis.from_json({"incident": "i", "run_id": 1, "stack": {"host_workaround": None}})
     )
 
 

@@ -17,7 +17,7 @@ from kb.models import Cause, Incident, TriageRun, utcnow
 from kb.repo import runs
 from kb.repo.store import Store, add_evidence
 from triage.cli import cli
-from triage.engine import EngineError, diagnose, unfinished_run
+from triage.engine import EngineError, Intake, diagnose, unfinished_run
 from triage.stackfile import parse_stack
 
 REQUEST = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
@@ -44,14 +44,14 @@ def test_a_request_without_messages_is_refused_before_anything_is_recorded(
 ) -> None:
     stack = _stack(tmp_path, 'model = "w.gguf"')
     with pytest.raises(EngineError, match=r"\$\.messages is required"):
-        diagnose(store, stack, {"model": "m", "prompt": "hi"})
+        diagnose(store, Intake({"model": "m", "prompt": "hi"}), stack)
     assert _incidents(store) == 0
 
 
 def test_a_dead_url_is_refused_before_anything_is_recorded(store: Store, tmp_path: Path) -> None:
     stack = _stack(tmp_path, f'url = "http://127.0.0.1:{_free_port()}"')
     with pytest.raises(EngineError, match=r"\$\.server\.url: .* does not answer"):
-        diagnose(store, stack, REQUEST)
+        diagnose(store, Intake(REQUEST), stack)
     assert _incidents(store) == 0
 
 
@@ -68,14 +68,14 @@ def test_argument_problems_are_refused_before_launching(
 ) -> None:
     stack = _stack(tmp_path, f'model = "w.gguf"\nargs = {args}')
     with pytest.raises(EngineError, match=message):
-        diagnose(store, stack, REQUEST)
+        diagnose(store, Intake(REQUEST), stack)
     assert _incidents(store) == 0
 
 
 def test_an_unknown_incident_slug_is_refused(store: Store, tmp_path: Path) -> None:
     stack = _stack(tmp_path, 'model = "w.gguf"')
     with pytest.raises(EngineError, match="no such incident"):
-        diagnose(store, stack, REQUEST, incident="2026-01-01-typo")
+        diagnose(store, Intake(REQUEST), stack, incident="2026-01-01-typo")
     assert _incidents(store) == 0
 
 
@@ -191,5 +191,5 @@ def test_no_server_binary_is_a_clear_error_before_anything_is_recorded(
     monkeypatch.setenv("TRIAGE_CACHE_DIR", str(tmp_path / "empty-cache"))
     stack = _stack(tmp_path, 'model = "w.gguf"')
     with pytest.raises(EngineError, match=r"\$\.server: .*llama-server"):
-        diagnose(store, stack, REQUEST)
+        diagnose(store, Intake(REQUEST), stack)
     assert _incidents(store) == 0

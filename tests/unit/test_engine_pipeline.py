@@ -10,16 +10,15 @@ from typing import Any
 import pytest
 from fake_backend import FakeBackend
 
+from kb.domain.diagnosis import Diagnosis, Finding, validate_diagnosis
 from kb.repo.store import Store
 from triage import probes
 from triage.capture import exchange_from_http
 from triage.catalogue import catalogue
-from triage.commands.engine import validate_diagnosis
-from triage.engine import Diagnoser, findings_json
+from triage.engine import Diagnoser, exchange_findings
 from triage.engine.decide import decide
 from triage.engine.events import ArmsPlanned, Event, LookStarted, ProgressEvent
 from triage.engine.execute import Executor
-from triage.engine.intake import FINDING_KEYS
 from triage.engine.plan import plan
 from triage.engine.record import record
 from triage.engine.servers import Server
@@ -27,7 +26,9 @@ from triage.stackfile import Stack, parse_stack
 from triage.symptoms import classify
 
 REQUEST: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 64}
-FINDINGS = [{"kind": "length-stop", "passed": False, "score": 1.0, "reason": "cut", "where": "$"}]
+FINDINGS = [Finding("length-stop", False, 1.0, "cut", "$")]
+# The fields of a finding in the diagnosis JSON (and the run's recorded plan).
+FINDING_KEYS = ("kind", "passed", "score", "reason", "where")
 
 
 def _stack(tmp_path: Path) -> Stack:
@@ -44,8 +45,8 @@ def _cut_at_the_limit(arm: str, body: dict[str, Any], server: Server, index: int
     return int(body.get("max_tokens") or 0) <= 64
 
 
-def _statuses(diagnosis: dict[str, Any]) -> dict[str, str]:
-    return {str(c["id"]): str(c["status"]) for c in diagnosis["causes"]}
+def _statuses(diagnosis: Diagnosis) -> dict[str, str]:
+    return {c.id: c.status for c in diagnosis.causes}
 
 
 def test_plan_execute_decide_record_against_a_fake_backend(store: Store, tmp_path: Path) -> None:
@@ -70,7 +71,7 @@ def test_plan_execute_decide_record_against_a_fake_backend(store: Store, tmp_pat
     base = Server(stack.server.key(), stack.server, "http://fake.invalid/base", 2, 0.0)
     executor.execution.servers[base.key] = base
     execution = asyncio.run(executor.run(base, tmp_path / "logs"))
-    assert execution.reproduction is not None and execution.reproduction["reproduced"]
+    assert execution.reproduction is not None and execution.reproduction.reproduced
 
     decision = decide(execution, [], 1.0)
     verdicts = {v.cause: v.status for v in decision.verdicts}
@@ -82,7 +83,7 @@ def test_plan_execute_decide_record_against_a_fake_backend(store: Store, tmp_pat
     assert baseline.failures == baseline.n >= 4
 
     diagnosis = record(diagnoser.recorder, decision, FINDINGS, execution.plan.skipped)
-    validate_diagnosis(diagnosis)
+    validate_diagnosis(diagnosis.to_json())
     assert _statuses(diagnosis)["token-limit"] == "confirmed"
     # Every reply was journaled as it came in: a resumed run would find them.
     stored = diagnoser.recorder.previous_replies()
@@ -107,10 +108,10 @@ def test_a_run_through_the_diagnoser_plans_once_and_reports_typed_events(
         store, _stack(tmp_path), REQUEST, findings=FINDINGS, progress=events.append,
         backend=backend,
     ).run()  # fmt: skip
-    validate_diagnosis(diagnosis)
+    validate_diagnosis(diagnosis.to_json())
     assert len(planned) == 1  # the plan is computed once
     assert _statuses(diagnosis)["token-limit"] == "confirmed"
-    assert diagnosis["state"] == "done"
+    assert diagnosis.state == "done"
     # The incident's server and the server-level arm's were launched, by the backend.
     assert len(backend.launched) == 2
     plans = [e for e in events if isinstance(e, ArmsPlanned)]
@@ -128,10 +129,11 @@ def test_a_baseline_that_fails_differently_stops_every_arm_and_moves_no_cause(
     diagnosis = Diagnoser(
         store, _stack(tmp_path), REQUEST, findings=FINDINGS, backend=backend
     ).run()
-    validate_diagnosis(diagnosis)
-    assert diagnosis["state"] == "not-reproduced"
-    assert "empty-content" in diagnosis["reproduction"]["message"]
-    assert diagnosis["arms"] == []
+    data = diagnosis.to_json()
+    validate_diagnosis(data)
+    assert data["state"] == "not-reproduced"
+    assert "empty-content" in data["reproduction"]["message"]
+    assert data["arms"] == []
     assert "confirmed" not in _statuses(diagnosis).values()
     replayed = {arm for r in backend.replayers for arm in r.sent}
     assert replayed == {"baseline"}  # the gate: no other arm replayed
@@ -156,9 +158,12 @@ def test_findings_become_json_in_one_place_with_the_diagnosis_fields() -> None:
         "usage": {"completion_tokens": 64},
     }
     exchange = exchange_from_http(REQUEST, response, status=200)
-    findings = findings_json(exchange)
-    failed = [f for f in findings if not f["passed"]]
-    assert failed and {f["kind"] for f in failed} == {
+    findings = exchange_findings(exchange)
+    failed = [f for f in findings if not f.passed]
+    assert failed and {f.kind for f in failed} == {
         f.kind for f in classify(exchange) if not f.passed
     }
-    assert all(tuple(f) == FINDING_KEYS for f in findings)  # no offset: as the CLI records
+    # No offset: as the CLI records them; the model-file lint's findings keep theirs.
+    assert all(tuple(f.to_json()) == FINDING_KEYS for f in findings)
+    lint = classify(exchange)[0].record(with_offset=True).to_json()
+    assert tuple(lint) == (*FINDING_KEYS, "offset")

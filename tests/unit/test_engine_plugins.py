@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kb.domain.records import DiagnosisError, validate_diagnosis
+from kb.domain.diagnosis import DiagnosisError, validate_diagnosis
 from triage.catalogue import Catalogue, catalogue
 from triage.causes import ArmOutcome, CauseRule, Observations, decide, removal_verdict
 from triage.observe import speculative_props

@@ -14,7 +14,7 @@ from kb.models import Cause
 from kb.repo.fileparse import parse_file
 from kb.repo.files import RecordError, export_all, import_paths
 from kb.repo.sidecar import GZIP_FROM_BYTES
-from kb.repo.store import Store, add_evidence_many, get_incident, record_status_change
+from kb.repo.store import EvidenceItem, Store, add_evidence_many, get_incident, record_status_change
 
 SLUG = "2026-07-01-replayed"
 
@@ -42,13 +42,13 @@ def _diagnose(store: Store, replies: int, reasoning_chars: int) -> None:
             session,
             incident.id,
             [
-                {
-                    "kind": "probe",
-                    "summary": f"baseline #{n} seed {n}: FAIL length",
-                    "payload": {"seed": n, "reasoning": "x" * reasoning_chars, "finish": "length"},
-                    "source": "triage diagnose",
-                    "recorded_at": at,
-                }
+                EvidenceItem(
+                    kind="probe",
+                    summary=f"baseline #{n} seed {n}: FAIL length",
+                    payload={"seed": n, "reasoning": "x" * reasoning_chars, "finish": "length"},
+                    source="triage diagnose",
+                    recorded_at=at,
+                )
                 for n in range(replies)
             ],
         )
@@ -56,12 +56,12 @@ def _diagnose(store: Store, replies: int, reasoning_chars: int) -> None:
             session,
             incident.id,
             [
-                {
-                    "kind": "measurement",
-                    "summary": f"arm baseline: {replies}/{replies} failed",
-                    "payload": {"type": "arm", "n": replies},
-                    "recorded_at": at,
-                },
+                EvidenceItem(
+                    kind="measurement",
+                    summary=f"arm baseline: {replies}/{replies} failed",
+                    payload={"type": "arm", "n": replies},
+                    recorded_at=at,
+                ),
             ],
         )
         cause = Cause(

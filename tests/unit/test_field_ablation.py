@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 from fake_backend import FakeBackend, FakeReplayer
 
+from kb.domain.diagnosis import Finding, Reproduction, validate_diagnosis
 from kb.domain.records import Reply
 from kb.repo.store import Store
 from triage import probes
 from triage.causes import Verdict
-from triage.commands.engine import format_diagnosis, validate_diagnosis
+from triage.commands.engine import format_diagnosis
 from triage.engine import Diagnoser
 from triage.engine.arms.ablation import ARMS, FAMILY, HELD_BACK
 from triage.engine.decide import decide
@@ -88,9 +89,7 @@ def _stop_cuts_it(arm: str, body: dict[str, Any], server: Server, index: int) ->
 
 def _executor(store: Store, tmp_path: Path) -> tuple[Executor, FakeReplayer, Server, Diagnoser]:
     stack = parse_stack('[server]\nurl = "http://127.0.0.1:9"\n', base=tmp_path, source="s.toml")
-    findings = [
-        {"kind": "empty-content", "passed": False, "score": 1.0, "reason": "empty", "where": "$"}
-    ]
+    findings = [Finding("empty-content", False, 1.0, "empty", "$")]
     diagnoser = Diagnoser(store, stack, REQUEST, findings=findings)
     diagnoser.identity = ModelIdentity("some-model")
     plan = diagnoser.plan
@@ -111,7 +110,7 @@ def _executor(store: Store, tmp_path: Path) -> tuple[Executor, FakeReplayer, Ser
         secrets=[],
     )
     executor.arms["baseline"].replies = [_reply("baseline", i, True) for i in range(8)]
-    executor.execution.reproduction = {"reproduced": True, "message": "reproduced", "signature": {}}
+    executor.execution.reproduction = Reproduction(True, "reproduced")
     base = Server("incident", stack.server, "http://127.0.0.1:9", 1, 0.0)
     return executor, backend.replayers[0], base, diagnoser
 
@@ -122,9 +121,10 @@ def test_unexplained_runs_the_ablation_and_names_the_field(store: Store, tmp_pat
     assert set(replayer.sent) == {"without-stop", "without-sampling", "without-logit-bias",
                                   "without-system-message"}  # fmt: skip
     execution = executor.execution
-    diagnosis = record(
+    recorded = record(
         diagnoser.recorder, decide(execution, [], 0.0), diagnoser.findings, execution.plan.skipped
     )
+    diagnosis = recorded.to_json()
     validate_diagnosis(diagnosis)
     arms = {a["name"]: a for a in diagnosis["arms"]}
     assert arms["without-stop"]["decision"] == "removes"
@@ -135,7 +135,7 @@ def test_unexplained_runs_the_ablation_and_names_the_field(store: Store, tmp_pat
     assert len(verdict["request_fields"]) == 1
     assert verdict["request_fields"][0].startswith("stop (without-stop 0/")
     assert "vs baseline 8/8" in verdict["request_fields"][0]
-    assert "removing one request field removes it: stop" in format_diagnosis(diagnosis)
+    assert "removing one request field removes it: stop" in format_diagnosis(recorded)
 
 
 def test_a_confirmed_cause_keeps_the_ablation_from_running(

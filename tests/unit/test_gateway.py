@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from kb.domain.diagnosis import Finding
 from kb.domain.records import Reply
 from triage.capture import exchange_from_http
 from triage.causes import ArmOutcome, Observations
@@ -137,7 +138,7 @@ def _reply(kinds: list[str], status: int | None = 504) -> Reply:
 
 
 def test_a_gateway_page_is_reproduced_through_the_gateway_or_by_a_crash_direct() -> None:
-    findings = [{"kind": "gateway-error", "passed": False}, {"kind": "timeout", "passed": False}]
+    findings = [Finding("gateway-error", False, 1.0, ""), Finding("timeout", False, 1.0, "")]
     signature = Signature.from_findings(findings, {"status": 504})
     assert signature.matches(_reply(["gateway-error", "http-error", "timeout"]))
     assert signature.matches(_reply(["server-crash", "SIGSEGV"], status=None))

@@ -19,6 +19,7 @@ from kb.models import Evidence, Incident
 from kb.repo.engine import describe_db_error
 from kb.repo.files import import_paths
 from kb.repo.store import (
+    EvidenceItem,
     Store,
     add_evidence,
     add_evidence_many,
@@ -71,7 +72,7 @@ def test_explicit_keys_move_the_numbering_past_them(store: Store) -> None:
         first = add_evidence(session, incident_id=incident.id, kind="log", summary="auto")
         add_evidence(session, incident_id=incident.id, kind="log", summary="given", key="E7")
         after = add_evidence(session, incident_id=incident.id, kind="log", summary="auto")
-        (batch,) = add_evidence_many(session, incident.id, [{"kind": "log", "summary": "b"}])
+        (batch,) = add_evidence_many(session, incident.id, [EvidenceItem("log", "b")])
     assert (first.key, after.key, batch.key) == ("E1", "E8", "E9")
 
 
@@ -210,7 +211,7 @@ def test_unreachable_database_is_one_line_in_the_cli(tmp_path: Path) -> None:
 def test_count_helper_sees_every_row(store: Store) -> None:
     # The per-transaction numbering must not hide rows from plain queries.
     with store.session() as session:
-        add_evidence_many(session, None, [{"kind": "log", "summary": "a"}] * 3)
+        add_evidence_many(session, None, [EvidenceItem("log", "a")] * 3)
     with store.session(readonly=True) as session:
         assert session.exec(select(func.count()).select_from(Evidence)).one() == 3
 

@@ -60,9 +60,9 @@ def test_a_domain_module_does_no_file_io(path: Path) -> None:
             or (isinstance(node.func, ast.Attribute) and node.func.attr in FILE_IO)
         )
     ]
-    # The diagnosis schema is package data read once (kb.domain.records); nothing else.
+    # The diagnosis schema is package data read once (kb.domain.diagnosis); nothing else.
     allowed = {
-        "records": ["resources.files('kb').joinpath('schemas/diagnosis.schema.json').read_text"]
+        "diagnosis": ["resources.files('kb').joinpath('schemas/diagnosis.schema.json').read_text"]
     }
     assert calls == allowed.get(path.stem, []), f"{path.name} does file I/O: {calls}"
 

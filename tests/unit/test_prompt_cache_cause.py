@@ -18,6 +18,7 @@ import pytest
 from triage.causes import ArmOutcome, Observations
 from triage.engine.arms import cache_as_client as cache_arm
 from triage.engine.arms import prompt_cache as arm
+from triage.engine.arms import slot_replay
 from triage.engine.causes.prompt_cache import CAUSE
 from triage.probes import ObserveContext
 
@@ -126,7 +127,9 @@ def _observe(
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     sent: list[dict[str, Any]] = []
     monkeypatch.setattr(
-        arm, "LlamaClient", functools.partial(arm.LlamaClient, transport=_transport(sent))
+        slot_replay,
+        "LlamaClient",
+        functools.partial(slot_replay.LlamaClient, transport=_transport(sent)),
     )
     ctx = ObserveContext(_Server(), _Server(), request, 1, 30.0, exchange=exchange)
     return asyncio.run(arm.observe(ctx)), sent
@@ -261,7 +264,7 @@ def _observe_restore(
     sent: list[dict[str, Any]] = []
     transport = _restore_transport(buggy, sent)
     monkeypatch.setattr(
-        cache_arm, "LlamaClient", functools.partial(cache_arm.LlamaClient, transport=transport)
+        slot_replay, "LlamaClient", functools.partial(slot_replay.LlamaClient, transport=transport)
     )
     ctx = ObserveContext(_Server(), _Server(), SINGLE, 1, 30.0, exchange=exchange)
     return asyncio.run(cache_arm.observe(ctx)), sent

@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner, Result
 from sqlmodel import select
 
+from kb.domain.diagnosis import Diagnosis
 from kb.models import Incident, TriageRun
 from kb.repo import runs
 from kb.repo.store import Store
@@ -172,15 +173,21 @@ def test_a_diagnosis_prints_the_stack_it_ran_on() -> None:
     from triage.commands.engine import format_diagnosis
 
     text = format_diagnosis(
-        {
-            "incident": "2026-12-01-smol-length-stop",
-            "run_id": 3,
-            "stack": {"server": {"model": "/m/SmolLM2.gguf", "args": ["-c", "2048"], "url": None}},
-        }
+        Diagnosis.from_json(
+            {
+                "incident": "2026-12-01-smol-length-stop",
+                "run_id": 3,
+                "stack": {
+                    "server": {"model": "/m/SmolLM2.gguf", "args": ["-c", "2048"], "url": None}
+                },
+            }
+        )
     )
     assert text.splitlines()[1] == "stack: SmolLM2.gguf -c 2048"
     url = format_diagnosis(
-        {"incident": "x", "run_id": 1, "stack": {"server": {"url": "http://h:1"}}}
+        Diagnosis.from_json(
+            {"incident": "x", "run_id": 1, "stack": {"server": {"url": "http://h:1"}}}
+        )
     )
     assert "stack: running server at http://h:1" in url
 

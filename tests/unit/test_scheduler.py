@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from kb.domain.diagnosis import Finding
 from kb.domain.records import Reply
 from triage.causes import ArmOutcome
 from triage.engine.reproduction import Signature, gate_message
@@ -199,16 +200,14 @@ def _reply(kinds: list[str], status: int | None = 200, error: str = "") -> Reply
 
 
 def test_gate_refuses_replays_that_the_server_rejects() -> None:
-    signature = Signature.from_findings(
-        [{"kind": "empty-content", "passed": False}], {"status": 200}
-    )
+    signature = Signature.from_findings([Finding("empty-content", False, 1.0, "")], {"status": 200})
     message = gate_message(signature, _baseline(*[_reply(["http-error"], 400)] * 4))
     assert message is not None
     assert "did not reproduce" in message and "HTTP 400" in message and "4/4" in message
 
 
 def test_gate_refuses_a_dead_server_and_a_different_symptom() -> None:
-    signature = Signature.from_findings([{"kind": "http-error", "passed": False}], {"status": 502})
+    signature = Signature.from_findings([Finding("http-error", False, 1.0, "")], {"status": 502})
     assert signature.status_class == 5
     refused = _reply(["http-error"], None, error="cannot connect to llama-server")
     assert "no reply" in (gate_message(signature, _baseline(refused, refused)) or "")
@@ -220,7 +219,7 @@ def test_gate_refuses_a_dead_server_and_a_different_symptom() -> None:
 @pytest.mark.parametrize(
     "findings, exchange",
     [
-        ([{"kind": "length-stop", "passed": False}], {"status": 200}),
+        ([Finding("length-stop", False, 1.0, "")], {"status": 200}),
         ([], {}),  # reproducing from the request alone: any failure counts
     ],
 )

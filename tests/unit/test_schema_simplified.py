@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from fake_backend import FakeBackend
 
+from kb.domain.diagnosis import validate_diagnosis
 from kb.repo.store import Store
 from triage.capture import exchange_from_http
 from triage.causes import ArmOutcome, Observations
-from triage.commands.engine import validate_diagnosis
 from triage.engine import Diagnoser
 from triage.engine.arms.schema import ARM, SIMPLIFIED_ARM
 from triage.engine.causes.schema import CAUSE
@@ -211,9 +211,9 @@ def _diagnose(store: Store, tmp_path: Path, pattern: str) -> dict[str, Any]:
     )
     request = {"messages": MESSAGES, "max_tokens": 64, **_places(_schema(pattern))["openai"]}
     (finding,) = _findings(request, '{"city": "Paris"}')
-    findings = [{k: finding.to_dict()[k] for k in ("kind", "passed", "score", "reason", "where")}]
+    findings = [finding.record()]
     backend = FakeBackend(_mock_llama_server, kinds=("schema-violation",))
-    diagnosis = Diagnoser(store, stack, request, findings=findings, backend=backend).run()
+    diagnosis = Diagnoser(store, stack, request, findings=findings, backend=backend).run().to_json()
     validate_diagnosis(diagnosis)
     return diagnosis
 

@@ -151,7 +151,7 @@ def test_database_url_defaults_to_sqlite_in_data_dir_and_env_overrides(
 
 
 def test_add_evidence_many_numbers_after_existing_keys_and_validates_first(store: Store) -> None:
-    from kb.repo.store import add_evidence_many
+    from kb.repo.store import EvidenceItem, add_evidence_many
 
     incident_id = _incident(store)
     with store.session() as session:
@@ -159,7 +159,7 @@ def test_add_evidence_many_numbers_after_existing_keys_and_validates_first(store
         rows = add_evidence_many(
             session,
             incident_id,
-            [{"kind": "probe", "summary": f"reply {i}"} for i in range(3)],
+            [EvidenceItem("probe", f"reply {i}") for i in range(3)],
             run_id=None,
         )
         assert [row.key for row in rows] == ["E2", "E3", "E4"]
@@ -168,7 +168,7 @@ def test_add_evidence_many_numbers_after_existing_keys_and_validates_first(store
             add_evidence_many(
                 session,
                 incident_id,
-                [{"kind": "probe", "summary": "ok"}, {"kind": "gossip", "summary": "no"}],
+                [EvidenceItem("probe", "ok"), EvidenceItem("gossip", "no")],
             )
     with store.session(readonly=True) as session:
         from kb.models import Evidence

@@ -27,6 +27,7 @@ from kb.models import Evidence, Incident
 from kb.repo import runs
 from kb.repo.migrate import current_revision, head_revision
 from kb.repo.store import (
+    EvidenceItem,
     ReadOnlyError,
     Store,
     add_evidence_many,
@@ -145,7 +146,7 @@ def test_a_reader_succeeds_while_a_capture_holds_a_write_transaction(store: Stor
         try:
             with store.session() as session:  # one batch of a capture, mid-transaction
                 add_evidence_many(
-                    session, None, [{"kind": "exchange", "summary": f"x{n}"} for n in range(50)]
+                    session, None, [EvidenceItem("exchange", f"x{n}") for n in range(50)]
                 )
                 writing.set()
                 release.wait(timeout=120)

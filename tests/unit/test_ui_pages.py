@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from kb.domain.diagnosis import Diagnosis
 from kb.repo.files import import_paths
 from kb.repo.store import Store
 from kb.service import KnowledgeBase
@@ -485,10 +486,10 @@ def test_new_triage_runs_the_engine_with_progress_and_lands_on_the_incident(
 
     def fake_run_triage(
         store: Store, exchange: Any, stack: Any, progress: Any, **options: Any
-    ) -> dict[str, Any]:
+    ) -> Diagnosis:
         calls.append({"exchange": exchange, "stack": stack, **options})
         progress(0.5, "probe thinking-off: 8/16")
-        return {"incident": REFERENCE}
+        return Diagnosis.from_json({"incident": REFERENCE})
 
     monkeypatch.setattr(actions, "run_triage", fake_run_triage)
     configure_stacks(monkeypatch, write_stack(tmp_path, '[server]\nmodel = "m.gguf"\n'))
@@ -568,7 +569,7 @@ def test_new_triage_reads_uploaded_files(
         actions,
         "run_triage",
         lambda store, exchange, stack, progress, **options: (
-            seen.append(exchange) or {"incident": REFERENCE}
+            seen.append(exchange) or Diagnosis.from_json({"incident": REFERENCE})
         ),
     )
     configure_stacks(monkeypatch, write_stack(tmp_path, '[server]\nmodel = "m.gguf"\n'))

@@ -25,6 +25,7 @@ from test_ui_pages import (
 )
 
 from kb import vocab
+from kb.domain.diagnosis import Diagnosis
 from kb.repo.store import Store
 from triage.capture import format_ids
 from triage.cli import cli
@@ -37,7 +38,7 @@ def _fake_run(monkeypatch: pytest.MonkeyPatch, diagnosis: dict[str, Any]) -> lis
 
     def fake(store: Store, exchange: Any, stack: Any, progress: Any, **options: Any) -> Any:
         calls.append(exchange)
-        return diagnosis
+        return Diagnosis.from_json(diagnosis)
 
     monkeypatch.setattr(actions, "run_triage", fake)
     return calls
@@ -94,7 +95,8 @@ def test_a_partial_run_is_flagged(
         {
             "incident": REFERENCE,
             "state": "partial",
-            "errors": ["arm spec-off: server died (exit code -11)"],
+            # as the engine reports an arm that errored
+            "undecided": ["arm spec-off errored: server died (exit code -11)"],
         },
     )
     at = _page(tmp_path, monkeypatch)

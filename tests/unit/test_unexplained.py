@@ -11,7 +11,7 @@ from typing import Any
 import click
 import pytest
 
-from kb.domain.records import DiagnosisArm, DiagnosisCause
+from kb.domain.diagnosis import Diagnosis, DiagnosisArm, DiagnosisCause, Finding
 from kb.domain.retro import retro_markdown, unexplained
 from kb.repo.files import import_paths, load_record
 from kb.repo.store import Store
@@ -22,8 +22,13 @@ from triage.ui.runs import IncidentRuns, unexplained_parts
 INCIDENTS = Path(__file__).resolve().parents[2] / "incidents"
 
 
+def _verdict(*args: Any) -> dict[str, Any]:
+    """The overall verdict as the diagnosis JSON holds it."""
+    return overall_verdict(*args).to_json()
+
+
 def _arm(name: str, k: int, n: int) -> DiagnosisArm:
-    return DiagnosisArm.from_dict(
+    return DiagnosisArm.from_json(
         {
             "name": name,
             "variant": "",
@@ -50,7 +55,7 @@ CAUSES = [
 
 
 def test_reproduced_and_nothing_confirmed_is_unexplained() -> None:
-    verdict = overall_verdict("done", CAUSES, [_arm("baseline", 8, 8)])
+    verdict = _verdict("done", CAUSES, [_arm("baseline", 8, 8)])
     assert verdict["status"] == UNEXPLAINED
     assert verdict["headline"].startswith("UNEXPLAINED")
     assert "baseline 8/8 failing" in verdict["headline"]
@@ -63,28 +68,32 @@ def test_reproduced_and_nothing_confirmed_is_unexplained() -> None:
 
 def test_a_confirmed_cause_or_an_unfinished_run_is_not_unexplained() -> None:
     confirmed = [*CAUSES, _cause("model-loop", "confirmed", "sampling")]
-    assert overall_verdict("done", confirmed, [])["status"] == "explained"
-    assert overall_verdict("not-reproduced", CAUSES, [])["status"] == "not-reproduced"
-    assert overall_verdict("partial", CAUSES, [])["status"] == "partial"
+    assert _verdict("done", confirmed, [])["status"] == "explained"
+    assert _verdict("not-reproduced", CAUSES, [])["status"] == "not-reproduced"
+    assert _verdict("partial", CAUSES, [])["status"] == "partial"
 
 
 def test_a_baseline_that_never_failed_is_not_called_reproduced() -> None:
     """A finished run whose baseline replays all succeeded and that confirms nothing must not
     say "the failure reproduces": it is not reproduced, and the CLI exits non-zero."""
-    verdict = overall_verdict("done", CAUSES, [_arm("baseline", 0, 16)])
+    verdict = _verdict("done", CAUSES, [_arm("baseline", 0, 16)])
     assert verdict["status"] == "not-reproduced"
     assert "reproduces" not in verdict["headline"]
     assert "0/16" in verdict["headline"]
     with pytest.raises(click.ClickException) as stopped:
-        _exit_for_state({"incident": "i", "state": "done", "verdict": verdict})
+        _exit_for_state(Diagnosis.from_json({"incident": "i", "state": "done", "verdict": verdict}))
     assert "0/16" in stopped.value.message
     confirmed = [*CAUSES, _cause("stream-format", "confirmed", "stream-vs-nonstream")]
-    assert overall_verdict("done", confirmed, [_arm("baseline", 0, 16)])["status"] == "explained"
+    assert _verdict("done", confirmed, [_arm("baseline", 0, 16)])["status"] == "explained"
 
 
-def _diagnosis() -> dict[str, Any]:
-    verdict = overall_verdict("done", CAUSES, [_arm("baseline", 8, 8)])
+def _stored() -> dict[str, Any]:
+    verdict = _verdict("done", CAUSES, [_arm("baseline", 8, 8)])
     return {"incident": "i", "run_id": 3, "arms": [], "causes": [], "verdict": verdict}
+
+
+def _diagnosis(**changes: Any) -> Diagnosis:
+    return Diagnosis.from_json({**_stored(), **changes})
 
 
 def test_the_cli_prints_it_and_exits_with_its_own_status(
@@ -96,16 +105,15 @@ def test_the_cli_prints_it_and_exits_with_its_own_status(
     with pytest.raises(SystemExit) as stopped:
         _exit_for_state(_diagnosis())
     assert stopped.value.code == EXIT_UNEXPLAINED == 4
-    explained = {**_diagnosis(), "verdict": {"status": "explained", "headline": "x"}}
-    _exit_for_state(explained)  # exit 0: returns
+    _exit_for_state(_diagnosis(verdict={"status": "explained", "headline": "x"}))  # exit 0
     with pytest.raises(click.ClickException):
-        _exit_for_state({**_diagnosis(), "state": "not-reproduced", "verdict": None})
+        _exit_for_state(_diagnosis(state="not-reproduced", verdict=None))
 
 
 def test_the_ui_shows_the_latest_runs_unexplained_verdict() -> None:
     from kb.repo.runlog import RunInfo
 
-    run = RunInfo(3, "done", "2026-12-01T16:00:00", "", _diagnosis())
+    run = RunInfo(3, "done", "2026-12-01T16:00:00", "", _stored())
     parts = unexplained_parts(IncidentRuns([run]), None)
     assert parts is not None
     headline, ruled_out, probes = parts
@@ -139,9 +147,9 @@ def test_the_retrospective_says_unexplained_with_citations() -> None:
 
 def test_failed_model_file_lint_findings_come_first_in_the_next_probes() -> None:
     lint = [
-        {"kind": "base-model-for-chat", "passed": False},
-        {"kind": "chat-template-missing", "passed": True},
+        Finding("base-model-for-chat", False, 1.0, "base model"),
+        Finding("chat-template-missing", True, 0.0, "has one"),
     ]
-    verdict = overall_verdict("done", CAUSES, [_arm("baseline", 8, 8)], lint)
+    verdict = _verdict("done", CAUSES, [_arm("baseline", 8, 8)], lint)
     assert verdict["next_probes"][0].startswith("model file: serve an instruction-tuned model")
     assert not any("chat template (--chat-template-file)" in p for p in verdict["next_probes"])

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kb.atlas import Facts
+from kb.domain.diagnosis import Finding as FindingRecord
 from triage.capture import Exchange, redact_text
 from triage.llama.build import ServerBinaryNotFound, find_server_binary
 from triage.llama.crash import (
@@ -126,11 +127,13 @@ def _clients(headers: Mapping[str, str]) -> frozenset[str]:
     return frozenset(found)
 
 
-def failed_kinds(findings: Iterable[Finding | Mapping[str, Any]]) -> frozenset[str]:
-    """The kinds of the failed findings (finding objects or their dicts)."""
+def failed_kinds(
+    findings: Iterable[Finding | FindingRecord | Mapping[str, Any]],
+) -> frozenset[str]:
+    """The kinds of the failed findings (a check's findings, a diagnosis's, or their dicts)."""
     kinds = set()
     for finding in findings:
-        if isinstance(finding, Finding):
+        if isinstance(finding, (Finding, FindingRecord)):
             if not finding.passed:
                 kinds.add(finding.kind)
         elif not finding.get("passed", True):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kb.atlas import AtlasEntry, AtlasError, Facts, Match, atlas_dirs, load_atlas, match_atlas
+from kb.domain.diagnosis import Finding as FindingRecord
 from triage.atlas.facts import (
     facts_from_diagnosis,
     facts_from_exchange,
@@ -185,7 +186,7 @@ def check_lines(
 def diagnosis_matches(
     stack: Stack,
     exchange: Mapping[str, Any] | None,
-    findings: Sequence[Mapping[str, Any]],
+    findings: Sequence[FindingRecord | Mapping[str, Any]],
     diagnosis: Mapping[str, Any] | None = None,
 ) -> tuple[list[Match], int, str | None]:
     """`triage diagnose`'s atlas: the captured exchange and the stack before probing; with

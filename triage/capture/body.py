@@ -29,6 +29,7 @@ from triage.capture.stream import looks_like_sse, reassemble_sse
 __all__ = [
     "HTTP_STATUS_LINE",
     "exchange_from_record",
+    "is_tei_rerank_answer",
     "json_body",
     "parse_body",
     "split_http_head",
@@ -149,8 +150,21 @@ def _text_body(stripped: str, file: str, *, status: int | None, location: int | 
     )
 
 
+def is_tei_rerank_answer(value: Any) -> bool:
+    """A TEI-form `/rerank` answer: a bare list of `{index, score}` objects (b11434 answers a
+    request with `texts` so)."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(item, dict) and "index" in item and "score" in item for item in value)
+    )
+
+
 def json_body(value: Any, file: str, *, status: int | None, path: str) -> Body:
-    """A JSON response body; `path` is where it sits (`$`, `line 3, $.response`)."""
+    """A JSON response body; `path` is where it sits (`$`, `line 3, $.response`). A TEI-form
+    rerank answer (a bare list) is held as `{"results": [...]}`, its items as sent."""
+    if is_tei_rerank_answer(value) and (status is None or status < 400):
+        value = {"results": value}
     if not isinstance(value, dict):
         if status is not None and status >= 400:
             return Body(

@@ -18,6 +18,7 @@ from triage.capture.formats import (
     get_format,
 )
 from triage.capture.formats.curl import parse_curl
+from triage.capture.formats.journal import parse_journal
 from triage.capture.formats.pair import pair_role, parse_pair, parse_pair_document
 from triage.capture.formats.sse import parse_sse_streams
 from triage.capture.model import LIVE_FORMAT, CaptureError, Exchange
@@ -139,6 +140,8 @@ def parse(
     base = Path(base_dir) if base_dir is not None else None
     if kind == "curl":
         return [parse_curl(data, response, file=file, response_file=response_file, base_dir=base)]
+    if kind == "journal":  # binary frames: read as bytes, not decoded as text first
+        return parse_journal(data, file=file)
     if kind == "sse" and request is not None:
         return parse_sse_streams(data, file=file, request=request, request_file=request_file)
     if kind in ("request", "response", "pair"):

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
+from kb.domain.diagnosis import Finding as FindingRecord
 from kb.jsontypes import JsonObject
 from triage.capture import Exchange
 
@@ -90,6 +91,19 @@ class Finding(NamedTuple):
             "where": self.where,
             "offset": self.offset,
         }
+
+    def record(self, *, with_offset: bool = False) -> FindingRecord:
+        """This finding as a diagnosis holds it (score rounded to 4 places): the exchange's
+        findings are recorded without their offset, the model-file lint's with it."""
+        return FindingRecord(
+            kind=self.kind,
+            passed=self.passed,
+            score=round(float(self.score), 4),
+            reason=self.reason,
+            where=self.where,
+            offset=self.offset if with_offset else None,
+            has_offset=with_offset,
+        )
 
 
 # --------------------------------------------------------------------------------------

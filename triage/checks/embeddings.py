@@ -16,6 +16,7 @@ from typing import Any
 
 from triage.catalogue import Catalogue
 from triage.checks.base import Finding, View, _pass, check
+from triage.llama.endpoints import rerank_documents_key
 
 KIND = "embedding-failed"
 MAX_TEXT = 4000
@@ -122,7 +123,7 @@ def _embedding_problems(view: View, data: list[Any]) -> list[Finding]:
 
 
 def _rerank_problems(view: View, results: list[Any]) -> list[Finding]:
-    documents = view.request.get("documents")
+    documents = view.request.get(rerank_documents_key(view.request) or "documents")
     top_n = view.request.get("top_n")
     if not isinstance(documents, list):
         return []
@@ -141,7 +142,8 @@ def _rerank_problems(view: View, results: list[Any]) -> list[Finding]:
             )
         )
     for i, item in enumerate(results):
-        score = item.get("relevance_score") if isinstance(item, dict) else None
+        # `score` in the TEI form (a request with `texts`)
+        score = item.get("relevance_score", item.get("score")) if isinstance(item, dict) else None
         if not isinstance(score, (int, float)) or isinstance(score, bool):
             findings.append(
                 Finding(

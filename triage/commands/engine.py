@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 
-from kb.domain.records import validate_diagnosis
+from kb.atlas.match import Match
+from kb.domain.diagnosis import (
+    Diagnosis,
+    DiagnosisArm,
+    Observation,
+    ServerSummary,
+)
 from kb.jsontypes import JsonObject
 from kb.repo.runs import RunOwner, resumable_runs, run_incident_slug
 from kb.repo.store import Store, evidence_payloads
 from triage.atlas.report import diagnosis_matches, format_match_dicts, format_matches
 from triage.capture import CaptureError, load_file, read_file
+from triage.checks.prompt_cache_turns import conversation_intake
 from triage.commands import open_store, with_options
 from triage.commands.ui import start_ui
 from triage.demo import run_demo
@@ -25,8 +33,8 @@ from triage.engine import (
     DiagnoseOptions,
     EngineError,
     Event,
+    Intake,
     diagnose,
-    findings_json,
     latest_diagnosis,
     latest_run_state,
     run_to_resume,
@@ -35,7 +43,7 @@ from triage.engine import resume as resume_run
 from triage.observe import observation_summary
 from triage.stackfile import Stack, StackError, load_stack
 
-__all__ = ["ProgressPrinter", "format_diagnosis", "register", "validate_diagnosis"]
+__all__ = ["ProgressPrinter", "format_diagnosis", "register"]
 
 
 # The observations a diagnosis prints, as sentences (the rest stay in --json / the record).
@@ -98,45 +106,46 @@ def _progress_printer() -> ProgressPrinter:
     return ProgressPrinter()
 
 
-def with_one_sided_p(store: Store, diagnosis: dict[str, Any]) -> dict[str, Any]:
+def with_one_sided_p(store: Store, diagnosis: Diagnosis) -> Diagnosis:
     """A copy of the diagnosis for printing, each arm with the one-sided p (`p_less`) its
-    decision used, read from the arm's stored measurement (the diagnosis JSON keeps the
+    decision used, read from the arm's stored measurement (older diagnoses keep the
     two-sided `p_value` only)."""
-    arms = [dict(arm) for arm in diagnosis.get("arms", [])]
-    keys = [str(arm["evidence"]) for arm in arms if arm.get("evidence")]
+    keys = [str(arm.evidence) for arm in diagnosis.arms if arm.evidence]
     try:
         with store.session(readonly=True) as session:
-            payloads = evidence_payloads(session, str(diagnosis.get("incident")), keys)
+            payloads = evidence_payloads(session, diagnosis.incident, keys)
     except Exception:  # noqa: BLE001 -- printing falls back to the two-sided p, labelled
         payloads = {}
-    for arm in arms:
-        payload = payloads.get(str(arm.get("evidence")), {})
-        if arm.get("p_less") is None and payload.get("p_less") is not None:
-            arm["p_less"] = payload["p_less"]
-    return {**diagnosis, "arms": arms}
+    arms = []
+    for arm in diagnosis.arms:
+        stored = payloads.get(str(arm.evidence), {}).get("p_less")
+        if arm.p_less is None and stored is not None:
+            arm = dataclasses.replace(arm, p_less=float(stored))
+        arms.append(arm)
+    return dataclasses.replace(diagnosis, arms=arms)
 
 
-def _p_text(arm: dict[str, Any]) -> str:
+def _p_text(arm: DiagnosisArm) -> str:
     """The one-sided p the arm's decision uses ("the arm fails less"); older diagnoses
     carry only the two-sided one, printed as such."""
-    if arm.get("p_less") is not None:
-        return f"  p={arm['p_less']:.2g}"
-    if arm.get("p_value") is not None:
-        return f"  p(two-sided)={arm['p_value']:.2g}"
+    if arm.p_less is not None:
+        return f"  p={arm.p_less:.2g}"
+    if arm.p_value is not None:
+        return f"  p(two-sided)={arm.p_value:.2g}"
     return ""
 
 
-def observation_sentence(obs: dict[str, Any]) -> str:
+def observation_sentence(obs: Observation) -> str:
     """One observation as a sentence for people, with the evidence id it was stored as."""
-    name = str(obs.get("name"))
-    facts = {k: v for k, v in obs.items() if k not in ("name", "prompt_tail", "evidence")}
+    name = obs.name
+    facts = {k: v for k, v in obs.facts.items() if k not in ("name", "prompt_tail", "evidence")}
     if name in _PRINTED_OBSERVATIONS or facts.get("error"):
         text = observation_summary(name, facts)
     else:
         parts = [f"{k.replace('_', ' ')} {_plain(v)}" for k, v in facts.items()]
         text = f"{name}: " + ("; ".join(parts) or "recorded")
     text = text[:1].upper() + text[1:]
-    evidence = f" [{obs['evidence']}]" if obs.get("evidence") else ""
+    evidence = f" [{obs.evidence}]" if obs.evidence else ""
     return text.rstrip(".") + "." + evidence
 
 
@@ -150,95 +159,90 @@ def _plain(value: Any) -> str:
     return str(value)
 
 
-def stack_line(server: dict[str, Any]) -> str:
+def stack_line(server: ServerSummary) -> str:
     """The run's server in one line (recorded with secrets masked): model file and args,
     or the URL of a running server."""
-    if server.get("model"):
-        name = str(server["model"]).rsplit("/", 1)[-1]
-        args = " ".join(str(a) for a in server.get("args") or [])
-        return f"{name} {args}".strip()
-    return f"running server at {server.get('url')}"
+    if server.model:
+        name = str(server.model).rsplit("/", 1)[-1]
+        return f"{name} {' '.join(server.args)}".strip()
+    return f"running server at {server.url}"
 
 
-def format_diagnosis(diagnosis: dict[str, Any]) -> str:
-    """The diagnosis as text for a terminal."""
-    lines = [f"Diagnosis of {diagnosis['incident']} (run {diagnosis.get('run_id')})", ""]
-    server = (diagnosis.get("stack") or {}).get("server")
-    if isinstance(server, dict) and (server.get("model") or server.get("url")):
-        lines[1:1] = [f"stack: {stack_line(server)}"]
-    note = (diagnosis.get("stack") or {}).get("host_workaround")
-    if note:
-        lines[1:1] = [f"note: {note} (drill servers only)"]
-    reproduction = diagnosis.get("reproduction") or {}
-    if reproduction and not reproduction.get("reproduced", True):
-        lines += [f"NOT REPRODUCED: {reproduction.get('message')}", ""]
-    verdict = diagnosis.get("verdict") or {}
-    if verdict.get("status") == UNEXPLAINED:
-        lines += [str(verdict.get("headline")), f"  {verdict.get('ruled_out')}", "  next:"]
-        lines += [f"    - {probe}" for probe in verdict.get("next_probes") or []]
+def format_diagnosis(diagnosis: Diagnosis, atlas: Sequence[Match] = ()) -> str:
+    """The diagnosis as text for a terminal, with the atlas's pointers beside it."""
+    lines = [f"Diagnosis of {diagnosis.incident} (run {diagnosis.run_id})", ""]
+    stack = diagnosis.stack
+    if stack is not None and stack.server is not None and (stack.server.model or stack.server.url):
+        lines[1:1] = [f"stack: {stack_line(stack.server)}"]
+    if stack is not None and stack.host_workaround:
+        lines[1:1] = [f"note: {stack.host_workaround} (drill servers only)"]
+    reproduction = diagnosis.reproduction
+    if reproduction is not None and not reproduction.reproduced:
+        lines += [f"NOT REPRODUCED: {reproduction.message}", ""]
+    verdict = diagnosis.verdict
+    if verdict is not None and verdict.status == UNEXPLAINED:
+        lines += [verdict.headline, f"  {verdict.ruled_out}", "  next:"]
+        lines += [f"    - {probe}" for probe in verdict.next_probes or []]
         lines.append("")
-    failed = [f for f in diagnosis.get("findings", []) if not f.get("passed", True)]
+    failed = [f for f in diagnosis.findings if not f.passed]
     if failed:
         lines.append("Findings in the failing exchange:")
-        lines += [f"  - {f['kind']}: {f['reason']}" for f in failed]
+        lines += [f"  - {f.kind}: {f.reason}" for f in failed]
         lines.append("")
-    lines += _arm_lines(diagnosis.get("arms", []))
-    skipped = diagnosis.get("skipped_arms") or []
-    if skipped:
+    lines += _arm_lines(diagnosis.arms)
+    if diagnosis.skipped_arms:
         lines.append("Arms not run (they cannot matter here):")
-        lines += [f"  {s['arm']:<24} {s['reason']}" for s in skipped]
+        lines += [f"  {s.arm:<24} {s.reason}" for s in diagnosis.skipped_arms]
         lines.append("")
     for status in ("confirmed", "rejected", "suspected"):
-        group = [c for c in diagnosis.get("causes", []) if c["status"] == status]
+        group = [c for c in diagnosis.causes if c.status == status]
         if not group:
             continue
         lines.append(f"{status.upper()}:")
         for cause in group:
-            ev = ", ".join(cause.get("evidence") or []) or "-"
-            lines.append(f"  {cause['id']}: {cause['rationale']} [evidence: {ev}]")
+            ev = ", ".join(cause.evidence) or "-"
+            lines.append(f"  {cause.id}: {cause.rationale} [evidence: {ev}]")
         lines.append("")
-    observed = [
-        o for o in diagnosis.get("observations", []) if o.get("name") in _PRINTED_OBSERVATIONS
-    ]
+    observed = [o for o in diagnosis.observations if o.name in _PRINTED_OBSERVATIONS]
     if observed:
         lines.append("Observations:")
         lines += [f"  - {observation_sentence(obs)}" for obs in observed]
         lines.append("")
-    atlas = format_match_dicts(diagnosis.get("atlas_matches") or [])
-    if atlas:
-        lines += [*atlas, ""]
-    cost = diagnosis.get("cost") or {}
-    if cost:
+    shown = format_match_dicts([m.to_dict() for m in atlas])
+    if shown:
+        lines += [*shown, ""]
+    cost = diagnosis.cost
+    if cost is not None:
         lines.append(
-            f"cost: {cost.get('requests')} requests, {cost.get('wall_seconds')} s "
-            f"wall, {cost.get('server_seconds')} s server, "
-            f"{cost.get('launch_seconds')} s launches"
+            f"cost: {cost.requests} requests, {cost.wall_seconds} s "
+            f"wall, {cost.server_seconds} s server, "
+            f"{cost.launch_seconds} s launches"
         )
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _arm_lines(arms: list[dict[str, Any]]) -> list[str]:
+def _arm_lines(arms: Sequence[DiagnosisArm]) -> list[str]:
     lines = [
         "Probe arms (failures k/n, rate, 95% Wilson interval, one-sided p that the arm fails "
         "less than the baseline, decision, decode tok/s):"
     ]
     speeds = False
     for arm in arms:
-        rate = "-" if arm["rate"] is None else f"{arm['rate']:.2f}"
-        lo, hi = arm["ci95"]
+        rate = "-" if arm.rate is None else f"{arm.rate:.2f}"
+        lo, hi = arm.ci95
         extra = ""
-        if arm.get("speed_tok_s"):
+        if arm.speed_tok_s:
             speeds = True
-            extra += f"  {arm['speed_tok_s']:.0f} tok/s"
-        if arm.get("draft_acceptance") is not None:
-            extra += f"  draft acceptance {arm['draft_acceptance']:.0%}"
-        if arm.get("error"):
-            extra += f"  ERROR: {arm['error']}"
-        elif not arm.get("n") and arm.get("decision") == "not-run":
-            extra += f"  NOT RUN: {arm.get('stopped') or 'no replay'}"
+            extra += f"  {arm.speed_tok_s:.0f} tok/s"
+        if arm.draft_acceptance is not None:
+            extra += f"  draft acceptance {arm.draft_acceptance:.0%}"
+        if arm.error:
+            extra += f"  ERROR: {arm.error}"
+        elif not arm.n and arm.decision == "not-run":
+            extra += f"  NOT RUN: {arm.stopped or 'no replay'}"
         lines.append(
-            f"  {arm['name']:<24} {arm['failures']:>3}/{arm['n']:<3} rate {rate}  "
-            f"[{lo:.2f}, {hi:.2f}]{_p_text(arm)}  {arm['decision']}{extra}"
+            f"  {arm.name:<24} {arm.failures:>3}/{arm.n:<3} rate {rate}  "
+            f"[{lo:.2f}, {hi:.2f}]{_p_text(arm)}  {arm.decision}{extra}"
         )
     if speeds:
         lines.append("  " + TOK_S_NOTE)
@@ -246,8 +250,8 @@ def _arm_lines(arms: list[dict[str, Any]]) -> list[str]:
 
 
 def _load_exchange(
-    request: Path, response: Path | None, fmt: str
-) -> tuple[JsonObject, list[Any], JsonObject]:
+    request: Path, response: Path | None, fmt: str, pick: int | None = None
+) -> Intake:
     try:
         if response is not None:
             exchanges = load_file(request, format=fmt, response=response)
@@ -260,13 +264,18 @@ def _load_exchange(
             except CaptureError:
                 body = None
             if body is not None:  # reproduce from the request alone: no captured failure
-                return body, [], {}
+                return Intake(body)
         raise click.ClickException(str(exc)) from None
-    if not exchanges:
-        raise click.ClickException(f"{request}: no exchange found")
-    exchange = exchanges[0]
-    findings = findings_json(exchange)
-    return exchange.request, findings, exchange.to_dict()
+    try:  # a capture of several exchanges: which one, and its conversation's turns
+        chosen = conversation_intake(exchanges, file=str(request), pick=pick)
+    except CaptureError as exc:
+        raise click.ClickException(str(exc)) from None
+    for line in chosen.notes:
+        click.echo(line, err=True)
+    intake = Intake.of(chosen.exchange)
+    if chosen.finding is not None:  # the conversation's own finding joins the exchange's
+        intake = dataclasses.replace(intake, findings=(*intake.findings, chosen.finding.record()))
+    return intake
 
 
 def _request_only(data: Any) -> JsonObject | None:
@@ -319,6 +328,16 @@ _DIAGNOSE_OPTIONS = (
     ),
     click.option("--seed", type=int, default=None, help="First seed of the replays."),
     click.option(
+        "--exchange",
+        "pick",
+        type=click.IntRange(min=1),
+        metavar="N",
+        default=None,
+        help="Diagnose the N-th exchange (from 1) of a capture that holds several (default: "
+        "the last whose reply fails, else the last); the turns of its conversation before it "
+        "are read for the unstable-prefix finding.",
+    ),
+    click.option(
         "--json",
         "json_out",
         type=click.Path(path_type=Path, dir_okay=False),
@@ -346,6 +365,7 @@ def diagnose_command(
     incident: str | None,
     max_requests: int | None,
     seed: int | None,
+    pick: int | None,
     json_out: Path | None,
     resume: bool,
 ) -> None:
@@ -362,12 +382,15 @@ def diagnose_command(
     if seed is not None:
         options.seed = seed
     with open_store(ctx) as store:
-        diagnosis = _run_diagnosis(
-            store, request_path, response_path, fmt, stack, incident, options, resume
+        diagnosis, matches = _run_diagnosis(
+            store, request_path, response_path, fmt, stack, incident, options, resume, pick
         )
-    validate_diagnosis(diagnosis)
     if json_out is not None:
-        text = json.dumps(diagnosis, indent=2, sort_keys=True, default=str) + "\n"
+        # The atlas with the verdicts: an extra field beside them, never a change to them.
+        # (The engine checked the diagnosis against its schema where it recorded it; the
+        # atlas entries were checked against theirs when read.)
+        data = {**diagnosis.to_json(), "atlas_matches": [m.to_dict() for m in matches]}
+        text = json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
         if str(json_out) == "-":
             sys.stdout.write(text)
         else:
@@ -375,25 +398,25 @@ def diagnose_command(
             json_out.write_text(text, "utf-8")
     if json_out is None or str(json_out) != "-":
         with open_store(ctx) as store:
-            click.echo(format_diagnosis(with_one_sided_p(store, diagnosis)))
+            click.echo(format_diagnosis(with_one_sided_p(store, diagnosis), matches))
     _exit_for_state(diagnosis)
 
 
-def _exit_for_state(diagnosis: dict[str, Any]) -> None:
+def _exit_for_state(diagnosis: Diagnosis) -> None:
     """A run that did not reproduce the failure or ended with errors exits non-zero (1); an
     UNEXPLAINED verdict (reproduced, nothing confirmed) exits EXIT_UNEXPLAINED (4)."""
-    state = diagnosis.get("state", "done")
-    if (diagnosis.get("verdict") or {}).get("status") == UNEXPLAINED:
+    verdict = diagnosis.verdict
+    if verdict is not None and verdict.status == UNEXPLAINED:
         sys.exit(EXIT_UNEXPLAINED)
-    if state == "not-reproduced":
-        message = (diagnosis.get("reproduction") or {}).get("message", "")
-        raise click.ClickException(f"{message}")
-    if (diagnosis.get("verdict") or {}).get("status") == "not-reproduced":
-        raise click.ClickException(str(diagnosis["verdict"].get("headline", "not reproduced")))
-    if state == "partial":
+    if diagnosis.state == "not-reproduced":
+        reproduction = diagnosis.reproduction
+        raise click.ClickException(reproduction.message if reproduction else "")
+    if verdict is not None and verdict.status == "not-reproduced":
+        raise click.ClickException(verdict.headline or "not reproduced")
+    if diagnosis.state == "partial":
         raise click.ClickException(
             "the run ended with errors (see the arms marked ERROR or NOT RUN); continue it with "
-            f"`triage diagnose --resume --incident {diagnosis['incident']} --stack ...`"
+            f"`triage diagnose --resume --incident {diagnosis.incident} --stack ...`"
         )
 
 
@@ -406,14 +429,17 @@ def _run_diagnosis(
     incident: str | None,
     options: DiagnoseOptions,
     resume: bool,
-) -> dict[str, Any]:
+    pick: int | None = None,
+) -> tuple[Diagnosis, list[Match]]:
+    """The diagnosis, and the atlas's matches for it (pointers printed beside the verdicts)."""
+    intake: Intake | None = None
     try:
         if resume:
             # The caller's own run: same stack (and request, incident when given), never one
             # another process is still running; ambiguity is refused with a list.
             wanted = None
             if request_path is not None:
-                wanted = _load_exchange(request_path, response_path, fmt)[0]
+                wanted = _load_exchange(request_path, response_path, fmt, pick).request
             run = run_to_resume(store, stack, request=wanted, incident=incident)
             label = (run.plan or {}).get("stack_label") or "stack not recorded"
             with store.session(readonly=True) as session:
@@ -423,14 +449,12 @@ def _run_diagnosis(
         else:
             if request_path is None:
                 raise click.UsageError("--request is required (or --resume)")
-            request, findings, exchange = _load_exchange(request_path, response_path, fmt)
-            _print_atlas_before(stack, exchange, findings)
+            intake = _load_exchange(request_path, response_path, fmt, pick)
+            _print_atlas_before(stack, intake)
             diagnosis = diagnose(
                 store,
+                intake,
                 stack,
-                request,
-                exchange=exchange,
-                findings=findings,
                 incident=incident,
                 options=options,
                 progress=_progress_printer(),
@@ -439,19 +463,15 @@ def _run_diagnosis(
         raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:
         raise click.ClickException(_interrupted_message(store)) from None
-    # The atlas with the verdicts: an extra field beside them, never a change to them.
-    exchange_data = None if resume else exchange
-    matches, _, _ = diagnosis_matches(
-        stack, exchange_data, diagnosis.get("findings", []), diagnosis
-    )
-    diagnosis["atlas_matches"] = [match.to_dict() for match in matches]
-    return diagnosis
+    exchange = intake.exchange if intake is not None else None
+    matches, _, _ = diagnosis_matches(stack, exchange, diagnosis.findings, diagnosis.to_json())
+    return diagnosis, matches
 
 
-def _print_atlas_before(stack: Stack, exchange: JsonObject, findings: list[Any]) -> None:
+def _print_atlas_before(stack: Stack, intake: Intake) -> None:
     """Before probing: what the atlas says about the capture and the stack (on stderr, with
     the progress lines)."""
-    matches, checked, warning = diagnosis_matches(stack, exchange, findings)
+    matches, checked, warning = diagnosis_matches(stack, intake.exchange, intake.findings)
     lines = [f"warning: {warning}"] if warning else format_matches(matches, checked)
     for line in ["before probing:", *lines]:
         click.echo(line, err=True)
@@ -487,12 +507,13 @@ def _interrupted_message(store: Store) -> str:
 def show_command(ctx: click.Context, slug: str, as_json: bool) -> None:
     """Print the latest diagnosis of an incident."""
     with open_store(ctx) as store:
-        diagnosis = latest_diagnosis(store, slug)
+        stored = latest_diagnosis(store, slug)
         exists, state, label = latest_run_state(store, slug, with_stack=True)
+        diagnosis = Diagnosis.from_json(stored) if stored is not None else None
         printable = with_one_sided_p(store, diagnosis) if diagnosis is not None else None
     if not exists:
         raise click.ClickException(f"no incident {slug!r} (see `triage incidents list`)")
-    if diagnosis is None:
+    if stored is None or diagnosis is None:
         why = f"its latest run is {state}" if state else "no run recorded"
         if label:
             why += f" (stack: {label})"
@@ -501,15 +522,13 @@ def show_command(ctx: click.Context, slug: str, as_json: bool) -> None:
             + (", or `triage diagnose --resume`" if state in ("interrupted", "partial") else "")
             + f", or see `triage incidents show {slug}`)"
         )
-    if as_json:
-        click.echo(json.dumps(diagnosis, indent=2, sort_keys=True, default=str))
+    if as_json:  # the row as stored
+        click.echo(json.dumps(stored, indent=2, sort_keys=True, default=str))
     else:
         click.echo(format_diagnosis(printable or diagnosis))
-    if diagnosis.get("state") == "not-reproduced":
+    if diagnosis.state == "not-reproduced" or diagnosis.verdict_status == "not-reproduced":
         sys.exit(1)
-    if (diagnosis.get("verdict") or {}).get("status") == "not-reproduced":
-        sys.exit(1)
-    if (diagnosis.get("verdict") or {}).get("status") == UNEXPLAINED:
+    if diagnosis.verdict_status == UNEXPLAINED:
         sys.exit(EXIT_UNEXPLAINED)
 
 

@@ -36,7 +36,7 @@ from kb.repo.store import Store
 from triage import catalogue as plugins
 from triage.capture import load_file
 from triage.drills.registry import CAPTURE_RECORDERS, SERVED, build_drill, list_drills
-from triage.engine import DiagnoseOptions, diagnose, findings_json
+from triage.engine import DiagnoseOptions, Intake, diagnose
 from triage.stackfile import load_stack
 
 OK = "ok"
@@ -202,16 +202,15 @@ def catalogue_causes() -> list[str]:
     return [str(c.id) for c in sorted(plugins.catalogue().causes, key=lambda c: int(c.number))]
 
 
-def _recorded_capture(drill: Any, work: Path) -> dict[str, Any] | None:
+def _recorded_capture(drill: Any, work: Path) -> Intake | None:
     """For a drill whose failure is in a capture (see registry.CAPTURE_RECORDERS): the
-    recorded exchange's request, the exchange and its findings, as `triage diagnose FILE`
-    would pass them; None for a drill diagnosed from its request alone."""
+    recorded exchange, classified as `triage diagnose FILE` would; None for a drill
+    diagnosed from its request alone."""
     recorder = CAPTURE_RECORDERS.get(drill.name)
     if recorder is None:
         return None
     (exchange,) = load_file(recorder(drill, work))
-    findings = findings_json(exchange)
-    return {"request": exchange.request, "exchange": exchange.to_dict(), "findings": findings}
+    return Intake.of(exchange)
 
 
 def run_drill(
@@ -232,11 +231,7 @@ def run_drill(
             if drill.name in SERVED:  # a running server behind a real gateway or proxy
                 served = services.enter_context(SERVED[drill.name](drill, work / "served"))
                 stack_path = served.stack_path
-                capture = {
-                    "request": served.request,
-                    "exchange": served.exchange,
-                    "findings": served.findings,
-                }
+                capture = Intake(served.request, served.exchange, tuple(served.findings))
             body = drill.request(request)
             # A drill whose replies never end (context shift) names the replay timeout.
             timeout = float(drill.manifest.get("replay_timeout") or DiagnoseOptions.request_timeout)
@@ -244,23 +239,22 @@ def run_drill(
             try:
                 diagnosis = diagnose(
                     store,
+                    capture or Intake(body),
                     load_stack(stack_path),
-                    capture["request"] if capture else body,
                     options=DiagnoseOptions(
                         max_requests=max_requests or cap,
                         log_dir=work / "runs",
                         request_timeout=timeout,
                         check_preconditions=preconditions,
                     ),
-                    **({k: capture[k] for k in ("exchange", "findings")} if capture else {}),
                 )
             finally:
                 store.close()
     except Exception as exc:  # noqa: BLE001 - one drill's failure is a row, not a traceback
         return Row(name, error=f"{type(exc).__name__}: {exc}", seconds=time.monotonic() - started)
-    row = evaluate(name, drill.manifest, diagnosis, causes)
+    row = evaluate(name, drill.manifest, diagnosis.to_json(), causes)
     row.request, row.seconds = request, time.monotonic() - started
-    row.requests = int((diagnosis.get("cost") or {}).get("requests") or 0)
+    row.requests = diagnosis.cost.requests if diagnosis.cost else 0
     return row
 
 

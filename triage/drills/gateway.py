@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from kb.domain.diagnosis import Finding
 from kb.jsontypes import JsonObject
 from triage.capture import exchange_from_http
 from triage.drills import gemma4
@@ -170,7 +171,7 @@ class Served:
     stack_path: Path
     request: dict[str, Any]
     exchange: dict[str, Any]
-    findings: list[dict[str, Any]]
+    findings: list[Finding]
     direct_seconds: float
     read_timeout: float
     gateway_url: str
@@ -184,11 +185,6 @@ async def _post(url: str, body: JsonObject, key: str | None) -> tuple[int, bytes
     async with httpx.AsyncClient(timeout=120.0) as client:
         response = await client.post(f"{url}/v1/chat/completions", json=body, headers=headers)
     return response.status_code, response.content, time.monotonic() - started
-
-
-def _findings(exchange: Any) -> list[dict[str, Any]]:
-    keys = ("kind", "passed", "score", "reason", "where")
-    return [{k: f.to_dict().get(k) for k in keys} for f in classify(exchange)]
 
 
 @contextmanager
@@ -225,7 +221,7 @@ def serve(drill: Drill, folder: Path, binary: Path | None = None) -> Iterator[Se
                 stack_path,
                 body,
                 exchange.to_dict(),
-                _findings(exchange),
+                [f.record() for f in classify(exchange)],
                 direct,
                 timeout,
                 gateway.url,

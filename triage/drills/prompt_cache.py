@@ -134,17 +134,32 @@ def build(out_dir: Path, template: str) -> Drill:
     )
 
 
-async def _converse(base_url: str, timeout: float) -> tuple[JsonObject, JsonObject]:
+# What a chat UI sends beside the conversation after its first turn (its own request, not a
+# turn of the conversation): a session capture holds it between the turns.
+TITLE_REQUEST: JsonObject = {
+    "messages": [{"role": "user", "content": "Write a three-word title for a chat about Paris."}],
+    "temperature": 0.0,
+}
+
+
+async def _converse(
+    base_url: str, timeout: float, *, title: bool = False
+) -> list[tuple[JsonObject, JsonObject, float]]:
+    """The five turns (and, with `title`, the UI's title request after the first), each
+    (request, reply, elapsed seconds), in the order sent."""
     client = LlamaClient(base_url, timeout=timeout)
+    sent: list[tuple[JsonObject, JsonObject, float]] = []
     try:
         for turn in range(TURNS):
-            request = conversation(turn)
-            result = await client.chat(request)
-            if not result.ok or not isinstance(result.json, dict):
-                raise RuntimeError(f"{NAME}: turn {turn + 1} got HTTP {result.status_code}")
+            requests = [conversation(turn)] + ([TITLE_REQUEST] if title and turn == 0 else [])
+            for request in requests:
+                result = await client.chat(request)
+                if not result.ok or not isinstance(result.json, dict):
+                    raise RuntimeError(f"{NAME}: turn {turn + 1} got HTTP {result.status_code}")
+                sent.append((request, result.json, result.elapsed))
     finally:
         await client.aclose()
-    return request, result.json
+    return sent
 
 
 def record_capture(drill: Drill, folder: Path, timeout: float = 120.0) -> Path:
@@ -154,8 +169,43 @@ def record_capture(drill: Drill, folder: Path, timeout: float = 120.0) -> Path:
     stack = load_stack(drill.out_dir / "stack.toml")
     folder.mkdir(parents=True, exist_ok=True)
     with open_server(stack.server, folder / "record-logs", 60.0) as server:
-        request, response = asyncio.run(_converse(server.base_url, timeout))
+        request, response, _ = asyncio.run(_converse(server.base_url, timeout))[-1]
     path = folder / "prompt-cache.json"
     record: dict[str, Any] = {"request": request, "response": response}
     path.write_text(json.dumps(record))
+    return path
+
+
+def _har_entry(request: JsonObject, reply: JsonObject, elapsed: float) -> JsonObject:
+    def json_content(value: JsonObject) -> JsonObject:
+        return {"mimeType": "application/json", "text": json.dumps(value)}
+
+    header = [{"name": "content-type", "value": "application/json"}]
+    return {
+        "startedDateTime": "2026-12-01T17:00:07.000Z",
+        "time": round(elapsed * 1000, 1),
+        "request": {
+            "method": "POST",
+            "url": "http://127.0.0.1:8080/v1/chat/completions",
+            "httpVersion": "HTTP/1.1",
+            "headers": header,
+            "postData": json_content(request),
+        },
+        "response": {"status": 200, "headers": header, "content": json_content(reply)},
+    }
+
+
+def record_session(drill: Drill, folder: Path, timeout: float = 120.0) -> Path:
+    """Converse the drill's five turns on its real server, with a chat UI's title request
+    after the first, and write the whole session as a HAR 1.2 capture,
+    `folder/prompt-cache-session.har` (six entries; the last is the fifth turn). The server is
+    stopped on return, also on failure."""
+    stack = load_stack(drill.out_dir / "stack.toml")
+    folder.mkdir(parents=True, exist_ok=True)
+    with open_server(stack.server, folder / "record-logs", 60.0) as server:
+        sent = asyncio.run(_converse(server.base_url, timeout, title=True))
+    entries = [_har_entry(request, reply, elapsed) for request, reply, elapsed in sent]
+    har = {"log": {"version": "1.2", "creator": {"name": "triage"}, "entries": entries}}
+    path = folder / "prompt-cache-session.har"
+    path.write_text(json.dumps(har))
     return path

@@ -33,6 +33,14 @@ packages ship, the prompts are plain user prompts.
   into content ("<end_of_turn>city\n...", 8 of 8 seeds at temperature 0.8), since
   `<end_of_turn>` is not a token of its vocabulary, let alone an end-of-generation one.
   The model-file lint names the mismatch; no catalogue cause covers it.
+- `real-smollm2-schema-pattern` (schema-not-enforced, issue 24): a client asks SmolLM2 for
+  a date in JSON through `response_format.json_schema` with the pydantic-style pattern
+  `^\\d{4}-\\d{2}-\\d{2}$`. b11434's converter does not know the `\\d` escape: it logs
+  "JSON schema conversion was incomplete: pattern ... is not supported (unsupported escape:
+  \\d), accepting any string", so nothing constrains the value and the model writes
+  "22/09/1789", "2023-10-13T07:33:37.000Z" or a list of dates cut at max_tokens (8 of 8
+  seeds violate the schema at temperature 0.8). With `\\d` written `[0-9]` (the
+  schema-simplified arm) the grammar holds: 8 of 8 follow the pattern.
 """
 
 from __future__ import annotations
@@ -327,6 +335,66 @@ def foreign_template(out_dir: Path, template: str = "") -> Drill:
     )
 
 
+DATE_PATTERN = r"^\d{4}-\d{2}-\d{2}$"
+BASTILLE = "When did the storming of the Bastille happen? Answer in JSON."
+
+
+def schema_pattern(out_dir: Path, template: str = "") -> Drill:
+    schema = {
+        "type": "object",
+        "properties": {"date": {"type": "string", "pattern": DATE_PATTERN}},
+        "required": ["date"],
+    }
+    request = {
+        "messages": [{"role": "user", "content": BASTILLE}],
+        "max_tokens": 64,
+        "temperature": 0.8,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "event_date", "schema": schema},
+        },
+    }
+    return _write(
+        "real-smollm2-schema-pattern",
+        out_dir,
+        "smollm2-135m-instruct",
+        ["-c", "1024", "-np", "1"],
+        request,
+        {
+            "failing": {"expect": {"failure_rate": 1.0}},
+            "measured": {
+                "with": MEASURED_WITH + ", -c 1024 -np 1",
+                "server_log": "WARNING: JSON schema conversion was incomplete: pattern "
+                "^\\d{4}-\\d{2}-\\d{2}$ is not supported (unsupported escape: \\d), "
+                "accepting any string (once per request)",
+                "finish": ["length", "stop", "stop", "stop", "length", "length", "length", "stop"],
+                "contains": "8 of 8 violate the pattern: '2023-10-13T07:33:37.000Z', "
+                "'22/09/1789', '22 July 1789,', lists of dates cut at max_tokens 64",
+                "with_digits_as_class": "the pattern as ^[0-9]{4}-[0-9]{2}-[0-9]{2}$ (no warning "
+                "logged): 8 of 8 follow it ('2020-05-10', '2023-10-13', '2204-01-12', ...; "
+                "the model does not know the date, the grammar holds the shape), finish stop "
+                "after 20-25 tokens",
+            },
+            "causes": {
+                "schema-not-enforced": _cause(
+                    "confirmed",
+                    "The converter accepts any string for a pattern with \\d (its log says "
+                    "so); written with [0-9] the grammar enforces it and every reply follows "
+                    "the client's schema.",
+                ),
+                "token-limit": _cause(
+                    "not-confirmed",
+                    "The replies cut at max_tokens violate the pattern before the cut; the "
+                    "ones that stop on their own violate it too.",
+                ),
+                "structured-output": _cause(
+                    "not-confirmed", "The content is there; it is the wrong shape."
+                ),
+            },
+        },
+    )
+
+
 BUILDERS: dict[str, Callable[[Path, str], Drill]] = {
     "real-smollm2-token-limit": token_limit,
     "real-smollm2-context-size": context_size,
@@ -334,4 +402,5 @@ BUILDERS: dict[str, Callable[[Path, str], Drill]] = {
     "real-gemma3-base-chat": gemma_base_chat,
     "real-smollm2-stop-cuts": stop_cuts,
     "real-smollm2-foreign-template": foreign_template,
+    "real-smollm2-schema-pattern": schema_pattern,
 }

@@ -25,8 +25,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from kb.domain.diagnosis import Finding
 from kb.jsontypes import JsonObject
 from triage.capture import exchange_from_http
 from triage.drills import gemma4
@@ -112,7 +112,7 @@ class ServedStream:
     stack_path: Path
     request: JsonObject
     exchange: JsonObject
-    findings: list[dict[str, Any]]
+    findings: list[Finding]
     proxy: RunningProxy
     server_url: str
 
@@ -124,11 +124,6 @@ async def _record(url: str, body: JsonObject) -> tuple[int, bytes, float]:
     finally:
         await client.aclose()
     return result.status_code, result.raw, result.elapsed
-
-
-def _findings(exchange: Any) -> list[dict[str, Any]]:
-    keys = ("kind", "passed", "score", "reason", "where")
-    return [{k: f.to_dict().get(k) for k in keys} for f in classify(exchange)]
 
 
 @contextmanager
@@ -163,7 +158,7 @@ def serve(drill: Drill, folder: Path, binary: Path | None = None) -> Iterator[Se
             stack_path,
             body,
             exchange.to_dict(),
-            _findings(exchange),
+            [f.record() for f in classify(exchange)],
             proxy,
             server.base_url,
         )

@@ -6,7 +6,8 @@
 - `recorder`: every write, through kb functions (kb/runs.py);
 - `reproduction`: the gate -- the baseline must show the captured failure first;
 - `known_good`: delta debugging towards the last configuration that worked;
-- `diagnosis`: arm summaries and the Diagnosis record (validated where it is built);
+- `intake`: what a diagnosis starts from (the exchange, its findings as records);
+- `diagnosis`: arm summaries and the Diagnosis record (kb.domain.diagnosis);
 - `runner`: one run; `replay`: `replay_rate` for revisits;
 - `causes/`, `arms/`: the built-in catalogue plugins (causes and probe arms).
 """
@@ -15,11 +16,13 @@ from __future__ import annotations
 
 from typing import Any, Literal, overload
 
+from kb.domain.diagnosis import Diagnosis, Finding
 from kb.domain.records import RAW_TEXT_LIMIT, Reply
 from kb.jsontypes import JsonObject
 from kb.models import TriageRun
 from kb.repo import runs as _runs
 from kb.repo.store import Store, get_incident
+from triage.capture import Exchange
 from triage.engine.events import (
     ArmSkipped,
     ArmsPlanned,
@@ -29,13 +32,14 @@ from triage.engine.events import (
     ProgressFn,
     RepliesIn,
 )
-from triage.engine.intake import diagnose_exchange, findings_json
+from triage.engine.intake import Intake, exchange_findings
 from triage.engine.replay import ArmResult, replay_rate
 from triage.engine.replayer import classify_reply
 from triage.engine.resuming import choose_run
 from triage.engine.runner import ACTOR, DiagnoseOptions, Diagnoser
 from triage.engine.scheduler import ArmState
 from triage.engine.servers import EngineError, Server, open_server
+from triage.stackfile import Stack
 
 __all__ = [
     "ACTOR",
@@ -46,8 +50,11 @@ __all__ = [
     "ArmsPlanned",
     "DiagnoseOptions",
     "Diagnoser",
+    "Diagnosis",
     "EngineError",
     "Event",
+    "Finding",
+    "Intake",
     "LookStarted",
     "ProgressEvent",
     "ProgressFn",
@@ -56,8 +63,7 @@ __all__ = [
     "Server",
     "classify_reply",
     "diagnose",
-    "diagnose_exchange",
-    "findings_json",
+    "exchange_findings",
     "latest_diagnosis",
     "latest_run_state",
     "open_server",
@@ -70,30 +76,32 @@ __all__ = [
 
 def diagnose(
     store: Store,
-    stack: Any,
-    request: JsonObject,
+    exchange: Exchange | Intake,
+    stack: Stack,
     *,
-    exchange: JsonObject | None = None,
-    findings: list[dict[str, Any]] | None = None,
     incident: str | None = None,
     options: DiagnoseOptions | None = None,
     progress: ProgressFn | None = None,
-) -> dict[str, Any]:
-    """Run the probes for one failing request against one stack; returns the diagnosis."""
+) -> Diagnosis:
+    """Run the probes for one failing exchange (a capture, or an `Intake`: a request alone,
+    or an exchange already classified) against one stack; the recorded Diagnosis. The one
+    entry of the CLI, the UI, the demo, the drills and the proxy's auto-diagnose."""
+    intake = exchange if isinstance(exchange, Intake) else Intake.of(exchange)
     return Diagnoser(
         store,
         stack,
-        request,
-        exchange=exchange,
-        findings=findings,
+        intake.request,
+        exchange=intake.exchange,
+        findings=intake.findings,
         incident=incident,
         options=options,
         progress=progress,
     ).run()
 
 
-def latest_diagnosis(store: Store, slug: str) -> dict[str, Any] | None:
-    """The result of the incident's latest run that produced one (None: no diagnosis)."""
+def latest_diagnosis(store: Store, slug: str) -> JsonObject | None:
+    """The result of the incident's latest run that produced one, as stored (None: no
+    diagnosis); `Diagnosis.from_json` reads it."""
     with store.session(readonly=True) as session:
         return _runs.latest_diagnosis(session, slug)
 
@@ -127,7 +135,7 @@ def unfinished_run(store: Store, slug: str | None) -> TriageRun | None:
 
 def run_to_resume(
     store: Store,
-    stack: Any,
+    stack: Stack,
     *,
     request: JsonObject | None = None,
     incident: str | None = None,
@@ -148,11 +156,11 @@ def run_to_resume(
 def resume(
     store: Store,
     run: TriageRun,
-    stack: Any,
+    stack: Stack,
     *,
     options: DiagnoseOptions | None = None,
     progress: ProgressFn | None = None,
-) -> dict[str, Any]:
+) -> Diagnosis:
     """Continue an interrupted run from the replies it already recorded."""
     with store.session(readonly=True) as session:
         slug = _runs.run_incident_slug(session, run)
@@ -161,7 +169,7 @@ def resume(
         stack,
         dict(run.plan["request"]),
         incident=slug,
-        findings=list(run.plan.get("findings") or []),
+        findings=[Finding.from_json(f) for f in run.plan.get("findings") or []],
         options=options,
         progress=progress,
         run_id=run.id,

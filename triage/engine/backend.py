@@ -140,4 +140,5 @@ class LlamaBackend:
         self, planned: probes.PlannedArm, context: probes.ObserveContext
     ) -> dict[str, Any] | None:
         assert planned.observe is not None
-        return await planned.observe(context)
+        facts = await planned.observe(context)
+        return None if facts is None else dict(facts)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kb.domain.diagnosis import Reproduction, RunCost, StackSummary
 from kb.domain.records import ArmSummary
 from kb.repo import runs
 from triage import causes as cause_rules
@@ -36,12 +37,12 @@ class Execution:
     arms: dict[str, ArmState]
     facts: dict[str, dict[str, Any]] = field(default_factory=dict)
     servers: dict[str, Server] = field(default_factory=dict)
-    reproduction: dict[str, Any] | None = None
+    reproduction: Reproduction | None = None
     crash: dict[str, Any] | None = None  # facts of the incident's server's crash (crash mode)
 
     @property
     def gate_failed(self) -> bool:
-        return self.reproduction is not None and not self.reproduction["reproduced"]
+        return self.reproduction is not None and not self.reproduction.reproduced
 
 
 @dataclass
@@ -88,9 +89,9 @@ class Decision:
     verdicts: list[Verdict]  # shown in the diagnosis (none when the gate failed)
     rows: list[runs.VerdictRow] | None  # applied to the causes (None: no cause moves)
     errors: list[str]
-    stack: dict[str, Any]
-    cost: dict[str, Any]
-    reproduction: dict[str, Any] | None
+    stack: StackSummary
+    cost: RunCost
+    reproduction: Reproduction | None
 
     @property
     def gate_failed(self) -> bool:
@@ -121,10 +122,11 @@ def decide(execution: Execution, secrets: list[str], wall_seconds: float) -> Dec
         # A baseline that failed differently is not the incident's baseline: keep its
         # replies as a reproduction measurement, never as a `baseline` arm.
         summaries = []
+        assert execution.reproduction is not None  # the gate failed
         facts["reproduction"] = {
             "name": "reproduction",
-            **(execution.reproduction or {}),
-            "summary": (execution.reproduction or {}).get("message"),
+            **execution.reproduction.to_json(),
+            "summary": execution.reproduction.message,
             "baseline": arm_summary(arms[BASELINE]).to_dict(),
         }
     errored = [a for a in arms.values() if a.error]
@@ -140,10 +142,7 @@ def decide(execution: Execution, secrets: list[str], wall_seconds: float) -> Dec
         rows=None if gate_failed else [_row(v) for v in verdicts],
         errors=[f"arm {a.name} errored: {a.error}" for a in errored]
         + [f"arm {a.name} not run: {a.stopped}" for a in unrun],
-        stack={
-            **stack_summary(stack, obs.speculative_enabled),
-            "host_workaround": host_workaround(stack),
-        },
+        stack=stack_summary(stack, obs.speculative_enabled, host_workaround(stack)),
         cost=_cost(arms, execution.servers, wall_seconds),
         reproduction=execution.reproduction,
     )
@@ -163,13 +162,13 @@ def _row(verdict: Verdict) -> runs.VerdictRow:
 
 def _cost(
     arms: Mapping[str, ArmState], servers: Mapping[str, Server], wall_seconds: float
-) -> dict[str, Any]:
-    return {
-        "requests": sum(len(a.replies) for a in arms.values()),
-        "wall_seconds": round(wall_seconds, 3),
-        "server_seconds": round(sum(server_seconds(a) for a in arms.values()), 3),
-        "launch_seconds": round(sum(s.launch_seconds for s in servers.values()), 3),
-    }
+) -> RunCost:
+    return RunCost(
+        requests=sum(len(a.replies) for a in arms.values()),
+        wall_seconds=round(wall_seconds, 3),
+        server_seconds=round(sum(server_seconds(a) for a in arms.values()), 3),
+        launch_seconds=round(sum(s.launch_seconds for s in servers.values()), 3),
+    )
 
 
 def host_workaround(stack: Stack) -> str | None:

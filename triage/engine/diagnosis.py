@@ -1,18 +1,34 @@
-"""Diagnosis building: arm summaries and the Diagnosis record, validated where it is built."""
+"""Diagnosis building: arm summaries, the stack summary, the overall verdict and the
+Diagnosis record (kb.domain.diagnosis)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, TypedDict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-from kb.domain.records import ArmSummary, Diagnosis, DiagnosisArm, DiagnosisCause
+from kb.domain.diagnosis import (
+    Diagnosis,
+    DiagnosisArm,
+    DiagnosisCause,
+    Finding,
+    GraphSummary,
+    Observation,
+    OverallVerdict,
+    Reproduction,
+    RunCost,
+    ServerSummary,
+    SkippedArm,
+    StackSummary,
+    failed_kinds,
+)
+from kb.domain.records import ArmSummary
 from kb.models import utcnow
 from triage.causes import BASELINE, Verdict
 from triage.engine.held_back import carrying_fields
 from triage.engine.scheduler import ArmState
 from triage.engine.servers import safe_describe
 from triage.llama.model_lint import LINT_NEXT
-from triage.stackfile import ServerDescription, Stack
+from triage.stackfile import ServerConfig, Stack
 from triage.stats import wilson
 
 __all__ = [
@@ -88,50 +104,51 @@ def arm_summary(arm: ArmState) -> ArmSummary:
     )
 
 
-class StackSummary(TypedDict):
-    """The stack as the diagnosis JSON's `stack` shows it (secret flag values masked)."""
-
-    server: ServerDescription
-    speculative: bool
-    alternate_model: str | None
-    alternate_binary: str | None
-    known_good: ServerDescription | None
+def server_summary(config: ServerConfig) -> ServerSummary:
+    """A server configuration as the diagnosis names it (secret flag values masked)."""
+    described = safe_describe(config)
+    return ServerSummary(
+        described["binary"], described["model"], list(described["args"]), described["url"]
+    )
 
 
-def stack_summary(stack: Stack, speculative: bool) -> StackSummary:
-    return {
-        "server": safe_describe(stack.server),
-        "speculative": speculative,
-        "alternate_model": str(stack.alternate_model or "") or None,
-        "alternate_binary": str(stack.alternate_binary or "") or None,
-        "known_good": safe_describe(stack.known_good) if stack.known_good else None,
-    }
+def stack_summary(
+    stack: Stack, speculative: bool, host_workaround: str | None = None
+) -> StackSummary:
+    return StackSummary(
+        server=server_summary(stack.server),
+        speculative=speculative,
+        alternate_model=str(stack.alternate_model or "") or None,
+        alternate_binary=str(stack.alternate_binary or "") or None,
+        known_good=server_summary(stack.known_good) if stack.known_good else None,
+        host_workaround=host_workaround,
+    )
 
 
 def overall_verdict(
     state: str,
     causes: Sequence[DiagnosisCause],
     arms: Sequence[DiagnosisArm],
-    findings: Sequence[Mapping[str, Any]] = (),
-) -> dict[str, Any]:
+    findings: Sequence[Finding] = (),
+) -> OverallVerdict:
     """The run's overall verdict: `explained` (a cause confirmed), `unexplained` (the failure
     reproduced, the run finished, and no cause is confirmed: a verdict of its own, with what
     was ruled out and what to try next), or the run's state (not-reproduced, partial)."""
     confirmed = [c.id for c in causes if c.status == "confirmed"]
     if confirmed:
-        return {"status": "explained", "headline": "explained by: " + ", ".join(confirmed)}
+        return OverallVerdict("explained", "explained by: " + ", ".join(confirmed))
     if state != "done":
-        return {"status": state, "headline": f"no verdict: the run is {state}"}
+        return OverallVerdict(state, f"no verdict: the run is {state}")
     base = next((a for a in arms if a.name == BASELINE), None)
     if base is not None and base.n and not base.failures:
         # The replays never showed the captured failure (a stream, a gateway or a turn
         # sequence the baseline does not replay): nothing was reproduced, so nothing is
         # "unexplained" either.
-        return {
-            "status": NOT_REPRODUCED,
-            "headline": f"NOT REPRODUCED: no baseline replay failed (0/{base.n}) and no "
+        return OverallVerdict(
+            NOT_REPRODUCED,
+            f"NOT REPRODUCED: no baseline replay failed (0/{base.n}) and no "
             "observation confirmed a cause; the captured failure was not seen again",
-        }
+        )
     seen = f" (baseline {base.failures}/{base.n} failing)" if base is not None and base.n else ""
     rejected = [
         f"{c.id} ({c.deciding_probe or 'baseline'})" for c in causes if c.status == "rejected"
@@ -143,21 +160,21 @@ def overall_verdict(
     ]
     fields = carrying_fields(arms)
     carried = "; removing one request field removes it: " + "; ".join(fields) if fields else ""
-    return {
-        "status": UNEXPLAINED,
-        "headline": f"UNEXPLAINED: the failure reproduces{seen} and no cause in the catalogue "
+    return OverallVerdict(
+        UNEXPLAINED,
+        f"UNEXPLAINED: the failure reproduces{seen} and no cause in the catalogue "
         "is confirmed" + carried,
-        **({"request_fields": fields} if fields else {}),
-        "ruled_out": (
+        request_fields=list(fields),
+        ruled_out=(
             f"ruled out {len(rejected)}: " + ", ".join(rejected) if rejected else "ruled out none"
         ),
-        "next_probes": [*_lint_next(findings), *probes, *GENERIC_NEXT],
-    }
+        next_probes=[*_lint_next(findings), *probes, *GENERIC_NEXT],
+    )
 
 
-def _lint_next(findings: Sequence[Mapping[str, Any]]) -> list[str]:
+def _lint_next(findings: Sequence[Finding]) -> list[str]:
     """The model-file lint findings that failed, as what to try first."""
-    failed = {str(f.get("kind")) for f in findings if not f.get("passed", True)}
+    failed = set(failed_kinds(findings))
     return [text for kind, text in LINT_NEXT.items() if kind in failed]
 
 
@@ -165,24 +182,23 @@ def build_diagnosis(
     *,
     slug: str,
     run_id: int | None,
-    findings: list[dict[str, Any]],
-    stack: dict[str, Any],
+    findings: Sequence[Finding],
+    stack: StackSummary,
     arms: Sequence[tuple[ArmSummary, str | None]],
-    observations: Sequence[dict[str, Any]],
+    observations: Sequence[Observation],
     verdicts: Sequence[Verdict],
     changes: Mapping[str, Mapping[str, Any]],
-    keys: Any,
+    keys: Callable[[Sequence[str]], list[str]],
     errors: Sequence[str],
-    graph: dict[str, Any],
-    cost: dict[str, Any],
+    graph: GraphSummary,
+    cost: RunCost,
     exchange_evidence: str | None,
-    skipped: Sequence[Mapping[str, str]] = (),
+    skipped: Sequence[SkippedArm] = (),
     state: str,
-    reproduction: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """The diagnosis JSON, checked against kb/schemas/diagnosis.schema.json. A cause that
-    this run did not move (weaker evidence than what set it) is reported with its standing
-    status and says so."""
+    reproduction: Reproduction | None,
+) -> Diagnosis:
+    """The Diagnosis of a decided run. A cause that this run did not move (weaker evidence
+    than what set it) is reported with its standing status and says so."""
     causes = []
     for verdict in verdicts:
         change = changes.get(verdict.cause, {})
@@ -212,11 +228,11 @@ def build_diagnosis(
     ]
     undecided += list(errors)
     summaries = [DiagnosisArm.from_summary(summary, key) for summary, key in arms]
-    diagnosis = Diagnosis(
+    return Diagnosis(
         incident=slug,
         run_id=run_id,
         generated_at=utcnow().isoformat(),
-        findings=findings,
+        findings=list(findings),
         arms=summaries,
         causes=causes,
         graph=graph,
@@ -227,7 +243,6 @@ def build_diagnosis(
         cost=cost,
         state=state,
         reproduction=reproduction,
-        skipped_arms=[{"arm": str(s["arm"]), "reason": str(s["reason"])} for s in skipped],
+        skipped_arms=list(skipped),
         verdict=overall_verdict(state, causes, summaries, findings),
     )
-    return diagnosis.validated()

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kb.domain.diagnosis import Reproduction, ReproductionSignature, SkippedArm
 from kb.domain.records import Reply
 from kb.jsontypes import JsonObject
 from kb.repo import runs
@@ -36,7 +37,7 @@ from triage.engine.events import ArmSkipped, ProgressEvent
 from triage.engine.held_back import not_needed
 from triage.engine.launches import LaunchPool
 from triage.engine.pacing import ServerPace
-from triage.engine.plan import Plan, Skipped
+from triage.engine.plan import Plan
 from triage.engine.progress import ExecuteOptions, Journal, Progress
 from triage.engine.recorder import Recorder
 from triage.engine.replayer import ArmRoute
@@ -170,7 +171,7 @@ class Executor:
         why = not_needed(self.rules.verdicts(outcomes), reproduces(outcomes))
         if why is not None or _base_failed(base):
             why = why or "the incident's server crashed or hung"
-            skipped = [*plan.skipped, *(Skipped(p.name, why) for p in plan.held_back)]
+            skipped = [*plan.skipped, *(SkippedArm(p.name, why) for p in plan.held_back)]
             self.execution.plan = dataclasses.replace(plan, skipped=tuple(skipped))
             return
         previous = self.recorder.previous_replies()
@@ -225,10 +226,10 @@ class Executor:
         self.execution.plan = dataclasses.replace(plan, arms=arms, skipped=tuple(skipped))
 
     def _drop(
-        self, arms: dict[str, probes.PlannedArm], skipped: list[Skipped], name: str, why: str
+        self, arms: dict[str, probes.PlannedArm], skipped: list[SkippedArm], name: str, why: str
     ) -> None:
         del arms[name], self.arms[name]
-        skipped.append(Skipped(name, why))
+        skipped.append(SkippedArm(name, why))
         self.progress.emit(ArmSkipped(name, why))
 
     async def _known_good(self, base: Server, log_dir: Path) -> None:
@@ -277,11 +278,9 @@ class Executor:
         self.execution.facts[str(crash["name"])] = crash
         startup = crash.get("phase", "startup") == "startup"
         if startup:
-            self.execution.reproduction = {
-                "reproduced": True,
-                "message": crash["summary"],
-                "signature": {"kinds": [CRASH_KIND], "finish_reason": None, "status_class": None},
-            }
+            self.execution.reproduction = Reproduction(
+                True, str(crash["summary"]), ReproductionSignature([CRASH_KIND])
+            )
         router = _Router()
         stack = self.plan.stack
         for name, planned in self.plan.arms.items():
@@ -310,9 +309,9 @@ class Executor:
     def _gate(self) -> bool:
         """Apply the reproduction gate to the baseline's replies so far."""
         reproduction = self.execution.reproduction = gate(self.signature, self.arms)
-        if not reproduction["reproduced"]:
-            self.progress.emit(ProgressEvent("gate", str(reproduction["message"])))
-        return bool(reproduction["reproduced"])
+        if not reproduction.reproduced:
+            self.progress.emit(ProgressEvent("gate", reproduction.message))
+        return reproduction.reproduced
 
     # -- servers and observations -------------------------------------------------------------
 
@@ -350,7 +349,7 @@ def note_failures(execution: Execution) -> None:
         execution.facts[name] = {**facts, "name": name, "arms": arms}
 
 
-def gate(signature: Signature, arms: dict[str, ArmState]) -> dict[str, Any]:
+def gate(signature: Signature, arms: dict[str, ArmState]) -> Reproduction:
     """The reproduction gate over the baseline's replies so far: the baseline must show the
     captured failure signature; otherwise no other arm runs."""
     message = gate_message(signature, arms[BASELINE])
@@ -358,11 +357,11 @@ def gate(signature: Signature, arms: dict[str, ArmState]) -> dict[str, Any]:
         for arm in arms.values():
             if arm.name != BASELINE:
                 arm.stopped = "not run: the failure did not reproduce"
-    return {
-        "reproduced": message is None,
-        "message": message or "the baseline reproduces the captured failure",
-        "signature": signature.to_dict(),
-    }
+    return Reproduction(
+        message is None,
+        message or "the baseline reproduces the captured failure",
+        signature.facts(),
+    )
 
 
 def _stop_if_interrupted() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from kb.domain.records import DiagnosisArm
+from kb.domain.diagnosis import DiagnosisArm
 from triage.causes import Verdict
 from triage.engine.arms.ablation import HELD_BACK
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kb.domain.diagnosis import SkippedArm
 from kb.jsontypes import JsonObject
 from triage import probes
 from triage.causes import BASELINE
@@ -17,18 +18,7 @@ from triage.engine.held_back import is_held_back
 from triage.engine.scheduler import ArmState
 from triage.stackfile import Stack
 
-__all__ = ["Plan", "Skipped", "plan"]
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """An arm that cannot matter for this stack and request, and why (issue 23)."""
-
-    arm: str
-    reason: str
-
-    def to_json(self) -> dict[str, str]:
-        return {"arm": self.arm, "reason": self.reason}
+__all__ = ["Plan", "plan"]
 
 
 @dataclass(frozen=True)
@@ -38,14 +28,14 @@ class Plan:
     stack: Stack
     request: JsonObject
     every: tuple[probes.PlannedArm, ...]  # every arm the catalogue plans, baseline first
-    not_planned: tuple[Skipped, ...]  # catalogue arms this stack and request do not plan
+    not_planned: tuple[SkippedArm, ...]  # catalogue arms this stack and request do not plan
     all_causes: tuple[Any, ...]  # the catalogue's causes
     crashed: bool = False
     arms: dict[str, probes.PlannedArm] = field(default_factory=dict)  # the arms to replay
     observe_only: tuple[probes.PlannedArm, ...] = ()  # `when = "observe"`: a hook, no replays
     # Arms run only when nothing else explains the failure (request-field ablation).
     held_back: tuple[probes.PlannedArm, ...] = ()
-    skipped: tuple[Skipped, ...] = ()
+    skipped: tuple[SkippedArm, ...] = ()
     # Dimensions where the failing and the known-good configuration differ.
     known_good: dict[str, tuple[Any, Any]] = field(default_factory=dict)
 
@@ -89,7 +79,7 @@ class Plan:
 def plan(stack: Stack, request: JsonObject, arms: Sequence[Any], causes: Sequence[Any]) -> Plan:
     """The plan for a server that serves, from the catalogue's `arms` and `causes`."""
     every = tuple(probes.plan_arms(stack, request, arms))
-    not_planned = tuple(Skipped(a, why) for a, why in probes.skipped_arms(stack, request, arms))
+    not_planned = tuple(SkippedArm(a, why) for a, why in probes.skipped_arms(stack, request, arms))
     return _arrange(stack, request, every, not_planned, tuple(causes), False)
 
 
@@ -97,7 +87,7 @@ def _arrange(
     stack: Stack,
     request: JsonObject,
     every: tuple[probes.PlannedArm, ...],
-    not_planned: tuple[Skipped, ...],
+    not_planned: tuple[SkippedArm, ...],
     causes: tuple[Any, ...],
     crashed: bool,
 ) -> Plan:
@@ -123,7 +113,7 @@ def _arrange(
                 if planned.when == "crash"
                 else "the incident's server crashed: it serves no request"
             )
-            skipped.append(Skipped(planned.name, why))
+            skipped.append(SkippedArm(planned.name, why))
             continue
         chosen[planned.name] = planned
     return Plan(

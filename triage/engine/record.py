@@ -6,15 +6,23 @@ not at all. Writes go through kb functions (kb/runs.py, kb/store.py); no SQL her
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
+from kb.domain.diagnosis import (
+    Diagnosis,
+    DiagnosisCause,
+    Finding,
+    GraphSummary,
+    Observation,
+    SkippedArm,
+    validate_diagnosis,
+)
+from kb.jsontypes import JsonObject
 from kb.repo import runs
 from kb.repo.files import load_record
 from kb.repo.store import add_evidence
 from triage import graph as graph_mod
 from triage.engine.decide import Decision
 from triage.engine.diagnosis import build_diagnosis
-from triage.engine.plan import Skipped
 from triage.engine.recorder import Recorder
 from triage.observe import observation_summary
 
@@ -26,10 +34,11 @@ SOURCE = "triage diagnose"
 def record(
     recorder: Recorder,
     decision: Decision,
-    findings: list[dict[str, Any]],
-    skipped: Sequence[Skipped],
-) -> dict[str, Any]:
-    """Write the decision and return the diagnosis JSON (validated where it is built)."""
+    findings: Sequence[Finding],
+    skipped: Sequence[SkippedArm],
+) -> Diagnosis:
+    """Write the decision and return its Diagnosis (its JSON checked against the schema
+    once, here, before it is stored)."""
     assert recorder.run_id is not None
     keys = recorder.evidence_keys
     with recorder.store.session() as session:
@@ -67,22 +76,24 @@ def record(
             stack=decision.stack,
             arms=[(s, keys.get(s.arm)) for s in decision.summaries],
             observations=[
-                {**facts, "evidence": keys.get(name)} for name, facts in decision.facts.items()
+                Observation(facts, keys.get(name)) for name, facts in decision.facts.items()
             ],
             verdicts=decision.verdicts,
             changes=changes,
             keys=recorder.keys,
             errors=decision.errors,
-            graph=graph_mod.summary(graph_mod.build_graph(incident)),
+            graph=GraphSummary.from_json(graph_mod.summary(graph_mod.build_graph(incident))),
             cost=decision.cost,
-            skipped=[s.to_json() for s in skipped],
+            skipped=skipped,
             exchange_evidence=keys.get("exchange"),
             state=decision.state,
             reproduction=decision.reproduction,
         )
         if decision.gate_failed:
-            diagnosis["causes"] = _standing_causes(incident)
-        runs.finish_run(session, recorder.run_id, decision.state, diagnosis)
+            diagnosis.causes = _standing_causes(incident)
+        result = diagnosis.to_json()
+        validate_diagnosis(result)
+        runs.finish_run(session, recorder.run_id, decision.state, result)
     recorder.finished = True
     return diagnosis
 
@@ -99,22 +110,22 @@ def _with_keys(recorder: Recorder, row: runs.VerdictRow) -> runs.VerdictRow:
     )
 
 
-def _standing_causes(incident: dict[str, Any]) -> list[dict[str, Any]]:
-    """The causes as they stand (this run moved none)."""
-    out: list[dict[str, Any]] = []
+def _standing_causes(incident: JsonObject) -> list[DiagnosisCause]:
+    """The causes as they stand in the incident's record (this run moved none)."""
+    out: list[DiagnosisCause] = []
     for cause in incident.get("causes") or []:
         status = str(cause.get("status", "suspected"))
         out.append(
-            {
-                "id": str(cause.get("id")),
-                "status": status,
-                "rationale": str(cause.get("rationale") or "not moved by this run"),
-                "evidence": [],
-                "deciding_probe": str(cause.get("deciding_probe") or ""),
-                "previous_status": status,
-                "undecided": "the failure did not reproduce in this run"
+            DiagnosisCause(
+                id=str(cause.get("id")),
+                status=status,
+                rationale=str(cause.get("rationale") or "not moved by this run"),
+                evidence=[],
+                deciding_probe=str(cause.get("deciding_probe") or ""),
+                previous_status=status,
+                undecided="the failure did not reproduce in this run"
                 if status == "suspected"
                 else None,
-            }
+            )
         )
     return out

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from kb.domain.diagnosis import Finding
 from kb.domain.records import Reply
 from kb.jsontypes import JsonObject
 from kb.repo import runs
@@ -39,8 +39,8 @@ class Recorder:
         causes: Sequence[runs.CauseSpec],
         *,
         exchange: JsonObject | None,
-        findings: list[dict[str, Any]],
-        plan: dict[str, Any] | None,
+        findings: Sequence[Finding],
+        plan: JsonObject | None,
     ) -> None:
         """Find or open the incident, add the catalogue causes, and (for a new run) store
         the exchange and open the run row -- one transaction."""
@@ -59,7 +59,7 @@ class Recorder:
                 return
             if exchange:
                 self.evidence_keys["exchange"] = runs.record_exchange(
-                    session, incident.id, exchange, findings
+                    session, incident.id, exchange, [f.to_json() for f in findings]
                 )
             assert plan is not None
             plan = {**plan, "exchange_evidence": self.evidence_keys.get("exchange")}
@@ -86,13 +86,11 @@ class Recorder:
         with self.store.session() as session:
             runs.heartbeat(session, self.run_id)
 
-    def set_state(
-        self, state: str, *, finished: bool = False, result: dict[str, Any] | None = None
-    ) -> None:
+    def set_state(self, state: str, *, finished: bool = False) -> None:
         if self.run_id is None or self.finished:
             return  # a run whose result is recorded keeps its state
         with self.store.session() as session:
-            runs.set_run_state(session, self.run_id, state, finished=finished, result=result)
+            runs.set_run_state(session, self.run_id, state, finished=finished)
 
     def keys(self, names: Sequence[str]) -> list[str]:
         return [self.evidence_keys[n] for n in names if n in self.evidence_keys]

@@ -21,6 +21,7 @@ from triage.causes import BASELINE
 from triage.engine.crashes import CRASH_KIND, HANG_KIND, crash_reply, startup_crash
 from triage.engine.pacing import PaceOptions, ReplayTimeout, ServerPace, timed_chat
 from triage.engine.scheduler import ArmFailed
+from triage.engine.server_log import replay_window
 from triage.engine.servers import Server, open_server
 from triage.llama import client as llama_client
 from triage.llama.client import LlamaClientError
@@ -255,7 +256,7 @@ class LlamaReplayer:
                 probes.replay_body(body, self.seed + index),
                 index,
                 self.seed + index,
-                pool.slots.take(arm),
+                replay_window(server, arm, index, body, pool.slots.take(arm)),
                 self._pace(server),
                 stream=route.stream,
             )

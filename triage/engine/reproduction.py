@@ -8,23 +8,17 @@ reachable, another symptom -- are named in the gate's message.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any
 
+from kb.domain.diagnosis import Finding, ReproductionSignature, failed_kinds
 from kb.jsontypes import JsonObject
 
 __all__ = ["Signature", "gate_message"]
 
 GATEWAY_KIND = "gateway-error"
 SERVER_FAILURE_KINDS = frozenset({"server-crash", "server-hang"})
-
-
-class SignatureFacts(TypedDict):
-    """A `Signature` as the run's plan and the diagnosis JSON show it."""
-
-    kinds: list[str]
-    finish_reason: str | None
-    status_class: str | None  # "5xx"
 
 
 @dataclass(frozen=True)
@@ -37,8 +31,8 @@ class Signature:
     status_class: int | None = None  # 2 for 2xx, 5 for 5xx, ...
 
     @classmethod
-    def from_findings(cls, findings: list[dict[str, Any]], exchange: JsonObject) -> Signature:
-        kinds = frozenset(str(f["kind"]) for f in findings if not f.get("passed", True))
+    def from_findings(cls, findings: Sequence[Finding], exchange: JsonObject | None) -> Signature:
+        kinds = frozenset(failed_kinds(findings))
         status = exchange.get("status") if exchange else None
         finish = None
         response = (exchange or {}).get("response")
@@ -53,12 +47,13 @@ class Signature:
             status // 100 if isinstance(status, int) and status >= 100 else None,
         )
 
-    def to_dict(self) -> SignatureFacts:
-        return {
-            "kinds": sorted(self.kinds),
-            "finish_reason": self.finish_reason,
-            "status_class": f"{self.status_class}xx" if self.status_class else None,
-        }
+    def facts(self) -> ReproductionSignature:
+        """The signature as the run's plan and the diagnosis show it (status class "5xx")."""
+        return ReproductionSignature(
+            sorted(self.kinds),
+            self.finish_reason,
+            f"{self.status_class}xx" if self.status_class else None,
+        )
 
     def matches(self, reply: Any) -> bool:
         """Does a failing reply show this failure?"""

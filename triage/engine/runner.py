@@ -14,11 +14,13 @@ import asyncio
 import copy
 import os
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kb.domain.diagnosis import Diagnosis, Finding, failed_kinds
 from kb.jsontypes import JsonObject
 from kb.repo import runs
 from kb.repo.engine import data_dir
@@ -38,6 +40,7 @@ from triage.engine.progress import ExecuteOptions, Progress
 from triage.engine.record import record
 from triage.engine.recorder import Recorder
 from triage.engine.reproduction import Signature
+from triage.engine.server_log import note_server_logs
 from triage.engine.servers import (
     EngineError,
     Server,
@@ -95,7 +98,7 @@ class Diagnoser:
         request: JsonObject,
         *,
         exchange: JsonObject | None = None,
-        findings: list[dict[str, Any]] | None = None,
+        findings: Sequence[Finding] = (),
         incident: str | None = None,
         options: DiagnoseOptions | None = None,
         progress: ProgressFn | None = None,
@@ -107,7 +110,7 @@ class Diagnoser:
         self.stack = stack
         self.request = copy.deepcopy(request)
         self.exchange = exchange or {}
-        self.findings = findings or []
+        self.findings = list(findings)
         # The captured failure the baseline must reproduce (the model-file lint's findings,
         # added once the server started, do not change it).
         self.signature = Signature.from_findings(self.findings, self.exchange)
@@ -155,7 +158,7 @@ class Diagnoser:
     def _emit(self, event: Event) -> None:
         self.progress.emit(event)
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> Diagnosis:
         self._preflight()
         started = time.monotonic()
         with ExitStack() as servers:
@@ -189,6 +192,7 @@ class Diagnoser:
                 raise
         try:
             note_failures(execution)
+            note_server_logs(execution)  # the grammar lines of each server's log (issue 24)
             decision = decide(execution, self.secrets, time.monotonic() - started)
             result = record(self.recorder, decision, self.findings, execution.plan.skipped)
             self._emit(
@@ -220,15 +224,15 @@ class Diagnoser:
         diagnosis's findings; the reproduction signature stays the captured exchange's."""
         log = getattr(getattr(base, "handle", None), "log_path", None) if base else None
         extra = lint_findings(self.stack.server, self.request, log)
-        known = {f.get("kind") for f in self.findings}
-        self.findings = [*self.findings, *(f for f in extra if f["kind"] not in known)]
+        known = {f.kind for f in self.findings}
+        self.findings += [f.record(with_offset=True) for f in extra if f.kind not in known]
 
     def _prepare(self, plan: Plan) -> None:
         server = self.stack.server
         identity = self._identity()
         new = runs.NewIncident(
             model=identity.name,
-            kinds=[f["kind"] for f in self.findings if not f.get("passed", True)],
+            kinds=failed_kinds(self.findings),
             weights=identity.weights,
             flags=safe_args(server.args),
             stack={
@@ -248,7 +252,7 @@ class Diagnoser:
                 "request": resuming.request_fingerprint(self.request),
             },
             "options": {"max_requests": self.options.max_requests, "seed": self.options.seed},
-            "findings": self.findings,
+            "findings": [f.to_json() for f in self.findings],
         }
         self.recorder.prepare(
             self.incident_slug,

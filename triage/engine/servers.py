@@ -18,6 +18,7 @@ from triage.llama import client as llama_client
 from triage.llama.build import find_server_binary
 from triage.llama.client import LlamaClientError
 from triage.llama.flags import binary_flags, unknown_flags
+from triage.llama.grammar_log import GrammarLog
 from triage.llama.launcher import ServerSpec, launch
 from triage.stackfile import PATH_VALUE_FLAGS, ServerConfig, ServerDescription
 
@@ -56,6 +57,7 @@ class Server:
     api_key: str | None = field(default=None, repr=False)
     failure: Any = None  # the CrashReport once it crashed mid-request or hung (explain)
     pace: Any = None  # its measured speed and /slots progress (triage.engine.pacing)
+    grammar_log: GrammarLog | None = None  # its log's grammar lines (triage.engine.server_log)
 
     def alive(self) -> bool:
         return self.handle is None or bool(self.handle.alive())

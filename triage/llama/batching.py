@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kb.jsontypes import JsonObject
-from triage.llama.endpoints import Endpoint, endpoint_of, input_texts
+from triage.llama.endpoints import Endpoint, endpoint_of, input_texts, rerank_documents_key
 
 __all__ = [
     "DEFAULT_BATCH",
@@ -147,7 +147,8 @@ def split_request(body: JsonObject, limit: int) -> JsonObject:
     if endpoint is Endpoint.RERANK:
         query = body.get("query")
         reserved = token_bound(query) if isinstance(query, str) else 0
-        out["documents"] = [p for d in input_texts(body) for p in _pieces(d, limit, reserved)]
+        key = rerank_documents_key(body) or "documents"  # `texts` in the TEI form
+        out[key] = [p for d in input_texts(body) for p in _pieces(d, limit, reserved)]
     elif endpoint is Endpoint.EMBEDDINGS:
         out["input"] = [p for item in input_texts(body) for p in _pieces(item, limit, 0)]
     return out

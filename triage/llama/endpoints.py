@@ -2,8 +2,10 @@
 
 A chat completion has `messages`; an `/v1/embeddings` request has `input` (a string, a
 token list, or a list of either) and no `messages`; a `/v1/rerank` request has `query` and
-`documents`. The engine replays a captured request on the endpoint its body belongs to, so
-an embeddings failure is replayed as an embeddings request (issue 24). Pure.
+`documents` (Jina form) or `query` and `texts` (the TEI form b11434 also serves, answering a
+bare list of `{index, score}`). The engine replays a captured request on the endpoint its
+body belongs to, so an embeddings failure is replayed as an embeddings request (issue 24).
+Pure.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ __all__ = [
     "body_problem",
     "endpoint_of",
     "input_texts",
+    "rerank_documents_key",
 ]
 
 CHAT_PATH = "/v1/chat/completions"
@@ -39,12 +42,21 @@ class Endpoint(Enum):
         return str(self.value)
 
 
+def rerank_documents_key(body: Mapping[str, Any]) -> str | None:
+    """Where a rerank body lists its documents: `documents`, else `texts` (TEI form; b11434
+    reads `documents` first), or None when neither is a list."""
+    for key in ("documents", "texts"):
+        if isinstance(body.get(key), list):
+            return key
+    return None
+
+
 def endpoint_of(body: Mapping[str, Any]) -> Endpoint:
-    """The endpoint a request body is for: rerank (`query` + `documents`), embeddings
-    (`input`, no `messages`), else a chat completion."""
+    """The endpoint a request body is for: rerank (`query` + `documents` or `texts`),
+    embeddings (`input`, no `messages`), else a chat completion."""
     if "messages" in body:
         return Endpoint.CHAT
-    if "query" in body and isinstance(body.get("documents"), list):
+    if "query" in body and rerank_documents_key(body) is not None:
         return Endpoint.RERANK
     if "input" in body:
         return Endpoint.EMBEDDINGS
@@ -65,7 +77,7 @@ def input_texts(body: Mapping[str, Any]) -> list[str | list[int]]:
     At most MAX_INPUTS; other shapes are left out (body_problem names them)."""
     endpoint = endpoint_of(body)
     if endpoint is Endpoint.RERANK:
-        docs = body.get("documents")
+        docs = body.get(rerank_documents_key(body) or "documents")
         items: list[Any] = list(docs) if isinstance(docs, list) else []
     elif endpoint is Endpoint.EMBEDDINGS:
         value = body.get("input")
@@ -94,9 +106,10 @@ def body_problem(body: Mapping[str, Any]) -> str | None:
     if endpoint is Endpoint.RERANK:
         if not isinstance(body.get("query"), str):
             return "$.query must be a string (a /v1/rerank request)"
-        docs = body.get("documents") or []
+        key = rerank_documents_key(body) or "documents"
+        docs = body.get(key) or []
         if not docs or not all(isinstance(d, str) for d in docs):
-            return "$.documents must be a non-empty list of strings (a /v1/rerank request)"
+            return f"$.{key} must be a non-empty list of strings (a /v1/rerank request)"
         return None
     value = body.get("input")
     if isinstance(value, str) or _is_tokens(value):

@@ -395,12 +395,12 @@ def lint_files(
 
 def lint_findings(
     server: Any, request: Mapping[str, Any], log_path: Path | None = None
-) -> list[dict[str, Any]]:
-    """The lint findings (dicts, as a diagnosis stores them) for the server config `server`
-    (its `model` and `args`); none for a server by URL (no file to read)."""
+) -> list[Finding]:
+    """The lint findings for the server config `server` (its `model` and `args`); none for
+    a server by URL (no file to read)."""
     model = getattr(server, "model", None)
     if model is None:
         return []
     args = [str(a) for a in getattr(server, "args", ()) or ()]
     findings, _ = lint_files(Path(str(model)), request, args=args, log_path=log_path)
-    return [finding.to_dict() for finding in findings]
+    return findings

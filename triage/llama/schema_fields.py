@@ -78,14 +78,60 @@ def relocated(request: JsonObject) -> JsonObject:
     return body
 
 
-def unsupported_pattern(pattern: str) -> str | None:
-    """Why b11434's converter accepts any string for this `pattern`, None when it can
-    translate it (as far as this check knows: anchoring and `(?...)` groups)."""
-    if not (pattern.startswith("^") and pattern.endswith("$")):
-        return "not anchored with '^' and '$'"
-    if "(?" in pattern:
-        return "unsupported group syntax"
+# What b11434's pattern converter (common/json-schema-to-grammar.cpp, `_pattern_to_rule`)
+# accepts after a backslash: outside a character class an escaped regex operator or one of
+# gbnf's own escapes; inside a class only gbnf's (`gbnf_escape_length`). Anything else (`\d`,
+# `\w`, `\s`, `\/`, `\b`...) is logged "unsupported escape" and accepts any string.
+_REGEX_OPERATORS = frozenset("^$.[]()|{}*+?")
+_GBNF_ESCAPES = frozenset('trn\\"[]-')
+_HEX_DIGITS = {"x": 2, "u": 4, "U": 8}
+
+
+def _escape_length(pattern: str, pos: int, in_class: bool) -> int:
+    """Characters the converter consumes for the escape at `pos` (0: unsupported)."""
+    if pos + 1 >= len(pattern):
+        return 0
+    char = pattern[pos + 1]
+    if char in _GBNF_ESCAPES or (not in_class and char in _REGEX_OPERATORS):
+        return 2
+    digits = _HEX_DIGITS.get(char, 0)
+    hex_part = pattern[pos + 2 : pos + 2 + digits]
+    if digits and len(hex_part) == digits and all(c in "0123456789abcdefABCDEF" for c in hex_part):
+        return 2 + digits
+    return 0
+
+
+def _unsupported_inside(core: str) -> str | None:
+    """Why the converter rejects the inside of an anchored pattern (its own words)."""
+    i, in_class = 0, False
+    while i < len(core):
+        char = core[i]
+        if char == "\\":
+            length = _escape_length(core, i, in_class)
+            if length == 0:
+                where = " in character class" if in_class else ""
+                return f"unsupported escape{where}: {core[i : i + 2]}"
+            i += length
+            continue
+        if in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+        elif char == "(" and core[i + 1 : i + 3] != "?:" and core[i + 1 : i + 2] == "?":
+            return "unsupported group syntax"
+        elif char in "^$":
+            return "anchor inside the pattern"
+        i += 1
     return None
+
+
+def unsupported_pattern(pattern: str) -> str | None:
+    """Why b11434's converter accepts any string for this `pattern` (its log's wording),
+    None when it translates it: anchoring `^...$`, lookarounds and other `(?` groups,
+    anchors inside, and the escapes it does not know (`\\d`, `\\w`, `\\s`, `\\/`...)."""
+    if not (pattern.startswith("^") and pattern.endswith("$")) or len(pattern) < 2:
+        return "not anchored with '^' and '$'"
+    return _unsupported_inside(pattern[1:-1])
 
 
 def unsupported_patterns(schema: Any) -> list[tuple[str, str]]:
@@ -151,9 +197,12 @@ def _top_level_alternation(pattern: str) -> bool:
 
 def enforceable_pattern(pattern: str) -> str | None:
     """A pattern b11434's converter enforces whose matches all match `pattern` (JSON Schema's
-    unanchored search): non-capturing and named groups made plain groups, an unanchored end
-    padded with PAD and anchored. None when it cannot be rewritten (a lookaround, inline
-    flags, an alternation anchored on one side only): the arm then drops the pattern."""
+    unanchored search): named groups made plain groups, the escapes it does not know
+    rewritten (`\\d` as `[0-9]`, `\\w` as `[A-Za-z0-9_]`, `\\s` as `[ \\t\\n\\r]`: ASCII
+    subsets of what they match; escaped punctuation as `\\xHH`), an unanchored end padded
+    with PAD and anchored. None when it cannot be rewritten (a lookaround, inline flags,
+    `\\b`, `\\D`, a backreference, an alternation anchored on one side only): the arm then
+    drops the pattern."""
     if unsupported_pattern(pattern) is None:
         return pattern
     core = _NAMED_GROUP.sub("(", pattern.replace("(?:", "("))
@@ -161,13 +210,52 @@ def enforceable_pattern(pattern: str) -> str | None:
         return None
     start = core.startswith("^")
     end = _ends_with_anchor(core)
-    core = core[1 if start else 0 : len(core) - 1 if end else len(core)]
+    escaped = _rewrite_escapes(core[1 if start else 0 : len(core) - 1 if end else len(core)])
+    if escaped is None:
+        return None
+    core = escaped
     if _top_level_alternation(core):
         if start or end:
             return None  # `^a|b` anchors one alternative only
         core = f"({core})"
     rewritten = f"^{'' if start else PAD}{core}{'' if end else PAD}$"
     return rewritten if unsupported_pattern(rewritten) is None else None
+
+
+# Shorthand classes the converter does not know, as the ASCII subsets it can enforce (every
+# string they accept matches the shorthand in Python's `re`, which judges the replies).
+_SHORTHANDS = {"d": "0-9", "w": "A-Za-z0-9_", "s": " \\t\\n\\r"}
+
+
+def _rewrite_escapes(core: str) -> str | None:
+    """`core` with every escape the converter rejects rewritten (see enforceable_pattern),
+    None when one has no equivalent it enforces."""
+    out: list[str] = []
+    i, in_class = 0, False
+    while i < len(core):
+        char = core[i]
+        if char != "\\":
+            if in_class:
+                in_class = char != "]"
+            elif char == "[":
+                in_class = True
+            out.append(char)
+            i += 1
+            continue
+        length = _escape_length(core, i, in_class)
+        if length:
+            out.append(core[i : i + length])
+            i += length
+            continue
+        follow = core[i + 1 : i + 2]
+        if follow in _SHORTHANDS:
+            out.append(_SHORTHANDS[follow] if in_class else f"[{_SHORTHANDS[follow]}]")
+        elif follow and follow.isascii() and not follow.isalnum() and follow.isprintable():
+            out.append(f"\\x{ord(follow):02X}")
+        else:
+            return None  # \b, \D, \W, \S, a backreference, \p{...}, a trailing backslash
+        i += 2
+    return "".join(out)
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ import sys
 import threading
 import tomllib
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
+
+from triage.proxy.record import OpenedIncident
 
 log = logging.getLogger("triage.proxy")
 DIAGNOSE_TIMEOUT_SECONDS = 3600
@@ -67,7 +68,7 @@ class AutoDiagnose:
         self.command = command or [sys.executable, "-m", "triage.cli"]
         self.started: list[subprocess.Popen[bytes]] = []
 
-    def __call__(self, incident: dict[str, Any]) -> None:
+    def __call__(self, incident: OpenedIncident) -> None:
         example = incident.get("example") or {}
         exchange = example.get("exchange") or {}
         request = exchange.get("request")

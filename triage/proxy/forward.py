@@ -35,6 +35,7 @@ import yarl
 
 from triage.proxy.guard import ClientLimits
 from triage.proxy.metrics import ProxyMetrics
+from triage.proxy.record import ExchangeRecord, HeaderPairs, UpstreamIdentity
 from triage.proxy.relay import Receive, Send, stream_body
 
 log = logging.getLogger("triage.proxy")
@@ -73,7 +74,7 @@ DEFAULT_MAX_RECORD_BYTES = 4 * 1024 * 1024
 
 
 class RecordSink(Protocol):
-    def submit(self, record: dict[str, Any]) -> bool: ...
+    def submit(self, record: ExchangeRecord) -> bool: ...
 
 
 @dataclass
@@ -98,7 +99,7 @@ class ProxyConfig:
             raise ValueError(f"--upstream must be an http(s) URL, got {self.upstream!r}")
 
 
-def identity_from_props(props: Any) -> dict[str, str]:
+def identity_from_props(props: Any) -> UpstreamIdentity:
     """Model, build and chat template hash of a llama-server from its /props reply."""
     if not isinstance(props, dict):
         return {"model": "", "build": "", "template_sha256": ""}
@@ -205,7 +206,7 @@ class ProxyApp:
         self.config = config
         self.recorder = recorder
         self.metrics = metrics or ProxyMetrics()
-        self.identity: dict[str, str] = {"model": "", "build": "", "template_sha256": ""}
+        self.identity: UpstreamIdentity = {"model": "", "build": "", "template_sha256": ""}
         self._transport = transport
         logging.getLogger("uvicorn.error").addFilter(_UVICORN_FILTER)  # once: a set
         self._client: aiohttp.ClientSession | None = None
@@ -371,7 +372,7 @@ class ProxyApp:
         record["status"] = response.status
         record["response_headers"] = raw_headers
         record["ttfb_ms"] = ttfb * 1000
-        record["identity"] = dict(self.identity)
+        record["identity"] = self.identity.copy()
         try:
             await send(
                 {
@@ -441,7 +442,7 @@ class ProxyApp:
     async def _upstream_failed(
         self,
         send: Send,
-        record: dict[str, Any],
+        record: ExchangeRecord,
         status: int,
         message: str,
         started: float,
@@ -453,29 +454,25 @@ class ProxyApp:
         except OSError:
             record["client_disconnected"] = True
         elapsed = time.perf_counter() - started
-        record.update(
-            status=status,
-            elapsed_ms=elapsed * 1000,
-            transport_error=message,
-            timed_out=timed_out,
-            response_headers=[(b"content-type", b"application/json")],
-            identity=dict(self.identity),
-        )
+        record["status"] = status
+        record["elapsed_ms"] = elapsed * 1000
+        record["transport_error"] = message
+        record["timed_out"] = timed_out
+        record["response_headers"] = [(b"content-type", b"application/json")]
+        record["identity"] = self.identity.copy()
         record["response_chunks"].append(body)
         self.metrics.requests.labels(record["path"], "transport").inc()
         self.metrics.latency.labels(record["path"], "false").observe(elapsed)
         self._submit(record)
 
-    def _submit(self, record: dict[str, Any]) -> None:
+    def _submit(self, record: ExchangeRecord) -> None:
         if self.recorder is None or not record["recordable"]:
             return
         if not self.recorder.submit(record):
             self.metrics.recording_dropped.inc()
 
 
-def _record_start(
-    scope: Scope, body: bytes, headers: list[tuple[bytes, bytes]], wall: float
-) -> dict[str, Any]:
+def _record_start(scope: Scope, body: bytes, headers: HeaderPairs, wall: float) -> ExchangeRecord:
     user_agent = ""
     for name, value in scope["headers"]:
         if name.lower() == b"user-agent":

@@ -49,9 +49,11 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from kb.jsontypes import JsonObject
 from triage.capture.redact import redact_headers, redact_json, redact_text
+from triage.proxy.record import ExchangeRecord, HeaderPairs
 
 log = logging.getLogger("triage.proxy")
 
@@ -65,7 +67,6 @@ MAX_FRAME_BYTES = 64 * 1024 * 1024
 REPLAY_PATIENCE_SECONDS = 60.0
 SUFFIX = ".journal"
 _HEADER = struct.Struct(">II")
-_PAIR_FIELDS = ("request_headers", "response_headers")
 
 
 def _text(body: bytes) -> str:
@@ -89,36 +90,48 @@ def _bytes(text: Any) -> bytes:
     return str(text or "").encode("utf-8", "surrogateescape")
 
 
-def encode_record(record: dict[str, Any]) -> bytes:
-    """One frame for a raw record (the forwarder's dict: bytes bodies and header pairs),
-    its secrets redacted."""
-    data = {k: v for k, v in record.items() if not k.startswith("_")}
+def _text_pairs(pairs: HeaderPairs) -> list[tuple[str, str]]:
+    """Header pairs as redacted text (a capture's `redact_headers`)."""
+    text = ((k.decode("latin-1"), v.decode("latin-1")) for k, v in pairs)
+    return list(redact_headers(text).items())
+
+
+def _byte_pairs(pairs: Any) -> HeaderPairs:
+    return [
+        (str(k).encode("latin-1", "replace"), str(v).encode("latin-1", "replace"))
+        for k, v in pairs or ()
+    ]
+
+
+def encode_record(record: ExchangeRecord) -> bytes:
+    """One frame for a raw record (the forwarder's: bytes bodies and header pairs), its
+    secrets redacted."""
+    # The journal's JSON document as written: the record's fields, bodies and headers as text.
+    data: JsonObject = {k: v for k, v in record.items() if not k.startswith("_")}
     data["request_body"] = _text(record.get("request_body") or b"")
     data["response_chunks"] = _text(b"".join(record.get("response_chunks") or ()))
-    for key in _PAIR_FIELDS:
-        pairs = ((k.decode("latin-1"), v.decode("latin-1")) for k, v in record.get(key) or ())
-        data[key] = list(redact_headers(pairs).items())
+    data["request_headers"] = _text_pairs(record.get("request_headers") or [])
+    data["response_headers"] = _text_pairs(record.get("response_headers") or [])
     data["client"] = redact_text(str(record.get("client") or ""))
     payload = json.dumps(data, separators=(",", ":")).encode("ascii")
     return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
 
 
-def decode_record(payload: bytes) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(payload.decode("ascii"))
+def decode_record(payload: bytes) -> ExchangeRecord:
+    """A frame's payload back as a raw record (bodies as bytes, header pairs as bytes)."""
+    data: JsonObject = json.loads(payload.decode("ascii"))
     if not isinstance(data, dict) or not isinstance(data.get("key"), str):
         raise ValueError("not a journal record")
     data["request_body"] = _bytes(data.get("request_body"))
-    for key in _PAIR_FIELDS:
-        data[key] = [
-            (str(k).encode("latin-1", "replace"), str(v).encode("latin-1", "replace"))
-            for k, v in data.get(key) or ()
-        ]
+    data["request_headers"] = _byte_pairs(data.get("request_headers"))
+    data["response_headers"] = _byte_pairs(data.get("response_headers"))
     body = _bytes(data.get("response_chunks"))
     data["response_chunks"] = [body] if body else []
-    return data
+    # What encode_record wrote (this proxy's or an earlier one's): the record's fields.
+    return cast(ExchangeRecord, data)
 
 
-def read_segment(path: Path) -> Iterator[dict[str, Any]]:
+def read_segment(path: Path) -> Iterator[ExchangeRecord]:
     """The records of one segment, in order; a torn or corrupt frame ends it (logged)."""
     with path.open("rb") as handle:
         offset = 0
@@ -191,7 +204,7 @@ class JournaledRecorder:
         self.replay_patience = replay_patience
         self._lock = threading.Lock()  # submit order == sequence order (loop and replay)
         self._wake = threading.Condition(threading.Lock())
-        self._pending: list[tuple[int, dict[str, Any]]] = []
+        self._pending: list[tuple[int, ExchangeRecord]] = []
         self._seq = 0  # records submitted through this journal so far
         self._written = -1  # highest sequence number handed to the OS (os.write)
         self._durable = -1  # highest sequence number fsynced
@@ -218,7 +231,7 @@ class JournaledRecorder:
 
     # ------------------------------------------------------------------ hot path
 
-    def submit(self, record: dict[str, Any]) -> bool:
+    def submit(self, record: ExchangeRecord) -> bool:
         """Hand the record to the recorder and queue it for the journal (no I/O here)."""
         with self._lock:
             if not self.recorder.submit(record):

@@ -8,6 +8,7 @@ recorder runs in a process of its own: its updates are replayed on this registry
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
@@ -136,7 +137,7 @@ class ProxyMetrics:
         )
 
     def observe_exchange(
-        self, model: str, signature: str, usage: dict[str, Any], count: int = 1
+        self, model: str, signature: str, usage: Mapping[str, int], count: int = 1
     ) -> None:
         """Counters of one classified exchange (called by the writer), or of `count` alike
         ones whose token numbers `usage` sums (the recorder process's summed batches)."""

@@ -13,7 +13,7 @@ import base64
 import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, cast
+from typing import cast
 
 from kb.jsontypes import JsonObject
 from kb.repo import live
@@ -21,6 +21,7 @@ from kb.service.live import LiveExample, LiveRow
 from triage.capture import CaptureError, exchange_from_http, redact_headers, redact_text
 from triage.proxy.grouping import client_limit, request_shape
 from triage.proxy.rates import failure_signature
+from triage.proxy.record import ExchangeRecord
 from triage.symptoms import USER_FACING_KINDS, classify
 
 
@@ -107,7 +108,7 @@ class _Classified:
     usage: dict[str, int]
 
 
-def _classify(record: dict[str, Any], body: bytes, transport: bool) -> _Classified:
+def _classify(record: ExchangeRecord, body: bytes, transport: bool) -> _Classified:
     """The redacted exchange of a record and its failing user-facing kinds."""
     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in record["request_headers"]}
     response_headers = {
@@ -158,7 +159,7 @@ def _classify(record: dict[str, Any], body: bytes, transport: bool) -> _Classifi
     return _Classified(exchange.to_dict(), [f.to_dict() for f in findings], kinds, usage)
 
 
-def prepare(record: dict[str, Any], *, keep_success: bool, replica: str) -> Prepared:
+def prepare(record: ExchangeRecord, *, keep_success: bool, replica: str) -> Prepared:
     """Redact, classify and compress one raw record from the hot path."""
     body = b"".join(record["response_chunks"])
     transport = record.get("transport_error") is not None and record.get("status") in (502, 504)
@@ -233,7 +234,7 @@ def _brief(payload: JsonObject, status: int | None) -> JsonObject:
     body referenced by its live key instead of repeated (same prompt, same reply shape)."""
     exchange = payload.get("exchange") if isinstance(payload.get("exchange"), dict) else {}
     response = exchange.get("response") if isinstance(exchange, dict) else None
-    reply: dict[str, Any] = {"status": status}
+    reply: JsonObject = {"status": status}  # part of the evidence document as stored
     choices = response.get("choices") if isinstance(response, dict) else None
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         choice = choices[0]
@@ -257,9 +258,3 @@ def _brief(payload: JsonObject, status: int | None) -> JsonObject:
         "reply": reply,
         "body": "not repeated here: stored by the proxy under live_key (liveexchange)",
     }
-
-
-def _record_size(record: dict[str, Any]) -> int:
-    return len(record.get("request_body") or b"") + sum(
-        len(chunk) for chunk in record.get("response_chunks") or ()
-    )

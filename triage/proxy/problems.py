@@ -15,7 +15,6 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from kb.domain.retrotext import failing_text
 from kb.jsontypes import JsonObject
@@ -24,6 +23,7 @@ from triage.atlas.report import incident_references
 from triage.proxy.grouping import OpeningRules, group_of, primary_symptom, problem_key
 from triage.proxy.prepare import Prepared, _brief
 from triage.proxy.rates import detect, signature_kinds
+from triage.proxy.record import OpenedIncident
 
 log = logging.getLogger("triage.proxy")
 
@@ -58,7 +58,7 @@ class ProblemWriter:
         self.trailing_window = rules.trailing_window
         self.replica = rules.replica
 
-    def write(self, batch: LiveBatch, prepared: list[Prepared]) -> list[dict[str, Any]]:
+    def write(self, batch: LiveBatch, prepared: list[Prepared]) -> list[OpenedIncident]:
         """Insert the batch; then, per problem (model x request shape x primary symptom),
         add its failing exchanges to its incident or run the change detection on it.
         Failures the client configured are recorded only (unless the opening rules say
@@ -132,7 +132,7 @@ class ProblemWriter:
 
     def _problem_batch(
         self, batch: LiveBatch, problem: Problem, items: list[Prepared]
-    ) -> dict[str, Any] | None:
+    ) -> OpenedIncident | None:
         model, shape, group = problem.model, problem.shape, problem.group
         facts, alarm, enough, k0, n0 = self._detection(batch, problem, items)
         variants = facts["variants"]
@@ -198,7 +198,7 @@ class ProblemWriter:
             "model": model,
             "signature": main,
             "problem": key,
-            "detection": dict(facts),
+            "detection": facts.copy(),
             "example": examples[-1]["payload"] if examples else None,
         }
 

@@ -23,15 +23,16 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from kb.repo.store import Store
 from kb.service import DatabaseError, KnowledgeBase
 from kb.service.live import record_live
 from triage.proxy.grouping import OpeningRules
 from triage.proxy.metrics import ProxyMetrics
-from triage.proxy.prepare import Prepared, _record_size, prepare
+from triage.proxy.prepare import Prepared, prepare
 from triage.proxy.problems import ProblemRules, ProblemWriter
+from triage.proxy.record import ExchangeRecord, OpenedIncident, record_size
 from triage.proxy.spool import Spool, spooled_count
 
 __all__ = [
@@ -42,8 +43,9 @@ __all__ = [
     "DEFAULT_QUEUE_SIZE",
     "TRAILING_WINDOW",
     "Prepared",
+    "OpenedIncidents",
     "Recorder",
-    "_record_size",
+    "RecorderOptions",
     "prepare",
     "spooled_count",
 ]
@@ -60,6 +62,41 @@ TRAILING_WINDOW = timedelta(hours=1)
 # are counted in triage_proxy_recording_dropped_total instead of filling the disk.
 DEFAULT_MAX_SPOOL_BYTES = 1024 * 1024 * 1024
 _STOP = object()
+
+
+class RecorderOptions(TypedDict):
+    """`Recorder`'s keyword arguments that the recorder process hands its child's Recorder
+    (picklable: they cross the spawn pipe)."""
+
+    spool_path: Path
+    sample_successes: float
+    replica: str
+    batch_size: int
+    flush_seconds: float
+    retry_seconds: float
+    current_window: timedelta
+    trailing_window: timedelta
+    store_factory: Callable[[str | None], Store]
+    rng: random.Random | None
+    max_spool_bytes: int
+    opening: OpeningRules | None
+
+
+class OpenedIncidents:
+    """The incidents a recorder opened (`items`, in order), each handed to the `on_incident`
+    hook (auto-diagnose) as it comes; a failing hook is logged, never stops recording."""
+
+    def __init__(self, on_incident: Callable[[OpenedIncident], None] | None) -> None:
+        self.on_incident = on_incident
+        self.items: list[OpenedIncident] = []
+
+    def add(self, incident: OpenedIncident) -> None:
+        self.items.append(incident)
+        if self.on_incident is not None:
+            try:
+                self.on_incident(incident)
+            except Exception:  # noqa: BLE001 -- a failing hook must not stop recording
+                log.exception("auto-diagnose hook failed for %s", incident["slug"])
 
 
 def _reason(exc: BaseException) -> str:
@@ -85,7 +122,7 @@ class Recorder:
         retry_seconds: float = 2.0,
         current_window: timedelta = CURRENT_WINDOW,
         trailing_window: timedelta = TRAILING_WINDOW,
-        on_incident: Callable[[dict[str, Any]], None] | None = None,
+        on_incident: Callable[[OpenedIncident], None] | None = None,
         store_factory: Callable[[str | None], Store] = Store,
         rng: random.Random | None = None,
         max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES,
@@ -101,7 +138,8 @@ class Recorder:
         self.batch_size = batch_size
         self.flush_seconds = flush_seconds
         self.retry_seconds = retry_seconds
-        self.on_incident = on_incident
+        self.incidents = OpenedIncidents(on_incident)
+        self.opened = self.incidents.items
         self._store_factory = store_factory
         self._rng = rng or random.Random()
         self.problems = ProblemWriter(
@@ -114,7 +152,6 @@ class Recorder:
         self._bytes_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._kb: KnowledgeBase | None = None
-        self.opened: list[dict[str, Any]] = []
         self.written = 0
         self.submitted = 0
         # Records taken off the queue and finished (stored, spooled, or dropped as
@@ -123,9 +160,9 @@ class Recorder:
 
     # ------------------------------------------------------------------ hot path
 
-    def submit(self, record: dict[str, Any]) -> bool:
+    def submit(self, record: ExchangeRecord) -> bool:
         """Queue a raw record without blocking; False when the queue is full (dropped)."""
-        size = _record_size(record)
+        size = record_size(record)
         with self._bytes_lock:
             if self._queued_bytes + size > self.queue_bytes:
                 return False
@@ -187,7 +224,7 @@ class Recorder:
     def _run(self) -> None:
         stopping = False
         while not stopping:
-            batch: list[dict[str, Any]] = []
+            batch: list[ExchangeRecord] = []
             try:
                 item = self._queue.get(timeout=self.retry_seconds)
             except queue.Empty:
@@ -217,10 +254,10 @@ class Recorder:
                 for _ in range(taken):
                     self._queue.task_done()
 
-    def _process(self, batch: list[dict[str, Any]]) -> None:
+    def _process(self, batch: list[ExchangeRecord]) -> None:
         prepared = []
         with self._bytes_lock:
-            self._queued_bytes -= sum(_record_size(record) for record in batch)
+            self._queued_bytes -= sum(record_size(record) for record in batch)
         for record in batch:
             keep = self.sample_successes >= 1.0 or self._rng.random() < self.sample_successes
             try:
@@ -290,9 +327,4 @@ class Recorder:
         self.written += len(prepared)
         for incident in opened:
             self.metrics.incidents.labels(incident["model"], incident["signature"]).inc()
-            self.opened.append(incident)
-            if self.on_incident is not None:
-                try:
-                    self.on_incident(incident)
-                except Exception:  # noqa: BLE001 -- a failing hook must not stop recording
-                    log.exception("auto-diagnose hook failed for %s", incident["slug"])
+            self.incidents.add(incident)

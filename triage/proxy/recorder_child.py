@@ -10,13 +10,15 @@ import os
 import queue
 import signal
 import time
-from typing import Any, cast
+from collections.abc import Mapping
+from typing import Any, Unpack, cast
 
 from kb.repo.engine import redact_url
 from triage.capture import redact_text
 from triage.proxy import recorder as _recorder
 from triage.proxy.metrics import ProxyMetrics, token_count
-from triage.proxy.recorder import Recorder, _record_size
+from triage.proxy.record import ExchangeRecord, OpenedIncident, record_size
+from triage.proxy.recorder import Recorder, RecorderOptions
 
 __all__ = ["child_main", "lower_priority", "replay_metric_update", "restore_priority"]
 
@@ -49,7 +51,7 @@ class _MetricsRelay:
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
 
-    def observe_exchange(self, model: str, signature: str, usage: dict[str, Any]) -> None:
+    def observe_exchange(self, model: str, signature: str, usage: Mapping[str, int]) -> None:
         self.calls.append(("", (), "observe_exchange", (model, signature, dict(usage))))
 
     def __getattr__(self, name: str) -> _MetricRelay:
@@ -155,7 +157,14 @@ class _Inbox(queue.Queue[Any]):
 class _ChildRecorder(Recorder):
     """The Recorder, reporting each batch (and each idle replay) to the parent."""
 
-    def __init__(self, database_url: str | None, *, inbox: Any, events: Any, **options: Any):
+    def __init__(
+        self,
+        database_url: str | None,
+        *,
+        inbox: Any,
+        events: Any,
+        **options: Unpack[RecorderOptions],
+    ):
         self._relay = _MetricsRelay()
         super().__init__(
             database_url,
@@ -167,11 +176,11 @@ class _ChildRecorder(Recorder):
         self._events = events
         self._reported_written = 0
 
-    def _incident(self, incident: dict[str, Any]) -> None:
+    def _incident(self, incident: OpenedIncident) -> None:
         self._relay.calls.append(("", (), "incident", (incident,)))
 
-    def _process(self, batch: list[dict[str, Any]]) -> None:
-        size = sum(_record_size(record) for record in batch)
+    def _process(self, batch: list[ExchangeRecord]) -> None:
+        size = sum(record_size(record) for record in batch)
         try:
             super()._process(batch)
         finally:
@@ -199,7 +208,7 @@ class _LogRelay(logging.handlers.QueueHandler):
 
 def child_main(
     database_url: str | None,
-    options: dict[str, Any],
+    options: RecorderOptions,
     records: Any,
     events: Any,
     log_level: int,

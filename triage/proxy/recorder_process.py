@@ -62,7 +62,9 @@ from typing import Any
 
 from kb.repo.store import Store
 from triage.proxy.grouping import OpeningRules
+from triage.proxy.inflight import InFlight
 from triage.proxy.metrics import ProxyMetrics
+from triage.proxy.record import ExchangeRecord, OpenedIncident, record_size
 from triage.proxy.recorder import (
     CURRENT_WINDOW,
     DEFAULT_BATCH_SIZE,
@@ -70,7 +72,8 @@ from triage.proxy.recorder import (
     DEFAULT_QUEUE_BYTES,
     DEFAULT_QUEUE_SIZE,
     TRAILING_WINDOW,
-    _record_size,
+    OpenedIncidents,
+    RecorderOptions,
     spooled_count,
 )
 from triage.proxy.recorder_child import child_main, replay_metric_update, restore_priority
@@ -108,7 +111,7 @@ class RecorderProcess:
         retry_seconds: float = 2.0,
         current_window: timedelta = CURRENT_WINDOW,
         trailing_window: timedelta = TRAILING_WINDOW,
-        on_incident: Callable[[dict[str, Any]], None] | None = None,
+        on_incident: Callable[[OpenedIncident], None] | None = None,
         store_factory: Callable[[str | None], Store] = Store,
         rng: random.Random | None = None,
         max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES,
@@ -122,12 +125,13 @@ class RecorderProcess:
         self.spool_path = Path(spool_path)
         self.replica = replica
         self.metrics = metrics or ProxyMetrics()
-        self.on_incident = on_incident
+        self.incidents = OpenedIncidents(on_incident)  # applied here, never in the child
+        self.opened = self.incidents.items
         self.queue_size = queue_size
         self.queue_bytes = queue_bytes
         self.ready_timeout = ready_timeout
         self.idle = idle
-        self._options: dict[str, Any] = {
+        self._options: RecorderOptions = {
             "spool_path": self.spool_path,
             "sample_successes": sample_successes,
             "replica": replica,
@@ -144,22 +148,11 @@ class RecorderProcess:
         self._context = multiprocessing.get_context("spawn")
         self._records: Any = self._context.Queue()
         self._events: Any = self._context.Queue()
-        self._lock = threading.Lock()
-        self._done = threading.Condition(self._lock)
-        self._queued_bytes = 0
-        self._acked = 0
+        self._flight = InFlight(queue_size, queue_bytes)
         self._process: BaseProcess | None = None
         self._reader: threading.Thread | None = None
         self._stopping = False
-        self._dead = False
-        self.opened: list[dict[str, Any]] = []
         self.written = 0
-        self.submitted = 0
-        self.lost = 0  # accepted, then lost with a child that died
-        # Records the child finished (stored, spooled or dropped as unreadable), in
-        # submission order; unlike the acknowledgements, never those lost with the child
-        # (the journal keeps those for the next start).
-        self.completed = 0
         self.child_cpu_seconds = 0.0  # CPU the child used (all its threads), start-up included
         self.startup_cpu_seconds = 0.0  # of which before it was ready (imports, migrations)
         self.database_up_at_start: bool | None = None
@@ -172,26 +165,31 @@ class RecorderProcess:
     def is_alive(self) -> bool:
         return self._process is not None and self._process.is_alive()
 
+    @property
+    def submitted(self) -> int:
+        return self._flight.submitted
+
+    @property
+    def completed(self) -> int:
+        """Records the child finished, in submission order (see InFlight.completed)."""
+        return self._flight.completed
+
+    @property
+    def lost(self) -> int:
+        return self._flight.lost
+
     # ------------------------------------------------------------------ hot path
 
-    def submit(self, record: dict[str, Any]) -> bool:
+    def submit(self, record: ExchangeRecord) -> bool:
         """Queue a raw record without blocking; False when the queue is full or the recorder
         process is gone (dropped)."""
-        size = _record_size(record)
-        with self._lock:
-            if self._dead or self._stopping:
-                return False
-            in_flight = self.submitted - self._acked
-            if in_flight >= self.queue_size or self._queued_bytes + size > self.queue_bytes:
-                return False
-            self._queued_bytes += size
-            self.submitted += 1
+        size = record_size(record)
+        if self._stopping or not self._flight.admit(size):
+            return False
         try:
             self._records.put_nowait(record)  # pickled by the queue's feeder thread
         except (ValueError, OSError):  # closed under us (stop racing a late request)
-            with self._lock:
-                self._queued_bytes -= size
-                self.submitted -= 1
+            self._flight.withdraw(size)
             return False
         return True
 
@@ -215,7 +213,7 @@ class RecorderProcess:
         try:
             self._wait_ready(process)
         except BaseException:
-            self._dead = True
+            self._flight.close()
             self._end(process, 5.0)
             raise
         self._reader = threading.Thread(
@@ -273,9 +271,7 @@ class RecorderProcess:
         self._end(process, 5.0)
         if self._reader is not None:
             self._reader.join(10.0)
-        with self._done:
-            self._dead = True
-            self._done.notify_all()
+        self._flight.close()
 
     def _end(self, process: BaseProcess, grace: float) -> None:
         """Terminate, then kill, a child that is still running; release the queues."""
@@ -295,17 +291,14 @@ class RecorderProcess:
         (or the child is gone); with `expected`, first until that many records were
         submitted (the proxy hands a record over just after the client has its last byte)."""
         deadline = time.monotonic() + timeout
-        while self.submitted < expected and time.monotonic() < deadline and not self._dead:
+        flight = self._flight
+        while flight.submitted < expected and time.monotonic() < deadline and not flight.closed:
             time.sleep(0.01)
         if self._process is None:
             return
-        with self._done:
-            target = self.submitted
-            done = self._done.wait_for(
-                lambda: self._acked >= target or self._dead, FLUSH_DRAIN_SECONDS
-            )
-        if not done:
-            log.warning("recorder process: %d exchange(s) still queued", target - self._acked)
+        outstanding = flight.wait(FLUSH_DRAIN_SECONDS)
+        if outstanding:
+            log.warning("recorder process: %d exchange(s) still queued", outstanding)
 
     def spooled_count(self) -> int:
         return spooled_count(self.spool_path)
@@ -344,41 +337,23 @@ class RecorderProcess:
             _, done, size, written, cpu, calls = message
             for call in calls:
                 self._apply(*call)
-            with self._done:
-                self._acked += done
-                self.completed += done
-                self._queued_bytes -= size
-                self.written = written
-                self.child_cpu_seconds = cpu
-                self._done.notify_all()
+            # Before the acknowledgement: a flush it wakes reads them.
+            self.written, self.child_cpu_seconds = written, cpu
+            self._flight.acknowledge(done, size)
 
     def _apply(
         self, attr: str, labels: tuple[str, ...], method: str, args: tuple[Any, ...]
     ) -> None:
         """Replay one metric update (or an opened incident) of the child in this process."""
         if method == "incident":
-            self._incident(args[0])
+            self.incidents.add(args[0])
             return
         replay_metric_update(self.metrics, attr, labels, method, args)
-
-    def _incident(self, incident: dict[str, Any]) -> None:
-        self.opened.append(incident)
-        if self.on_incident is not None:
-            try:
-                self.on_incident(incident)
-            except Exception:  # noqa: BLE001 -- a failing hook must not stop recording
-                log.exception("auto-diagnose hook failed for %s", incident.get("slug"))
 
     def _child_gone(self, process: BaseProcess) -> None:
         """The child exited: what it had accepted and not finished is lost (counted)."""
         process.join(5.0)
-        with self._done:
-            lost = self.submitted - self._acked
-            self._dead = True
-            self.lost += lost
-            self._acked += lost
-            self._queued_bytes = 0
-            self._done.notify_all()
+        lost = self._flight.lose_the_rest()
         if lost:
             self.metrics.recording_dropped.inc(lost)
         if not self._stopping or process.exitcode not in (0, None):

@@ -12,6 +12,8 @@ from typing import Any
 
 import aiohttp
 
+from triage.proxy.record import ExchangeRecord
+
 __all__ = ["Message", "Receive", "Send", "stream_body"]
 
 Message = dict[str, Any]
@@ -27,7 +29,7 @@ async def stream_body(
     response: aiohttp.ClientResponse,
     receive: Receive,
     send: Send,
-    record: dict[str, Any],
+    record: ExchangeRecord,
     *,
     max_record_bytes: int,
     read_timeout: float,
@@ -53,7 +55,7 @@ async def stream_body(
 async def _pump(
     response: aiohttp.ClientResponse,
     send: Send,
-    record: dict[str, Any],
+    record: ExchangeRecord,
     cap: int,
     read_timeout: float,
 ) -> None:

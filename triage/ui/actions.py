@@ -168,19 +168,19 @@ def _progress_adapter(report: Progress) -> Callable[[Any], None]:
 
 def run_triage(
     kb: KnowledgeBase,
-    exchange: Any,
-    stack: Any,
+    exchange: capture.Exchange,
+    stack: stackfile.Stack,
     progress: Progress,
     *,
     max_requests: int | None = None,
     incident: str | None = None,
-) -> dict[str, Any]:
-    """Classify the exchange, run the engine's probes, return the diagnosis (with `incident`)."""
+) -> engine.Diagnosis:
+    """Classify the exchange, run the engine's probes, return the diagnosis."""
     options = engine.DiagnoseOptions()
     if max_requests:
         options.max_requests = int(max_requests)
     try:
-        diagnosis: dict[str, Any] = engine.diagnose_exchange(
+        diagnosis = engine.diagnose(
             kb.store,
             exchange,
             stack,

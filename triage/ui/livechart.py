@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import altair as alt
 import pandas as pd
 
-from kb.repo.live import SeriesPoint
+from kb.service import SeriesPoint
 
 LABEL_LIMIT = 48  # characters of a legend label
 

@@ -7,7 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from triage.capture.body import exchange_from_record, parse_body, starts_with_status_line
+from triage.capture.body import (
+    exchange_from_record,
+    is_tei_rerank_answer,
+    parse_body,
+    starts_with_status_line,
+)
 from triage.capture.common import (
     exchange_from_body,
     guarded,
@@ -30,7 +35,9 @@ def pair_role(text: str) -> str:
         return "pair"
     if starts_with_status_line(stripped):
         return "response"
-    value = json_document(stripped) if stripped.startswith("{") else None
+    value = json_document(stripped) if stripped.startswith(("{", "[")) else None
+    if is_tei_rerank_answer(value):
+        return "response"  # a TEI-form /rerank answer: a bare list of {index, score}
     if isinstance(value, dict):
         if "request" in value and "response" in value:
             return "pair"
@@ -38,7 +45,7 @@ def pair_role(text: str) -> str:
             return "response"
         if isinstance(value.get("data"), list) or isinstance(value.get("results"), list):
             return "response"  # /v1/embeddings, /v1/rerank
-        if "messages" in value or "model" in value or "input" in value:
+        if "messages" in value or "model" in value or "input" in value or "query" in value:
             return "request"
     return "pair"
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kb.jsontypes import JsonObject
+from triage.plugin_api import Registry
 from triage.probes import PlannedArm
 from triage.stackfile import Stack
 
@@ -171,6 +172,6 @@ def json_short(value: Any, limit: int = 40) -> str:
 ARMS = tuple(FieldAblation(group) for group in GROUPS)
 
 
-def register(catalogue: object) -> None:
+def register(catalogue: Registry) -> None:
     for arm in ARMS:
-        catalogue.arms.add(arm)  # type: ignore[attr-defined]
+        catalogue.arms.add(arm)

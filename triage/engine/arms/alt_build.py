@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kb.jsontypes import JsonObject
+from triage.plugin_api import Registry
 from triage.probes import PlannedArm, relaunchable
 from triage.stackfile import ServerConfig, Stack
 
@@ -29,5 +30,5 @@ class AltBuild:
         )
 
 
-def register(catalogue: object) -> None:
-    catalogue.arms.add(AltBuild())  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.arms.add(AltBuild())

@@ -3,18 +3,19 @@ change the chat template or the thinking default?)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kb.jsontypes import JsonObject
 from triage import observe
 from triage.llama.gguf_diff import conversion_differences
+from triage.plugin_api import Registry
 from triage.probes import ObserveContext, PlannedArm, relaunchable
 from triage.stackfile import ServerConfig, Stack
 
 
-async def confounder(ctx: ObserveContext) -> dict[str, Any]:
+async def confounder(ctx: ObserveContext) -> Mapping[str, object]:
     """What else the alternate file changes; plus, for `model-file`, what its conversion
     changes (tokenizer metadata, template) beside the tensors."""
     facts = await observe.weights_confounder(ctx.base, ctx.server, ctx.request, timeout=ctx.timeout)
@@ -48,5 +49,5 @@ class AltWeights:
         )
 
 
-def register(catalogue: object) -> None:
-    catalogue.arms.add(AltWeights())  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.arms.add(AltWeights())

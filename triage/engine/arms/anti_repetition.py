@@ -13,6 +13,7 @@ import copy
 from dataclasses import dataclass
 
 from kb.jsontypes import JsonObject
+from triage.plugin_api import Registry
 from triage.probes import PlannedArm
 from triage.stackfile import Stack
 
@@ -60,5 +61,5 @@ class AntiRepetition:
         )
 
 
-def register(catalogue: object) -> None:
-    catalogue.arms.add(AntiRepetition())  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.arms.add(AntiRepetition())

@@ -19,8 +19,9 @@ from typing import Any, TypedDict
 
 from kb.jsontypes import JsonObject
 from triage import probes
+from triage.engine.arms.slot_replay import slot_replayer
 from triage.engine.replayer import classify_reply
-from triage.llama.client import LlamaClient, LlamaClientError
+from triage.llama.client import LlamaClientError
 from triage.probes import ObserveContext, PlannedArm
 from triage.stackfile import Stack
 
@@ -60,31 +61,29 @@ def _cached_body(request: JsonObject, seed: int) -> JsonObject:
 
 
 async def _replays(ctx: ObserveContext) -> CacheOnFacts:
-    client = LlamaClient(ctx.server.base_url, timeout=ctx.timeout, api_key=ctx.server.api_key)
     n = failures = errors = 0
     cached: list[int] = []
     kinds: Counter[str] = Counter()
-    try:
-        await client.chat(_cached_body(ctx.request, ctx.seed - 1))  # fills slot 0
+    async with slot_replayer(ctx) as replayer:
+        await replayer.send(_cached_body(ctx.request, ctx.seed - 1))  # fills the slot
         while n < MAX_REPLAYS and errors < MAX_ERRORS:
             if n == FIRST_LOOK and failures == 0:
                 break
-            body = _cached_body(ctx.request, ctx.seed + n)
             try:
-                result = await client.chat(body)
+                reply = await replayer.send(_cached_body(ctx.request, ctx.seed + n))
             except LlamaClientError:
                 errors += 1
                 continue
-            failed, found = classify_reply(body, result.status_code, result.json, result.elapsed)
-            timings = result.json.get("timings") if isinstance(result.json, dict) else None
-            if isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
-                cached.append(int(timings["cache_n"]))
+            result = reply.result
+            failed, found = classify_reply(
+                reply.body, result.status_code, result.json, result.elapsed
+            )
+            if reply.cache_n is not None:
+                cached.append(reply.cache_n)
             n += 1
             failures += failed
             if failed:
                 kinds.update(found)
-    finally:
-        await client.aclose()
     return {
         "n": n,
         "failures": failures,

@@ -21,13 +21,14 @@ incident's server, records:
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, TypedDict
 
 from kb.jsontypes import JsonObject
 from triage import probes
 from triage.engine.replayer import classify_reply
 from triage.llama import client as llama_client
 from triage.llama.client import LlamaClientError
+from triage.plugin_api import Registry
 from triage.probes import ObserveContext, PlannedArm
 from triage.stackfile import Stack
 from triage.stats import compare
@@ -114,18 +115,56 @@ def apply_signature(signature: str, body: JsonObject) -> JsonObject:
     return shown
 
 
-def compare_views(exchange: dict[str, Any]) -> dict[str, Any]:
-    """The symptom checks on the client's view and on the wire answer of a capture."""
+class ClientViews(TypedDict, total=False):
+    """The symptom checks on a capture's two views: what the client showed (`captured_*`)
+    and the raw answer on the wire (`wire_*`), with the client signature that turns one
+    into the other (None: no documented one does)."""
+
+    has_client_view: bool
+    captured_failed: bool
+    captured_kinds: list[str]
+    wire_failed: bool
+    wire_kinds: list[str]
+    signature: str | None
+
+
+class StreamedReplays(TypedDict, total=False):
+    """Paired streamed replays: the server's answers re-assembled vs the same answers
+    through the client's signature, with the engine's sequential decision."""
+
+    n: int
+    errors: int
+    server_failures: int
+    client_failures: int
+    decision: str
+    p_value: float | None
+
+
+class ClientViewFacts(ClientViews, total=False):
+    """The `client-view` observation (stored as evidence, read by client-handling)."""
+
+    name: str
+    dropped_flags: list[str]
+    has_capture: bool
+    streamed: StreamedReplays
+    summary: str
+    error: str  # written by the engine instead, when the hook failed
+
+
+def compare_views(exchange: JsonObject, into: ClientViews | None = None) -> ClientViews:
+    """The symptom checks on the client's view and on the wire answer of a capture (the
+    capture's stored record), written into `into` when given (the observation's facts)."""
     request = exchange.get("request") or {}
     status = exchange.get("status") if isinstance(exchange.get("status"), int) else 200
     client, wire = exchange.get("response"), exchange.get("wire_response")
-    out: dict[str, Any] = {"has_client_view": isinstance(wire, dict)}
+    out: ClientViews = {} if into is None else into
+    out["has_client_view"] = isinstance(wire, dict)
     if isinstance(client, dict):
         failed, kinds = classify_reply(request, status, client, 0.0)
-        out.update(captured_failed=failed, captured_kinds=kinds)
+        out["captured_failed"], out["captured_kinds"] = failed, kinds
     if isinstance(wire, dict):
         failed, kinds = classify_reply(request, status, wire, 0.0)
-        out.update(wire_failed=failed, wire_kinds=kinds)
+        out["wire_failed"], out["wire_kinds"] = failed, kinds
         out["signature"] = client_signature(wire, client)
     return out
 
@@ -136,7 +175,7 @@ def _stream_body(request: JsonObject, seed: int) -> JsonObject:
     return body
 
 
-async def _streamed(ctx: ObserveContext, signature: str, kinds: set[str]) -> dict[str, Any]:
+async def _streamed(ctx: ObserveContext, signature: str, kinds: set[str]) -> StreamedReplays:
     """Paired streamed replays: the server's answer vs the client's view of it."""
     client = llama_client.LlamaClient(
         ctx.server.base_url, timeout=ctx.timeout, api_key=ctx.server.api_key
@@ -153,7 +192,7 @@ async def _streamed(ctx: ObserveContext, signature: str, kinds: set[str]) -> dic
                 except LlamaClientError:
                     errors += 1
                     continue
-                message: dict[str, Any] = {"role": "assistant", "content": result.content}
+                message: JsonObject = {"role": "assistant", "content": result.content}
                 if result.reasoning_content:
                     message["reasoning_content"] = result.reasoning_content
                 if result.tool_calls:
@@ -197,15 +236,15 @@ async def _streamed(ctx: ObserveContext, signature: str, kinds: set[str]) -> dic
     }
 
 
-async def observe(ctx: ObserveContext) -> dict[str, Any]:
-    facts: dict[str, Any] = {
+async def observe(ctx: ObserveContext) -> ClientViewFacts:
+    facts: ClientViewFacts = {
         "name": ARM,
         "dropped_flags": dropped_thinking_flags(ctx.request),
         "has_capture": bool(ctx.exchange),
         "has_client_view": False,
     }
     if ctx.exchange:
-        facts.update(compare_views(ctx.exchange))
+        compare_views(ctx.exchange, into=facts)
     signature = facts.get("signature")
     if (
         facts["has_client_view"]
@@ -219,7 +258,7 @@ async def observe(ctx: ObserveContext) -> dict[str, Any]:
     return facts
 
 
-def _summary(facts: dict[str, Any]) -> str:
+def _summary(facts: ClientViewFacts) -> str:
     parts = []
     if facts["dropped_flags"]:
         flags = ", ".join(facts["dropped_flags"])
@@ -258,5 +297,5 @@ class ClientView:
         )
 
 
-def register(catalogue: Any) -> None:
+def register(catalogue: Registry) -> None:
     catalogue.arms.add(ClientView())

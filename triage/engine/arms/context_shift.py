@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from kb.jsontypes import JsonObject
 from triage.engine.arms.context_size import per_slot_context
+from triage.plugin_api import Registry
 from triage.probes import PlannedArm, RequestArm, max_tokens_of, relaunchable
 from triage.stackfile import Stack
 
@@ -94,6 +95,6 @@ class MaxTokensSet:
         return arm.plan(stack, request)
 
 
-def register(catalogue: object) -> None:
-    catalogue.arms.add(ContextShiftOff())  # type: ignore[attr-defined]
-    catalogue.arms.add(MaxTokensSet())  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.arms.add(ContextShiftOff())
+    catalogue.arms.add(MaxTokensSet())

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from kb.jsontypes import JsonObject
 from triage.llama import client as llama_client
 from triage.llama.client import LlamaClientError
 from triage.llama.gguf_kv import GGUFKVError, read_kv
+from triage.plugin_api import Registry
 from triage.probes import ObserveContext, PlannedArm, max_tokens_of, relaunchable, replay_body
 from triage.stackfile import Stack
 
@@ -45,6 +46,42 @@ CONTEXT_END_SLACK = 2
 # The error type and message llama-server answers a prompt that does not fit with.
 EXCEED_TYPE = "exceed_context_size_error"
 EXCEED_TEXT = "exceeds the available context size"
+
+
+class ContextPlan(TypedDict):
+    """Why the context-lifted arm is (or is not) planned: `context_plan`'s numbers."""
+
+    url_only: bool
+    explicit_c: int | None
+    slots: int | None
+    per_slot: int | None
+    prompt_bound: int | None
+    max_tokens: int | None
+    can_reach: bool
+    trained: int | None
+
+
+class ContextFill(TypedDict, total=False):
+    """The `context-fill` observation (stored as evidence, read by the context-size rule):
+    what one reply on the incident's server says about its slot's context, with the same
+    reply on the larger-context server under `arm`. Values from the reply's JSON are kept
+    as the server sent them."""
+
+    name: str
+    max_tokens: int | None
+    n_ctx_slot: Any
+    status: int | None
+    error: str
+    exceeded: bool
+    prompt_tokens: Any
+    completion_tokens: Any
+    tokens_used: int | None
+    finish_reason: Any
+    truncated: Any
+    reached_context: bool | None
+    always_fits: bool
+    arm: ContextFill
+    summary: str
 
 
 def flag_value(args: tuple[str, ...] | list[str], names: tuple[str, ...]) -> str | None:
@@ -103,7 +140,7 @@ def could_reach_context(args: tuple[str, ...] | list[str], request: JsonObject) 
     return limit is None or prompt_token_bound(request) + limit >= slot
 
 
-def context_plan(stack: Stack, request: JsonObject) -> dict[str, Any]:
+def context_plan(stack: Stack, request: JsonObject) -> ContextPlan:
     """Why the context-lifted arm is (or is not) planned for this stack and request, with the
     numbers: the explicit -c, slots, per-slot context, the prompt's token bound and
     max_tokens. Read by the context-size rule to say which reason holds."""
@@ -121,7 +158,7 @@ def context_plan(stack: Stack, request: JsonObject) -> dict[str, Any]:
     }
 
 
-def unplanned_reason(plan: dict[str, Any], n_ctx_props: Any = None) -> str:
+def unplanned_reason(plan: ContextPlan, n_ctx_props: object = None) -> str:
     """Which reason kept the context-lifted arm out of the plan, said with its numbers
     (`plan`: context_plan; `n_ctx_props`: the per-slot n_ctx the server's /props reports)."""
     props = (
@@ -234,7 +271,7 @@ def with_context(args: tuple[str, ...] | list[str], total: int) -> list[str]:
     return [*out, "-c", str(total)]
 
 
-def _slot_context(props: Any) -> int | None:
+def _slot_context(props: object) -> int | None:
     if not isinstance(props, dict):
         return None
     settings = props.get("default_generation_settings")
@@ -242,49 +279,47 @@ def _slot_context(props: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def fill_facts(props: Any, status: int | None, body: Any) -> dict[str, Any]:
+def fill_facts(props: object, status: int | None, body: object) -> ContextFill:
     """What one reply says about the context: per-slot n_ctx, tokens used, whether the
     reply reached the context end or the prompt was refused as too long. Pure."""
     n_ctx = _slot_context(props)
-    facts: dict[str, Any] = {"name": FACTS, "n_ctx_slot": n_ctx, "status": status}
-    body = body if isinstance(body, dict) else {}
-    error = body.get("error")
+    facts: ContextFill = {"name": FACTS, "n_ctx_slot": n_ctx, "status": status}
+    reply: JsonObject = body if isinstance(body, dict) else {}
+    error = reply.get("error")
     if isinstance(error, dict):
         message = str(error.get("message") or "")[:300]
         exceeded = error.get("type") == EXCEED_TYPE or EXCEED_TEXT in message
         prompt = error.get("n_prompt_tokens")
-        facts.update(
-            error=message,
-            exceeded=exceeded,
-            prompt_tokens=prompt if isinstance(prompt, int) else None,
-            n_ctx_slot=error.get("n_ctx") if isinstance(error.get("n_ctx"), int) else n_ctx,
-            reached_context=exceeded,
-        )
+        facts["error"] = message
+        facts["exceeded"] = exceeded
+        facts["prompt_tokens"] = prompt if isinstance(prompt, int) else None
+        facts["n_ctx_slot"] = error.get("n_ctx") if isinstance(error.get("n_ctx"), int) else n_ctx
+        facts["reached_context"] = exceeded
         return facts
-    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    raw_usage = reply.get("usage")
+    usage: JsonObject = raw_usage if isinstance(raw_usage, dict) else {}
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    choices = body.get("choices")
+    choices = reply.get("choices")
     finish = None
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         finish = choices[0].get("finish_reason")
-    verbose = body.get("__verbose") if isinstance(body.get("__verbose"), dict) else {}
+    raw_verbose = reply.get("__verbose")
+    verbose: JsonObject = raw_verbose if isinstance(raw_verbose, dict) else {}
     used = prompt + completion if isinstance(prompt, int) and isinstance(completion, int) else None
     reached = None
     if used is not None and n_ctx is not None:
         reached = used + CONTEXT_END_SLACK >= n_ctx
-    facts.update(
-        exceeded=False,
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        tokens_used=used,
-        finish_reason=finish,
-        truncated=verbose.get("truncated"),
-        reached_context=reached,
-    )
+    facts["exceeded"] = False
+    facts["prompt_tokens"] = prompt
+    facts["completion_tokens"] = completion
+    facts["tokens_used"] = used
+    facts["finish_reason"] = finish
+    facts["truncated"] = verbose.get("truncated")
+    facts["reached_context"] = reached
     return facts
 
 
-def always_fits(facts: dict[str, Any]) -> bool:
+def always_fits(facts: ContextFill) -> bool:
     """The request's prompt plus its max_tokens fit the slot: no reply can reach the end."""
     prompt, limit, n_ctx = (
         facts.get("prompt_tokens"),
@@ -296,9 +331,9 @@ def always_fits(facts: dict[str, Any]) -> bool:
     return False
 
 
-async def context_fill(ctx: ObserveContext) -> dict[str, Any]:
+async def context_fill(ctx: ObserveContext) -> ContextFill:
     """One replay of the request on the incident's server and on the larger-context one."""
-    facts: dict[str, Any] = {"name": FACTS, "max_tokens": max_tokens_of(ctx.request)}
+    facts: ContextFill = {"name": FACTS, "max_tokens": max_tokens_of(ctx.request)}
     for label, server in (("incident", ctx.base), ("arm", ctx.server)):
         client = llama_client.LlamaClient(
             server.base_url, timeout=ctx.timeout, api_key=server.api_key
@@ -308,19 +343,21 @@ async def context_fill(ctx: ObserveContext) -> dict[str, Any]:
             result = await client.chat(replay_body(ctx.request, ctx.seed))
             seen = fill_facts(props, result.status_code, result.json)
         except LlamaClientError as exc:
-            seen = {"name": FACTS, "error": str(exc)[:300], "reached_context": None}
+            seen = ContextFill(name=FACTS, error=str(exc)[:300], reached_context=None)
         finally:
             await client.aclose()
         if label == "incident":
             facts.update(seen)
             facts["always_fits"] = always_fits(facts)
         else:
-            facts["arm"] = {k: v for k, v in seen.items() if k != "name"}
+            arm = seen.copy()
+            arm.pop("name", None)
+            facts["arm"] = arm
     facts["summary"] = fill_summary(facts)
     return facts
 
 
-def _one_fill(facts: dict[str, Any]) -> str:
+def _one_fill(facts: ContextFill) -> str:
     if facts.get("exceeded"):
         return f"prompt of {facts.get('prompt_tokens')} tokens refused"
     if facts.get("tokens_used") is None:
@@ -328,7 +365,7 @@ def _one_fill(facts: dict[str, Any]) -> str:
     return f"{facts['tokens_used']} tokens used, finish {facts.get('finish_reason')}"
 
 
-def fill_summary(facts: dict[str, Any]) -> str:
+def fill_summary(facts: ContextFill) -> str:
     """One line for the diagnosis: per-slot context vs what the request used."""
     arm = facts.get("arm") or {}
     return (
@@ -367,5 +404,5 @@ class ContextLifted:
         )
 
 
-def register(catalogue: object) -> None:
-    catalogue.arms.add(ContextLifted())  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.arms.add(ContextLifted())

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kb.jsontypes import JsonObject
+from triage.plugin_api import Registry
 from triage.probes import PlannedArm, relaunchable
 from triage.stackfile import Stack
 
@@ -93,6 +94,6 @@ class OneThread:
         )
 
 
-def register(catalogue: object) -> None:
-    catalogue.arms.add(NoWarmup())  # type: ignore[attr-defined]
-    catalogue.arms.add(OneThread())  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.arms.add(NoWarmup())
+    catalogue.arms.add(OneThread())

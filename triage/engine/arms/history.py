@@ -25,9 +25,10 @@ import ast
 import copy
 import json
 import re
-from typing import Any
+from typing import Any, TypedDict
 
 from kb.jsontypes import JsonObject
+from triage.plugin_api import Registry
 from triage.probes import ObserveContext, PlannedArm
 from triage.stackfile import Stack
 
@@ -147,7 +148,17 @@ def normalise_history(request: JsonObject) -> tuple[JsonObject, list[str]]:
     return body, sorted(changes)
 
 
-def history_facts(request: JsonObject) -> dict[str, Any]:
+class HistoryFacts(TypedDict):
+    """The `conversation-history` observation: the shape of the request's history."""
+
+    name: str
+    messages: int
+    assistant_turns: int
+    changes: list[str]
+    summary: str
+
+
+def history_facts(request: JsonObject) -> HistoryFacts:
     """The shape of the request's history (pure: no request is sent)."""
     messages = request.get("messages")
     earlier = messages[:-1] if isinstance(messages, list) else []
@@ -168,7 +179,7 @@ def history_facts(request: JsonObject) -> dict[str, Any]:
     }
 
 
-async def _observe(ctx: ObserveContext) -> dict[str, Any]:
+async def _observe(ctx: ObserveContext) -> HistoryFacts:
     return history_facts(ctx.request)
 
 
@@ -211,6 +222,6 @@ class ConversationHistory:
         )
 
 
-def register(catalogue: Any) -> None:
+def register(catalogue: Registry) -> None:
     catalogue.arms.add(HistoryNormalised())
     catalogue.arms.add(ConversationHistory())

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kb.jsontypes import JsonObject
+from triage.plugin_api import Registry
 from triage.probes import PlannedArm, relaunchable
 from triage.stackfile import Stack
 
@@ -44,5 +45,5 @@ class JinjaOn:
         )
 
 
-def register(catalogue: object) -> None:
-    catalogue.arms.add(JinjaOn())  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.arms.add(JinjaOn())

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kb.jsontypes import JsonObject
+from triage.plugin_api import Registry
 from triage.probes import PlannedArm, relaunchable
 from triage.stackfile import Stack, kv_cache_quantized, kv_cache_types, set_flag
 
@@ -43,5 +44,5 @@ class KvF16:
         )
 
 
-def register(catalogue: object) -> None:
-    catalogue.arms.add(KvF16())  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.arms.add(KvF16())

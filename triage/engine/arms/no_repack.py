@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kb.jsontypes import JsonObject
+from triage.plugin_api import Registry
 from triage.probes import PlannedArm, relaunchable
 from triage.stackfile import Stack
 
@@ -33,5 +34,5 @@ class NoRepack:
         )
 
 
-def register(catalogue: object) -> None:
-    catalogue.arms.add(NoRepack())  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.arms.add(NoRepack())

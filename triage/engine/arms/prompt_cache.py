@@ -32,7 +32,8 @@ from typing import Any, TypedDict
 
 from kb.jsontypes import JsonObject
 from triage.checks.prefix import UNSTABLE_CACHED_SHARE
-from triage.llama.client import LlamaClient, LlamaClientError
+from triage.engine.arms.slot_replay import SlotReplayer, slot_replayer
+from triage.llama.client import LlamaClientError
 from triage.probes import ObserveContext, PlannedArm
 from triage.stackfile import Stack
 from triage.stats import compare
@@ -243,37 +244,34 @@ class _Way:
         }
 
 
-async def _sequence(client: LlamaClient, turns: list[JsonObject], way: _Way) -> None:
+async def _sequence(replayer: SlotReplayer, turns: list[JsonObject], way: _Way) -> None:
     for index, body in enumerate(turns):
-        result = await client.chat(body)
-        timings = result.json.get("timings") if isinstance(result.json, dict) else None
-        if not result.ok or not isinstance(timings, dict):
+        reply = await replayer.send(body)
+        if not reply.result.ok or reply.cache_n is None or reply.prompt_n is None:
             raise LlamaClientError(
-                f"turn {index + 1}: HTTP {result.status_code}, no timings", kind="http", url=""
+                f"turn {index + 1}: HTTP {reply.result.status_code}, no timings",
+                kind="http",
+                url="",
             )
         if index == 0:
             continue  # the first turn has nothing of this sequence to reuse
-        cached, evaluated = int(timings.get("cache_n") or 0), int(timings.get("prompt_n") or 0)
-        way.shares.append(cached / max(1, cached + evaluated))
-        way.cached.append(cached)
-        way.prompt_ms.append(float(timings.get("prompt_ms") or 0.0))
+        way.shares.append(reply.cached_share)
+        way.cached.append(reply.cache_n)
+        way.prompt_ms.append(reply.prompt_ms or 0.0)
 
 
 async def _replay(ctx: ObserveContext, volatile: Volatile) -> ReplayFacts:
     turns = turn_requests(ctx.request)
     as_client, held = _Way(), _Way()
-    client = LlamaClient(ctx.server.base_url, timeout=ctx.timeout, api_key=ctx.server.api_key)
     rounds = 0
-    try:
+    async with slot_replayer(ctx) as replayer:
         while len(held.shares) < MIN_PAIRS and rounds < MAX_ROUNDS:
             rounds += 1
             stamped = [
                 varied(body, volatile, rounds * len(turns) + i) for i, body in enumerate(turns)
             ]
-            await _sequence(client, stamped, as_client)
-            await _sequence(client, turns, held)
-    finally:
-        await client.aclose()
+            await _sequence(replayer, stamped, as_client)
+            await _sequence(replayer, turns, held)
     n = min(len(as_client.shares), len(held.shares))
     cmp = compare(as_client.failures, n, held.failures, n, looks=1) if n else None
     return {

@@ -18,6 +18,7 @@ import copy
 from dataclasses import dataclass
 
 from kb.jsontypes import JsonObject
+from triage.plugin_api import Registry
 from triage.probes import PlannedArm, RequestArm, relaunchable
 from triage.stackfile import Stack, set_flag
 
@@ -81,6 +82,6 @@ REQUEST = RequestArm(
 )
 
 
-def register(catalogue: object) -> None:
-    catalogue.arms.add(ServerReasoningFormat())  # type: ignore[attr-defined]
-    catalogue.arms.add(REQUEST)  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.arms.add(ServerReasoningFormat())
+    catalogue.arms.add(REQUEST)

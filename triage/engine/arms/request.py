@@ -10,6 +10,7 @@ from pathlib import Path
 from kb.jsontypes import JsonObject
 from triage.engine.arms.context_size import per_slot_context
 from triage.llama.gguf_meta import read_gguf_meta
+from triage.plugin_api import Registry
 from triage.probes import (
     THINKING_PRECONDITION,
     PlannedArm,
@@ -118,7 +119,7 @@ class TokenLimitLifted:
         )
 
 
-def register(catalogue: object) -> None:
+def register(catalogue: Registry) -> None:
     for arm in ARMS:
-        catalogue.arms.add(arm)  # type: ignore[attr-defined]
-    catalogue.arms.add(TokenLimitLifted())  # type: ignore[attr-defined]
+        catalogue.arms.add(arm)
+    catalogue.arms.add(TokenLimitLifted())

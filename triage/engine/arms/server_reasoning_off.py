@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kb.jsontypes import JsonObject
+from triage.plugin_api import Registry
 from triage.probes import PlannedArm, relaunchable, requires_thinking
 from triage.stackfile import Stack, set_flag
 
@@ -31,5 +32,5 @@ class ServerReasoningOff:
         )
 
 
-def register(catalogue: object) -> None:
-    catalogue.arms.add(ServerReasoningOff())  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.arms.add(ServerReasoningOff())

@@ -3,16 +3,17 @@ observation (committed streams with and without speculation at fixed seeds)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from kb.jsontypes import JsonObject
 from triage import observe
+from triage.plugin_api import Registry
 from triage.probes import ObserveContext, PlannedArm, relaunchable
 from triage.stackfile import Stack, has_spec_flags, strip_spec_flags
 
 
-async def divergence(ctx: ObserveContext) -> dict[str, Any]:
+async def divergence(ctx: ObserveContext) -> Mapping[str, object]:
     return await observe.spec_divergence(
         ctx.base,
         ctx.server,
@@ -44,5 +45,5 @@ class SpecOff:
         )
 
 
-def register(catalogue: object) -> None:
-    catalogue.arms.add(SpecOff())  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.arms.add(SpecOff())

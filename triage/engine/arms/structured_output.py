@@ -10,6 +10,7 @@ import copy
 
 from kb.jsontypes import JsonObject
 from triage.checks.reasoning import structured_output_requested
+from triage.plugin_api import Registry
 from triage.probes import RequestArm
 
 ID = "no-structured-output"
@@ -40,5 +41,5 @@ ARM = RequestArm(
 )
 
 
-def register(catalogue: object) -> None:
-    catalogue.arms.add(ARM)  # type: ignore[attr-defined]
+def register(catalogue: Registry) -> None:
+    catalogue.arms.add(ARM)

@@ -26,7 +26,7 @@ thinking-off where the server reads it changes nothing.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import cast
 
 from triage.causes import (
     ArmOutcome,
@@ -40,6 +40,7 @@ from triage.causes import (
     suspect,
     unchanged,
 )
+from triage.engine.arms.client_view import ClientViewFacts, StreamedReplays
 from triage.plugin_api import Registry
 from triage.stats import wilson
 
@@ -90,7 +91,7 @@ def _dropped_flag(arms: Mapping[str, ArmOutcome], obs: Observations, flags: list
     )
 
 
-def _client_view(arms: Mapping[str, ArmOutcome], facts: dict[str, Any]) -> Verdict:
+def _client_view(arms: Mapping[str, ArmOutcome], facts: ClientViewFacts) -> Verdict:
     base = baseline_of(arms)
     if facts.get("wire_failed"):
         kinds = ", ".join(facts.get("wire_kinds") or []) or "a failure"
@@ -118,7 +119,7 @@ def _client_view(arms: Mapping[str, ArmOutcome], facts: dict[str, Any]) -> Verdi
             "a client-view capture whose loss matches a documented signature",
             supports=[OBSERVATION],
         )
-    streamed = facts.get("streamed") or {}
+    streamed: StreamedReplays = facts.get("streamed") or {}
     n = int(streamed.get("n") or 0)
     server_k, client_k = (
         int(streamed.get("server_failures") or 0),
@@ -170,7 +171,8 @@ def _client_view(arms: Mapping[str, ArmOutcome], facts: dict[str, Any]) -> Verdi
 # reproducing the failure is the evidence: a removal's reproduction gate would be wrong. Only
 # its dropped-flag path is a removal (by thinking-off), worded around the observation.
 def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
-    facts = obs.facts.get(OBSERVATION)
+    # The facts the client-view hook stored (or the engine's error when the hook failed).
+    facts = cast("ClientViewFacts | None", obs.facts.get(OBSERVATION))
     if not facts or facts.get("error"):
         why = (facts or {}).get("error") or "the client-view observation did not run"
         return suspect(ID, why, OBSERVATION, basis="untested")

@@ -8,8 +8,7 @@ end on their own give the tokens the request needs, reported against the slot.""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import cast
 
 from triage.causes import (
     ArmOutcome,
@@ -21,7 +20,7 @@ from triage.causes import (
     Verdict,
     suspect,
 )
-from triage.engine.arms.context_size import unplanned_reason
+from triage.engine.arms.context_size import ContextFill, context_plan, unplanned_reason
 from triage.engine.causes.token_limit import natural_length
 from triage.plugin_api import Registry
 
@@ -32,7 +31,7 @@ FACTS = "context-fill"
 CONTEXT_KINDS = ("length-stop", "http-error", "repetition-to-context-end")
 
 
-def _fill_note(fill: Mapping[str, Any]) -> str:
+def _fill_note(fill: ContextFill) -> str:
     if fill.get("exceeded"):
         return (
             f"; the server refused the prompt ({fill.get('prompt_tokens')} tokens) for a "
@@ -51,15 +50,15 @@ def _fill_note(fill: Mapping[str, Any]) -> str:
 def _missing(ev: Evidence) -> str:
     """Why the context-lifted arm is not in the plan, with the numbers that say so."""
     obs = ev.obs
-    plan = (obs.facts.get("server-config") or {}).get("context")
     n_ctx = (obs.facts.get("server-props") or {}).get("n_ctx_slot")
-    if not isinstance(plan, dict):
+    if obs.stack is None or obs.request is None:
         return "the server sets no explicit -c, or the request provably fits its slot"
-    return unplanned_reason(plan, n_ctx)
+    return unplanned_reason(context_plan(obs.stack, obs.request), n_ctx)
 
 
-def _fill(obs: Observations) -> Mapping[str, Any]:
-    return obs.facts.get(FACTS) or {}
+def _fill(obs: Observations) -> ContextFill:
+    # The facts the context-lifted arm's hook stored under its name (a ContextFill).
+    return cast(ContextFill, obs.facts.get(FACTS) or {})
 
 
 def _always_fits(ev: Evidence) -> Verdict | None:
@@ -91,7 +90,7 @@ def _stopped_before_the_end(ev: Evidence) -> Verdict | None:
     return None
 
 
-def _need_note(arm: ArmOutcome, fill: Mapping[str, Any]) -> str:
+def _need_note(arm: ArmOutcome, fill: ContextFill) -> str:
     """ "; replies need 342-554 tokens (prompt 40 + answers 302-514, median 427, 6 replies
     that ended on their own) vs the slot's 256" -- tokens needed vs slot, measured."""
     if not arm.ended_tokens:

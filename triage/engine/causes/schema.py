@@ -12,6 +12,12 @@ decided by the `schema-simplified` arm (those patterns anchored or dropped, the 
 judged against the original schema): confirmed when it removes the violation of a
 reproduced baseline, rejected when it leaves the failure unchanged. Any other violation of a
 read schema stays suspected: the grammar was applied, so something else broke the reply.
+
+The incident's server log is evidence in every rationale (triage.engine.server_log): the
+"JSON schema conversion was incomplete ... accepting any string" lines written while the
+baseline and the deciding arm replayed, per reply where one replay was alone on the
+server; "not available" for a server given by URL. When the log shows the simplified arm's
+own requests still accepted as any string, the arm tested nothing: suspected, never rejected.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from triage.causes import (
+    BASELINE,
     ArmOutcome,
     CauseRule,
     Observations,
@@ -33,6 +40,7 @@ from triage.causes import (
 )
 from triage.engine.arms.schema import ID as ARM
 from triage.engine.arms.schema import SIMPLIFIED
+from triage.llama.grammar_log import FACT, arm_evidence
 from triage.plugin_api import Registry
 
 ID = "schema-not-enforced"
@@ -49,6 +57,7 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
         violated = share(base, KIND)
         if violated == 0.0:
             return _satisfied(base)
+        log, cited = _log(obs, ARM)
         return removal_verdict(
             ID,
             arm,
@@ -57,29 +66,41 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
             "(response_format.json_schema.schema) is enforced",
             unchanged_text="with the schema where llama-server reads it the replies fail the "
             "same way: its place is not it",
-            note=f"; {violated:.0%} of the failing baseline replies violate the schema",
+            note=f"; {violated:.0%} of the failing baseline replies violate the schema{log}",
+            supports=cited,
         )
     if SIMPLIFIED in obs.planned:
-        return _simplified(arms)
+        return _simplified(arms, obs)
     if not reproduces(arms):
         return not_reproduced(ID, base, f"{ARM} (a request whose schema llama-server ignores)")
     if share(base, KIND) == 0.0:
         return _satisfied(base)
+    log, cited = _log(obs)
+    logged = arm_evidence(obs.facts, BASELINE)
+    said = (
+        f'; its converter accepted part of the schema as any string ("{logged.text[:200]}"): '
+        "a construct this check does not know, which no arm here rewrites"
+        if logged is not None and logged.failed_open
+        else ": the grammar was applied, something else broke the reply (or a construct this "
+        "check does not know)"
+    )
     return suspect(
         ID,
         f"{share(base, KIND):.0%} of the failing baseline replies violate the request's JSON "
         "schema, but it is where llama-server reads it and has no pattern its converter is "
-        "known to accept any string for: the grammar was applied, something else broke the "
-        "reply (or a construct this check does not know)",
+        f"known to accept any string for{said}{log}",
         "the server log of a replay ('JSON schema conversion was incomplete', 'failed to "
         "parse grammar') and the schema itself",
+        supports=list(cited),
         basis="untested",
     )
 
 
-def _simplified(arms: Mapping[str, ArmOutcome]) -> Verdict:
+def _simplified(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
     """The schema-simplified arm decides: its replies are judged against the original
-    schema, so a removed violation means the unenforced patterns were what failed open."""
+    schema, so a removed violation means the unenforced patterns were what failed open.
+    When the server log shows the arm's own requests still accepted as any string, its
+    rewrite was not enforced either: it tested nothing, and the cause stays suspected."""
     base, arm = baseline_of(arms), arms.get(SIMPLIFIED)
     gate = arm_gate(
         ID, arm, base, reproduces(arms), SIMPLIFIED, available=True, missing="", hint=""
@@ -90,6 +111,18 @@ def _simplified(arms: Mapping[str, ArmOutcome]) -> Verdict:
     violated = share(base, KIND)
     if violated == 0.0:
         return _satisfied(base)
+    log, cited = _log(obs, SIMPLIFIED)
+    own = arm_evidence(obs.facts, SIMPLIFIED)
+    if own is not None and own.failed_open:
+        return suspect(
+            ID,
+            f"the {SIMPLIFIED} arm's own requests were logged as accepting any string "
+            f"({own.failed_open} lines for {own.replies} replays): this server's converter "
+            f"does not enforce the rewritten patterns either, so the arm tested nothing "
+            f"({arm.kn()} vs baseline {base.kn()}){log}",
+            "a schema whose patterns this server's converter enforces (see its log)",
+            supports=list(cited),
+        )
     return removal_verdict(
         ID,
         arm,
@@ -98,8 +131,28 @@ def _simplified(arms: Mapping[str, ArmOutcome]) -> Verdict:
         "string for anchored (or dropped), the replies follow the client's original schema",
         unchanged_text="with the unenforced patterns anchored (or dropped) the replies still "
         "violate the client's schema: the unenforced pattern is not it",
-        note=f"; {violated:.0%} of the failing baseline replies violate the schema",
+        note=f"; {violated:.0%} of the failing baseline replies violate the schema{log}",
+        supports=cited,
     )
+
+
+def _log(obs: Observations, arm: str = "") -> tuple[str, tuple[str, ...]]:
+    """What the incident's server log said while the baseline (and `arm`) replayed, for the
+    rationale, and the observation it cites ("" and none when the run has no such
+    observation: the request asked for no schema)."""
+    base = arm_evidence(obs.facts, BASELINE)
+    if base is None:
+        return "", ()
+    if not base.available:
+        return f"; {base.sentence}", ()
+    parts = [base.sentence]
+    other = arm_evidence(obs.facts, arm) if arm else None
+    if other is not None and other.sentence:
+        parts.append(other.sentence)
+    text = "; server log: " + "; ".join(parts)
+    if base.text and (base.failed_open or base.refused):
+        text += f'; it says: "{base.text[:300]}"'
+    return text, (FACT,)
 
 
 def _satisfied(base: ArmOutcome) -> Verdict:

@@ -112,22 +112,20 @@ if submitted:
         st.exception(exc)
     if diagnosis is not None:
         data.parked_changed()
-        state = diagnosis.get("state")
-        slug = str(diagnosis.get("incident") or "")
+        state = diagnosis.state
+        slug = diagnosis.incident
         if state == "not-reproduced":
-            reproduction = diagnosis.get("reproduction") or {}
+            reproduction = diagnosis.reproduction
             st.warning(
                 "Not reproduced: "
                 + md_escape(
-                    str(
-                        reproduction.get("message")
-                        or "the replays did not show the captured failure"
-                    )
+                    (reproduction.message if reproduction else "")
+                    or "the replays did not show the captured failure"
                 )
                 + " No cause was moved."
             )
         elif state == "partial":
-            errors = [str(e) for e in diagnosis.get("errors") or []]
+            errors = [e for e in diagnosis.undecided if e.startswith("arm ")]  # errored arms
             st.warning(
                 "The run ended partial (some probes failed); its verdicts rest on "
                 "fewer arms." + (" " + md_escape("; ".join(errors[:3])) if errors else "")
@@ -143,4 +141,4 @@ if submitted:
             st.switch_page(nav.INCIDENT, query_params={"slug": slug})
         else:
             st.error("The engine finished without naming an incident.")
-            st.json(diagnosis)
+            st.json(diagnosis.to_json())

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 # The module, not its function: `catalogue()` is read at call time (tests swap it).
 import triage.catalogue
 from kb.jsontypes import JsonObject
 from triage.plugin_api import CauseEntry
-from triage.stackfile import ServerConfig, Stack, kv_cache_types
+from triage.stackfile import Stack, kv_cache_types
 from triage.stats import baseline_reproduces, wilson
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "Evidence",
     "Observations",
     "Removal",
+    "ServerConfigFacts",
     "Symptom",
     "Text",
     "Verdict",
@@ -80,6 +81,15 @@ class ArmOutcome:
     def kn(self) -> str:
         ci = wilson(self.failures, self.n)
         return f"{self.failures}/{self.n} (95% CI {ci.low:.2f}-{ci.high:.2f})"
+
+
+class ServerConfigFacts(TypedDict):
+    """The `server-config` fact: what the stack's args say about the incident's server
+    (derived by `observations_from`, never stored; a bare URL's args are not known)."""
+
+    name: str
+    args_known: bool
+    kv_cache: dict[str, str]
 
 
 @dataclass
@@ -420,7 +430,7 @@ def _text(text: Text, ev: Evidence) -> str:
 
 def observations_from(
     facts: Mapping[str, dict[str, Any]],
-    stack: Any,
+    stack: Stack | None,
     *,
     speculative: bool,
     planned: tuple[str, ...] = (),
@@ -429,22 +439,19 @@ def observations_from(
     """The rules' view of a run: the built-in observations read into their fields, every
     observation (plugins' too) kept in `facts`."""
     template = facts.get("template-render", {})
-    server = getattr(stack, "server", None)
     configured: tuple[Stack, JsonObject] | tuple[None, None] = (None, None)
-    if server is not None and "server-config" not in facts:
+    if stack is not None and "server-config" not in facts:
         # What the stack says about the incident's server, for rules that need its flags
         # (only flags, never secrets; not stored as evidence). A bare URL has unknown args.
-        args = tuple(getattr(server, "args", ()) or ())
-        url_only = bool(getattr(server, "url", None)) and getattr(server, "model", None) is None
-        facts = {
-            **facts,
-            "server-config": {
-                "name": "server-config",
-                "args_known": not url_only,
-                "kv_cache": kv_cache_types(args),
-            },
+        server = stack.server
+        url_only = bool(server.url) and server.model is None
+        config: ServerConfigFacts = {
+            "name": "server-config",
+            "args_known": not url_only,
+            "kv_cache": kv_cache_types(tuple(server.args or ())),
         }
-        if request is not None and isinstance(getattr(stack, "server", None), ServerConfig):
+        facts = {**facts, "server-config": dict(config)}
+        if request is not None:
             configured = (stack, request)
     confounder = facts.get("weights-confounder", {})
     return Observations(
@@ -453,8 +460,8 @@ def observations_from(
         speculative_enabled=speculative,
         divergence=facts.get("spec-divergence"),
         confounders=list(confounder.get("differs", [])),
-        has_alt_weights=getattr(stack, "alternate_model", None) is not None,
-        has_alt_binary=getattr(stack, "alternate_binary", None) is not None,
+        has_alt_weights=stack is not None and stack.alternate_model is not None,
+        has_alt_binary=stack is not None and stack.alternate_binary is not None,
         facts=dict(facts),
         planned=planned,
         stack=configured[0],

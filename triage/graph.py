@@ -18,6 +18,7 @@ from typing import Any
 
 import networkx as nx
 
+from kb.domain.diagnosis import GraphSummary
 from kb.jsontypes import JsonObject
 
 STATUS_COLOURS = {
@@ -304,7 +305,7 @@ def to_dot(graph: nx.MultiDiGraph) -> str:
     return "\n".join(lines) + "\n"
 
 
-def summary(graph: nx.MultiDiGraph) -> dict[str, Any]:
+def summary(graph: nx.MultiDiGraph) -> GraphSummary:
     """Counts for the diagnosis JSON: nodes by kind, edges by relation, causes by status."""
     nodes = Counter(str(d.get("kind", "")) for _, d in graph.nodes(data=True))
     edges = Counter(str(d.get("relation", "")) for _, _, d in graph.edges(data=True))
@@ -313,10 +314,10 @@ def summary(graph: nx.MultiDiGraph) -> dict[str, Any]:
         for _, d in graph.nodes(data=True)
         if d.get("kind") == "cause" and not d.get("external")
     )
-    return {
-        "nodes": graph.number_of_nodes(),
-        "edges": graph.number_of_edges(),
-        "nodes_by_kind": dict(sorted(nodes.items())),
-        "edges_by_relation": dict(sorted(edges.items())),
-        "causes_by_status": dict(sorted(statuses.items())),
-    }
+    return GraphSummary(
+        nodes=graph.number_of_nodes(),
+        edges=graph.number_of_edges(),
+        nodes_by_kind=dict(sorted(nodes.items())),
+        edges_by_relation=dict(sorted(edges.items())),
+        causes_by_status=dict(sorted(statuses.items())),
+    )

@@ -2,8 +2,9 @@
 whether replays are deterministic, whether speculative decoding changes the committed tokens,
 and what else alternate weights change (the confounder of a weights comparison).
 
-Each function records its facts into an `observations` dict under its name; the engine stores
-them as evidence and the cause rules read them.
+Each observation is a typed record (a TypedDict: the engine stores it as evidence as it is,
+and the cause rules read it) holding its own `name`; `observe_server` records its four under
+their names into the mapping it is given.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, Required, TypedDict
 
 from kb.jsontypes import JsonObject
 from triage import probes
@@ -34,6 +36,72 @@ class RequestLimits(TypedDict):
     name: str
     max_tokens: int | None
     n_ctx_slot: int | None
+
+
+class ServerProps(SpeculativeProps):
+    """The `server-props` observation: what /props says about the incident's server."""
+
+    name: str
+    build_info: Any  # as /props reports them
+    model_path: Any
+    chat_template_sha256: str
+    total_slots: Any
+    n_ctx_slot: int | None
+
+
+class TemplateRender(TypedDict):
+    """The `template-render` observation: the request rendered by the server's template, as
+    sent and with enable_thinking=false."""
+
+    name: str
+    thinking_on: bool
+    thinking_on_with_enable_thinking_false: bool
+    enable_thinking_false_changes_prompt: bool
+    prompt_chars: int
+    prompt_tail: str
+
+
+class Determinism(TypedDict):
+    """The `determinism` observation: the same replay twice (temperature 0, fixed seed)."""
+
+    name: str
+    identical: bool
+    first_divergence: int | None  # the first differing character
+    chars: list[int]
+
+
+class ObservationError(TypedDict):
+    """An observation the server could not answer (`error`: why)."""
+
+    name: str
+    error: str
+
+
+ServerObservation = ServerProps | RequestLimits | TemplateRender | Determinism | ObservationError
+
+
+class SpecDivergence(TypedDict):
+    """The `spec-divergence` observation: committed streams with and without speculative
+    decoding at fixed seeds."""
+
+    name: str
+    seeds: int  # seeds compared (both replies in)
+    diverged: int
+    first_positions: list[int]  # per diverging seed: the first differing token (or char)
+    temperature: Any  # the request's, as sent
+
+
+class WeightsConfounder(TypedDict, total=False):
+    """The `weights-confounder` observation: what else the alternate weights change. Built
+    up in the order it is stored: `thinking_on` and `differs` are always there in the end."""
+
+    name: Required[str]
+    errors: list[str]  # files that could not be read
+    quantization: list[str | None]  # incident's, alternate's
+    chat_template_sha256: list[str | None]
+    thinking_on: list[bool | None]  # thinking by default in the template render, per server
+    differs: list[str]
+    conversion_differs: list[str]  # added by the alt-weights arm (gguf_diff)
 
 
 def message_of(body: Any) -> JsonObject:
@@ -107,7 +175,12 @@ def _n_ctx(props: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def observation_summary(name: str, facts: dict[str, Any]) -> str:
+def _items(value: object) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple, dict)) else []
+
+
+def observation_summary(name: str, facts: Mapping[str, object]) -> str:
+    """One line for an observation's facts (any observation's: a plugin's too)."""
     if facts.get("error"):
         return f"{name}: error: {facts['error']}"
     if name == "template-render":
@@ -127,13 +200,13 @@ def observation_summary(name: str, facts: dict[str, Any]) -> str:
             f"speculative vs plain decoding at fixed seeds: streams diverged in "
             f"{facts.get('diverged')}/{facts.get('seeds')} seeds"
             + (
-                f", first at token {min(facts['first_positions'])}"
+                f", first at token {min(_items(facts['first_positions']))}"
                 if facts.get("first_positions")
                 else ""
             )
         )
     if name == "weights-confounder":
-        differs = facts.get("differs") or []
+        differs = _items(facts.get("differs"))
         return (
             "alternate weights differ from the incident's in: " + ", ".join(differs)
             if differs
@@ -142,7 +215,7 @@ def observation_summary(name: str, facts: dict[str, Any]) -> str:
         )
     if name == "known-good-search":
         return (
-            f"known-good search over {sorted(facts.get('dimensions', {}))}: needed to "
+            f"known-good search over {sorted(_items(facts.get('dimensions', {})))}: needed to "
             f"reproduce: {facts.get('needed_to_reproduce') or 'none isolated'}"
         )
     if name == "server-props":
@@ -164,7 +237,12 @@ def request_limits(request: JsonObject, props: Any) -> RequestLimits:
 
 
 async def observe_server(
-    server: Any, request: JsonObject, observations: dict[str, Any], *, seed: int, timeout: float
+    server: Any,
+    request: JsonObject,
+    observations: MutableMapping[str, ServerObservation],
+    *,
+    seed: int,
+    timeout: float,
 ) -> None:
     """Server props, the template render of the request, and a determinism check."""
     client = LlamaClient(server.base_url, timeout=timeout, api_key=getattr(server, "api_key", None))
@@ -241,7 +319,7 @@ async def spec_divergence(
     seed: int,
     seeds: int,
     timeout: float,
-) -> dict[str, Any]:
+) -> SpecDivergence:
     """Committed token streams with and without speculative decoding at fixed seeds."""
     clients = [
         LlamaClient(s.base_url, timeout=timeout, api_key=getattr(s, "api_key", None))
@@ -281,9 +359,9 @@ async def spec_divergence(
 
 async def weights_confounder(
     incident_server: Any, alt_server: Any, request: JsonObject, *, timeout: float
-) -> dict[str, Any]:
+) -> WeightsConfounder:
     """What else differs between the incident weights and the alternate weights."""
-    facts: dict[str, Any] = {"name": "weights-confounder"}
+    facts: WeightsConfounder = {"name": "weights-confounder"}
     differs: list[str] = []
     metas: list[Any] = []
     for path in (incident_server.config.model, alt_server.config.model):

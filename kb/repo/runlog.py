@@ -7,10 +7,10 @@ files carry no run ids, so imported incidents simply have no runs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from sqlmodel import Session, col, select
 
+from kb.jsontypes import JsonObject
 from kb.models import Evidence, TriageRun
 from kb.repo.store import get_incident
 
@@ -25,7 +25,7 @@ class RunInfo:
     state: str
     started_at: str
     finished_at: str
-    result: dict[str, Any]
+    result: JsonObject  # the diagnosis JSON as stored with the run
 
 
 def incident_runs(session: Session, slug: str, limit: int = MAX_RUNS) -> list[RunInfo]:

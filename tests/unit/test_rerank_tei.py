@@ -1,15 +1,16 @@
 """The TEI form of a rerank request (`query` + `texts`), which llama-server b11434 serves on
 /rerank besides the Jina form (`documents`) and answers with a bare list of `{index, score}`
 (`format_response_rerank`): it is routed, measured and split like the Jina form; its answer,
-in a pair document or as the second file of a pair, is a rerank answer the embedding-failed
-check reads; a refused one is the physical-batch finding."""
+in a pair document, as the second file of a pair or in a HAR entry on /rerank, is a rerank
+answer the embedding-failed check reads; a refused one is the physical-batch finding."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
-from triage.capture import exchange_from_http, parse_pair, parse_pair_document
+from triage.capture import exchange_from_http, load_file, parse_pair, parse_pair_document
 from triage.capture.formats.pair import pair_role
 from triage.llama.batching import SPECIAL_TOKENS, needs_split, split_request, token_bound
 from triage.llama.endpoints import Endpoint, body_problem, endpoint_of, input_texts
@@ -75,3 +76,31 @@ def test_two_files_a_tei_request_and_its_bare_list_answer_are_told_apart() -> No
     exchange = parse_pair(request, response, file="resp.json", request_file="req.json")
     assert exchange.response is not None and len(exchange.response["results"]) == 2
     assert endpoint_of(exchange.request) is Endpoint.RERANK
+
+
+def _har_entry(url: str, request: dict[str, Any], status: int, response: Any) -> dict[str, Any]:
+    def content(value: Any) -> dict[str, Any]:
+        return {"mimeType": "application/json", "text": json.dumps(value)}
+
+    return {
+        "startedDateTime": "2026-06-10T09:14:03.120Z",
+        "time": 5.0,
+        "request": {"method": "POST", "url": url, "headers": [], "postData": content(request)},
+        "response": {"status": status, "headers": [], "content": content(response)},
+    }
+
+
+def test_a_har_with_tei_rerank_calls_on_slash_rerank_is_read(tmp_path: Path) -> None:
+    entries = [
+        _har_entry("http://h/rerank", TEI, 500, REFUSAL),
+        _har_entry("http://h/rerank", {**TEI, "texts": ["a", "b"]}, 200, ANSWER[:1]),
+    ]
+    path = tmp_path / "session.har"
+    path.write_text(json.dumps({"log": {"version": "1.2", "entries": entries}}))
+    refused, short = load_file(path)
+    assert endpoint_of(refused.request) is Endpoint.RERANK
+    reasons = [f.reason for f in classify(refused) if f.kind == KIND and not f.passed]
+    assert reasons and "585 tokens > physical batch 512" in reasons[0]
+    assert [f.reason for f in classify(short) if f.kind == KIND and not f.passed] == [
+        "1 rerank result(s) for 2 document(s)"
+    ]

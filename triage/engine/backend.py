@@ -132,9 +132,13 @@ class LlamaBackend:
         facts: dict[str, dict[str, Any]],
         options: ReplayOptions,
     ) -> None:
-        await observe.observe_server(
-            server, request, facts, seed=options.seed, timeout=options.request_timeout
-        )
+        found: dict[str, observe.ServerObservation] = {}
+        try:
+            await observe.observe_server(
+                server, request, found, seed=options.seed, timeout=options.request_timeout
+            )
+        finally:  # what was observed before an interrupt is kept too
+            facts.update((name, dict(fact)) for name, fact in found.items())
 
     async def observe_arm(
         self, planned: probes.PlannedArm, context: probes.ObserveContext

@@ -113,7 +113,7 @@ class TriageInput:
     exchange_index: int = 0
 
 
-def prepare(triage: TriageInput) -> tuple[Any, Any]:
+def prepare(triage: TriageInput) -> tuple[capture.Exchange, stackfile.Stack]:
     """Parse and validate the exchange and the stack; raises ValueError with a readable message."""
     if not triage.exchange.strip():
         raise ValueError("paste or upload the failing exchange")

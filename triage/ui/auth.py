@@ -26,7 +26,6 @@ import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from kb.jsontypes import JsonObject
 from kb.repo.engine import data_dir
@@ -212,7 +211,7 @@ def resolve_stacks(entries: Iterable[str]) -> tuple[Path, ...]:
 
 def oidc_configured(secrets_files: Iterable[Path]) -> bool:
     """Whether Streamlit's secrets hold a usable `[auth]` section (OIDC login)."""
-    auth: dict[str, Any] = {}
+    auth: JsonObject = {}  # the [auth] tables as in the secrets files, merged
     for path in secrets_files:
         if path.is_file():
             section = _read_toml(path, MAX_CONFIG_BYTES).get("auth")

@@ -108,14 +108,24 @@ def families(kb: KnowledgeBase) -> list[Family]:
     return kb.families()
 
 
-def filter_choices(causes: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+@dataclass(frozen=True)
+class FilterChoices:
+    """The vocabularies the incident list's filters offer."""
+
+    statuses: tuple[str, ...]
+    causes: tuple[str, ...]
+    cause_statuses: tuple[str, ...]
+    decisions: tuple[str, ...]
+
+
+def filter_choices(causes: tuple[str, ...]) -> FilterChoices:
     """The vocabularies the filters offer; `causes` is the catalogue's full list."""
-    return {
-        "statuses": INCIDENT_STATUSES,
-        "causes": causes,
-        "cause_statuses": CAUSE_STATUSES,
-        "decisions": DECISION_KINDS,
-    }
+    return FilterChoices(
+        statuses=INCIDENT_STATUSES,
+        causes=causes,
+        cause_statuses=CAUSE_STATUSES,
+        decisions=DECISION_KINDS,
+    )
 
 
 # --------------------------------------------------------------------------- one incident

@@ -340,8 +340,8 @@ def graph_tab(
         ).copy()
     dot = to_dot(graph)
     st.caption(
-        " · ".join(f"{count} {status}" for status, count in counts["causes_by_status"].items())
-        + f" · {counts['nodes']} nodes, {counts['edges']} edges"
+        " · ".join(f"{count} {status}" for status, count in (counts.causes_by_status or {}).items())
+        + f" · {counts.nodes} nodes, {counts.edges} edges"
     )
     st.graphviz_chart(dot, width="stretch")
     st.caption("Causes: red confirmed, orange suspected, grey rejected; dashed edges refute.")

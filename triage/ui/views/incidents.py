@@ -26,22 +26,22 @@ query = st.text_input(
     "Search", key="incidents_query", placeholder="e.g. empty content finish length thinking"
 )
 status_col, cause_col, cause_status_col, decision_col, family_col = st.columns(5)
-statuses = status_col.multiselect("Status", choices["statuses"], key="incidents_status")
+statuses = status_col.multiselect("Status", choices.statuses, key="incidents_status")
 cause = cause_col.selectbox(
     "Cause",
-    ["", *choices["causes"]],
+    ["", *choices.causes],
     key="incidents_cause",
     format_func=lambda value: value or "any cause",
 )
 cause_status = cause_status_col.selectbox(
     "Cause status",
-    ["", *choices["cause_statuses"]],
+    ["", *choices.cause_statuses],
     key="incidents_cause_status",
     format_func=lambda value: value or "any status",
 )
 decision = decision_col.selectbox(
     "Decision",
-    ["", *choices["decisions"], "none"],
+    ["", *choices.decisions, "none"],
     key="incidents_decision",
     format_func=lambda value: {"": "any decision", "none": "no decision yet"}.get(value, value),
 )

@@ -80,15 +80,15 @@ with st.form("new_triage"):
 if submitted:
     exchange_bytes = exchange_file.getvalue() if exchange_file else exchange_text.encode()
     exchange_name = exchange_file.name if exchange_file else "pasted exchange"
-    stack = stacks[stack_label] if stack_label in stacks else None
+    chosen = stacks[stack_label] if stack_label in stacks else None
     request = actions.TriageInput(
         exchange=exchange_bytes,
         exchange_name=exchange_name,
         exchange_format=exchange_format,
         exchange_index=int(exchange_number) - 1,
         response=response_text.encode() if response_text.strip() else None,
-        stack_text=stack.text if stack else "",
-        stack_base=stack.base if stack else Path("."),
+        stack_text=chosen.text if chosen else "",
+        stack_base=chosen.base if chosen else Path("."),
     )
     diagnosis = None
     try:

@@ -163,10 +163,10 @@ def test_the_tei_form_is_answered_as_a_list_and_confirmed_the_same_way(
     try:
         diagnosis = diagnose(
             store,
+            Intake(tei),
             load_stack(drill.out_dir / "stack.toml"),
-            tei,
             options=DiagnoseOptions(max_requests=8, log_dir=tmp_path / "runs"),
-        )
+        ).to_json()
     finally:
         store.close()
     causes = {c["id"]: c for c in diagnosis["causes"]}

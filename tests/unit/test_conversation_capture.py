@@ -306,3 +306,28 @@ def test_diagnose_names_the_file_and_the_range_of_a_bad_exchange_number(tmp_path
     assert f"{capture}: --exchange 4: the capture holds 3 exchanges (1 to 3)" in result.output
     zero = CliRunner().invoke(cli, [*args[:-1], "0"], env=env)
     assert zero.exit_code == 2 and "0 is not in the range x>=1" in zero.output
+
+
+def test_odd_message_shapes_are_grouped_by_structure_without_error(tmp_path: Path) -> None:
+    parts = [{"type": "text", "text": "Where is it?"}]  # content as parts, as vision clients send
+    first = {"messages": [{"role": "user", "content": parts}]}
+    second = {
+        "messages": [
+            {"role": "user", "content": parts},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
+            {"role": "user", "content": "and now?"},
+        ]
+    }
+    other = {"messages": [{"role": "user", "content": [{"type": "text", "text": "else"}]}]}
+    prompt = {"prompt": "Once upon a time", "n_predict": 8}
+    records = [
+        {"request": first, "response": _reply("Paris")},
+        {"request": other, "response": _reply("x")},
+        {"request": prompt, "response": _reply("y")},
+        {"request": second, "response": _reply("Still Paris")},
+    ]
+    intake = _intake(_jsonl(tmp_path / "odd.jsonl", records))
+    assert intake.conversation.turns == (0, 3)
+    # Two short turns: measured, nothing worth caching to lose -- a passed finding.
+    assert intake.finding is not None and intake.finding.passed
+    assert "no earlier prompt reaches 1000 characters" in intake.finding.reason

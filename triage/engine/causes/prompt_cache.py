@@ -22,7 +22,8 @@
   suspected  otherwise: a failure neither the cache-off baseline nor the cache-on replays
              reproduce (untested), a continuation that reused
              nothing with no volatile value found (capture consecutive turns: the sequence
-             reading says where they differ), or a replay that does not reproduce.
+             reading -- `triage diagnose` on a capture of those turns -- says where they
+             differ), or a replay that does not reproduce.
 """
 
 from __future__ import annotations
@@ -95,8 +96,8 @@ def _replay_verdict(facts: Mapping[str, Any]) -> Verdict:
             ID,
             f"{captured}, but with {value} re-rendered every turn the replayed turns still "
             f"reuse the cache ({both}): the value is not what changes the prefix",
-            "capture consecutive turns of the conversation (the sequence reading names where "
-            "their prompts differ)",
+            "capture consecutive turns of the conversation and diagnose that capture (its "
+            "unstable-prefix finding names where their prompts differ)",
             basis="untested",
         )
     decision = replay.get("decision")
@@ -191,8 +192,8 @@ def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
             f"{_captured_text(captured)}, and no value that changes every turn (a time, date, "
             "id) is in the first message; a slot that held another conversation, or a prefix "
             "changed elsewhere, reads the same",
-            "capture consecutive turns of the conversation (the sequence reading names where "
-            "their prompts differ)",
+            "capture consecutive turns of the conversation and diagnose that capture (its "
+            "unstable-prefix finding names where their prompts differ)",
             basis="untested",
         )
     return _replay_verdict(facts)

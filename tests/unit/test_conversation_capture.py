@@ -331,3 +331,18 @@ def test_odd_message_shapes_are_grouped_by_structure_without_error(tmp_path: Pat
     # Two short turns: measured, nothing worth caching to lose -- a passed finding.
     assert intake.finding is not None and intake.finding.passed
     assert "no earlier prompt reaches 1000 characters" in intake.finding.reason
+
+
+def test_a_journal_record_that_is_not_a_chat_request_is_named(tmp_path: Path) -> None:
+    records = _records(2)
+    bad = dict(_raw_record(1, records[1]), request_body=b"{not json")
+    path = tmp_path / "s.journal"
+    path.write_bytes(encode_record(_raw_record(0, records[0])) + encode_record(bad))
+    with pytest.raises(
+        PartialCapture, match=r"s\.journal: record 1 \(byte \d+\), \$\.request_body: not a JSON"
+    ) as caught:
+        load_file(path)
+    assert len(caught.value.good) == 1
+    path.write_bytes(encode_record(dict(_raw_record(0, records[0]), path="/v1/models")))
+    with pytest.raises(CaptureError, match=r"s\.journal: the journal has no chat"):
+        load_file(path)

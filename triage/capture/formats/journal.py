@@ -128,7 +128,11 @@ def parse_journal(data: bytes | str, *, file: str = "<journal>") -> list[Exchang
                 source_format="journal",
             )
         except CaptureError as exc:
-            located = f"{where}, {exc.location}" if exc.location else where
+            located: str = where
+            if exc.location is not None and str(exc.location).startswith("record "):
+                located = str(exc.location)  # _record named it already
+            elif exc.location is not None and exc.location != "":
+                located = f"{where}, {exc.location}"
             errors.append(CaptureError(file, located, exc.message))
             continue
         exchange.location = where

@@ -11,10 +11,11 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from sqlmodel import Session, col, select
 
+from kb.domain.diagnosis import Finding, failed_kinds
 from kb.domain.errors import StoreError
 from kb.domain.records import Reply
 from kb.domain.slugs import unique_incident_slug
@@ -238,14 +239,14 @@ def ensure_causes(
 
 
 def record_exchange(
-    session: Session, incident_id: int, exchange: JsonObject, findings: list[dict[str, Any]]
+    session: Session, incident_id: int, exchange: JsonObject, findings: Sequence[Finding]
 ) -> str:
     """Store the failing exchange as evidence and its failed findings as symptoms; its key.
 
     An exchange whose content the incident already holds (captured before, or stored by an
     earlier diagnosis of the same incident) is not stored again: its existing key is used,
     as `triage capture` does."""
-    kinds = [f["kind"] for f in findings if not f.get("passed", True)]
+    kinds = failed_kinds(findings)
     try:
         digest = exchange_content_hash(exchange)
     except UnicodeEncodeError:
@@ -254,28 +255,29 @@ def record_exchange(
         ) from None
     key = exchange_hashes(session, incident_id).get(digest)
     if key is None:
+        stored = [f.to_json() for f in findings]  # as the diagnosis JSON holds them
         key = add_evidence(
             session,
             incident_id=incident_id,
             kind="exchange",
             summary="failing exchange: " + (", ".join(kinds) if kinds else "no failed finding"),
-            payload={"exchange": exchange, "findings": findings, CONTENT_HASH: digest},
+            payload={"exchange": exchange, "findings": stored, CONTENT_HASH: digest},
             source=str(exchange.get("source_file") or ""),
         ).key
     existing = {
         s.key for s in session.exec(select(Symptom).where(Symptom.incident_id == incident_id))
     }
     for finding in findings:
-        if finding.get("passed", True) or finding["kind"] in existing:
+        if finding.passed or finding.kind in existing:
             continue
-        existing.add(finding["kind"])
+        existing.add(finding.kind)
         session.add(
             Symptom(
                 incident_id=incident_id,
-                key=finding["kind"],
-                kind=finding["kind"],
-                description=str(finding.get("reason", finding["kind"])),
-                observed={"score": finding.get("score"), "where": finding.get("where")},
+                key=finding.kind,
+                kind=finding.kind,
+                description=finding.reason,
+                observed={"score": finding.score, "where": finding.where},
                 evidence_keys=[key],
             )
         )

@@ -99,7 +99,7 @@ def test_rediagnosing_an_incident_does_not_store_its_exchange_again(
 ) -> None:
     (loaded,) = load_file(FIXTURES / "tool-args-invalid-json.json")
     exchange = loaded.to_dict()
-    findings = [f.to_dict() for f in classify(loaded)]
+    findings = [f.record() for f in classify(loaded)]
     first = _prepare(store, None, exchange, findings)
     slug = first.incident_slug
     again = [_prepare(store, slug, exchange, findings) for _ in range(2)]

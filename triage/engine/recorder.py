@@ -59,7 +59,7 @@ class Recorder:
                 return
             if exchange:
                 self.evidence_keys["exchange"] = runs.record_exchange(
-                    session, incident.id, exchange, [f.to_json() for f in findings]
+                    session, incident.id, exchange, findings
                 )
             assert plan is not None
             plan = {**plan, "exchange_evidence": self.evidence_keys.get("exchange")}

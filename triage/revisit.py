@@ -117,7 +117,7 @@ class RevisitResult:
                 "n": self.before.n,
                 "evidence": list(self.before.evidence),
             }
-        after: dict[str, Any] = {}
+        after: JsonObject = {}
         if self.after is not None:
             after = {
                 "failures": self.after.failures,

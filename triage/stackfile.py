@@ -17,13 +17,14 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Required, TypedDict
+from typing import Required, TypedDict
 from urllib.parse import urlsplit
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from kb.domain.flags import DRAFT_MODEL_FLAGS, SPEC_PREFIXES, SPEC_SWITCH_FLAGS, SPEC_VALUE_FLAGS
+from kb.jsontypes import JsonObject
 from triage.llama.build import BuildError, server_binary_for
 
 # Flags that switch speculative decoding on or configure it: `spec-off` strips them. The
@@ -124,7 +125,7 @@ class Stack:
     timeout_s: float | None = None
     seed: int | None = None
     source: str = ""
-    raw: dict[str, Any] = field(default_factory=dict)
+    raw: JsonObject = field(default_factory=dict)  # the stack file as read
     # (json path, build number) of each `binary = "b<N>"` reference, resolved to the cache.
     build_refs: tuple[tuple[str, int], ...] = ()
     gateway: GatewayConfig | None = None

@@ -19,6 +19,7 @@ from triage.capture.conversation import MAX_EXCHANGES, read_conversation
 from triage.checks.prompt_cache_turns import conversation_intake
 from triage.cli import cli
 from triage.proxy.journal import encode_record
+from triage.symptoms import is_failure
 
 POLICY = "House policy: answer briefly and politely, cite nothing, never guess. " * 20
 
@@ -96,7 +97,7 @@ def _har(path: Path, records: list[Any]) -> Path:
 
 
 def _intake(path: Path, pick: int | None = None) -> Any:
-    return conversation_intake(load_file(path), file=str(path), pick=pick)
+    return conversation_intake(load_file(path), file=str(path), pick=pick, failed=is_failure)
 
 
 def test_a_timestamp_first_in_a_har_session_is_a_failed_finding_with_the_shared_prefixes(
@@ -214,7 +215,7 @@ def test_a_long_conversation_of_long_prompts_is_read_and_its_listing_capped(
         request["messages"][0]["content"] += "policy " * 6000
         records.append({"request": request, "response": _reply("ok", 5)})
     intake = conversation_intake(
-        load_file(_jsonl(tmp_path / "long.jsonl", records)), file="long.jsonl"
+        load_file(_jsonl(tmp_path / "long.jsonl", records)), file="long.jsonl", failed=is_failure
     )
     assert intake.finding is not None and not intake.finding.passed
     assert intake.conversation.turns == tuple(range(30))
@@ -264,7 +265,7 @@ def test_the_proxy_journal_of_a_session_is_read_as_a_conversation(tmp_path: Path
     assert len(exchanges) == 4 and exchanges[0].location == "record 0 (byte 0)"
     assert exchanges[1].location.startswith("record 2 (byte ")  # record 1, /health, skipped
     assert "sk-live-secret" not in json.dumps([e.to_dict() for e in exchanges])
-    intake = conversation_intake(exchanges, file=str(path))
+    intake = conversation_intake(exchanges, file=str(path), failed=is_failure)
     assert intake.conversation.turns == (0, 1, 2, 3)
     assert intake.finding is not None and not intake.finding.passed
     assert intake.finding.offset == 29

@@ -24,20 +24,27 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from kb.atlas import AtlasEntry, AtlasError, Facts, atlas_dirs, load_atlas, match_atlas
-from kb.jsontypes import JsonObject
-from kb.repo.fileio import InputTooLarge, load_yaml, read_bounded
+from kb.jsontypes import JsonObject, JsonValue
+from kb.service.settings import InputTooLarge, load_yaml, read_bounded
 from triage.atlas.facts import facts_from_exchange, facts_from_log, facts_from_stack, merge_facts
 from triage.atlas.report import read_log_file
 from triage.capture import CaptureError, load_file
 from triage.stats import wilson
 from triage.symptoms import classify
 
-__all__ = ["CaseResult", "Evaluation", "EvaluationError", "evaluate", "load_case_facts", "main"]
+__all__ = [
+    "CaseResult",
+    "Evaluation",
+    "EvaluationError",
+    "Rate",
+    "evaluate",
+    "load_case_facts",
+    "main",
+]
 
 DEFAULT_CASES = Path("tests/fixtures/atlas_eval")
 MAX_CASE_BYTES = 64 * 1024
@@ -99,13 +106,24 @@ class Evaluation:
     def false_alarms(self) -> int:
         return sum(1 for r in self.negatives if r.returned)
 
+    @property
+    def precision_rate(self) -> Rate:
+        return Rate(self.correct, self.returned)
+
+    @property
+    def recall_rate(self) -> Rate:
+        return Rate(sum(r.hit for r in self.positives), len(self.positives))
+
+    @property
+    def false_alarm_rate(self) -> Rate:
+        return Rate(self.false_alarms, len(self.negatives))
+
     def to_dict(self) -> JsonObject:
-        hits = sum(r.hit for r in self.positives)
         return {
             "cases": len(self.results),
-            "precision": _rate(self.correct, self.returned),
-            "recall": _rate(hits, len(self.positives)),
-            "false_alarms": _rate(self.false_alarms, len(self.negatives)),
+            "precision": self.precision_rate.to_json(),
+            "recall": self.recall_rate.to_json(),
+            "false_alarms": self.false_alarm_rate.to_json(),
             "results": [
                 {
                     "case": r.case,
@@ -120,17 +138,34 @@ class Evaluation:
         }
 
 
-def _rate(k: int, n: int) -> dict[str, Any]:
-    interval = wilson(k, n)
-    return {
-        "k": k,
-        "n": n,
-        "rate": round(k / n, 4) if n else None,
-        "ci95": interval.as_list(),
-    }
+@dataclass(frozen=True)
+class Rate:
+    """k of n with its Wilson 95% interval."""
+
+    k: int
+    n: int
+
+    @property
+    def share(self) -> float | None:
+        return round(self.k / self.n, 4) if self.n else None
+
+    def to_json(self) -> JsonObject:
+        return {
+            "k": self.k,
+            "n": self.n,
+            "rate": self.share,
+            "ci95": wilson(self.k, self.n).as_list(),
+        }
+
+    def text(self) -> str:
+        """`k/n = 0.83  (95% CI 0.55-0.95)`, or `k/n  (no cases)`."""
+        if self.share is None:
+            return f"{self.k}/{self.n}  (no cases)"
+        low, high = wilson(self.k, self.n).as_list()
+        return f"{self.k}/{self.n} = {self.share:.2f}  (95% CI {low:.2f}-{high:.2f})"
 
 
-def _case_field(data: dict[str, Any], key: str, file: Path) -> Any:
+def _case_field(data: JsonObject, key: str, file: Path) -> JsonValue:
     if key not in data:
         raise EvaluationError(f"{file}: $.{key}: missing")
     return data[key]
@@ -198,29 +233,23 @@ def evaluate(cases_dir: Path, entries: Sequence[AtlasEntry]) -> Evaluation:
     return evaluation
 
 
-def _pct(rate: dict[str, Any]) -> str:
-    if rate["rate"] is None:
-        return f"{rate['k']}/{rate['n']}  (no cases)"
-    low, high = rate["ci95"]
-    return f"{rate['k']}/{rate['n']} = {rate['rate']:.2f}  (95% CI {low:.2f}-{high:.2f})"
-
-
 def format_evaluation(evaluation: Evaluation, entries: int) -> str:
     """The table printed by `python -m triage.atlas.evaluate`."""
-    data = evaluation.to_dict()
     lines = [f"{'case':<40} {'expect':<24} top-3 returned (score)"]
-    for r in data["results"]:
-        got = ", ".join(f"{i} ({s:.1f})" for i, s in zip(r["returned"], r["scores"], strict=True))
-        mark = "ok " if (r["hit"] or (not r["expect"] and not r["returned"])) else "XX "
-        lines.append(f"{mark}{r['case']:<37} {','.join(r['expect']) or '[]':<24} {got or '-'}")
+    for r in evaluation.results:
+        got = ", ".join(
+            f"{i} ({round(s, 2):.1f})" for i, s in zip(r.returned, r.scores, strict=True)
+        )
+        mark = "ok " if (r.hit or (not r.expect and not r.returned)) else "XX "
+        lines.append(f"{mark}{r.case:<37} {','.join(r.expect) or '[]':<24} {got or '-'}")
     lines += [
         "",
-        f"atlas entries: {entries}; cases: {data['cases']} "
+        f"atlas entries: {entries}; cases: {len(evaluation.results)} "
         f"({len(evaluation.positives)} with an expected entry, "
         f"{len(evaluation.negatives)} with expect: [])",
-        f"precision (returned matches that are expected): {_pct(data['precision'])}",
-        f"recall (expected entry in the top 3):           {_pct(data['recall'])}",
-        f"false alarms (expect: [] cases with a match):   {_pct(data['false_alarms'])}",
+        f"precision (returned matches that are expected): {evaluation.precision_rate.text()}",
+        f"recall (expected entry in the top 3):           {evaluation.recall_rate.text()}",
+        f"false alarms (expect: [] cases with a match):   {evaluation.false_alarm_rate.text()}",
     ]
     return "\n".join(lines)
 

@@ -124,9 +124,9 @@ class Choice:
 
 @dataclass
 class View:
-    request: dict[str, Any]
-    response: dict[str, Any] | None
-    error: dict[str, Any] | None
+    request: JsonObject
+    response: JsonObject | None
+    error: JsonObject | None
     response_text: str | None
     status: int | None
     truncated: bool
@@ -134,7 +134,7 @@ class View:
     choices: list[Choice]
     _declared: Any = False  # cache of _declared_tools(request); False = not computed
     # client-view captures: the server's answer re-assembled from the wire (else None)
-    wire_response: dict[str, Any] | None = None
+    wire_response: JsonObject | None = None
     # How long the client waited for this answer, when the capture says (milliseconds).
     elapsed_ms: float | None = None
 
@@ -258,7 +258,7 @@ def _no_completion_reason(view: View) -> str:
 def _declared_tools(request: JsonObject) -> JsonObject | None:
     """Tool name -> parameters schema from `tools` (or legacy `functions`); None if none."""
     tools = request.get("tools")
-    declared: dict[str, Any] = {}
+    declared: JsonObject = {}
     if isinstance(tools, list):
         for tool in tools:
             function = _dict_or_empty(_dict_or_empty(tool).get("function"))

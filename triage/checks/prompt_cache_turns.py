@@ -20,7 +20,7 @@ difference, moves the boundary by a few tokens, not the reading).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from triage.capture.conversation import ConversationCapture, read_conversation
@@ -33,7 +33,6 @@ from triage.checks.prefix import (
     TurnStep,
     turn_steps,
 )
-from triage.symptoms import is_failure
 
 __all__ = [
     "ConversationIntake",
@@ -184,11 +183,16 @@ class ConversationIntake:
 
 
 def conversation_intake(
-    exchanges: Sequence[Exchange], *, file: str, pick: int | None = None
+    exchanges: Sequence[Exchange],
+    *,
+    file: str,
+    failed: Callable[[Exchange], bool],
+    pick: int | None = None,
 ) -> ConversationIntake:
-    """Choose the exchange to diagnose in a capture (see read_conversation) and read its
+    """Choose the exchange to diagnose in a capture (see read_conversation; `failed`: does a
+    reply fail the user-facing checks, triage.symptoms.is_failure) and read its
     conversation's turns; a capture of one exchange gives that exchange and no finding."""
-    conversation = read_conversation(exchanges, file=file, pick=pick, failed=is_failure)
+    conversation = read_conversation(exchanges, file=file, pick=pick, failed=failed)
     if len(exchanges) == 1:
         return ConversationIntake(conversation, None, ())
     reading = read_turns(conversation)

@@ -12,9 +12,8 @@ from typing import Any, TypeVar
 
 import click
 
-from kb.domain.errors import StoreError
 from kb.repo.store import Store
-from kb.service import DatabaseError, KnowledgeBase, OpenError
+from kb.service import DatabaseError, KnowledgeBase, OpenError, StoreError
 from triage.catalogue import CatalogueError, catalogue
 from triage.catalogue.numbering import check_store_numbering
 

@@ -4,11 +4,12 @@ import a team's own entries."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import click
 
 from kb.atlas import AtlasEntry, AtlasError, Facts, Match, import_atlas, match_atlas, team_dir
+from kb.jsontypes import JsonObject
 from triage.atlas.facts import facts_from_exchange, facts_from_log, facts_from_stack, merge_facts
 from triage.atlas.report import atlas_entries, format_matches, read_log_file
 from triage.capture import CaptureError
@@ -64,7 +65,8 @@ def list_command(ctx: click.Context, as_json: bool) -> None:
     click.echo(f"{len(entries)} entries")
 
 
-def _summary(entry: AtlasEntry) -> dict[str, Any]:
+def _summary(entry: AtlasEntry) -> JsonObject:
+    """An entry as `atlas list --json` prints it."""
     return {
         "id": entry.id,
         "title": entry.title,
@@ -136,7 +138,8 @@ def _capture_facts(files: tuple[Path, ...], fmt: str, pick: int | None) -> list[
     ]
 
 
-def _facts_json(facts: Facts) -> dict[str, Any]:
+def _facts_json(facts: Facts) -> JsonObject:
+    """What was read from an input, as `atlas match --json` prints it."""
     return {
         "source": facts.source,
         "finding_kinds": sorted(facts.finding_kinds),

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import click
 
-from kb.repo.bisect import bisect_incident, record_bisect_step
-from kb.repo.engine import data_dir
+from kb.jsontypes import JsonObject
+from kb.service import KnowledgeBase, data_dir
+from kb.service.bisect import BisectIncident, open_bisect_incident, record_bisect_evidence
 from triage.bisect import (
     BisectError,
     BisectOptions,
     Bisector,
+    BisectReport,
     BuildResult,
     CommitsBetween,
     ServerOracle,
@@ -26,10 +28,10 @@ from triage.bisect import (
     versions_between,
 )
 from triage.capture import CaptureError, load_file
-from triage.commands import echo_json, open_store, with_options
+from triage.commands import echo_json, open_kb, with_options
 from triage.engine.servers import safe_args, safe_describe
 from triage.llama.build import BuildError, parse_build_ref, published_versions, server_binary_for
-from triage.stackfile import StackError, load_stack
+from triage.stackfile import Stack, StackError, load_stack
 
 
 def register(group: click.Group) -> None:
@@ -62,7 +64,7 @@ def _versions(value: str | None, good: int, bad: int) -> list[int]:
 MAX_REQUEST_BYTES = 10 * 1024 * 1024
 
 
-def _load_request(path: Path, response: Path | None) -> dict[str, Any]:
+def _load_request(path: Path, response: Path | None) -> JsonObject:
     """A JSON request body as it is, else any capture the capture layer reads."""
     if path.stat().st_size > MAX_REQUEST_BYTES:
         raise click.ClickException(f"{path}: larger than {MAX_REQUEST_BYTES} bytes")
@@ -83,7 +85,7 @@ def _load_request(path: Path, response: Path | None) -> dict[str, Any]:
     return dict(exchanges[0].request)
 
 
-def _load_stack(path: Path) -> Any:
+def _load_stack(path: Path) -> Stack:
     try:
         stack = load_stack(path)
     except StackError as exc:
@@ -95,7 +97,7 @@ def _load_stack(path: Path) -> Any:
     return stack
 
 
-def _run(bisector: Any, log: Any) -> Any:
+def _run(bisector: Bisector, log: Callable[[str], None]) -> BisectReport:
     if bisector.results:
         log(
             f"resuming: {len(bisector.results)} builds measured before "
@@ -104,7 +106,7 @@ def _run(bisector: Any, log: Any) -> Any:
     return bisector.run()
 
 
-def format_report(report: Any, commits: CommitsBetween | None, incident: str) -> str:
+def format_report(report: BisectReport, commits: CommitsBetween | None, incident: str) -> str:
     """The bisection as text for a terminal."""
     lines = [
         f"Bisection b{report.good}..b{report.bad} ({report.builds_in_range} builds in "
@@ -121,8 +123,8 @@ def format_report(report: Any, commits: CommitsBetween | None, incident: str) ->
             lines.append(f"{label}: {result.describe()}")
     if commits:
         lines.append(f"llama.cpp commits between: {commits['commits']} ({commits['compare_url']})")
-        for build, commit in commits.get("sdist_commit_ids", {}).items():
-            lines.append(f"  {build} sdist packaging commit {commit}")
+        for build_name, commit in commits.get("sdist_commit_ids", {}).items():
+            lines.append(f"  {build_name} sdist packaging commit {commit}")
         if "changed_files" in commits:
             shown = commits["changed_files"][:15]
             lines.append(
@@ -141,8 +143,8 @@ class _Plan:
     good: int
     bad: int
     versions: list[int]
-    request: Any
-    stack: Any
+    request: JsonObject
+    stack: Stack
     key: StateKey
     state_path: Path
     seed: int
@@ -154,18 +156,17 @@ def _log(line: str) -> None:
     click.echo(line, err=True)
 
 
-def _bisect(store: Any, incident_id: int, slug: str, plan: _Plan) -> Any:
+def _bisect(kb: KnowledgeBase, incident: BisectIncident, plan: _Plan) -> BisectReport:
     """Run (or resume) the bisection, recording every tested build on the incident."""
 
     def record(result: BuildResult) -> None:
         _log(f"  {result.describe()}")
-        with store.session() as session:
-            record_bisect_step(
-                session,
-                incident_id,
-                f"bisect {result.describe()}",
-                {"type": "bisect-build", "good": plan.good, "bad": plan.bad, **result.to_dict()},
-            )
+        record_bisect_evidence(
+            kb,
+            incident,
+            f"bisect {result.describe()}",
+            {"type": "bisect-build", "good": plan.good, "bad": plan.bad, **result.to_dict()},
+        )
 
     oracle = ServerOracle(
         plan.stack,
@@ -183,7 +184,7 @@ def _bisect(store: Any, incident_id: int, slug: str, plan: _Plan) -> Any:
             oracle,
             on_result=record,
             state_key=plan.key,
-            meta={"incident": slug},
+            meta={"incident": incident.slug},
             options=BisectOptions(
                 reference_n=plan.reference_n, cap=plan.max_requests, state_path=plan.state_path
             ),
@@ -196,20 +197,19 @@ def _bisect(store: Any, incident_id: int, slug: str, plan: _Plan) -> Any:
 
 
 def _record_outcome(
-    store: Any, incident_id: int, plan: _Plan, report: Any
+    kb: KnowledgeBase, incident: BisectIncident, plan: _Plan, report: BisectReport
 ) -> CommitsBetween | None:
     """Record the bisection's outcome (with the commits between the neighbours, if any)."""
     commits = None
     if report.last_good is not None and report.first_bad is not None:
         commits = commits_between(report.last_good, report.first_bad)
-    with store.session() as session:
-        record_bisect_step(
-            session,
-            incident_id,
-            f"bisect b{plan.good}..b{plan.bad}: {report.outcome}: {report.message}",
-            {"type": "bisect-result", **report.to_dict(), "commits": commits},
-            kind="observation",
-        )
+    record_bisect_evidence(
+        kb,
+        incident,
+        f"bisect b{plan.good}..b{plan.bad}: {report.outcome}: {report.message}",
+        {"type": "bisect-result", **report.to_dict(), "commits": commits},
+        kind="observation",
+    )
     return commits
 
 
@@ -298,20 +298,18 @@ def bisect_command(
     plan = _Plan(
         good, bad, versions, request, stack, key, state_path, seed, reference_n, max_requests
     )
-    with open_store(ctx) as store:
-        with store.session() as session:
-            row = bisect_incident(
-                session,
-                incident,
-                title=f"bisect b{good}..b{bad}: {request_path.name}",
-                model=Path(str(stack.server.model)).stem,
-                flags=safe_args(stack.server.args),
-                stack={"server": safe_describe(stack.server)},
-            )
-            incident_id, slug = row.id, row.slug
-        assert incident_id is not None
-        report = _bisect(store, incident_id, slug, plan)
-        commits = _record_outcome(store, incident_id, plan, report)
+    with open_kb(ctx) as kb:
+        recorded_on = open_bisect_incident(
+            kb,
+            incident,
+            title=f"bisect b{good}..b{bad}: {request_path.name}",
+            model=Path(str(stack.server.model)).stem,
+            flags=safe_args(stack.server.args),
+            stack={"server": safe_describe(stack.server)},
+        )
+        report = _bisect(kb, recorded_on, plan)
+        commits = _record_outcome(kb, recorded_on, plan, report)
+    slug = recorded_on.slug
     if as_json:
         echo_json(
             {"incident": slug, **report.to_dict(), "commits": commits, "state": str(state_path)}

@@ -9,9 +9,8 @@ from typing import Any, NoReturn
 
 import click
 
-from kb.domain.errors import StoreError
 from kb.jsontypes import JsonObject
-from kb.repo.store import exchange_content_hash
+from kb.service import StoreError, exchange_content_hash
 from kb.service.captures import CapturedExchange, attach_orphans, orphans, store_captures
 from triage.atlas.report import check_lines, check_matches
 from triage.capture import (

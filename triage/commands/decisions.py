@@ -15,8 +15,7 @@ import click
 from kb.domain.decisions import STATUS_AFTER, ParkedIncident
 from kb.domain.triggers import DecisionError
 from kb.jsontypes import JsonObject
-from kb.repo import decisions as kb_decisions
-from kb.service import DecisionRequest, RecordedDecision
+from kb.service import TRIGGER_SYNTAX, DecisionRequest, RecordedDecision, describe_trigger
 from triage.catalogue import catalogue
 from triage.commands import echo_json, open_kb
 from triage.engine import EngineError
@@ -100,7 +99,7 @@ def _parse_date(_ctx: click.Context, _param: click.Parameter, value: str | None)
     "--when",
     "triggers",
     multiple=True,
-    help=f"PARKED: revisit trigger, repeatable: {kb_decisions.TRIGGER_SYNTAX}.",
+    help=f"PARKED: revisit trigger, repeatable: {TRIGGER_SYNTAX}.",
 )
 @click.option("--fix", default="", help="FIXED: what was changed.")
 @click.option("--tradeoff", default="", help="What the decision costs.")
@@ -185,7 +184,7 @@ def format_decision(slug: str, data: JsonObject) -> str:
     if data["revisit_on"]:
         lines.append(f"  revisit on: {data['revisit_on']}")
     for trigger in data["triggers"]:
-        lines.append(f"  trigger: {kb_decisions.describe_trigger(trigger, catalogue().triggers)}")
+        lines.append(f"  trigger: {describe_trigger(trigger, catalogue().triggers)}")
     if data["evidence"]:
         lines.append(f"  evidence: {', '.join(data['evidence'])}")
     return "\n".join(lines)

@@ -42,6 +42,7 @@ from triage.engine import (
 from triage.engine import resume as resume_run
 from triage.observe import observation_summary
 from triage.stackfile import Stack, StackError, load_stack
+from triage.symptoms import is_failure
 
 __all__ = ["ProgressPrinter", "format_diagnosis", "register"]
 
@@ -267,7 +268,7 @@ def _load_exchange(
                 return Intake(body)
         raise click.ClickException(str(exc)) from None
     try:  # a capture of several exchanges: which one, and its conversation's turns
-        chosen = conversation_intake(exchanges, file=str(request), pick=pick)
+        chosen = conversation_intake(exchanges, file=str(request), pick=pick, failed=is_failure)
     except CaptureError as exc:
         raise click.ClickException(str(exc)) from None
     for line in chosen.notes:

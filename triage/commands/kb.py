@@ -9,9 +9,7 @@ import click
 
 from kb.domain.textguard import shorten
 from kb.jsontypes import JsonObject
-from kb.models import CAUSE_STATUSES, INCIDENT_STATUSES
-from kb.repo.files import IMPORT_BATCH
-from kb.repo.sidecar import sidecar_paths
+from kb.service import CAUSE_STATUSES, IMPORT_BATCH, INCIDENT_STATUSES, sidecar_paths
 from triage.catalogue import catalogue
 from triage.commands import echo_json, open_kb
 

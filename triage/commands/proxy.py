@@ -7,7 +7,7 @@ import logging
 import sys
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import click
 import uvicorn
@@ -15,7 +15,7 @@ import uvicorn
 # Imported for its objects: they are among those _freeze_startup_objects puts out of reach.
 import uvicorn.protocols.http.httptools_impl  # noqa: F401
 
-from kb.repo.engine import data_dir
+from kb.service import data_dir
 from triage.commands import with_options
 from triage.proxy import (
     ProxyApp,
@@ -32,6 +32,20 @@ from triage.proxy.journal import JournaledRecorder
 from triage.proxy.server import uvicorn_config
 
 SWITCH_INTERVAL_SECONDS = 0.0005
+
+
+class RecorderOptions(TypedDict):
+    """What the command passes to the recorder, thread or process alike."""
+
+    spool_path: Path
+    sample_successes: float
+    replica: str
+    metrics: ProxyMetrics
+    current_window: timedelta
+    trailing_window: timedelta
+    on_incident: AutoDiagnose | None
+    opening: OpeningRules
+
 
 # In the order `triage proxy --help` lists them.
 _OPTIONS = (
@@ -175,7 +189,7 @@ def proxy_command(
     if auto_diagnose:
         hook = _auto_diagnose_hook(stack_path, config.upstream, diagnose_upstream, database)
     metrics = ProxyMetrics()
-    options: dict[str, Any] = {
+    options: RecorderOptions = {
         "spool_path": spool_path or data_dir() / "proxy-spool.jsonl",
         "sample_successes": sample_successes,
         "replica": config.replica,
@@ -197,7 +211,7 @@ def proxy_command(
 
 
 def _start_recorder(
-    mode: str, database: str | None, options: dict[str, Any], hook: AutoDiagnose | None
+    mode: str, database: str | None, options: RecorderOptions, hook: AutoDiagnose | None
 ) -> Recorder | RecorderProcess:
     """The recorder, started before the server (a recorder process that cannot start is
     one clear error, not a failed ASGI lifespan); ProxyApp's own start is then a no-op."""

@@ -3,23 +3,32 @@ with the same signature; `--link` records them as the same failure family)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import click
 
-from kb.domain.errors import StoreError
 from kb.domain.family import FamilyMatch, Signature, signature, stack_fingerprint
-from kb.models import INCIDENT_STATUSES
-from kb.repo.family import incident_signature, link_family, refresh_signatures, similar_incidents
-from kb.repo.search import HIGHLIGHT_END, HIGHLIGHT_START, SearchHit, search
-from kb.repo.store import Store, get_incident
-from triage.capture import CaptureError, load_file
+from kb.jsontypes import JsonObject
+from kb.service import INCIDENT_STATUSES, KnowledgeBase
+from kb.service.search import (
+    HIGHLIGHT_END,
+    HIGHLIGHT_START,
+    FamilyQuery,
+    FamilyResult,
+    SearchHit,
+    find_family,
+    is_incident,
+    search_incidents,
+)
+from triage.capture import CaptureError, Exchange, load_file
 from triage.catalogue import catalogue
 from triage.catalogue.numbering import vocabulary
-from triage.commands import echo_json, open_store
+from triage.commands import echo_json, open_kb
 from triage.stackfile import StackError, load_stack
 from triage.symptoms import failure_kinds
 
@@ -61,9 +70,8 @@ def search_command(
     prefixes. When no incident has every word, incidents with some of them are listed.
     """
     text = " ".join(query)
-    with open_store(ctx) as store:
-        with store.session(readonly=True) as session:
-            hits = search(session, text, status=statuses or None, cause=cause, limit=limit)
+    with open_kb(ctx) as kb:
+        hits = search_incidents(kb, text, statuses=statuses, cause=cause, limit=limit)
     if as_json:
         shown = [
             {**hit.to_dict(), "relevance": relevance(hit.score, hits[0].score)} for hit in hits
@@ -115,7 +123,41 @@ def _print_hits(text: str, hits: list[SearchHit]) -> None:
 # ------------------------------------------------------------------ family
 
 
-def _exchange_stack(exchange: Any) -> dict[str, Any]:
+class StackFacts(TypedDict, total=False):
+    """What is known of the stack that answered: from stack.toml (args, model, binary) and
+    from the replies themselves (model, build, speculative decoding, thinking default); the
+    keys kb.domain.family.stack_fingerprint reads."""
+
+    args: list[str]
+    model: str
+    binary: str
+    server_build: str
+    speculative: bool
+    thinking_default: bool
+
+
+@dataclass(frozen=True)
+class FamilyTarget:
+    """What `triage family` compared: a stored incident, or a capture file and what it told."""
+
+    name: str
+    incident: str | None = None
+    exchanges: int = 0
+    findings: list[str] = field(default_factory=list)
+    stack: StackFacts = field(default_factory=lambda: StackFacts())
+
+    def to_json(self) -> JsonObject:
+        if self.incident is not None:
+            return {"target": self.name, "incident": self.incident}
+        return {
+            "target": self.name,
+            "exchanges": self.exchanges,
+            "findings": self.findings,
+            "stack": {key: value for key, value in self.stack.items() if key != "args"},
+        }
+
+
+def _exchange_stack(exchange: Exchange) -> StackFacts:
     """What an exchange itself tells about the stack that answered it (llama-server replies).
 
     model and `system_fingerprint` (the build) from the response; speculative decoding is
@@ -124,7 +166,7 @@ def _exchange_stack(exchange: Any) -> dict[str, Any]:
     """
     request = exchange.request or {}
     response = exchange.response or {}
-    stack: dict[str, Any] = {}
+    stack = StackFacts()
     if response.get("model"):
         stack["model"] = str(response["model"])
     elif request.get("model"):
@@ -137,19 +179,20 @@ def _exchange_stack(exchange: Any) -> dict[str, Any]:
     kwargs = request.get("chat_template_kwargs")
     if not (isinstance(kwargs, dict) and "enable_thinking" in kwargs):
         choices = response.get("choices") or []
-        message = (choices[0].get("message") or {}) if choices else {}
+        first = choices[0] if isinstance(choices, list) and choices else {}
+        message = (first.get("message") or {}) if isinstance(first, dict) else {}
         if isinstance(message, dict) and message.get("reasoning_content"):
             stack["thinking_default"] = True
     return stack
 
 
-def _stack_file(path: Path) -> dict[str, Any]:
+def _stack_file(path: Path) -> StackFacts:
     try:
         stack = load_stack(path)
     except StackError as exc:
         raise click.ClickException(str(exc)) from None
     server = stack.server
-    found: dict[str, Any] = {"args": list(server.args)}
+    found = StackFacts(args=list(server.args))
     if server.model:
         found["model"] = str(server.model)
     if server.binary:
@@ -158,33 +201,32 @@ def _stack_file(path: Path) -> dict[str, Any]:
 
 
 def _capture_signature(
-    path: Path, response: Path | None, kinds: set[str], causes: set[str], stack: dict[str, Any]
-) -> tuple[Signature, dict[str, Any]]:
+    path: Path, response: Path | None, kinds: set[str], causes: set[str], stack: StackFacts
+) -> tuple[Signature, FamilyTarget]:
     """The signature of a capture file: its failed findings and what its replies tell."""
     try:
         exchanges = load_file(path, response=response)
     except CaptureError as exc:
         raise click.ClickException(str(exc)) from None
     found_kinds: set[str] = set()
-    seen: dict[str, Any] = {}
     for exchange in exchanges:
         found_kinds |= failure_kinds(exchange)
-        for key, value in _exchange_stack(exchange).items():
-            seen.setdefault(key, value)
+    seen = StackFacts()
+    for exchange in reversed(exchanges):  # the first exchange that tells a field wins
+        seen.update(_exchange_stack(exchange))
     # stack.toml describes the configuration; the replies say what actually answered.
-    merged = {**stack, **seen}
-    info = {
-        "target": str(path),
-        "exchanges": len(exchanges),
-        "findings": sorted(found_kinds),
-        "stack": {k: v for k, v in merged.items() if k != "args"},
-    }
-    return signature(found_kinds | kinds, causes, merged), info
+    merged = StackFacts()
+    merged.update(stack)
+    merged.update(seen)
+    target = FamilyTarget(
+        str(path), exchanges=len(exchanges), findings=sorted(found_kinds), stack=merged
+    )
+    return signature(found_kinds | kinds, causes, merged), target
 
 
-def _print_matches(info: dict[str, Any], query: Signature, matches: list[FamilyMatch]) -> None:
+def _print_matches(target: FamilyTarget, query: Signature, matches: list[FamilyMatch]) -> None:
     known = ", ".join(f"{k}={v}" for k, v in query.fingerprint().items() if v) or "unknown"
-    click.echo(f"signature of {info['target']}:")
+    click.echo(f"signature of {target.name}:")
     click.echo(f"  kinds:  {', '.join(sorted(query.kinds)) or '-'}")
     causes = sorted(query.causes)
     implied = sorted(query.compared_causes() - query.causes)
@@ -270,112 +312,65 @@ def family_command(
     themselves (model, system_fingerprint, timings) plus --stack.
     """
     extra_kinds = {k.strip() for k in kinds.split(",") if k.strip()}
-    with open_store(ctx) as store:
-        is_incident = _check_target(store, target, link)
-        stack = _stack_file(stack_path) if stack_path else {}
-        with store.session(readonly=not link) as session:
-            if is_incident:
-                query, info = _incident_query(session, target, extra_kinds, set(causes), stack)
-            else:
-                query, info = _capture_signature(
-                    Path(target), response, extra_kinds, set(causes), stack
-                )
-            exclude = target if is_incident else None
-            matches = similar_incidents(
-                session, query, limit, exclude_slug=exclude, min_score=min_score
+    with open_kb(ctx) as kb:
+        incident = _check_target(kb, target, link)
+        stack = _stack_file(stack_path) if stack_path else StackFacts()
+        if incident:
+            extra = Signature(
+                kinds=frozenset(extra_kinds), causes=frozenset(causes), **stack_fingerprint(stack)
             )
-            linked = _link(session, target, query, matches, note) if link and is_incident else []
-    _report_family(info, query, matches, linked, link=link, as_json=as_json)
+            query, found = FamilyQuery(extra, incident=target), FamilyTarget(target, target)
+        else:
+            sig, found = _capture_signature(Path(target), response, extra_kinds, set(causes), stack)
+            query = FamilyQuery(sig)
+        query = dataclasses.replace(query, limit=limit, min_score=min_score, link=link, note=note)
+        result = find_family(kb, query)
+    for refused in result.refused:
+        click.echo(f"not linked to {refused.slug}: {refused.reason}", err=True)
+    _report_family(found, result, link=link, as_json=as_json)
 
 
-def _check_target(store: Store, target: str, link: bool) -> bool:
+def _check_target(kb: KnowledgeBase, target: str, link: bool) -> bool:
     """Whether TARGET is a stored incident (else it is a capture file); refreshes signatures."""
-    with store.session() as session:
-        incident = get_incident(session, target)
-        # Signatures stay correct without this; a refresh makes matching one SQL scan.
-        refresh_signatures(session, vocabulary=vocabulary(catalogue()))
-    if incident is None and not Path(target).is_file():
+    incident = is_incident(kb, target, vocabulary(catalogue()))
+    if not incident and not Path(target).is_file():
         raise click.ClickException(f"{target!r} is neither a stored incident nor a file")
-    if incident is None and link:
+    if not incident and link:
         raise click.UsageError("--link needs an incident SLUG (a capture has no causes yet)")
-    return incident is not None
+    return incident
 
 
-def _incident_query(
-    session: Any, slug: str, kinds: set[str], causes: set[str], stack: dict[str, Any]
-) -> tuple[Signature, dict[str, Any]]:
-    """The stored signature of an incident, widened by the extra kinds, causes and stack."""
-    base = incident_signature(session, slug)
-    query = Signature(
-        kinds=base.kinds | kinds,
-        causes=base.causes | causes,
-        **{**base.fingerprint(), **_known(stack_fingerprint(stack))},
-    )
-    return query, {"target": slug, "incident": slug}
-
-
-def _report_family(
-    info: dict[str, Any],
-    query: Signature,
-    matches: list[FamilyMatch],
-    linked: list[dict[str, str]],
-    *,
-    link: bool,
-    as_json: bool,
-) -> None:
+def _report_family(found: FamilyTarget, result: FamilyResult, *, link: bool, as_json: bool) -> None:
     """Print the signature, the matches and the links just made (as text or JSON)."""
+    query, matches, linked = result.query, result.matches, result.links
     if link:
         # Show the links just made.
         matches = [
-            _with_link(match, any(made["to"] == match.slug for made in linked)) for match in matches
+            _with_link(match, any(made.to_slug == match.slug for made in linked))
+            for match in matches
         ]
     if as_json:
         echo_json(
             {
-                **info,
+                **found.to_json(),
                 "signature": query.to_dict(),
                 "implied_causes": sorted(query.compared_causes() - query.causes),
                 "matches": [match.to_dict() for match in matches],
-                "links_made": linked,
+                "links_made": [made.to_json() for made in linked],
             }
         )
         return
-    _print_matches(info, query, matches)
+    _print_matches(found, query, matches)
     for made in linked:
-        click.echo(f"linked {made['from']}:{made['cause']} <-> {made['to']}:{made['other_cause']}")
+        click.echo(f"linked {made.from_slug}:{made.cause} <-> {made.to_slug}:{made.other_cause}")
     if link and not linked:
         click.echo("no new family links: no listed match shares a confirmed cause")
-
-
-def _known(fingerprint: dict[str, str]) -> dict[str, str]:
-    return {name: value for name, value in fingerprint.items() if value}
 
 
 def _with_link(match: FamilyMatch, made: bool) -> FamilyMatch:
     if not made or match.linked:
         return match
-    data = match.to_dict()
-    data["linked"] = True
-    return FamilyMatch(**data)
-
-
-def _link(
-    session: Any, slug: str, query: Signature, matches: list[FamilyMatch], note: str
-) -> list[dict[str, str]]:
-    """A family link for each confirmed cause the incident shares with a match (new ones)."""
-    made = []
-    for match in matches:
-        for cause in sorted(query.causes & set(match.confirmed_causes)):
-            if match.linked:
-                continue
-            text = note or f"same failure family (triage family, similarity {match.score:.2f})"
-            try:
-                link_family(session, slug, cause, match.slug, cause, text)
-            except StoreError as exc:
-                click.echo(f"not linked to {match.slug}: {exc}", err=True)
-                continue
-            made.append({"from": slug, "cause": cause, "to": match.slug, "other_cause": cause})
-    return made
+    return dataclasses.replace(match, linked=True)
 
 
 def register(group: click.Group) -> None:

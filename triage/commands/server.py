@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from kb.repo.engine import data_dir
+from kb.service import data_dir
 from triage.drills import TemplateNotFound, build_drill, list_drills
 from triage.drills.real import RealModelMissing
 from triage.drills.run import format_summary, run_drill

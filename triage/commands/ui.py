@@ -11,9 +11,7 @@ from pathlib import Path
 
 import click
 
-from kb.domain.errors import StoreError
-from kb.repo.engine import database_url, redact_url
-from kb.service import KnowledgeBase, OpenError
+from kb.service import KnowledgeBase, OpenError, StoreError, database_url, redact_url
 from triage.ui.auth import (
     UiConfigError,
     UiSettings,

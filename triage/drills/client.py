@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
 
 from kb.jsontypes import JsonObject
 from triage.drills import gemma4
@@ -128,7 +127,7 @@ def client_content_only(out_dir: Path, template: str) -> Drill:
         "accept": ["rejected"],
         "why": "Single-turn request.",
     }
-    manifest: dict[str, Any] = {
+    manifest: JsonObject = {  # manifest.json as written
         "parameters": {"client_signature": "content-only", "temperature": 0.0},
         "capture": "client-view: the drill server's stream of request-streamed plus "
         "client_view_of(stream); recorded example tests/fixtures/captures/client/"
@@ -212,7 +211,7 @@ def conversation_python_args(out_dir: Path, template: str) -> Drill:
         "accept": ["rejected", "suspected"],
         "why": "No client view and no dropped flag; the server's own replies fail.",
     }
-    manifest: dict[str, Any] = {
+    manifest: JsonObject = {  # manifest.json as written
         "parameters": {"history_shape": "tool-call arguments as a Python literal"},
         "causes": causes,
         "requests": [

@@ -112,7 +112,7 @@ def evaluate(drill: str, manifest: JsonObject, diagnosis: JsonObject, causes: Se
     """Mark each cause's verdict in `diagnosis` (its JSON) against the drill's `manifest`."""
     verdicts = {str(c["id"]): c for c in diagnosis.get("causes") or []}
     arms = {str(a["name"]): a for a in diagnosis.get("arms") or []}
-    truths: dict[str, Any] = manifest.get("causes") or {}
+    truths: JsonObject = manifest.get("causes") or {}  # as manifest.json holds them
     row = Row(drill)
     for cause_id in [*causes, *sorted(set(truths) - set(causes))]:
         verdict = verdicts.get(cause_id)

@@ -175,7 +175,7 @@ def finish(
     `extra_args` are incident server flags beyond the shared ones (part of the incident)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     models: dict[str, Path] = {}
-    model_facts: dict[str, Any] = {}
+    model_facts: JsonObject = {}  # the manifest's `models`
     for label, fmt in {**gemma4.WEIGHT_FILES, "draft": gemma4.DRAFT_FORMAT}.items():
         design = spec.draft if label == "draft" else spec.design
         path = compile_design(

@@ -19,8 +19,8 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.drills import gemma4
 from triage.drills.compiler import compile_design
 from triage.drills.drill import (
@@ -132,7 +132,7 @@ def build(out_dir: Path, template: str) -> Drill:
     fixed = gemma4.toolcall_design().design
     broken = broken_conversion(fixed, BROKEN_TOKEN, TokenKind.CONTROL)
     models: dict[str, Path] = {}
-    facts: dict[str, Any] = {}
+    facts: JsonObject = {}  # the manifest's `models`
     token = fixed.vocab.id(BROKEN_TOKEN)
     for label, design in (("broken", broken), ("fixed", fixed)):
         path = compile_design(
@@ -151,7 +151,7 @@ def build(out_dir: Path, template: str) -> Drill:
     host_args = host_workaround_args()
     server_args = [*SERVER_ARGS, *host_args]
     body = gemma4.weather_request()
-    manifest: dict[str, Any] = {
+    manifest: JsonObject = {  # manifest.json as written
         **manifest_head(NAME, template),
         "models": facts,
         "server_args": server_args,

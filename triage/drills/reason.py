@@ -31,8 +31,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from kb.jsontypes import JsonObject
 from triage.drills import gemma4
 from triage.drills.drill import Drill, ExpectedCause, finish
 from triage.drills.language import Design, TokenKind, Vocabulary
@@ -158,7 +158,7 @@ def reasoning_leak(out_dir: Path, template: str) -> Drill:
         "max_tokens": 200,
         "temperature": 0.0,
     }
-    manifest: dict[str, Any] = {
+    manifest: JsonObject = {  # manifest.json as written
         "parameters": {**spec.facts, "incident_server_args": list(LEAK_SERVER_ARGS)},
         "causes": {
             "reasoning-leak": _cause(
@@ -216,7 +216,7 @@ def structured_output(out_dir: Path, template: str) -> Drill:
         "grammar": CITY_GRAMMAR,
     }
     answer = spec.facts["answer"]
-    manifest: dict[str, Any] = {
+    manifest: JsonObject = {  # manifest.json as written
         "parameters": dict(spec.facts),
         "causes": {
             "structured-output": _cause(

@@ -144,10 +144,10 @@ class StreamResult:
     chunks: list[Any] = field(default_factory=list)
     content: str = ""
     reasoning_content: str = ""
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[JsonObject] = field(default_factory=list)  # as the reply holds them
     finish_reason: str | None = None
-    usage: dict[str, Any] = field(default_factory=dict)
-    timings: dict[str, Any] = field(default_factory=dict)
+    usage: JsonObject = field(default_factory=dict)
+    timings: JsonObject = field(default_factory=dict)
     error: Any = None
     done: bool = False
     json: Any = None  # the error body when the server answered without streaming
@@ -177,7 +177,7 @@ class _StreamAssembler:
 
     def __init__(self, result: StreamResult) -> None:
         self.result = result
-        self.calls: dict[int, dict[str, Any]] = {}
+        self.calls: dict[int, JsonObject] = {}  # tool calls by index, as the deltas build them
 
     def add(self, chunk: Any) -> None:
         result = self.result

@@ -293,3 +293,23 @@ def test_a_server_given_by_url_is_said_to_have_no_log_in_the_rationale() -> None
     verdict = CAUSE.decide(arms, _obs(fact))
     assert verdict.status == "confirmed" and "not available" in verdict.rationale
     assert FACT not in verdict.supports
+
+
+def test_an_arm_whose_failures_are_only_cut_at_max_tokens_changed_the_failure() -> None:
+    # As measured with `[A-Z]{3}` on SmolLM2: 7/8 baseline failures, 2 of them complete
+    # values that violate the pattern; with the pattern enforced, every reply runs to the limit.
+    base = _arm("baseline", 8, 7, "baseline", kind_counts={"schema-violation": 7, "length-stop": 5})
+    cut = {"schema-violation": 4, "length-stop": 4}
+    arms = {
+        "baseline": base,
+        "schema-simplified": _arm("schema-simplified", 4, 4, "unchanged", kind_counts=cut),
+    }
+    verdict = CAUSE.decide(arms, _obs(_fact(7, 0)))
+    assert verdict.status == "suspected" and "cut at max_tokens" in verdict.rationale
+    assert "2 of the baseline's failing replies ended on their own" in verdict.rationale
+    # The baseline's failures were all cut too: the arm left them unchanged -- rejected.
+    all_cut = _arm(
+        "baseline", 8, 7, "baseline", kind_counts={"schema-violation": 7, "length-stop": 7}
+    )
+    verdict = CAUSE.decide({**arms, "baseline": all_cut}, _obs(_fact(7, 0)))
+    assert verdict.status == "rejected"

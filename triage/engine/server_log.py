@@ -83,8 +83,10 @@ def note_server_logs(execution: Execution) -> None:
         log = grammar_log(server)
         if log is None:
             if asks and mine:
-                execution.facts[name] = unavailable_fact(
-                    name, "a server given by URL: its log is not the engine's to read"
+                execution.facts[name] = dict(
+                    unavailable_fact(
+                        name, "a server given by URL: its log is not the engine's to read"
+                    )
                 )
             continue
         log.scan_all()
@@ -92,4 +94,4 @@ def note_server_logs(execution: Execution) -> None:
         if summary.texts or (asks and (mine or summary.arms)):
             label = "the incident's server" if mine else f"the server of {', '.join(arms)}"
             label += f" ({server_label(server.config)})"
-            execution.facts[name] = summary_fact(name, label, summary)
+            execution.facts[name] = dict(summary_fact(name, label, summary))

@@ -16,8 +16,12 @@ The scan reads the log file incrementally from where it stopped (at most SCAN_CH
 call), keeps only matching lines, each cut to LINE_CHARS and redacted (token-shaped secrets
 and the server's own secret flag values), at most MAX_LINES of them and MAX_TEXTS distinct
 texts; a line longer than PARTIAL_LINE_BYTES is cut. A replay opens a window at the log's
-size when its request is sent and closes it when the reply is in: a line written inside
-the windows of one arm only is that arm's, inside exactly one window that reply's.
+size when its request is sent and closes it when the reply is in. A line belongs to the
+replays whose windows hold it and whose request carries the pattern it names (a request
+cannot log a pattern it does not carry): to an arm when they are all of that arm, to a
+reply when it is the only one. A fail-open line is written once per request; a refused
+GBNF grammar writes up to three lines ("error parsing grammar", "failed to parse grammar",
+the HTTP error), so those are counted as lines, not requests.
 """
 
 from __future__ import annotations
@@ -26,21 +30,31 @@ import bisect
 import enum
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 from triage.capture.redact import redact_text, redaction_marker
 
 __all__ = [
+    "FACT",
+    "ArmEvidence",
     "ArmLog",
+    "ArmLogFact",
+    "GrammarLogFact",
+    "LoggedTextFact",
     "GrammarLog",
     "GrammarLogSummary",
     "LineKind",
     "LoggedText",
     "ReplayWindow",
     "classify",
+    "arm_evidence",
+    "arm_text",
     "request_patterns",
+    "summary_fact",
+    "unavailable_fact",
 ]
 
 SCAN_CHUNK_BYTES = 1024 * 1024  # read per scan call (the rest on the next call)
@@ -76,8 +90,6 @@ _KINDS: tuple[tuple[re.Pattern[str], LineKind], ...] = (
         LineKind.GRAMMAR_REFUSED,
     ),
 )
-# The refusal of one GBNF grammar writes up to three lines; one request counts once.
-_ONE_PER_REQUEST = frozenset({LineKind.FAILED_OPEN, LineKind.SCHEMA_REFUSED})
 
 
 def classify(line: str) -> LineKind | None:
@@ -355,7 +367,38 @@ _SAYS = {
 }
 
 
-def unavailable_fact(name: str, why: str) -> dict[str, object]:
+class LoggedTextFact(TypedDict):
+    """One distinct line in the observation."""
+
+    kind: str
+    text: str
+    count: int
+
+
+class ArmLogFact(TypedDict):
+    """One arm's share of the lines in the observation (see ArmLog)."""
+
+    replies: int
+    lines: dict[str, int]
+    replies_alone: int
+    replies_logged: dict[str, int]
+
+
+class GrammarLogFact(TypedDict, total=False):
+    """The observation `server-log-grammar` as stored (`available` False: a URL server)."""
+
+    name: str
+    available: bool
+    server: str
+    lines: list[LoggedTextFact]
+    arms: dict[str, ArmLogFact]
+    outside_replays: int
+    several_arms_in_flight: int
+    not_scanned: str
+    summary: str
+
+
+def unavailable_fact(name: str, why: str) -> GrammarLogFact:
     """The observation of a server whose log the engine cannot read (given by URL)."""
     return {
         "name": name,
@@ -364,7 +407,7 @@ def unavailable_fact(name: str, why: str) -> dict[str, object]:
     }
 
 
-def summary_fact(name: str, server: str, summary: GrammarLogSummary) -> dict[str, object]:
+def summary_fact(name: str, server: str, summary: GrammarLogSummary) -> GrammarLogFact:
     """The observation of one server's log (JSON-ready, for the evidence and the rules)."""
     return {
         "name": name,
@@ -431,7 +474,7 @@ class ArmEvidence:
     sentence: str = ""  # arm_text's wording, "" when unavailable
 
 
-def arm_evidence(facts: dict[str, dict[str, object]], arm: str) -> ArmEvidence | None:
+def arm_evidence(facts: Mapping[str, Mapping[str, object]], arm: str) -> ArmEvidence | None:
     """The incident's server log for `arm` (None: no such observation in this run)."""
     fact = facts.get(FACT)
     if not isinstance(fact, dict):

@@ -18,6 +18,9 @@ The incident's server log is evidence in every rationale (triage.engine.server_l
 baseline and the deciding arm replayed, per reply where one replay was alone on the
 server; "not available" for a server given by URL. When the log shows the simplified arm's
 own requests still accepted as any string, the arm tested nothing: suspected, never rejected.
+Nor is it rejected when every failing reply of the arm stopped at max_tokens while some of
+the baseline's ended on their own with a violating value: the enforced pattern changed the
+failure (the model finds no matching value in time), it did not leave it unchanged.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from triage.causes import (
     reproduces,
     share,
     suspect,
+    unchanged,
 )
 from triage.engine.arms.schema import ID as ARM
 from triage.engine.arms.schema import SIMPLIFIED
@@ -45,6 +49,7 @@ from triage.plugin_api import Registry
 
 ID = "schema-not-enforced"
 KIND = "schema-violation"
+CUT = "length-stop"  # a reply that stopped at max_tokens
 
 
 def rule(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
@@ -123,6 +128,18 @@ def _simplified(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
             "a schema whose patterns this server's converter enforces (see its log)",
             supports=list(cited),
         )
+    cut = _only_cut(arm, base)
+    if cut:
+        return suspect(
+            ID,
+            f"with the patterns enforced every failing {SIMPLIFIED} reply is cut at max_tokens "
+            f"({arm.kn()} vs baseline {base.kn()}), while {cut} of the baseline's failing "
+            "replies ended on their own with content that violates the schema: the grammar "
+            "now holds, but the model does not write a matching value within the limit, so "
+            f"the arm's failures are not the baseline's{log}",
+            f"{SIMPLIFIED} with a larger max_tokens, or a pattern anchored as the client meant it",
+            supports=list(cited),
+        )
     return removal_verdict(
         ID,
         arm,
@@ -134,6 +151,18 @@ def _simplified(arms: Mapping[str, ArmOutcome], obs: Observations) -> Verdict:
         note=f"; {violated:.0%} of the failing baseline replies violate the schema{log}",
         supports=cited,
     )
+
+
+def _only_cut(arm: ArmOutcome, base: ArmOutcome) -> int:
+    """An arm left "unchanged" whose failures all stopped at max_tokens, where some of the
+    baseline's ended on their own with a violating value, changed the failure (the grammar
+    held; the model found no matching value in time): how many baseline failures ended on
+    their own, 0 when the arm's outcome stands."""
+    if not unchanged(arm) or not arm.failures:
+        return 0
+    if arm.kind_counts.get(CUT, 0) < arm.failures:
+        return 0
+    return max(0, base.failures - base.kind_counts.get(CUT, 0))
 
 
 def _log(obs: Observations, arm: str = "") -> tuple[str, tuple[str, ...]]:

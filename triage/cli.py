@@ -11,6 +11,7 @@ modules' own `register(group)` and docstrings.
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from dataclasses import dataclass
 
 import click
@@ -105,6 +106,16 @@ COMMANDS: dict[str, LazyCommand] = {
 }
 
 
+def command_modules() -> list[str]:
+    """Every module of triage/commands (the ones that register commands expose `register`)."""
+    package = importlib.import_module("triage.commands")
+    return sorted(
+        info.name
+        for info in pkgutil.iter_modules(package.__path__, "triage.commands.")
+        if hasattr(importlib.import_module(info.name), "register")
+    )
+
+
 def load_commands(module: str) -> dict[str, click.Command]:
     """The commands `module` registers, by name. Every command module is part of the
     distribution: a missing one is a broken install, and its ImportError should say so."""
@@ -123,10 +134,12 @@ class LazyGroup(click.Group):
         if cmd_name in self.commands:
             return self.commands[cmd_name]
         entry = COMMANDS.get(cmd_name)
-        if entry is None:
-            return None
-        for name, command in load_commands(entry.module).items():
-            self.add_command(command, name)
+        # A name the table does not know (a typo, or a command added to a module but not
+        # yet to COMMANDS) loads every command module: slower, but never a missing command.
+        modules = [entry.module] if entry is not None else command_modules()
+        for module in modules:
+            for name, command in load_commands(module).items():
+                self.commands.setdefault(name, command)
         return self.commands.get(cmd_name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:

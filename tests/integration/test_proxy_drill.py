@@ -322,7 +322,7 @@ def test_auto_diagnose_runs_triage_against_the_given_stack_not_the_upstream(
             recorder.flush(len(replies))
         assert all(r.status_code == 200 for r in replies)
         assert len(recorder.opened) == 1 and len(hook.started) == 1
-        hook.started[0].wait(900)
+        hook.wait(900)
     finally:
         hook.stop()
     slug = recorder.opened[0]["slug"]

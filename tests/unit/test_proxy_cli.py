@@ -11,7 +11,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import cast
 
 import httpx
 import pytest
@@ -19,11 +22,13 @@ from click.testing import CliRunner
 from proxy_fakes import FakeUpstream
 from sqlmodel import select
 
-from kb.models import LiveExchange
+from kb.models import LiveExchange, TriageRun
+from kb.repo.files import import_paths
 from kb.repo.store import Store
 from triage.cli import cli
 from triage.proxy import serving
 from triage.proxy.diagnose import AutoDiagnose, AutoDiagnoseError, check_stack
+from triage.proxy.record import OpenedIncident
 
 
 @pytest.fixture
@@ -82,30 +87,122 @@ def test_auto_diagnose_never_replays_against_the_upstream_unless_asked(tmp_path:
     check_stack(stack, "http://127.0.0.1:9090", allow_upstream=False)  # another server
 
 
-def test_auto_diagnose_starts_triage_diagnose_on_the_incidents_example(tmp_path: Path) -> None:
-    stack = tmp_path / "stack.toml"
-    stack.write_text('[server]\nmodel = "m.gguf"\n')
-    argv_file = tmp_path / "argv.json"
-    recorder = [
-        sys.executable,
-        "-c",
-        f"import json, sys; json.dump(sys.argv[1:], open({str(argv_file)!r}, 'w'))",
-    ]
-    hook = AutoDiagnose(stack, tmp_path / "runs", database_url="sqlite:///kb.db", command=recorder)
+INCIDENTS = Path(__file__).resolve().parents[2] / "incidents"
+REFERENCE = "2026-06-10-gemma4-empty-response"
+EMPTY_REPLY = {
+    "choices": [{"message": {"role": "assistant", "content": ""}, "finish_reason": "length"}]
+}
+
+
+def _incident(slug: str) -> OpenedIncident:
     request = {"model": "m", "messages": [{"role": "user", "content": "weather?"}]}
-    hook(
+    return cast(
+        OpenedIncident,
         {
-            "slug": "2026-12-01-live-m-empty",
-            "example": {"exchange": {"request": request, "response": {"choices": []}}},
-        }
+            "slug": slug,
+            "example": {"exchange": {"request": request, "response": EMPTY_REPLY}},
+        },
     )
-    hook.started[0].wait(30)
-    hook.stop()
-    argv = json.loads(argv_file.read_text())
-    assert argv[:3] == ["--database", "sqlite:///kb.db", "diagnose"]
-    assert argv[argv.index("--stack") + 1] == str(stack)
-    assert argv[argv.index("--incident") + 1] == "2026-12-01-live-m-empty"
-    assert json.loads(Path(argv[argv.index("--request") + 1]).read_text()) == request
+
+
+def _kb_with_the_incident(tmp_path: Path) -> str:
+    """A knowledge base holding the incident the proxy opened; its URL."""
+    db = f"sqlite:///{tmp_path / 'kb.db'}"
+    store = Store(db)
+    try:
+        import_paths(store, [INCIDENTS])
+    finally:
+        store.close()
+    return db
+
+
+def test_auto_diagnose_runs_the_engine_on_the_incidents_example_in_a_worker(
+    tmp_path: Path,
+) -> None:
+    # The stack's server does not answer: the engine refuses before recording anything,
+    # and the worker says so in its log and exits 1 (the proxy goes on serving).
+    stack = tmp_path / "stack.toml"
+    stack.write_text(f'[server]\nurl = "http://127.0.0.1:{_free_port()}"\n')
+    db = _kb_with_the_incident(tmp_path)
+    hook = AutoDiagnose(stack, tmp_path / "runs", database_url=db)
+    incident = _incident(REFERENCE)
+    hook(incident)
+    [worker] = hook.started
+    hook.wait(120)
+    folder = tmp_path / "runs" / REFERENCE
+    assert worker.exitcode == 1
+    log_text = (folder / "diagnose.log").read_text()
+    assert f"diagnosis of {REFERENCE} not run: $.server.url:" in log_text
+    assert "does not answer" in log_text and "Traceback" not in log_text
+    example = incident["example"] or {}
+    assert json.loads((folder / "request.json").read_text()) == example["exchange"]["request"]
+    assert not (folder / "diagnosis.json").exists()
+    store = Store(db)
+    try:
+        with store.session(readonly=True) as session:
+            assert session.exec(select(TriageRun)).all() == []  # no run recorded
+    finally:
+        store.close()
+
+
+def _stub_server(tmp_path: Path) -> tuple[Path, Path]:
+    """A llama-server stand-in that starts and never answers /health; writes its pid."""
+    pid_file = tmp_path / "stub.pid"
+    stub = tmp_path / "stub-llama-server"
+    stub.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *--help*|*--version*) exit 0;; esac\n'
+        f"echo $$ > {pid_file}\n"
+        "exec sleep 600\n"
+    )
+    stub.chmod(0o755)
+    (tmp_path / "w.gguf").write_bytes(b"GGUF")
+    stack = tmp_path / "stack.toml"
+    stack.write_text(f'[server]\nbinary = "{stub}"\nmodel = "w.gguf"\n')
+    return stack, pid_file
+
+
+def _wait_for(path: Path, worker: BaseProcess) -> None:
+    for _ in range(1200):  # bounded: the worker starts the stub within seconds
+        if path.exists() and path.read_text().strip():
+            return
+        if wait([worker.sentinel], 0.1):  # the worker ended (its reaper reaps it)
+            break
+    raise AssertionError("the stub server never started")
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or only its zombie (dead, not yet reaped by its new parent)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+@pytest.mark.parametrize("how", ["proxy-stops", "time-bound"])
+def test_a_stopped_auto_diagnosis_stops_its_server(tmp_path: Path, how: str) -> None:
+    stack, pid_file = _stub_server(tmp_path)
+    db = _kb_with_the_incident(tmp_path)
+    hook = AutoDiagnose(stack, tmp_path / "runs", database_url=db)
+    hook(_incident(REFERENCE))
+    [worker] = hook.started
+    try:
+        _wait_for(pid_file, worker)
+        server_pid = int(pid_file.read_text())
+        if how == "proxy-stops":
+            hook.stop()
+        else:  # the diagnosis is now past its time bound: the hook stops it by itself
+            hook.timeout = 0.0
+            hook.wait(120)
+    finally:
+        hook.stop()
+    assert worker.exitcode == -signal.SIGTERM
+    for _ in range(100):  # the launcher's SIGTERM handler stops the server, then dies
+        if _gone(server_pid):
+            break
+        time.sleep(0.1)
+    assert _gone(server_pid), "the worker's server outlived it"
 
 
 def test_the_command_forwards_records_and_stops_cleanly(upstream: str, tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from kb.repo.files import load_record
 from kb.repo.store import Store
 from triage.drills import build_drill
 from triage.drills.real import RealModelMissing, model_path
-from triage.engine import DiagnoseOptions, diagnose
+from triage.engine import DiagnoseOptions, Intake, diagnose
 from triage.llama.grammar_log import FACT
 from triage.llama.launcher import running_servers
 from triage.stackfile import load_stack
@@ -50,10 +50,10 @@ def run(server_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     try:
         diagnosis = diagnose(
             store,
+            Intake(drill.request("failing")),
             load_stack(drill.out_dir / "stack.toml"),
-            drill.request("failing"),
             options=DiagnoseOptions(max_requests=8, log_dir=folder / "runs"),
-        )
+        ).to_json()
         with store.session(readonly=True) as session:
             record = load_record(session, str(diagnosis["incident"]))
     finally:

@@ -31,12 +31,12 @@ class Placement:
     """Where the request carries its schema and whether llama-server reads it there."""
 
     where: str
-    schema: dict[str, Any]
+    schema: JsonObject  # as the client sent it
     read: bool
     label: str = ""
 
 
-def _dict(value: Any) -> dict[str, Any]:
+def _dict(value: Any) -> JsonObject:
     return value if isinstance(value, dict) else {}
 
 

@@ -19,7 +19,7 @@ from kb.repo.store import Store
 from triage.cli import cli
 from triage.commands import ui
 from triage.ui import data, gate
-from triage.ui.auth import UiSettings, stack_choices
+from triage.ui.auth import UiConfigError, UiSettings, stack_choices
 
 REPO = Path(__file__).resolve().parents[2]
 APP = str(REPO / "triage" / "ui" / "app.py")
@@ -234,3 +234,36 @@ def test_new_triage_offers_only_configured_stacks(
     assert any("/opt/llama/llama-server" in c.value for c in at.code)
     [run] = [b for b in at.button if b.label == "Run triage"]
     assert not run.disabled
+
+
+def test_ui_toml_sets_the_proxy_header_and_its_addresses_and_the_command_line_wins(
+    tmp_path: Path,
+) -> None:
+    """`auth_header` and `trusted_proxies` from ui.toml let the UI serve off loopback behind
+    that proxy; `--auth-header` / `--trusted-proxy` on the command line replace them; an
+    unknown key or a wrong type is refused naming the file and the key."""
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "stacks" / "a.toml").write_text("", encoding="utf-8")
+    config = tmp_path / "ui.toml"
+    config.write_text(
+        '[ui]\nauth_header = "X-Forwarded-User"\ntrusted_proxies = ["10.0.0.5"]\n'
+        'stacks = ["stacks/a.toml"]\n',
+        encoding="utf-8",
+    )
+    settings = ui.resolve_settings("0.0.0.0", config_file=config, secrets=None)
+    assert settings.auth == "header" and settings.header == "X-Forwarded-User"
+    assert settings.trusted_proxies == ("10.0.0.5",)
+    assert settings.stacks == (str(tmp_path / "stacks" / "a.toml"),)
+    overridden = ui.resolve_settings(
+        "0.0.0.0",
+        config_file=config,
+        auth_header="X-Remote-User",
+        trusted_proxies=["10.0.0.6"],
+    )
+    assert (overridden.header, overridden.trusted_proxies) == ("X-Remote-User", ("10.0.0.6",))
+    config.write_text('[ui]\nauth_header = "X-User"\nport = 1\n', encoding="utf-8")
+    with pytest.raises(UiConfigError, match=r"ui\.toml: \[ui\]: unknown key\(s\) port"):
+        ui.resolve_settings("127.0.0.1", config_file=config)
+    config.write_text("[ui]\nauth_header = 7\n", encoding="utf-8")
+    with pytest.raises(UiConfigError, match=r"ui\.toml: \[ui\] auth_header must be a string"):
+        ui.resolve_settings("127.0.0.1", config_file=config)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from triage.capture import exchange_from_http
+from triage.drills import gateways
 from triage.symptoms import classify
 
 REQUEST = {"model": "m", "messages": [{"role": "user", "content": "write a long essay"}]}
@@ -82,3 +83,16 @@ def test_llama_servers_own_json_errors_are_not_gateway_errors(body: Any, status:
 def test_the_triage_proxys_own_504_stays_a_transport_failure_not_a_gateway() -> None:
     own = {"error": {"code": 504, "message": "upstream timed out", "type": "upstream_error"}}
     assert "gateway-error" not in _failed(own, 504)
+
+
+def test_the_gateway_start_wait_is_bounded_and_set_by_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(gateways.READY_TIMEOUT_ENV, raising=False)
+    assert gateways.ready_timeout() == gateways.READY_TIMEOUT >= 600
+    monkeypatch.setenv(gateways.READY_TIMEOUT_ENV, "900")
+    assert gateways.ready_timeout() == 900
+    for bad in ("soon", "0", "-5", "1e9"):
+        monkeypatch.setenv(gateways.READY_TIMEOUT_ENV, bad)
+        with pytest.raises(gateways.GatewayError, match=gateways.READY_TIMEOUT_ENV):
+            gateways.ready_timeout()

@@ -44,7 +44,7 @@ MODES = (REPEAT_NAME, DROP_ID)
 # Bounds: a request body the proxy reads, one SSE line it rewrites, and its start-up wait.
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_LINE_BYTES = 1024 * 1024
-READY_TIMEOUT = 30.0
+READY_TIMEOUT = 120.0  # a Python start-up on a busy 2-core machine; still bounded
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -91,8 +92,11 @@ def test_gateway_timeout_is_confirmed_by_the_direct_arm_and_nothing_else(
     if name == gateway_drill.NGINX:
         # nginx ends every request at its proxy_read_timeout, whatever the request variant:
         # the deadline is named with the timeout the drill configured.
+        # A deadline is a floor: the failures end at it or, on a busy host, a little later.
         assert "the gateway's read timeout" in verdict["rationale"]
-        assert f"ends at {capture.read_timeout:.1f}+-" in verdict["rationale"]
+        at = re.search(r"end(?:s)? at (\d+\.\d)\+-", verdict["rationale"])
+        assert at is not None, verdict["rationale"]
+        assert capture.read_timeout - 0.1 <= float(at.group(1)) <= capture.read_timeout + 0.6
     assert arms["gateway-streamed"]["n"] >= 4  # reported; informational, never decisive
 
 

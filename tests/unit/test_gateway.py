@@ -254,3 +254,22 @@ def test_nothing_moves_when_the_failure_does_not_reproduce() -> None:
     }
     verdict = CAUSE.decide(arms, _obs(PLANNED))
     assert (verdict.status, verdict.basis) == ("suspected", "untested")
+
+
+def test_a_deadline_is_a_floor_a_few_failures_may_end_later_never_earlier() -> None:
+    # Measured under load: 28 replies ended at nginx's 1.5 s read timeout, one round of 4
+    # ended half a second later (queued behind the other replays).
+    arms = {
+        "baseline": _timeouts("baseline", [1.55, 1.56, 1.56, 1.55, 2.12, 2.04, 2.04, 2.12]),
+        "thinking-off": _timeouts("thinking-off", [1.56, 1.56, 1.56, 1.57]),
+        "no-think-suffix": _timeouts("no-think-suffix", [1.58, 1.60, 1.60, 1.60]),
+    }
+    deadline = fixed_deadline(arms)
+    assert deadline is not None
+    assert round(deadline.seconds, 2) == 1.56 and deadline.failures == 12
+    assert deadline.late == (2.04, 2.04, 2.12, 2.12)
+    assert "12 of 16 failures through the gateway end at 1.6+-0.0 s" in deadline.text()
+    assert "4 more ended later, at 2.0-2.1 s" in deadline.text()
+    # Most failures late, or one failure earlier than the rest: no deadline.
+    half = _timeouts("baseline", [1.5, 1.5, 1.5, 2.5, 2.6, 2.7, 3.0, 3.1])
+    assert fixed_deadline({"baseline": half}) is None

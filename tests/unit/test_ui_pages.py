@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
-from datetime import date
+from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -294,16 +294,19 @@ def test_incident_page_override_and_decision_land_in_history(kb_url: str) -> Non
     at.radio(key="decision_kind").set_value("PARKED")
     at.text_input(key="decision_by").input("bob")
     at.text_area(key="decision_rationale").input("Still non-core; look again after b9700.")
-    at.date_input(key="decision_revisit").set_value(date(2026, 12, 1))
+    # The decision is stamped with the real clock (TRIAGE_TODAY pins only what the pages
+    # read), so its revisit date must lie after the real today, whenever the suite runs.
+    revisit = date.today() + timedelta(days=60)
+    at.date_input(key="decision_revisit").set_value(revisit)
     at.text_area(key="decision_triggers").input("new-build>9700\nfailure-rate>20%,min=5")
     submit(at, "Record decision")
     assert "Recorded PARKED." in texts(at, "success")
     history = table(at, "history_table")
     decisions = history[history["What"] == "decision"]
     assert list(decisions["By"]) == ["operator", "bob"]
-    assert list(decisions["Change"])[-1] == "PARKED (revisit 2026-12-01)"
+    assert list(decisions["Change"])[-1] == f"PARKED (revisit {revisit.isoformat()})"
     info = " ".join(texts(at, "info"))
-    assert "Revisit on 2026-12-01" in info and "newer than b9700" in info
+    assert f"Revisit on {revisit.isoformat()}" in info and "newer than b9700" in info
 
 
 def test_incident_page_refuses_incomplete_decisions(kb_url: str) -> None:
